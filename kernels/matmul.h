@@ -1,0 +1,43 @@
+// Matrix products of activations (fp32) with checkpoint weights (BF16 or F32), the engine's hot path.
+//
+// Weights are `Linear` weights stored [out, in] row-major (y = W x), usually pointing straight into
+// a memory-mapped checkpoint: a WeightMatrix never owns its data. BF16 weights are widened to fp32
+// in registers (AVX-512 where the CPU has it, chosen at run time; a portable loop elsewhere).
+// Accumulation is fp32. Products are split across the kernel thread pool (kernels/thread_pool.h).
+#ifndef K3SERVE_KERNELS_MATMUL_H_
+#define K3SERVE_KERNELS_MATMUL_H_
+
+#include <cstdint>
+
+namespace k3 {
+
+enum class WeightType : uint8_t { kBf16, kF32 };
+
+struct WeightMatrix {
+  const void* data = nullptr;  // not owned; [rows, cols] row-major, no padding
+  WeightType type = WeightType::kBf16;
+  int64_t rows = 0;  // out features
+  int64_t cols = 0;  // in features
+
+  bool empty() const { return data == nullptr; }
+  // Element (r, c) as float; for slow paths and tests.
+  float At(int64_t r, int64_t c) const;
+  // A view of rows [first, first + count).
+  WeightMatrix RowSlice(int64_t first, int64_t count) const;
+};
+
+// y[t, :] = W x[t, :] for t in [0, tokens).
+// x: [tokens, W.cols] with row stride x_stride (>= W.cols); y: [tokens, W.rows] with row stride
+// y_stride (>= W.rows). When `accumulate` is true, y += W x instead of y = W x.
+// REQUIRES: x and y do not overlap.
+void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens, float* y,
+            int64_t y_stride, bool accumulate = false);
+
+// Convenience for densely packed rows.
+inline void MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y) {
+  MatMul(w, x, w.cols, tokens, y, w.rows, false);
+}
+
+}  // namespace k3
+
+#endif  // K3SERVE_KERNELS_MATMUL_H_

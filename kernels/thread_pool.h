@@ -1,0 +1,21 @@
+// The kernels' worker pool: ParallelFor splits an index range across a fixed set of threads
+// (K3SERVE_THREADS, default: the hardware threads). The calling thread takes part, so a pool of one
+// runs inline. Calls from several threads at once are serialized (the pool has one job at a time);
+// a ParallelFor issued from inside a running job runs inline, so nesting cannot deadlock.
+#ifndef K3SERVE_KERNELS_THREAD_POOL_H_
+#define K3SERVE_KERNELS_THREAD_POOL_H_
+
+#include <cstdint>
+#include <functional>
+
+namespace k3 {
+
+// Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long (but the
+// last), and returns when all are done.
+void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+int KernelThreadCount();
+
+}  // namespace k3
+
+#endif  // K3SERVE_KERNELS_THREAD_POOL_H_

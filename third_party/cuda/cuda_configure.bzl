@@ -1,0 +1,52 @@
+"""Finds the CUDA Toolkit and NCCL under /usr/local/cuda (or $CUDA_PATH).
+
+The generated repository always exists. Where the toolkit is present it exposes `:cuda` (headers,
+cudart, NCCL) and `defs.bzl` says `CUDA_AVAILABLE = True`; elsewhere `:cuda` is empty and GPU
+targets are left out by `if_cuda`, so CPU-only machines build `//...` without the toolkit.
+"""
+
+def _cuda_configure_impl(ctx):
+    cuda_path = ctx.os.environ.get("CUDA_PATH", "/usr/local/cuda")
+    nvcc = ctx.path(cuda_path + "/bin/nvcc")
+    nccl = ctx.path(cuda_path + "/include/nccl.h")
+    available = nvcc.exists and nccl.exists
+    if available:
+        ctx.symlink(cuda_path + "/include", "include")
+        ctx.symlink(cuda_path + "/lib64", "lib64")
+        ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "cuda",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl"], allow_empty = True),
+    includes = ["include", "include/cccl"],
+    linkopts = [
+        "-L{path}/lib64",
+        "-Wl,-rpath,{path}/lib64",
+        "-lcudart",
+        "-lnccl",
+    ],
+)
+
+exports_files(["nvcc"])
+""".format(path = cuda_path))
+        ctx.symlink(cuda_path + "/bin/nvcc", "nvcc")
+    else:
+        ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(name = "cuda")
+""")
+    ctx.file("defs.bzl", """
+CUDA_AVAILABLE = {available}
+CUDA_PATH = "{path}"
+
+def if_cuda(if_true, if_false = []):
+    return if_true if CUDA_AVAILABLE else if_false
+""".format(available = available, path = cuda_path))
+
+cuda_configure = repository_rule(
+    implementation = _cuda_configure_impl,
+    environ = ["CUDA_PATH"],
+    local = True,
+)
