@@ -1,0 +1,118 @@
+#include "cluster/inbox.h"
+
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace k3 {
+namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Milliseconds(50); }
+
+std::string Next(Inbox& inbox) {
+  absl::StatusOr<Received> received = inbox.Receive(Soon());
+  if (!received.ok()) return received.status().ToString();
+  if (received->kind == Received::Kind::kPeerFailed) return absl::StrCat("failed:", received->from);
+  return absl::StrCat(received->from, ":", received->bytes);
+}
+
+TEST(InboxTest, DeliversInArrivalOrderUnderTheBoundName) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  inbox.Bind(200, 2);
+  inbox.Deliver(100, "a");
+  inbox.Deliver(200, "b");
+  inbox.Deliver(100, "c");
+  EXPECT_EQ(Next(inbox), "1:a");
+  EXPECT_EQ(Next(inbox), "2:b");
+  EXPECT_EQ(Next(inbox), "1:c");
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(InboxTest, HoldsMessagesUntilTheSenderIsBound) {
+  Inbox inbox;
+  inbox.Deliver(100, "early");
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  inbox.Bind(100, 7);
+  inbox.Deliver(100, "late");
+  EXPECT_EQ(Next(inbox), "7:early");
+  EXPECT_EQ(Next(inbox), "7:late");
+}
+
+TEST(InboxTest, KeepsPerSenderOrderWhileALargeMessageFills) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  inbox.Bind(200, 2);
+  Inbox::Slot big = inbox.Reserve(100);
+  inbox.Deliver(100, "small after big");
+  inbox.Deliver(200, "other sender");
+  // The other sender is not held up by sender 1's pending message; sender 1's later one is.
+  EXPECT_EQ(Next(inbox), "2:other sender");
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  inbox.Fill(big, "big");
+  EXPECT_EQ(Next(inbox), "1:big");
+  EXPECT_EQ(Next(inbox), "1:small after big");
+}
+
+TEST(InboxTest, DroppedSlotReleasesLaterMessages) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  Inbox::Slot lost = inbox.Reserve(100);
+  inbox.Deliver(100, "next");
+  inbox.Drop(lost);
+  EXPECT_EQ(Next(inbox), "1:next");
+}
+
+TEST(InboxTest, FailureComesAfterTheSendersMessagesAndOnlyOnce) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  Inbox::Slot pending = inbox.Reserve(100);
+  inbox.Deliver(100, "before");
+  inbox.Fail(100, absl::UnavailableError("peer 1 died"));
+  inbox.Fail(100, absl::UnavailableError("again"));
+  inbox.Deliver(100, "after death");
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  inbox.Fill(pending, "pending");
+  EXPECT_EQ(Next(inbox), "1:pending");
+  EXPECT_EQ(Next(inbox), "1:before");
+  absl::StatusOr<Received> failure = inbox.Receive(Soon());
+  ASSERT_TRUE(failure.ok());
+  EXPECT_EQ(failure->kind, Received::Kind::kPeerFailed);
+  EXPECT_EQ(failure->error.message(), "peer 1 died");
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(inbox.Failed(100));
+}
+
+TEST(InboxTest, FailureOfAnUnboundSenderDropsItsHeldMessagesSilently) {
+  Inbox inbox;
+  inbox.Deliver(100, "held");
+  Inbox::Slot slot = inbox.Reserve(100);
+  inbox.Fail(100, absl::UnavailableError("gone"));
+  inbox.Fill(slot, "late");
+  inbox.Bind(100, 1);
+  EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(InboxTest, ReceiveWakesOnDeliveryAndOnClose) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  std::thread sender([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    inbox.Deliver(100, "x");
+    absl::SleepFor(absl::Milliseconds(20));
+    inbox.Close();
+  });
+  absl::StatusOr<Received> first = inbox.Receive(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->bytes, "x");
+  absl::Time start = absl::Now();
+  EXPECT_EQ(inbox.Receive(absl::Now() + absl::Seconds(10)).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  sender.join();
+}
+
+}  // namespace
+}  // namespace k3
