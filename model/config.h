@@ -1,9 +1,29 @@
 // ModelConfig: the text-model configuration of spec §1 (K3 and the Kimi Linear variant).
 //
 // A config.json either nests the text config under "text_config" (K3, model_type "kimi_k3") or is
-// flat (Kimi Linear). Every field has the spec's K3 default; ParseModelConfig rejects unknown
-// model types and inconsistent values (dims that do not divide, layer indices out of range, ...)
-// with InvalidArgument naming the field.
+// flat (Kimi Linear, model_type "kimi_linear"). Which defaults a missing field takes depends on the
+// outer model type:
+//
+//  * "kimi_k3" (nested, or flat with that type): every field has the spec's K3 value below.
+//  * "kimi_linear" (flat): the base fields still default to the K3 values, but a K3-only feature
+//    that the file does not mention is off, as in a Kimi Linear release (spec §1.2, §12.5):
+//    no attn_res_block_size (plain residual), no routed_expert_hidden_size (full-width experts),
+//    latent_moe_use_norm false, mla_use_output_gate false, no gate_lower_bound (softplus gate),
+//    use_full_rank_gate false (g_a/g_b low-rank gate), hidden_act "silu".
+//
+// Nullable fields (q_lora_rank, routed_expert_hidden_size, attn_res_block_size, gate_lower_bound,
+// activation_situ_linear_beta) are unset by an explicit null; num_experts null means no MoE; a null
+// token id is stored as -1. With hidden_act "silu" a missing activation_situ_linear_beta is unset.
+// A null anywhere else is a type error.
+//
+// Layer lists (1-based, as in the file): when linear_attn_config gives only one of kda_layers and
+// full_attn_layers, the other is its complement in 1..L; when it gives neither, K3's pattern is used
+// (full attention at every 4th layer and at the last one). A flat config without any
+// linear_attn_config has MLA in every layer (the HF code's is_kda is false without it).
+//
+// ParseModelConfig rejects unknown model types, wrong JSON types and inconsistent values (layer
+// lists that do not cover 1..L exactly once, top-k above the expert count, unsupported router
+// options, non-positive dims, ...) with InvalidArgument naming the field.
 //
 // Thread-safety: a ModelConfig is a plain value; share it freely once built.
 #ifndef K3SERVE_MODEL_CONFIG_H_
@@ -29,6 +49,8 @@ struct LinearAttnConfig {
   bool use_full_rank_gate = true;                 // false: g_a_proj/g_b_proj low-rank output gate
   std::vector<int> kda_layers;                    // 1-based, as in the file
   std::vector<int> full_attn_layers;              // 1-based
+
+  bool operator==(const LinearAttnConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -81,6 +103,8 @@ struct ModelConfig {
   int64_t eos_token_id = 163586;
   int64_t pad_token_id = 163839;
 
+  bool operator==(const ModelConfig&) const = default;
+
   // Layer predicates of spec §1.1; `layer` is 0-based.
   bool IsKda(int layer) const;
   bool IsMla(int layer) const { return !IsKda(layer); }
@@ -101,10 +125,14 @@ struct ModelConfig {
 // Parses config.json text. Missing fields take the defaults above; see the file comment.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json);
 
+// The checks ParseModelConfig applies, for configs built or edited in code.
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
 // Reads and parses DIR/config.json (or the file itself when `path` is a file).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 
-// Writes the config back as JSON in the same layout (nested or flat) it was read from.
+// Writes the config back as JSON in the same layout (nested or flat) it was read from. Every field
+// is written (unset optionals as null), so ParseModelConfig(ModelConfigToJson(c)) == c.
 std::string ModelConfigToJson(const ModelConfig& config);
 
 // The spec's named test configs: "k3-tiny", "k3-tiny-8", "kimi-linear-tiny", "k3-perf" (spec §12).

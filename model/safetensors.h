@@ -2,15 +2,21 @@
 // header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then
 // the data section).
 //
-// Every header is validated before any tensor is handed out: offsets inside the data section, in
-// order of no overlap, byte counts equal to numel * dtype size, known dtypes. Errors name the file
-// and the tensor. A SafetensorsFile owns its mapping; TensorViews point into it and stay valid
+// Every header is validated before any tensor is handed out: a header length that fits the file
+// (and at most 100 MB, as the reference implementation allows), a JSON object whose entries each
+// have a known dtype, a shape of exact non-negative integers, and data_offsets [begin, end] inside
+// the data section with end - begin == numel * dtype size (computed without overflow), and no two
+// tensors overlapping. Gaps between tensors are allowed. "__metadata__" must map strings to
+// strings. Errors name the file and the tensor.
+//
+// A SafetensorsFile owns its read-only private mapping; TensorViews point into it and stay valid
 // while the file object lives. Thread-safe after Open (read-only).
 #ifndef K3SERVE_MODEL_SAFETENSORS_H_
 #define K3SERVE_MODEL_SAFETENSORS_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,10 +27,15 @@
 
 namespace k3 {
 
-enum class DType : uint8_t { kBf16, kF16, kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2 };
+enum class DType : uint8_t {
+  kBf16, kF16, kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2,
+  kU16, kU32, kU64, kF8E8M0,  // also in real checkpoints (e.g. MX scales), though unused here
+};
 
 std::string_view DTypeName(DType dtype);  // as in safetensors: "BF16", "F32", ...
 size_t DTypeSize(DType dtype);
+// InvalidArgument for a name the format does not define.
+absl::StatusOr<DType> ParseDType(std::string_view name);
 
 struct TensorView {
   std::string name;  // as stored in the file
@@ -71,7 +82,10 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
 };
 
-// Writes a safetensors file. `tensors` are written in the given order; metadata is optional.
+// Writes a safetensors file. `tensors` are written in the given order, back to back (as the
+// reference writer does, so its strict reader accepts the file); metadata is optional. The header is
+// padded with spaces to a multiple of 8 bytes. The file appears atomically (written to PATH.tmp,
+// then renamed).
 struct TensorToWrite {
   std::string name;
   DType dtype;
@@ -80,6 +94,19 @@ struct TensorToWrite {
 };
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
+
+// The streaming form, for files too large to hold in memory: `specs` fixes the header, then
+// `produce(i, &bytes)` is called for i = 0, 1, ... in order and must set `bytes` to tensor i's data
+// (exactly numel * dtype size bytes).
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+absl::Status WriteSafetensorsStreaming(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::function<absl::Status(size_t index, std::string* bytes)>& produce,
+    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace k3
 
