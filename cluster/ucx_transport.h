@@ -1,0 +1,149 @@
+// The Transport between processes, over UCX active messages (UCX 1.13): shared memory between
+// processes on one host, TCP across hosts (whatever UCX_TLS allows; its default picks both).
+// Messages of any size go through ucp_am_send_nbx; large ones arrive by rendezvous
+// (ucp_am_recv_data_nbx into a buffer of the announced size).
+//
+// Liveness. Every Transport listens on a plain TCP socket, and each Connect opens one to the peer
+// (one more per direction when both sides connect). The kernel closes it the moment a process dies,
+// even on SIGKILL, so its EOF without a goodbye is the failure signal; it works for shared memory,
+// where UCX 1.13 refuses peer-failure mode (UCP_ERR_HANDLING_MODE_PEER) on posix endpoints. Keepalive
+// probes (about 5 s) cover a host that vanishes. Endpoints to peers that cannot be on shared memory
+// (another host or network namespace, or UCX_TLS without shared memory) are created in peer-failure
+// mode, so UCX reports a broken link too and cancels pending sends.
+//
+// Graceful close is a handshake on the same socket, so neither side reports a failure: the closer
+// flushes its endpoint (everything it sent has arrived), sends BYE; the other side stops sending,
+// flush-closes its endpoint and answers BYE_ACK; then the closer closes its endpoint.
+//
+// Progress. One thread per Transport drives the UCX worker and the sockets: UCP_FEATURE_WAKEUP's
+// event fd and the sockets go to poll(), so an idle Transport sleeps (no busy polling). Every UCX
+// call is made under one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx
+// directly, so a small message costs no thread hop on the sending side. Received messages wait in
+// an Inbox for Receive.
+//
+// Thread-safety: all methods, from any threads (see transport.h).
+#ifndef K3SERVE_CLUSTER_UCX_TRANSPORT_H_
+#define K3SERVE_CLUSTER_UCX_TRANSPORT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cluster/inbox.h"
+#include "cluster/transport.h"
+
+namespace k3 {
+
+struct UcxTransportOptions {
+  // UCX transports, in UCX_TLS syntax ("posix,cma,self", "tcp", "^sysv"). Empty: UCX's own
+  // setting (the UCX_TLS environment variable, else all).
+  std::string tls;
+  // Network devices for tcp, in UCX_NET_DEVICES syntax ("lo", "eth0"). Empty: UCX's own setting.
+  // UCX otherwise uses every interface at once, which is several times slower on loopback.
+  std::string net_devices;
+  // IPv4 addresses advertised for the liveness socket. Empty: every IPv4 address of an interface
+  // that is up (loopback is used only by peers in the same host and network namespace).
+  std::vector<std::string> advertise_ips;
+  // Connect's budget to reach the peer's liveness socket and shake hands.
+  absl::Duration connect_timeout = absl::Seconds(3);
+  // How long a graceful close waits for the peer's answer before closing anyway.
+  absl::Duration close_timeout = absl::Seconds(2);
+};
+
+class UcxTransport final : public Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(
+      const UcxTransportOptions& options = UcxTransportOptions());
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  std::string LocalAddress() const override;
+  absl::Status Connect(PeerId peer, const std::string& address) override;
+  void Disconnect(PeerId peer) override;
+  absl::Status Send(PeerId peer, std::string message) override;
+  absl::StatusOr<Received> Receive(absl::Time deadline) override;
+  void Close() override;
+
+ private:
+  struct Remote;
+  struct Conn;
+  struct SendOp;
+  struct RecvOp;
+  struct CloseOp;
+
+  explicit UcxTransport(const UcxTransportOptions& options);
+  absl::Status Init();
+
+  void ProgressLoop();
+  // Runs UCX until it has nothing to do, then closes endpoints of peers that failed meanwhile.
+  void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Wake();
+  void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReadConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ConnLostLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseConnsOfLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a peer's BYE: stops sending, flush-closes the endpoint, then acknowledges.
+  void PeerClosingLocked(Remote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcknowledgeByeLocked(Remote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(Remote& remote, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseEndpointLocked(Remote& remote, bool force, bool acknowledge_when_done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The graceful close handshake, as the closing side, with every remote in `remotes` at once.
+  void CloseGracefully(const std::vector<std::shared_ptr<Remote>>& remotes);
+  std::string DescribeLocked(const Remote& remote) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length, const ucp_am_recv_param_t* param);
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data);
+  static void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data);
+  static void OnFlushDone(void* request, ucs_status_t status, void* user_data);
+  static void OnCloseDone(void* request, ucs_status_t status, void* user_data);
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const UcxTransportOptions options_;
+  const uint64_t token_;
+  std::string host_key_;
+  std::string address_;
+  Inbox inbox_;
+
+  mutable absl::Mutex mu_;
+  ucp_context_h context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  ucp_worker_h worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int worker_fd_ = -1;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  bool shared_memory_enabled_ = true;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Every remote process ever seen, by token. Entries stay (endpoint callbacks point at them).
+  std::map<uint64_t, std::shared_ptr<Remote>> remotes_ ABSL_GUARDED_BY(mu_);
+  std::map<PeerId, std::shared_ptr<Remote>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_conn_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  // Operations UCX still owns; what is left at shutdown is freed here.
+  std::set<SendOp*> sends_ ABSL_GUARDED_BY(mu_);
+  std::set<RecvOp*> recvs_ ABSL_GUARDED_BY(mu_);
+  int pending_closes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Endpoints of failed peers, force-closed after the current progress call returns.
+  std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
+  std::thread progress_thread_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_CLUSTER_UCX_TRANSPORT_H_

@@ -1,0 +1,532 @@
+// UcxTransport between real processes: the test binary starts copies of itself (K3_UCX_TEST_ROLE
+// selects the child's part), hands them addresses over pipes, and checks every byte they exchange
+// against a pattern both sides compute from (sender, receiver, message number).
+#include "cluster/ucx_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace k3 {
+namespace {
+
+constexpr char kRoleEnv[] = "K3_UCX_TEST_ROLE";
+
+// Shared memory between processes of one host, and TCP on loopback.
+struct Wire {
+  const char* name;
+  const char* tls;
+  const char* net_devices;
+};
+constexpr Wire kShm = {"shm", "sm,self", ""};
+constexpr Wire kTcp = {"tcp", "tcp", "lo"};
+
+UcxTransportOptions OptionsFor(const std::string& tls, const std::string& net_devices) {
+  UcxTransportOptions options;
+  options.tls = tls;
+  options.net_devices = net_devices;
+  return options;
+}
+
+// Message `index` from `from` to `to`: `size` bytes of a pattern seeded by all three.
+std::string Pattern(PeerId from, PeerId to, uint64_t index, size_t size) {
+  std::string bytes(size, '\0');
+  uint64_t state = (from * 1000003 + to) * 1000003 + index;
+  for (size_t i = 0; i < size; i += 8) {
+    state += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(&bytes[i], &z, std::min<size_t>(8, size - i));
+  }
+  return bytes;
+}
+
+const std::vector<size_t> kSizes = {8, 100, 4096, 8193, 65536, 262144, 1 << 20, 4 << 20};
+
+// Every rank sends each size to every other rank, then checks what it received: the k-th message
+// from each sender must be Pattern(sender, rank, k, kSizes[k]).
+absl::Status RunExchange(Transport& transport, PeerId rank, int ranks) {
+  for (uint64_t k = 0; k < kSizes.size(); ++k) {
+    for (PeerId to = 0; to < static_cast<PeerId>(ranks); ++to) {
+      if (to == rank) continue;
+      absl::Status status = transport.Send(to, Pattern(rank, to, k, kSizes[k]));
+      if (!status.ok()) return status;
+    }
+  }
+  std::map<PeerId, uint64_t> next;
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  for (size_t n = 0; n < kSizes.size() * (ranks - 1); ++n) {
+    absl::StatusOr<Received> received = transport.Receive(deadline);
+    if (!received.ok()) return received.status();
+    if (received->kind != Received::Kind::kMessage) return received->error;
+    uint64_t k = next[received->from]++;
+    if (received->from == rank || received->from >= static_cast<PeerId>(ranks) ||
+        k >= kSizes.size() || received->bytes != Pattern(received->from, rank, k, kSizes[k])) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, ": message ", k, " from ",
+                                              received->from, " (", received->bytes.size(),
+                                              " bytes) is wrong"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Lock-step rounds: in each, every rank sends one message to every other and waits for one from
+// each (sizes vary by round and pair, up to ~300 KB).
+absl::Status RunAllToAll(Transport& transport, PeerId rank, int ranks, int rounds) {
+  auto size_of = [](int round, PeerId from, PeerId to) {
+    return static_cast<size_t>((round * 7919 + from * 31337 + to * 104729) % 300000);
+  };
+  std::map<PeerId, std::deque<std::string>> early;
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  for (int round = 0; round < rounds; ++round) {
+    for (PeerId to = 0; to < static_cast<PeerId>(ranks); ++to) {
+      if (to == rank) continue;
+      absl::Status status = transport.Send(to, Pattern(rank, to, round, size_of(round, rank, to)));
+      if (!status.ok()) return status;
+    }
+    for (PeerId from = 0; from < static_cast<PeerId>(ranks); ++from) {
+      if (from == rank) continue;
+      while (early[from].empty()) {
+        absl::StatusOr<Received> received = transport.Receive(deadline);
+        if (!received.ok()) return received.status();
+        if (received->kind != Received::Kind::kMessage) return received->error;
+        early[received->from].push_back(std::move(received->bytes));
+      }
+      if (early[from].front() != Pattern(from, rank, round, size_of(round, from, rank))) {
+        return absl::DataLossError(
+            absl::StrCat("rank ", rank, ": round ", round, " from ", from, " is wrong"));
+      }
+      early[from].pop_front();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Child side ----
+
+std::string ReadStdinLine() {
+  std::string line;
+  std::getline(std::cin, line);
+  return line;
+}
+
+void Say(const std::string& line) {
+  std::cout << line << std::endl;
+}
+
+// Stdin: N lines of hex addresses (rank order), then "close" (or EOF). Stdout: own address, then
+// "ok" or the error, then "clean" / "failed" after closing.
+int RunGroupChild(const std::string& role) {
+  const PeerId rank = std::stoull(getenv("K3_RANK"));
+  const int ranks = std::stoi(getenv("K3_RANKS"));
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
+      UcxTransport::Create(OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES")));
+  if (!transport.ok()) {
+    Say(absl::StrCat("error ", transport.status().ToString()));
+    return 1;
+  }
+  Say(absl::BytesToHexString((*transport)->LocalAddress()));
+  for (int r = 0; r < ranks; ++r) {
+    std::string address = absl::HexStringToBytes(ReadStdinLine());
+    if (r == static_cast<int>(rank)) continue;
+    absl::Status status = (*transport)->Connect(r, address);
+    if (!status.ok()) {
+      Say(absl::StrCat("error connect ", status.ToString()));
+      return 1;
+    }
+  }
+  absl::Status status = role == "exchange" ? RunExchange(**transport, rank, ranks)
+                                           : RunAllToAll(**transport, rank, ranks, 30);
+  Say(status.ok() ? "ok" : absl::StrCat("error ", status.ToString()));
+  ReadStdinLine();
+  (*transport)->Close();
+  return status.ok() ? 0 : 1;
+}
+
+// Stdin: the parent's address, then "close" (or EOF). Echoes every message back to the parent,
+// except "disconnect", on which it disconnects the parent. Stdout: own address, then at the end
+// "clean" if it never saw a failure, else "failed <error>".
+int RunEchoChild() {
+  absl::StatusOr<std::unique_ptr<UcxTransport>> created =
+      UcxTransport::Create(OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES")));
+  if (!created.ok()) {
+    Say(absl::StrCat("error ", created.status().ToString()));
+    return 1;
+  }
+  UcxTransport& transport = **created;
+  Say(absl::BytesToHexString(transport.LocalAddress()));
+  absl::Status status = transport.Connect(0, absl::HexStringToBytes(ReadStdinLine()));
+  if (!status.ok()) {
+    Say(absl::StrCat("error connect ", status.ToString()));
+    return 1;
+  }
+  std::thread closer([&transport] {
+    ReadStdinLine();
+    transport.Close();
+  });
+  std::string verdict = "clean";
+  for (;;) {
+    absl::StatusOr<Received> received = transport.Receive(absl::Now() + absl::Seconds(30));
+    if (!received.ok()) break;
+    if (received->kind == Received::Kind::kPeerFailed) {
+      verdict = absl::StrCat("failed ", received->error.ToString());
+      continue;
+    }
+    if (received->bytes == "disconnect") {
+      transport.Disconnect(0);
+      continue;
+    }
+    status = transport.Send(0, std::move(received->bytes));
+    if (!status.ok()) verdict = absl::StrCat("failed send ", status.ToString());
+  }
+  closer.join();
+  Say(verdict);
+  return 0;
+}
+
+int RunChild(const std::string& role) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+  if (role == "echo") return RunEchoChild();
+  return RunGroupChild(role);
+}
+
+// ---- Parent side ----
+
+class Child {
+ public:
+  static std::unique_ptr<Child> Spawn(const std::map<std::string, std::string>& env) {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+    for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
+    std::vector<char*> envp;
+    for (std::string& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    std::string exe = "/proc/self/exe";
+    char* argv[] = {exe.data(), nullptr};
+    auto child = std::unique_ptr<Child>(new Child);
+    int rc = posix_spawn(&child->pid_, exe.c_str(), &actions, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    child->in_ = to_child[1];
+    child->out_ = from_child[0];
+    if (rc != 0) child->pid_ = -1;
+    return child;
+  }
+
+  ~Child() {
+    Kill();
+    close(in_);
+    close(out_);
+  }
+
+  // The next line the child printed, or "timeout"/"eof".
+  std::string ReadLine(absl::Duration timeout = absl::Seconds(15)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      size_t newline = buffer_.find('\n');
+      if (newline != std::string::npos) {
+        std::string line = buffer_.substr(0, newline);
+        buffer_.erase(0, newline + 1);
+        return line;
+      }
+      pollfd p = {out_, POLLIN, 0};
+      int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (ms <= 0 || poll(&p, 1, ms) != 1) return "timeout";
+      char buf[4096];
+      ssize_t n = read(out_, buf, sizeof(buf));
+      if (n <= 0) return "eof";
+      buffer_.append(buf, n);
+    }
+  }
+
+  void WriteLine(const std::string& line) {
+    std::string text = line + "\n";
+    ssize_t ignored = write(in_, text.data(), text.size());
+    (void)ignored;
+  }
+
+  // The exit status, or -1 if it did not exit in time.
+  int Wait(absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (pid_ > 0) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (absl::Now() > deadline) return -1;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return -1;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  Child() = default;
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+std::unique_ptr<UcxTransport> MakeTransport(const Wire& wire) {
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
+      UcxTransport::Create(OptionsFor(wire.tls, wire.net_devices));
+  EXPECT_TRUE(transport.ok()) << transport.status();
+  return transport.ok() ? std::move(*transport) : nullptr;
+}
+
+std::map<std::string, std::string> ChildEnv(const Wire& wire, const std::string& role) {
+  return {{kRoleEnv, role}, {"K3_TLS", wire.tls}, {"K3_NET_DEVICES", wire.net_devices}};
+}
+
+// Rank 0 is this process; ranks 1..n-1 are children running `role`.
+void RunGroup(const Wire& wire, const std::string& role, int ranks) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
+  ASSERT_NE(transport, nullptr);
+  std::vector<std::unique_ptr<Child>> children;
+  std::vector<std::string> addresses = {absl::BytesToHexString(transport->LocalAddress())};
+  for (int rank = 1; rank < ranks; ++rank) {
+    auto env = ChildEnv(wire, role);
+    env["K3_RANK"] = absl::StrCat(rank);
+    env["K3_RANKS"] = absl::StrCat(ranks);
+    children.push_back(Child::Spawn(env));
+    ASSERT_GT(children.back()->pid(), 0);
+    addresses.push_back(children.back()->ReadLine());
+    ASSERT_FALSE(absl::StartsWith(addresses.back(), "error")) << addresses.back();
+  }
+  for (auto& child : children) {
+    for (const std::string& address : addresses) child->WriteLine(address);
+  }
+  for (int rank = 1; rank < ranks; ++rank) {
+    ASSERT_TRUE(transport->Connect(rank, absl::HexStringToBytes(addresses[rank])).ok());
+  }
+  absl::Status status = role == "exchange" ? RunExchange(*transport, 0, ranks)
+                                           : RunAllToAll(*transport, 0, ranks, 30);
+  EXPECT_TRUE(status.ok()) << status;
+  for (auto& child : children) EXPECT_EQ(child->ReadLine(), "ok");
+  for (auto& child : children) child->WriteLine("close");
+  for (auto& child : children) EXPECT_EQ(child->Wait(), 0);
+  // The children closed gracefully: no failure may be reported.
+  absl::StatusOr<Received> after = transport->Receive(absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (after.ok() ? after->error.ToString() : "");
+}
+
+TEST(UcxTransportTest, TwoProcessesExchangeEverySizeOverSharedMemory) {
+  RunGroup(kShm, "exchange", 2);
+}
+
+TEST(UcxTransportTest, FourProcessesExchangeEverySizeOverSharedMemory) {
+  RunGroup(kShm, "exchange", 4);
+}
+
+TEST(UcxTransportTest, TwoProcessesExchangeEverySizeOverTcp) { RunGroup(kTcp, "exchange", 2); }
+
+TEST(UcxTransportTest, ThreeProcessesAllToAllRounds) { RunGroup(kShm, "alltoall", 3); }
+
+TEST(UcxTransportTest, ThreeProcessesAllToAllRoundsOverTcp) { RunGroup(kTcp, "alltoall", 3); }
+
+TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
+  ASSERT_NE(transport, nullptr);
+  for (absl::Duration wait : {absl::ZeroDuration(), absl::Milliseconds(300)}) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<Received> received = transport->Receive(start + wait);
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(received.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_GE(took, wait);
+    EXPECT_LT(took, wait + absl::Milliseconds(500));
+  }
+}
+
+// An echo child connected both ways to `transport` (as peer `id`), checked with one round trip.
+std::unique_ptr<Child> StartEcho(const Wire& wire, UcxTransport& transport, PeerId id) {
+  std::unique_ptr<Child> child = Child::Spawn(ChildEnv(wire, "echo"));
+  EXPECT_GT(child->pid(), 0);
+  std::string address = child->ReadLine();
+  child->WriteLine(absl::BytesToHexString(transport.LocalAddress()));
+  absl::Status status = transport.Connect(id, absl::HexStringToBytes(address));
+  EXPECT_TRUE(status.ok()) << status << " child said " << address;
+  EXPECT_TRUE(transport.Send(id, "ping").ok());
+  absl::StatusOr<Received> echo = transport.Receive(absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(echo.ok() && echo->kind == Received::Kind::kMessage && echo->bytes == "ping" &&
+              echo->from == id);
+  return child;
+}
+
+void KillIsDetected(const Wire& wire) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
+  ASSERT_NE(transport, nullptr);
+  std::unique_ptr<Child> victim = StartEcho(wire, *transport, 7);
+  // Large messages in flight in both directions when it dies.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(transport->Send(7, Pattern(0, 7, i, 1 << 20)).ok());
+  absl::SleepFor(absl::Milliseconds(5));
+  kill(victim->pid(), SIGKILL);
+  const absl::Time killed = absl::Now();
+  for (;;) {
+    absl::StatusOr<Received> received = transport->Receive(killed + absl::Seconds(2));
+    ASSERT_TRUE(received.ok()) << "no failure reported within 2 s: " << received.status();
+    if (received->kind == Received::Kind::kMessage) {
+      // Echoes that arrived before the death are delivered first, and intact.
+      EXPECT_EQ(received->bytes.size(), 1u << 20);
+      continue;
+    }
+    EXPECT_EQ(received->from, 7u);
+    EXPECT_EQ(received->error.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(received->error.message().find("peer 7"), std::string::npos) << received->error;
+    break;
+  }
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  EXPECT_EQ(transport->Send(7, "anyone?").code(), absl::StatusCode::kUnavailable);
+  victim->Kill();
+  // The survivor keeps working with other processes.
+  std::unique_ptr<Child> other = StartEcho(wire, *transport, 8);
+  other->WriteLine("close");
+  EXPECT_EQ(other->ReadLine(), "clean");
+}
+
+TEST(UcxTransportTest, KilledPeerIsReportedWithinTwoSecondsOverSharedMemory) {
+  KillIsDetected(kShm);
+}
+
+TEST(UcxTransportTest, KilledPeerIsReportedWithinTwoSecondsOverTcp) { KillIsDetected(kTcp); }
+
+void GracefulCloseIsSilent(const Wire& wire) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
+  ASSERT_NE(transport, nullptr);
+  // The child closes its transport and exits.
+  std::unique_ptr<Child> leaving = StartEcho(wire, *transport, 1);
+  leaving->WriteLine("close");
+  EXPECT_EQ(leaving->ReadLine(), "clean");
+  EXPECT_EQ(leaving->Wait(), 0);
+  // We disconnect the other child (asked by message, so we know it has processed everything);
+  // neither side may see a failure.
+  std::unique_ptr<Child> staying = StartEcho(wire, *transport, 2);
+  transport->Disconnect(2);
+  EXPECT_EQ(transport->Send(2, "x").code(), absl::StatusCode::kFailedPrecondition);
+  std::unique_ptr<Child> asking = StartEcho(wire, *transport, 3);
+  ASSERT_TRUE(transport->Send(3, "disconnect").ok());
+  absl::StatusOr<Received> received = transport->Receive(absl::Now() + absl::Milliseconds(500));
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << (received.ok() ? received->error.ToString() : "");
+  EXPECT_EQ(transport->Send(1, "x").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(transport->Send(3, "x").code(), absl::StatusCode::kFailedPrecondition);
+  for (Child* child : {staying.get(), asking.get()}) {
+    child->WriteLine("close");
+    EXPECT_EQ(child->ReadLine(), "clean");
+    EXPECT_EQ(child->Wait(), 0);
+  }
+  transport->Close();
+  EXPECT_EQ(transport->Receive(absl::Now() + absl::Seconds(5)).status().code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST(UcxTransportTest, GracefulCloseIsNotAFailureOverSharedMemory) { GracefulCloseIsSilent(kShm); }
+
+TEST(UcxTransportTest, GracefulCloseIsNotAFailureOverTcp) { GracefulCloseIsSilent(kTcp); }
+
+TEST(UcxTransportTest, BogusAddressesFailCleanly) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(transport->Connect(1, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(transport->Connect(1, "hello world").code(), absl::StatusCode::kInvalidArgument);
+  const std::string own = transport->LocalAddress();
+  EXPECT_EQ(transport->Connect(1, own).code(), absl::StatusCode::kInvalidArgument);
+  for (size_t cut : {size_t{5}, own.size() / 2, own.size() - 1}) {
+    EXPECT_EQ(transport->Connect(1, own.substr(0, cut)).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // A well-formed address of a process that is gone.
+  std::string gone_address;
+  {
+    std::unique_ptr<UcxTransport> gone = MakeTransport(kShm);
+    ASSERT_NE(gone, nullptr);
+    gone_address = gone->LocalAddress();
+  }
+  const absl::Time start = absl::Now();
+  absl::Status status = transport->Connect(1, gone_address);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(transport->Send(1, "x").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(UcxTransportTest, ConnectRejectsConflictingBindings) {
+  std::unique_ptr<UcxTransport> a = MakeTransport(kShm);
+  std::unique_ptr<UcxTransport> b = MakeTransport(kShm);
+  std::unique_ptr<UcxTransport> c = MakeTransport(kShm);
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(a->Connect(1, b->LocalAddress()).ok());
+  EXPECT_TRUE(a->Connect(1, b->LocalAddress()).ok());
+  EXPECT_EQ(a->Connect(1, c->LocalAddress()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(a->Connect(2, b->LocalAddress()).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(UcxTransportTest, MessagesWaitUntilTheReceiverConnectsTheSender) {
+  // Two transports in one process are as separate as two processes for UCX.
+  std::unique_ptr<UcxTransport> a = MakeTransport(kShm);
+  std::unique_ptr<UcxTransport> b = MakeTransport(kShm);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Connect(1, b->LocalAddress()).ok());
+  ASSERT_TRUE(a->Send(1, "early").ok());
+  ASSERT_TRUE(a->Send(1, Pattern(0, 1, 0, 1 << 20)).ok());
+  EXPECT_EQ(b->Receive(absl::Now() + absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(b->Connect(5, a->LocalAddress()).ok());
+  absl::StatusOr<Received> first = b->Receive(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->from, 5u);
+  EXPECT_EQ(first->bytes, "early");
+  absl::StatusOr<Received> second = b->Receive(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->bytes == Pattern(0, 1, 0, 1 << 20));
+}
+
+}  // namespace
+}  // namespace k3
+
+int main(int argc, char** argv) {
+  if (const char* role = getenv(k3::kRoleEnv)) return k3::RunChild(role);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
