@@ -1,0 +1,76 @@
+// ModelRunner: the attention worker's forward pass (spec §4): embedding, the KDA and MLA mixers with
+// their per-request state, Block AttnRes (or the plain residual of Kimi Linear), the dense layer 0,
+// the shared experts, the latent up projection and the LM head. The routed experts are reached
+// through a RoutedMoe, in process or across the router tier; the math is the same either way.
+//
+// One Step runs a batch of sequences, each appending any number of tokens (a prefill chunk or one
+// decode token): rows of all sequences share every matrix product, while the mixers run per
+// sequence over its own KdaState / MlaCache.
+//
+// Thread-safety: not thread-safe; one owner thread calls Step. The weights and the RoutedMoe are
+// borrowed and must outlive the runner; SequenceStates are owned by the caller.
+#ifndef K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "attention_nodes/kda.h"
+#include "attention_nodes/mla.h"
+#include "model/weights.h"
+#include "router/routed_moe.h"
+
+namespace k3 {
+
+// Everything a request carries between steps.
+struct SequenceState {
+  std::vector<KdaState> kda;  // per layer; unused entries for MLA layers stay empty
+  std::vector<MlaCache> mla;  // per layer; unused entries for KDA layers stay empty
+  int64_t length = 0;         // tokens consumed so far
+
+  size_t ByteSize() const;
+};
+
+struct BatchEntry {
+  SequenceState* state = nullptr;
+  absl::Span<const int32_t> tokens;  // tokens to append; at least one
+  bool all_logits = false;           // logits for every new token, or only for the last
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
+
+  std::unique_ptr<SequenceState> NewSequence() const;
+
+  // Appends each entry's tokens to its sequence and writes logits rows: per entry in order, every
+  // new token's row (all_logits) or only the last one; [rows, vocab] in total. Token ids are
+  // checked against the vocabulary. On error the sequences of this batch are left in an
+  // unspecified state and must be dropped.
+  absl::Status Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+
+  const ModelConfig& config() const { return weights_->config; }
+
+ private:
+  // Depth attention over the completed blocks and the current prefix.
+  void DepthRead(const std::vector<float>& proj, const std::vector<float>& norm, int64_t rows,
+                   float* out);
+  absl::Status FeedForward(int layer, int64_t rows, float* out);
+
+  const ModelWeights* weights_;
+  RoutedMoe* routed_moe_;
+  GluParams glu_;
+
+  // Per-step buffers, kept to avoid allocating on every decode step.
+  std::vector<std::vector<float>> blocks_;  // completed AttnRes blocks, each [rows, d]
+  std::vector<float> prefix_, hidden_, normed_, mixed_, ffn_, routed_, mlp_scratch_;
+  std::vector<const float*> sources_;
+  Scratch mixer_scratch_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_

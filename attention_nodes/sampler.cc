@@ -1,0 +1,60 @@
+#include "attention_nodes/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace k3 {
+
+absl::Status ValidateSamplingOptions(const SamplingOptions& options) {
+  if (!(options.temperature >= 0.f) || !std::isfinite(options.temperature)) {
+    return absl::InvalidArgumentError("temperature must be a finite value >= 0");
+  }
+  if (!(options.top_p > 0.f && options.top_p <= 1.f)) {
+    return absl::InvalidArgumentError("top_p must lie in (0, 1]");
+  }
+  if (options.top_k < 0) return absl::InvalidArgumentError("top_k must be >= 0");
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
+
+int32_t Sampler::Next(const float* logits, int64_t vocab) {
+  if (options_.temperature == 0.f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  order_.resize(vocab);
+  std::iota(order_.begin(), order_.end(), 0);
+  int64_t keep = options_.top_k > 0 ? std::min<int64_t>(options_.top_k, vocab) : vocab;
+  auto higher = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), higher);
+  probs_.resize(keep);
+  const double top = logits[order_[0]];
+  double total = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    probs_[i] = std::exp((logits[order_[i]] - top) / options_.temperature);
+    total += probs_[i];
+  }
+  if (options_.top_p < 1.f) {
+    double mass = 0.0;
+    int64_t cut = 0;
+    while (cut < keep) {
+      mass += probs_[cut++] / total;
+      if (mass >= options_.top_p) break;
+    }
+    keep = cut;
+    total = std::accumulate(probs_.begin(), probs_.begin() + keep, 0.0);
+  }
+  // 53 random bits, so the draw does not depend on the standard library's distributions.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    acc += probs_[i];
+    if (u < acc) return order_[i];
+  }
+  return order_[keep - 1];
+}
+
+}  // namespace k3

@@ -1,0 +1,40 @@
+// Sampler: picks the next token from a row of logits. Temperature 0 is greedy (argmax, ties to the
+// lower id). Otherwise: softmax(logits / temperature), restricted to the top_k most likely tokens
+// (0 = all), then to the smallest set whose mass reaches top_p (1 = all), sampled with a per-request
+// generator seeded from `seed`, so a request with a seed is reproducible whatever it is batched with.
+#ifndef K3SERVE_ATTENTION_NODES_SAMPLER_H_
+#define K3SERVE_ATTENTION_NODES_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace k3 {
+
+struct SamplingOptions {
+  float temperature = 0.f;
+  float top_p = 1.f;
+  int top_k = 0;
+  uint64_t seed = 0;
+};
+
+// InvalidArgument for a negative temperature, top_p outside (0, 1] or a negative top_k.
+absl::Status ValidateSamplingOptions(const SamplingOptions& options);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  int32_t Next(const float* logits, int64_t vocab);
+
+ private:
+  SamplingOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_SAMPLER_H_

@@ -1,0 +1,58 @@
+#include "attention_nodes/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace k3 {
+namespace {
+
+TEST(SamplerTest, TemperatureZeroIsArgmax) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.f, 1.9f};
+  Sampler sampler(SamplingOptions{});
+  EXPECT_EQ(sampler.Next(logits.data(), 4), 1);
+}
+
+TEST(SamplerTest, TopKOneIsGreedyAtAnyTemperature) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.f, 1.9f};
+  Sampler sampler(SamplingOptions{1.5f, 1.f, 1, 42});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sampler.Next(logits.data(), 4), 1);
+}
+
+TEST(SamplerTest, SameSeedSameDraws) {
+  std::vector<float> logits = {0.f, 0.5f, 1.f, 0.2f, -0.3f};
+  Sampler a(SamplingOptions{1.f, 1.f, 0, 9}), b(SamplingOptions{1.f, 1.f, 0, 9});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.Next(logits.data(), 5), b.Next(logits.data(), 5));
+}
+
+// Frequencies follow softmax(logits / T), and top_p drops the tail: with probabilities
+// {0.5, 0.3, 0.2}, top_p = 0.7 keeps the first two, renormalized to {0.625, 0.375}.
+TEST(SamplerTest, FrequenciesFollowSoftmaxAndTopP) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  const int kDraws = 20000;
+  Sampler full(SamplingOptions{1.f, 1.f, 0, 1});
+  Sampler nucleus(SamplingOptions{1.f, 0.7f, 0, 1});
+  std::map<int, int> full_counts, nucleus_counts;
+  for (int i = 0; i < kDraws; ++i) {
+    ++full_counts[full.Next(logits.data(), 3)];
+    ++nucleus_counts[nucleus.Next(logits.data(), 3)];
+  }
+  EXPECT_NEAR(full_counts[0] / double(kDraws), 0.5, 0.02);
+  EXPECT_NEAR(full_counts[1] / double(kDraws), 0.3, 0.02);
+  EXPECT_NEAR(full_counts[2] / double(kDraws), 0.2, 0.02);
+  EXPECT_EQ(nucleus_counts[2], 0);
+  EXPECT_NEAR(nucleus_counts[0] / double(kDraws), 0.625, 0.02);
+}
+
+TEST(SamplerTest, RejectsBadOptions) {
+  EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{-1.f, 1.f, 0, 0}).ok());
+  EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{1.f, 0.f, 0, 0}).ok());
+  EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{1.f, 1.5f, 0, 0}).ok());
+  EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{1.f, 1.f, -2, 0}).ok());
+  EXPECT_TRUE(ValidateSamplingOptions(SamplingOptions{0.7f, 0.9f, 40, 0}).ok());
+}
+
+}  // namespace
+}  // namespace k3

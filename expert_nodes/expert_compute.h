@@ -1,0 +1,34 @@
+// Routed-expert computation of one MoE layer on an expert worker (spec §7.2):
+//   out[row] = Σ_{(row, e, w) ∈ assignments} w · E_e(z[row])
+// grouped by expert, so each expert's weights are streamed once per step whatever the number of
+// rows that chose it. Accumulation is fp32.
+#ifndef K3SERVE_EXPERT_NODES_EXPERT_COMPUTE_H_
+#define K3SERVE_EXPERT_NODES_EXPERT_COMPUTE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "expert_nodes/expert_assignment.h"
+#include "kernels/gated_mlp.h"
+#include "model/glu_params.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+// Scratch reused across calls by one caller; not thread-safe to share.
+struct ExpertScratch {
+  std::vector<float> gathered, answer, mlp;
+  std::vector<int32_t> order;
+};
+
+// z: [rows, width]; out: [rows, width], overwritten. InvalidArgument for an out-of-range row or an
+// expert this process does not host (empty weights).
+absl::Status RunExperts(const std::vector<GatedMlpWeights>& experts, const GluParams& params,
+                        const float* z, int64_t rows, int64_t width,
+                        const std::vector<ExpertAssignment>& assignments, float* out,
+                        ExpertScratch* scratch);
+
+}  // namespace k3
+
+#endif  // K3SERVE_EXPERT_NODES_EXPERT_COMPUTE_H_

@@ -1,0 +1,46 @@
+#include "router/router_step.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/matmul.h"
+#include "kernels/rms_norm.h"
+
+namespace k3 {
+
+void PrepareRouterStep(const RouterWeights& weights, const ModelConfig& config, const float* x,
+                       int64_t tokens, int num_workers, const WorkerForExpert& worker_for,
+                       RouterStep* step) {
+  step->tokens = tokens;
+  step->width = config.ExpertWidth();
+  RouteTokens(weights, config, x, tokens, &step->routing);
+  const float* rows = x;
+  if (config.IsLatentMoe()) {
+    step->latent.resize(static_cast<size_t>(tokens * step->width));
+    MatMul(weights.latent_down, x, tokens, step->latent.data());
+    rows = step->latent.data();
+  }
+  BuildDispatchPlan(step->routing, num_workers, worker_for, &step->plan);
+  step->worker_rows.resize(num_workers);
+  for (int w = 0; w < num_workers; ++w) {
+    const std::vector<int32_t>& sent = step->plan.workers[w].tokens;
+    std::vector<float>& dst = step->worker_rows[w];
+    dst.resize(sent.size() * step->width);
+    for (size_t r = 0; r < sent.size(); ++r) {
+      std::memcpy(dst.data() + r * step->width, rows + sent[r] * step->width,
+                  sizeof(float) * step->width);
+    }
+  }
+}
+
+void FinishRouterStep(const RouterWeights& weights, const ModelConfig& config,
+                      const RouterStep& step, const std::vector<const float*>& partials,
+                      float* out) {
+  std::fill(out, out + step.tokens * step.width, 0.f);
+  CombinePartials(step.plan, partials, step.width, out);
+  if (config.IsLatentMoe() && config.latent_moe_use_norm) {
+    RmsNorm(out, weights.latent_norm.data(), step.tokens, step.width, config.rms_norm_eps, out);
+  }
+}
+
+}  // namespace k3

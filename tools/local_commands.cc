@@ -1,0 +1,127 @@
+#include "tools/local_commands.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "attention_nodes/local_engine.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "tools/cli_flags.h"
+
+namespace k3 {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "k3serve: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Prints loading progress to stderr, at most every 10% (big checkpoints take a while).
+void ShowProgress(size_t done, size_t total) {
+  static int last_decile = -1;
+  int decile = total == 0 ? 10 : static_cast<int>(10 * done / total);
+  if (decile != last_decile) {
+    last_decile = decile;
+    std::cerr << "\rloading weights: " << done << "/" << total << " tensors" << (done == total ? "\n" : "")
+              << std::flush;
+  }
+}
+
+absl::StatusOr<ModelConfig> ConfigFromFlag(const std::string& value) {
+  absl::StatusOr<ModelConfig> named = NamedConfig(value);
+  if (named.ok()) return named;
+  if (value.find(".json") == std::string::npos && value.find('/') == std::string::npos) {
+    return named.status();
+  }
+  return LoadModelConfig(value);
+}
+
+}  // namespace
+
+int RandomCheckpointCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags = CliFlags::Parse(args, {"config", "seed", "out", "shards"});
+  if (!flags.ok()) return Fail(flags.status());
+  absl::StatusOr<std::string> config_name = flags->String("config");
+  absl::StatusOr<std::string> out = flags->String("out");
+  absl::StatusOr<int64_t> seed = flags->Int("seed", 0);
+  absl::StatusOr<int64_t> shards = flags->Int("shards", 1);
+  for (const absl::Status& s : {config_name.status(), out.status(), seed.status(), shards.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  if (*shards < 1) return Fail(absl::InvalidArgumentError("--shards must be at least 1"));
+  absl::StatusOr<ModelConfig> config = ConfigFromFlag(*config_name);
+  if (!config.ok()) return Fail(config.status());
+  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(*seed), *out,
+                                             static_cast<int>(*shards));
+      !s.ok()) {
+    return Fail(s);
+  }
+  std::cerr << "wrote a random " << *config_name << " checkpoint to " << *out << "\n";
+  return 0;
+}
+
+int LogitsCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags = CliFlags::Parse(args, {"model", "tokens", "out"}, {"decode"});
+  if (!flags.ok()) return Fail(flags.status());
+  absl::StatusOr<std::string> model = flags->String("model");
+  absl::StatusOr<std::string> out = flags->String("out");
+  absl::StatusOr<std::vector<int32_t>> tokens = flags->IntList("tokens");
+  for (const absl::Status& s : {model.status(), out.status(), tokens.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model, ShowProgress);
+  if (!engine.ok()) return Fail(engine.status());
+  absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(*tokens, flags->Has("decode"));
+  if (!logits.ok()) return Fail(logits.status());
+  std::ofstream file(*out, std::ios::binary | std::ios::trunc);
+  file.write(reinterpret_cast<const char*>(logits->data()),
+             static_cast<std::streamsize>(logits->size() * sizeof(float)));
+  file.close();
+  if (!file) return Fail(absl::InternalError(absl::StrCat("cannot write ", *out)));
+  return 0;
+}
+
+int GenerateCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags = CliFlags::Parse(
+      args, {"model", "server", "tokens", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
+             "stop-token-ids", "request-id"});
+  if (!flags.ok()) return Fail(flags.status());
+  absl::StatusOr<std::vector<int32_t>> tokens = flags->IntList("tokens");
+  absl::StatusOr<int64_t> max_new = flags->Int("max-new-tokens", 16);
+  absl::StatusOr<double> temperature = flags->Double("temperature", 0.0);
+  absl::StatusOr<double> top_p = flags->Double("top-p", 1.0);
+  absl::StatusOr<int64_t> top_k = flags->Int("top-k", 0);
+  absl::StatusOr<int64_t> seed = flags->Int("seed", 0);
+  for (const absl::Status& s : {tokens.status(), max_new.status(), temperature.status(),
+                                top_p.status(), top_k.status(), seed.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  GenerateOptions options;
+  options.max_new_tokens = static_cast<int>(*max_new);
+  options.sampling.temperature = static_cast<float>(*temperature);
+  options.sampling.top_p = static_cast<float>(*top_p);
+  options.sampling.top_k = static_cast<int>(*top_k);
+  options.sampling.seed = static_cast<uint64_t>(*seed);
+  if (flags->Has("stop-token-ids")) {
+    absl::StatusOr<std::vector<int32_t>> stops = flags->IntList("stop-token-ids");
+    if (!stops.ok()) return Fail(stops.status());
+    options.stop_token_ids = *stops;
+  }
+  if (flags->Has("server")) {
+    return Fail(absl::UnimplementedError("--server"));
+  }
+  absl::StatusOr<std::string> model = flags->String("model");
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model, ShowProgress);
+  if (!engine.ok()) return Fail(engine.status());
+  absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(*tokens, options);
+  if (!generated.ok()) return Fail(generated.status());
+  std::cout << absl::StrJoin(*generated, " ") << "\n";
+  return 0;
+}
+
+}  // namespace k3
