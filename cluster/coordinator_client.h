@@ -1,0 +1,103 @@
+// CoordinatorClient: a node's side of the membership protocol in proto/cluster.proto.
+//
+// One background thread registers (retrying with backoff while the coordinator is unreachable or
+// relearning its members), heartbeats at the interval the coordinator asks for, registers again
+// with the same id and the last placement it received when told "unknown node" (that is how a
+// restarted coordinator relearns the cluster), fetches the cluster state whenever the membership
+// or placement version moves, and says Leave on Stop. If its id was taken meanwhile it registers
+// as a new node.
+//
+// Every RPC carries `rpc_timeout` as its deadline. A coordinator that stays unreachable does not
+// stop the node: it keeps its last state and keeps trying.
+//
+// Thread-safety: all methods may be called from any thread. Callbacks run on the client's thread,
+// one at a time; they must not call Stop.
+#ifndef K3SERVE_CLUSTER_COORDINATOR_CLIENT_H_
+#define K3SERVE_CLUSTER_COORDINATOR_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+
+namespace k3 {
+
+struct CoordinatorClientOptions {
+  std::string coordinator_address;  // host:port
+  // This node. node_id 0 asks for a new id; incarnation 0 picks a random one; pid and host are
+  // filled in when unset.
+  k3serve::cluster::v1::NodeInfo node;
+  absl::Duration rpc_timeout = absl::Seconds(1);
+  absl::Duration max_backoff = absl::Seconds(2);  // between failed registrations
+};
+
+struct CoordinatorCallbacks {
+  // A new cluster state: after registering, and whenever members or placement changed.
+  std::function<void(const k3serve::cluster::v1::ClusterState&)> on_cluster_state;
+  // The coordinator asked this node to drain (called once per request).
+  std::function<void()> on_drain;
+};
+
+class CoordinatorClient {
+ public:
+  // Starts the background thread; registration happens there (see WaitRegistered).
+  CoordinatorClient(CoordinatorClientOptions options, CoordinatorCallbacks callbacks);
+  // Stop().
+  ~CoordinatorClient();
+
+  CoordinatorClient(const CoordinatorClient&) = delete;
+  CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  // This node's id once registered. DEADLINE_EXCEEDED if not registered by `deadline`.
+  absl::StatusOr<uint32_t> WaitRegistered(absl::Time deadline);
+
+  // Load reported with the following heartbeats.
+  void SetLoad(const k3serve::cluster::v1::LoadStats& load);
+
+  // The last cluster state received (empty before the first).
+  k3serve::cluster::v1::ClusterState cluster_state() const;
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Stops heartbeating and tells the coordinator this node leaves (one attempt, rpc_timeout).
+  // Idempotent.
+  void Stop();
+
+ private:
+  class Rpc;  // the gRPC stub, kept out of this header
+
+  void Loop();
+  bool Register();  // false: retry later
+  void HeartbeatOnce();
+  void FetchState();
+
+  const CoordinatorClientOptions options_;
+  const CoordinatorCallbacks callbacks_;
+  const uint64_t incarnation_;
+  std::unique_ptr<Rpc> rpc_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  k3serve::cluster::v1::LoadStats load_ ABSL_GUARDED_BY(mu_);
+  k3serve::cluster::v1::ClusterState state_ ABSL_GUARDED_BY(mu_);
+
+  // Client-thread only.
+  absl::Duration heartbeat_interval_ = absl::Milliseconds(250);
+  int64_t seen_placement_version_ = -1;
+  uint64_t seen_members_version_ = 0;
+  bool drain_reported_ = false;
+
+  std::thread thread_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_CLUSTER_COORDINATOR_CLIENT_H_
