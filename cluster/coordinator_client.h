@@ -11,7 +11,9 @@
 // stop the node: it keeps its last state and keeps trying.
 //
 // Thread-safety: all methods may be called from any thread. Callbacks run on the client's thread,
-// one at a time; they must not call Stop.
+// one at a time, between heartbeats: they must return quickly (a callback that blocks for the
+// coordinator's heartbeat timeout gets this node declared DEAD; hand slow work such as transport
+// Connects to another thread) and must not call Stop.
 #ifndef K3SERVE_CLUSTER_COORDINATOR_CLIENT_H_
 #define K3SERVE_CLUSTER_COORDINATOR_CLIENT_H_
 
