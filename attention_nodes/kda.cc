@@ -1,0 +1,463 @@
+#include "attention_nodes/kda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "attention_nodes/simd.h"
+#include "kernels/thread_pool.h"
+
+namespace k3 {
+namespace {
+
+using simd::kWidth;
+using simd::Load;
+using simd::Store;
+using simd::Vec16;
+
+// The conv history is kept in a small array per channel; real configs use a kernel of 4.
+constexpr int kMaxConvKernel = 16;
+
+enum Slot {
+  kSlotQ,
+  kSlotK,
+  kSlotV,
+  kSlotDecay,        // f, then the log-space gate g [T, P]
+  kSlotBeta,         // [T, H]
+  kSlotGate,         // output gate logits [T, P]
+  kSlotLowRank,      // low-rank intermediates [T, rank]
+  kSlotOut,          // o, then the gated norm of o [T, P]
+  kSlotConvTail,     // the new conv caches [conv_window, P]
+  kSlotConvWeights,  // one conv weight transposed to [kernel, P]
+  kSlotHeads,        // per-head work areas
+};
+
+absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
+  if (m.empty())
+    return absl::InvalidArgumentError(absl::StrCat("KDA weight ", name, " is missing"));
+  if (rows >= 0 && m.rows != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KDA weight ", name, " has ", m.rows, " rows, expected ", rows));
+  }
+  if (m.cols != cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KDA weight ", name, " has ", m.cols, " columns, expected ", cols));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVector(const std::vector<float>& v, size_t size, const char* name) {
+  if (v.size() != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KDA weight ", name, " has ", v.size(), " values, expected ", size));
+  }
+  return absl::OkStatus();
+}
+
+#define K3_RETURN_IF_ERROR(expr)       \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
+  } while (false)
+
+absl::Status Validate(const ModelConfig& config, const KdaWeights& w, const KdaState& state) {
+  const LinearAttnConfig& la = config.linear_attn;
+  const int64_t h = la.num_heads, k = la.head_dim, p = h * k, d = config.hidden_size;
+  const int kernel = la.short_conv_kernel_size;
+  if (kernel < 1 || kernel > kMaxConvKernel) {
+    return absl::InvalidArgumentError(absl::StrCat("KDA short_conv_kernel_size ", kernel,
+                                                   " is outside [1, ", kMaxConvKernel, "]"));
+  }
+  if (state.num_heads != h || state.head_dim != k || state.conv_window != kernel - 1 ||
+      state.s.size() != static_cast<size_t>(h * k * k) ||
+      state.conv_q.size() != static_cast<size_t>((kernel - 1) * p) ||
+      state.conv_k.size() != state.conv_q.size() || state.conv_v.size() != state.conv_q.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KDA state is sized for ", state.num_heads, " heads x ", state.head_dim, " (conv window ",
+        state.conv_window, "), the config needs ", h, " x ", k, " (conv window ", kernel - 1, ")"));
+  }
+  K3_RETURN_IF_ERROR(CheckMatrix(w.q_proj, p, d, "q_proj"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.k_proj, p, d, "k_proj"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.v_proj, p, d, "v_proj"));
+  K3_RETURN_IF_ERROR(CheckVector(w.q_conv, p * kernel, "q_conv1d"));
+  K3_RETURN_IF_ERROR(CheckVector(w.k_conv, p * kernel, "k_conv1d"));
+  K3_RETURN_IF_ERROR(CheckVector(w.v_conv, p * kernel, "v_conv1d"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.f_a_proj, -1, d, "f_a_proj"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.f_b_proj, p, w.f_a_proj.rows, "f_b_proj"));
+  K3_RETURN_IF_ERROR(CheckVector(w.dt_bias, p, "dt_bias"));
+  K3_RETURN_IF_ERROR(CheckVector(w.a_log, h, "A_log"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.b_proj, h, d, "b_proj"));
+  if (la.use_full_rank_gate) {
+    K3_RETURN_IF_ERROR(CheckMatrix(w.g_proj, p, d, "g_proj"));
+  } else {
+    K3_RETURN_IF_ERROR(CheckMatrix(w.g_a_proj, -1, d, "g_a_proj"));
+    K3_RETURN_IF_ERROR(CheckMatrix(w.g_b_proj, p, w.g_a_proj.rows, "g_b_proj"));
+  }
+  K3_RETURN_IF_ERROR(CheckVector(w.o_norm, k, "o_norm"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.o_proj, d, p, "o_proj"));
+  return absl::OkStatus();
+}
+
+// Causal depthwise conv + SiLU over x [T, P] in place (spec §3.4), continuing from `cache` (the
+// last `window` pre-conv inputs, oldest first) and leaving there the last `window` inputs of
+// [cache; x]. Runs backwards in time so that every input is read before it is overwritten.
+// `weight_t` is the weight transposed to [kernel, P] so that channels are contiguous; `tail` has
+// room for [window, P].
+void ConvSiluInPlace(float* x, int64_t tokens, int64_t p, const float* weight_t, int kernel,
+                     float* cache, float* tail) {
+  const int64_t window = kernel - 1;
+  ParallelFor(p, 256, [&](int64_t c0, int64_t c1) {
+    const int64_t width = c1 - c0;
+    auto input_row = [&](int64_t j) {  // j in [-window, tokens)
+      return j >= 0 ? x + j * p : cache + (window + j) * p;
+    };
+    for (int64_t r = 0; r < window; ++r) {
+      std::memcpy(tail + r * p + c0, input_row(tokens - window + r) + c0, width * sizeof(float));
+    }
+    for (int64_t t = tokens - 1; t >= 0; --t) {
+      // Taps from the oldest input to the current one; the current token's row is read last, so
+      // the sum may overwrite it.
+      float* out = x + t * p + c0;
+      float acc[512];
+      for (int64_t done = 0; done < width; done += 512) {
+        const int64_t n = std::min<int64_t>(512, width - done);
+        std::fill_n(acc, n, 0.0f);
+        for (int i = 0; i < kernel; ++i) {
+          MulAdd(weight_t + i * p + c0 + done, input_row(t - window + i) + c0 + done, acc, n);
+        }
+        std::memcpy(out + done, acc, n * sizeof(float));
+        SiluInPlace(out + done, n);
+      }
+    }
+    for (int64_t r = 0; r < window; ++r) {
+      std::memcpy(cache + r * p + c0, tail + r * p + c0, width * sizeof(float));
+    }
+  });
+}
+
+// The per-channel log decay of §5.3 option A over n channels of one head, in place on f:
+// g = lower_bound · σ(a · (f + dt_bias)).
+K3_VECTOR_CLONES
+void LowerBoundGate(float* f, const float* dt_bias, float a, float lower_bound, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec16 z = (Load(f + i) + Load(dt_bias + i)) * a;
+    Store(f + i, lower_bound / (1.0f + simd::Exp(-z)));
+  }
+  for (; i < n; ++i) f[i] = lower_bound * Sigmoid(a * (f[i] + dt_bias[i]));
+}
+
+// One recurrence step, first half: S_j *= a_j for every key row j, then pred = Sᵀ k.
+K3_VECTOR_CLONES
+void DecayAndPredict(float* s, const float* a, const float* k, float* pred, int64_t kdim,
+                     int64_t vdim) {
+  int64_t v0 = 0;
+  for (; v0 + kWidth <= vdim; v0 += kWidth) {
+    Vec16 acc{};
+    for (int64_t j = 0; j < kdim; ++j) {
+      float* row = s + j * vdim + v0;
+      const Vec16 decayed = Load(row) * a[j];
+      Store(row, decayed);
+      acc += k[j] * decayed;
+    }
+    Store(pred + v0, acc);
+  }
+  for (; v0 < vdim; ++v0) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < kdim; ++j) {
+      s[j * vdim + v0] *= a[j];
+      acc += k[j] * s[j * vdim + v0];
+    }
+    pred[v0] = acc;
+  }
+}
+
+// Second half: S += k wᵀ, then o = Sᵀ q.
+K3_VECTOR_CLONES
+void WriteAndRead(float* s, const float* k, const float* w, const float* q, float* o, int64_t kdim,
+                  int64_t vdim) {
+  int64_t v0 = 0;
+  for (; v0 + kWidth <= vdim; v0 += kWidth) {
+    const Vec16 wv = Load(w + v0);
+    Vec16 acc{};
+    for (int64_t j = 0; j < kdim; ++j) {
+      float* row = s + j * vdim + v0;
+      const Vec16 updated = Load(row) + k[j] * wv;
+      Store(row, updated);
+      acc += q[j] * updated;
+    }
+    Store(o + v0, acc);
+  }
+  for (; v0 < vdim; ++v0) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < kdim; ++j) {
+      s[j * vdim + v0] += k[j] * w[v0];
+      acc += q[j] * s[j * vdim + v0];
+    }
+    o[v0] = acc;
+  }
+}
+
+// ke *= a, then returns k·ke and q·ke through dk and dq.
+K3_VECTOR_CLONES
+void DecayDot2(float* ke, const float* a, const float* k, const float* q, int64_t n, float* dk,
+               float* dq) {
+  Vec16 acc_k{}, acc_q{};
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec16 decayed = Load(ke + i) * Load(a + i);
+    Store(ke + i, decayed);
+    acc_k += Load(k + i) * decayed;
+    acc_q += Load(q + i) * decayed;
+  }
+  float sum_k = simd::Sum(acc_k), sum_q = simd::Sum(acc_q);
+  for (; i < n; ++i) {
+    ke[i] *= a[i];
+    sum_k += k[i] * ke[i];
+    sum_q += q[i] * ke[i];
+  }
+  *dk = sum_k;
+  *dq = sum_q;
+}
+
+// Per-token inputs of the core for one head; row t of a [T, P] array starts at t * stride.
+struct HeadInputs {
+  const float* q;  // L2-normalized, scaled by K^{-1/2}
+  const float* k;  // L2-normalized
+  const float* v;
+  const float* g;     // log-space decay
+  const float* beta;  // stride beta_stride
+  int64_t stride;
+  int64_t beta_stride;
+};
+
+void RecurrentHead(const HeadInputs& in, int64_t tokens, int64_t kdim, float* s, float* o,
+                   float* work) {
+  float* a = work;         // [K]
+  float* u = work + kdim;  // [V]
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(a, in.g + t * in.stride, kdim * sizeof(float));
+    ExpInPlace(a, kdim);
+    const float* k = in.k + t * in.stride;
+    const float* v = in.v + t * in.stride;
+    DecayAndPredict(s, a, k, u, kdim, kdim);
+    const float beta = in.beta[t * in.beta_stride];
+    for (int64_t j = 0; j < kdim; ++j) u[j] = beta * (v[j] - u[j]);
+    WriteAndRead(s, k, u, in.q + t * in.stride, o + t * in.stride, kdim, kdim);
+  }
+}
+
+int64_t ChunkedWorkFloats(int64_t kdim) {
+  constexpr int64_t c = kKdaChunk;
+  return 5 * c * kdim + 2 * c * c + c * kdim + kdim;
+}
+
+// The chunked form. Within a chunk, with G_t the inclusive cumulative log decay from the chunk
+// start, S0 the state before the chunk and W_s = β_s u_s the write of token s:
+//   W_t = β_t (v_t − S0ᵀ(e^{G_t}⊙k_t)) − β_t Σ_{s<t} Akk[t,s] W_s     (forward substitution)
+//   o_t = S0ᵀ(e^{G_t}⊙q_t) + Σ_{s≤t} Aqk[t,s] W_s
+//   S   = diag(e^{G_last}) S0 + Σ_s (k_s ⊙ e^{G_last−G_s}) W_sᵀ
+// with Akk[t,s] = Σ_j k_t,j k_s,j e^{G_t,j−G_s,j} and likewise Aqk. The pairwise decays are
+// built as running products of per-step decays, so no exponent ever exceeds 0 whatever the gate.
+void ChunkedHead(const HeadInputs& in, int64_t tokens, int64_t kdim, float* s, float* o,
+                 float* work) {
+  constexpr int64_t c = kKdaChunk;
+  const int64_t vdim = kdim;
+  float* a = work;               // [C, K] per-step decay e^{g}, later k_s ⊙ e^{G_last − G_s}
+  float* cum = a + c * kdim;     // [C, K] G
+  float* kg = cum + c * kdim;    // [C, K] e^{G_t} ⊙ k_t
+  float* qg = kg + c * kdim;     // [C, K] e^{G_t} ⊙ q_t
+  float* kdec = qg + c * kdim;   // [K, C] (k_s ⊙ e^{G_last − G_s}) transposed
+  float* akk = kdec + c * kdim;  // [C, C], row t scaled by −β_t
+  float* aqk = akk + c * c;      // [C, C], zero above the diagonal
+  float* wr = aqk + c * c;       // [C, V] W
+  float* ke = wr + c * vdim;     // [K]
+
+  for (int64_t t0 = 0; t0 < tokens; t0 += c) {
+    const int64_t len = std::min(c, tokens - t0);
+    auto row = [&](const float* base, int64_t t) { return base + (t0 + t) * in.stride; };
+
+    for (int64_t t = 0; t < len; ++t) {
+      const float* g = row(in.g, t);
+      float* cum_t = cum + t * kdim;
+      if (t == 0) {
+        std::memcpy(cum_t, g, kdim * sizeof(float));
+      } else {
+        for (int64_t j = 0; j < kdim; ++j) cum_t[j] = cum_t[j - kdim] + g[j];
+      }
+      std::memcpy(a + t * kdim, g, kdim * sizeof(float));
+      std::memcpy(kg + t * kdim, cum_t, kdim * sizeof(float));
+    }
+    ExpInPlace(a, len * kdim);
+    ExpInPlace(kg, len * kdim);
+    for (int64_t t = 0; t < len; ++t) {
+      const float* q = row(in.q, t);
+      const float* k = row(in.k, t);
+      for (int64_t j = 0; j < kdim; ++j) {
+        qg[t * kdim + j] = q[j] * kg[t * kdim + j];
+        kg[t * kdim + j] *= k[j];
+      }
+    }
+
+    for (int64_t si = 0; si < len; ++si) {
+      const float* ks = row(in.k, si);
+      std::memcpy(ke, ks, kdim * sizeof(float));
+      std::fill(aqk + si * c + si + 1, aqk + si * c + len, 0.0f);
+      aqk[si * c + si] = Dot(row(in.q, si), ks, kdim);
+      for (int64_t t = si + 1; t < len; ++t) {
+        DecayDot2(ke, a + t * kdim, row(in.k, t), row(in.q, t), kdim, &akk[t * c + si],
+                  &aqk[t * c + si]);
+      }
+    }
+
+    // Inter-chunk terms: W starts as Kg S0, o as Qg S0.
+    Gemm(len, vdim, kdim, kg, kdim, s, vdim, wr, vdim, /*accumulate=*/false);
+    Gemm(len, vdim, kdim, qg, kdim, s, vdim, o + t0 * in.stride, in.stride, /*accumulate=*/false);
+
+    for (int64_t t = 0; t < len; ++t) {
+      const float beta = in.beta[(t0 + t) * in.beta_stride];
+      const float* v = row(in.v, t);
+      float* wt = wr + t * vdim;
+      for (int64_t j = 0; j < vdim; ++j) wt[j] = beta * (v[j] - wt[j]);
+      for (int64_t si = 0; si < t; ++si) akk[t * c + si] *= -beta;
+      Gemm(1, vdim, t, akk + t * c, c, wr, vdim, wt, vdim, /*accumulate=*/true);
+    }
+    Gemm(len, vdim, len, aqk, c, wr, vdim, o + t0 * in.stride, in.stride, /*accumulate=*/true);
+
+    const float* last = cum + (len - 1) * kdim;
+    for (int64_t si = 0; si < len; ++si) {
+      for (int64_t j = 0; j < kdim; ++j) a[si * kdim + j] = last[j] - cum[si * kdim + j];
+    }
+    ExpInPlace(a, len * kdim);
+    for (int64_t si = 0; si < len; ++si) {
+      const float* ks = row(in.k, si);
+      for (int64_t j = 0; j < kdim; ++j) kdec[j * c + si] = ks[j] * a[si * kdim + j];
+    }
+    std::memcpy(ke, last, kdim * sizeof(float));
+    ExpInPlace(ke, kdim);
+    for (int64_t j = 0; j < kdim; ++j) Scale(ke[j], s + j * vdim, vdim);
+    Gemm(kdim, vdim, len, kdec, c, wr, vdim, s, vdim, /*accumulate=*/true);
+  }
+}
+
+}  // namespace
+
+KdaState::KdaState(const ModelConfig& config)
+    : num_heads(config.linear_attn.num_heads),
+      head_dim(config.linear_attn.head_dim),
+      conv_window(std::max(config.linear_attn.short_conv_kernel_size - 1, 0)) {
+  const size_t p = static_cast<size_t>(num_heads) * head_dim;
+  conv_q.assign(conv_window * p, 0.0f);
+  conv_k.assign(conv_window * p, 0.0f);
+  conv_v.assign(conv_window * p, 0.0f);
+  s.assign(p * head_dim, 0.0f);
+}
+
+void KdaState::Reset() {
+  std::fill(conv_q.begin(), conv_q.end(), 0.0f);
+  std::fill(conv_k.begin(), conv_k.end(), 0.0f);
+  std::fill(conv_v.begin(), conv_v.end(), 0.0f);
+  std::fill(s.begin(), s.end(), 0.0f);
+}
+
+size_t KdaState::ByteSize() const {
+  return (conv_q.size() + conv_k.size() + conv_v.size() + s.size()) * sizeof(float);
+}
+
+absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
+                        int64_t tokens, KdaState* state, float* out, Scratch* scratch,
+                        KdaAlgorithm algorithm) {
+  if (tokens < 0) return absl::InvalidArgumentError(absl::StrCat("KDA tokens ", tokens, " < 0"));
+  K3_RETURN_IF_ERROR(Validate(config, weights, *state));
+  if (tokens == 0) return absl::OkStatus();
+
+  const LinearAttnConfig& la = config.linear_attn;
+  const int64_t h = la.num_heads, kdim = la.head_dim, p = h * kdim;
+  const int kernel = la.short_conv_kernel_size;
+  const int64_t t_count = tokens;
+
+  float* q = scratch->Get(kSlotQ, t_count * p);
+  float* k = scratch->Get(kSlotK, t_count * p);
+  float* v = scratch->Get(kSlotV, t_count * p);
+  float* g = scratch->Get(kSlotDecay, t_count * p);
+  float* beta = scratch->Get(kSlotBeta, t_count * h);
+  float* gate = scratch->Get(kSlotGate, t_count * p);
+  float* o = scratch->Get(kSlotOut, t_count * p);
+  float* tail = scratch->Get(kSlotConvTail, std::max<int64_t>(kernel - 1, 1) * p);
+
+  MatMul(weights.q_proj, x, t_count, q);
+  MatMul(weights.k_proj, x, t_count, k);
+  MatMul(weights.v_proj, x, t_count, v);
+  float* conv_t = scratch->Get(kSlotConvWeights, kernel * p);
+  const std::vector<float>* conv_w[3] = {&weights.q_conv, &weights.k_conv, &weights.v_conv};
+  float* conv_in[3] = {q, k, v};
+  std::vector<float>* conv_cache[3] = {&state->conv_q, &state->conv_k, &state->conv_v};
+  for (int m = 0; m < 3; ++m) {
+    for (int64_t ch = 0; ch < p; ++ch) {
+      for (int i = 0; i < kernel; ++i) conv_t[i * p + ch] = (*conv_w[m])[ch * kernel + i];
+    }
+    ConvSiluInPlace(conv_in[m], t_count, p, conv_t, kernel, conv_cache[m]->data(), tail);
+  }
+
+  float* low = scratch->Get(kSlotLowRank, t_count * weights.f_a_proj.rows);
+  MatMul(weights.f_a_proj, x, t_count, low);
+  MatMul(weights.f_b_proj, low, t_count, g);
+  MatMul(weights.b_proj, x, t_count, beta);
+  if (la.use_full_rank_gate) {
+    MatMul(weights.g_proj, x, t_count, gate);
+  } else {
+    low = scratch->Get(kSlotLowRank, t_count * weights.g_a_proj.rows);
+    MatMul(weights.g_a_proj, x, t_count, low);
+    MatMul(weights.g_b_proj, low, t_count, gate);
+  }
+
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kdim));
+  const std::optional<float> lower_bound = la.gate_lower_bound;
+  ParallelFor(t_count, std::max<int64_t>(1, 4096 / p), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t head = 0; head < h; ++head) {
+        L2NormalizeInPlace(q + t * p + head * kdim, kdim, q_scale);
+        L2NormalizeInPlace(k + t * p + head * kdim, kdim, 1.0f);
+        beta[t * h + head] = Sigmoid(beta[t * h + head]);
+        const float a = std::exp(weights.a_log[head]);
+        float* gh = g + t * p + head * kdim;
+        const float* bias = weights.dt_bias.data() + head * kdim;
+        if (lower_bound.has_value()) {  // §5.3 option A
+          LowerBoundGate(gh, bias, a, *lower_bound, kdim);
+        } else {  // option B
+          for (int64_t j = 0; j < kdim; ++j) gh[j] = -a * Softplus(gh[j] + bias[j]);
+        }
+      }
+    }
+  });
+
+  const bool chunked =
+      algorithm == KdaAlgorithm::kChunked || (algorithm == KdaAlgorithm::kAuto && t_count > 1);
+  const int64_t work_floats = chunked ? ChunkedWorkFloats(kdim) : 2 * kdim;
+  float* work = scratch->Get(kSlotHeads, h * work_floats);
+  ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t head = h0; head < h1; ++head) {
+      const HeadInputs in{
+          q + head * kdim, k + head * kdim, v + head * kdim, g + head * kdim, beta + head, p, h};
+      float* s = state->s.data() + head * kdim * kdim;
+      if (chunked) {
+        ChunkedHead(in, t_count, kdim, s, o + head * kdim, work + head * work_floats);
+      } else {
+        RecurrentHead(in, t_count, kdim, s, o + head * kdim, work + head * work_floats);
+      }
+    }
+  });
+
+  // FusedRMSNormGated: per-head RMSNorm (eps rms_norm_eps, shared weight), times σ(gate).
+  ParallelFor(t_count * h, std::max<int64_t>(1, 4096 / kdim), [&](int64_t r0, int64_t r1) {
+    RmsNormRows(o + r0 * kdim, kdim, r1 - r0, kdim, weights.o_norm.data(), config.rms_norm_eps,
+                o + r0 * kdim, kdim);
+    MulSigmoid(gate + r0 * kdim, o + r0 * kdim, (r1 - r0) * kdim);
+  });
+  MatMul(weights.o_proj, o, t_count, out);
+  return absl::OkStatus();
+}
+
+}  // namespace k3

@@ -1,0 +1,252 @@
+#include "attention_nodes/layer_math.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "attention_nodes/simd.h"
+#include "glog/logging.h"
+#include "kernels/thread_pool.h"
+
+namespace k3 {
+
+using simd::kWidth;
+using simd::Load;
+using simd::Splat;
+using simd::Store;
+using simd::Vec16;
+
+namespace {
+
+K3_VECTOR_CLONES
+float SumSquares(const float* x, int64_t n) {
+  Vec16 acc0{}, acc1{};
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const Vec16 a = Load(x + i), b = Load(x + i + kWidth);
+    acc0 += a * a;
+    acc1 += b * b;
+  }
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec16 a = Load(x + i);
+    acc0 += a * a;
+  }
+  float sum = simd::Sum(acc0 + acc1);
+  for (; i < n; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+// y = alpha · x ⊙ gamma; y may equal x.
+K3_VECTOR_CLONES
+void ScaleByVector(const float* x, float alpha, const float* gamma, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Store(y + i, Load(x + i) * alpha * Load(gamma + i));
+  for (; i < n; ++i) y[i] = alpha * x[i] * gamma[i];
+}
+
+K3_VECTOR_CLONES
+void WidenBf16(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&dst[i], &bits, sizeof(float));
+  }
+}
+
+// Scalar tails share the vector code's formulas, one lane at a time.
+K3_SIMD_INLINE float ExpScalar(float x) {
+  Vec16 v = Splat(x);
+  return simd::Exp(v)[0];
+}
+
+}  // namespace
+
+float* Scratch::Get(int slot, size_t n) {
+  CHECK_GE(slot, 0);
+  if (static_cast<size_t>(slot) >= buffers_.size()) buffers_.resize(slot + 1);
+  std::vector<float>& buffer = buffers_[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
+size_t Scratch::ByteSize() const {
+  size_t bytes = 0;
+  for (const std::vector<float>& buffer : buffers_) bytes += buffer.capacity() * sizeof(float);
+  return bytes;
+}
+
+void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* gamma,
+                 float eps, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * x_stride;
+    const float inv = 1.0f / std::sqrt(SumSquares(xr, dim) / static_cast<float>(dim) + eps);
+    ScaleByVector(xr, inv, gamma, y + r * y_stride, dim);
+  }
+}
+
+void L2NormalizeInPlace(float* x, int64_t dim, float scale) {
+  Scale(scale / std::sqrt(SumSquares(x, dim) + 1e-6f), x, dim);
+}
+
+K3_VECTOR_CLONES
+float Dot(const float* a, const float* b, int64_t n) {
+  // Four independent chains hide the FMA latency.
+  Vec16 acc0{}, acc1{}, acc2{}, acc3{};
+  int64_t i = 0;
+  for (; i + 4 * kWidth <= n; i += 4 * kWidth) {
+    acc0 += Load(a + i) * Load(b + i);
+    acc1 += Load(a + i + kWidth) * Load(b + i + kWidth);
+    acc2 += Load(a + i + 2 * kWidth) * Load(b + i + 2 * kWidth);
+    acc3 += Load(a + i + 3 * kWidth) * Load(b + i + 3 * kWidth);
+  }
+  for (; i + kWidth <= n; i += kWidth) acc0 += Load(a + i) * Load(b + i);
+  float sum = simd::Sum((acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+K3_VECTOR_CLONES
+void Axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
+  const Vec16 va = Splat(alpha);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Store(y + i, Load(y + i) + va * Load(x + i));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+K3_VECTOR_CLONES
+void Scale(float alpha, float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Store(x + i, Load(x + i) * alpha);
+  for (; i < n; ++i) x[i] *= alpha;
+}
+
+K3_VECTOR_CLONES
+void MulAdd(const float* a, const float* b, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Store(y + i, Load(y + i) + Load(a + i) * Load(b + i));
+  for (; i < n; ++i) y[i] += a[i] * b[i];
+}
+
+K3_VECTOR_CLONES
+void ExpInPlace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) Store(x + i, simd::Exp(Load(x + i)));
+  for (; i < n; ++i) x[i] = ExpScalar(x[i]);
+}
+
+K3_VECTOR_CLONES
+void SiluInPlace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec16 v = Load(x + i);
+    Store(x + i, v / (1.0f + simd::Exp(-v)));
+  }
+  for (; i < n; ++i) x[i] = x[i] / (1.0f + ExpScalar(-x[i]));
+}
+
+K3_VECTOR_CLONES
+void MulSigmoid(const float* gate, float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    Store(x + i, Load(x + i) / (1.0f + simd::Exp(-Load(gate + i))));
+  }
+  for (; i < n; ++i) x[i] = x[i] / (1.0f + ExpScalar(-gate[i]));
+}
+
+K3_VECTOR_CLONES
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          float* c, int64_t ldc, bool accumulate) {
+  // Register blocks of 4 rows x 32 columns: every B load feeds 4 FMAs, every A broadcast 2.
+  constexpr int64_t kRows = 4, kCols = 2 * kWidth;
+  int64_t i0 = 0;
+  for (; i0 + kRows <= m; i0 += kRows) {
+    int64_t j0 = 0;
+    for (; j0 + kCols <= n; j0 += kCols) {
+      // Named accumulators: an array would live on the stack.
+      Vec16 c00{}, c01{}, c10{}, c11{}, c20{}, c21{}, c30{}, c31{};
+      const float* a0 = a + i0 * lda;
+      const float* a1 = a0 + lda;
+      const float* a2 = a1 + lda;
+      const float* a3 = a2 + lda;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const Vec16 b0 = Load(b + kk * ldb + j0), b1 = Load(b + kk * ldb + j0 + kWidth);
+        const Vec16 x0 = Splat(a0[kk]), x1 = Splat(a1[kk]), x2 = Splat(a2[kk]), x3 = Splat(a3[kk]);
+        c00 += x0 * b0;
+        c01 += x0 * b1;
+        c10 += x1 * b0;
+        c11 += x1 * b1;
+        c20 += x2 * b0;
+        c21 += x2 * b1;
+        c30 += x3 * b0;
+        c31 += x3 * b1;
+      }
+      float* cr = c + i0 * ldc + j0;
+      if (accumulate) {
+        c00 += Load(cr);
+        c01 += Load(cr + kWidth);
+        c10 += Load(cr + ldc);
+        c11 += Load(cr + ldc + kWidth);
+        c20 += Load(cr + 2 * ldc);
+        c21 += Load(cr + 2 * ldc + kWidth);
+        c30 += Load(cr + 3 * ldc);
+        c31 += Load(cr + 3 * ldc + kWidth);
+      }
+      Store(cr, c00);
+      Store(cr + kWidth, c01);
+      Store(cr + ldc, c10);
+      Store(cr + ldc + kWidth, c11);
+      Store(cr + 2 * ldc, c20);
+      Store(cr + 2 * ldc + kWidth, c21);
+      Store(cr + 3 * ldc, c30);
+      Store(cr + 3 * ldc + kWidth, c31);
+    }
+    if (j0 < n) {  // column tail of this row block, one row at a time below
+      for (int64_t r = i0; r < i0 + kRows; ++r) {
+        for (int64_t j = j0; j < n; ++j) {
+          float sum = accumulate ? c[r * ldc + j] : 0.0f;
+          for (int64_t kk = 0; kk < k; ++kk) sum += a[r * lda + kk] * b[kk * ldb + j];
+          c[r * ldc + j] = sum;
+        }
+      }
+    }
+  }
+  for (int64_t r = i0; r < m; ++r) {  // row tail
+    float* cr = c + r * ldc;
+    if (!accumulate) std::fill_n(cr, n, 0.0f);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float ar = a[r * lda + kk];
+      const float* bk = b + kk * ldb;
+      int64_t j = 0;
+      for (; j + kWidth <= n; j += kWidth) Store(cr + j, Load(cr + j) + ar * Load(bk + j));
+      for (; j < n; ++j) cr[j] += ar * bk[j];
+    }
+  }
+}
+
+void MatMulTransposed(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
+                      float* y, int64_t y_stride) {
+  // Column blocks: each row's slice is widened once into a stack buffer and then applied to every
+  // token, and the blocks are independent, so they are the unit of parallel work.
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (w.cols + kBlock - 1) / kBlock;
+  ParallelFor(blocks, 1, [&](int64_t begin, int64_t end) {
+    float row[kBlock];
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t c0 = blk * kBlock;
+      const int64_t len = std::min(kBlock, w.cols - c0);
+      for (int64_t t = 0; t < tokens; ++t) std::fill_n(y + t * y_stride + c0, len, 0.0f);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const float* src;
+        if (w.type == WeightType::kBf16) {
+          WidenBf16(static_cast<const uint16_t*>(w.data) + r * w.cols + c0, row, len);
+          src = row;
+        } else {
+          src = static_cast<const float*>(w.data) + r * w.cols + c0;
+        }
+        for (int64_t t = 0; t < tokens; ++t) {
+          Axpy(x[t * x_stride + r], src, y + t * y_stride + c0, len);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace k3

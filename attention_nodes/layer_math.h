@@ -1,0 +1,81 @@
+// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: RMSNorm, the
+// KDA L2 norm, scalar activations, vector loops, a transposed weight product, and a reusable
+// scratch area so that decode steps do not allocate.
+//
+// The vector loops are compiled for several x86-64 levels and picked at load time (simd.h), so one
+// binary uses AVX-512 where the CPU has it and still runs on a baseline x86-64.
+//
+// Thread-safety: the free functions are pure (they touch only their arguments). Scratch is not
+// thread-safe: one per concurrent caller.
+#ifndef K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
+#define K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/matmul.h"
+
+namespace k3 {
+
+// Reusable float buffers indexed by a small slot number. A buffer only grows, so after the first
+// calls of a given size, Get never allocates.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  // Returns at least `n` floats for `slot`; the contents are unspecified. Buffers of different
+  // slots never overlap. A pointer stays valid until the next Get of the same slot.
+  float* Get(int slot, size_t n);
+
+  // Bytes currently held.
+  size_t ByteSize() const;
+
+ private:
+  std::vector<std::vector<float>> buffers_;
+};
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+// log(1 + e^x), with torch's linear cut-over above 20 (the difference there is below 2e-9).
+inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// y[r, :] = gamma ⊙ x[r, :] / sqrt(mean(x[r, :]²) + eps) for r in [0, rows) (spec §3.1).
+// `x` and `y` have row strides x_stride, y_stride (>= dim); y may equal x (in place).
+void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* gamma,
+                 float eps, float* y, int64_t y_stride);
+
+// x = scale · x / sqrt(Σ x² + 1e-6) (spec §3.3; the ε sits inside the root, on the sum).
+void L2NormalizeInPlace(float* x, int64_t dim, float scale);
+
+float Dot(const float* a, const float* b, int64_t n);
+// y += alpha · x.
+void Axpy(float alpha, const float* x, float* y, int64_t n);
+// x *= alpha.
+void Scale(float alpha, float* x, int64_t n);
+// y += a ⊙ b.
+void MulAdd(const float* a, const float* b, float* y, int64_t n);
+
+// Elementwise, in place, vectorized (the exponential is accurate to about 2 ulp):
+void ExpInPlace(float* x, int64_t n);                     // x = e^x
+void SiluInPlace(float* x, int64_t n);                    // x = x σ(x)
+void MulSigmoid(const float* gate, float* x, int64_t n);  // x *= σ(gate)
+
+// C[m, n] = A[m, k] · B[k, n] (or C += A · B when `accumulate`), fp32, every matrix row-major
+// with its own row stride. For the small dense products inside the mixers (chunk-sized blocks);
+// single-threaded, so callers parallelize around it. REQUIRES: C overlaps neither A nor B.
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          float* c, int64_t ldc, bool accumulate);
+
+// The transposed product y[t, :] = Wᵀ x[t, :], i.e. y[t, c] = Σ_r W[r, c] · x[t, r], for a weight
+// W [rows, cols]: x is [tokens, W.rows] (stride x_stride), y is [tokens, W.cols] (stride
+// y_stride). It reads W once, row by row, whatever `tokens` is. REQUIRES: x and y do not overlap.
+void MatMulTransposed(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
+                      float* y, int64_t y_stride);
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
