@@ -1,5 +1,6 @@
 #include "cluster/inbox.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace k3 {
@@ -117,12 +118,7 @@ bool Inbox::HasDeliverableLocked() const {
   return false;
 }
 
-absl::StatusOr<Received> Inbox::Receive(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || HasDeliverableLocked();
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&wake), deadline);
+std::optional<Received> Inbox::PopLocked() {
   std::set<uint64_t> filling;
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     std::shared_ptr<Entry>& entry = *it;
@@ -133,8 +129,33 @@ absl::StatusOr<Received> Inbox::Receive(absl::Time deadline) {
     }
     if (!entry->ready) filling.insert(entry->token);
   }
-  if (closed_) return absl::CancelledError("transport closed");
-  return absl::DeadlineExceededError("no message before the deadline");
+  return std::nullopt;
+}
+
+absl::StatusOr<Received> Inbox::Receive(absl::Time deadline) { return Receive(deadline, nullptr); }
+
+absl::StatusOr<Received> Inbox::Receive(absl::Time deadline,
+                                        const std::function<bool(absl::Time)>& drive) {
+  // A caller that cannot drive re-checks this often whether it can.
+  constexpr absl::Duration kDriveRetry = absl::Milliseconds(10);
+  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || HasDeliverableLocked();
+  };
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    if (std::optional<Received> received = PopLocked()) return std::move(*received);
+    if (closed_) return absl::CancelledError("transport closed");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return absl::DeadlineExceededError("no message before the deadline");
+    if (drive != nullptr) {
+      mu_.Unlock();
+      const bool drove = drive(deadline);
+      mu_.Lock();
+      if (drove) continue;
+    }
+    mu_.AwaitWithDeadline(absl::Condition(&wake),
+                          drive != nullptr ? std::min(deadline, now + kDriveRetry) : deadline);
+  }
 }
 
 void Inbox::Close() {

@@ -11,8 +11,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -56,6 +58,12 @@ class Inbox {
   bool Failed(uint64_t token) const;
 
   absl::StatusOr<Received> Receive(absl::Time deadline);
+  // As above; while nothing is deliverable, the caller's thread runs drive(deadline) (without the
+  // Inbox lock) to make messages arrive itself instead of sleeping until another thread delivers.
+  // drive returns after it made some progress or at the deadline; false means it could not drive
+  // now (another thread does), and then the caller waits for a delivery a while before retrying.
+  absl::StatusOr<Received> Receive(absl::Time deadline,
+                                   const std::function<bool(absl::Time)>& drive);
 
   // Wakes Receive calls: once the queue has nothing deliverable they return CANCELLED.
   void Close();
@@ -64,6 +72,8 @@ class Inbox {
   using Entry = InboxEntry;
 
   bool HasDeliverableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes and returns the first deliverable entry, if any.
+  std::optional<Received> PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(uint64_t token, std::shared_ptr<Entry> entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;

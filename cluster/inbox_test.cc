@@ -114,5 +114,41 @@ TEST(InboxTest, ReceiveWakesOnDeliveryAndOnClose) {
   sender.join();
 }
 
+TEST(InboxTest, ReceiveLetsTheCallerDriveDeliveries) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  int drives = 0;
+  // The caller's own drive produces the message: no other thread is involved.
+  absl::StatusOr<Received> received =
+      inbox.Receive(absl::Now() + absl::Seconds(10), [&](absl::Time) {
+        if (++drives == 3) inbox.Deliver(100, "driven");
+        return true;
+      });
+  ASSERT_TRUE(received.ok());
+  EXPECT_EQ(received->bytes, "driven");
+  EXPECT_EQ(drives, 3);
+}
+
+TEST(InboxTest, ACallerThatCannotDriveWaitsForAnotherThreadsDelivery) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  std::thread producer([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    inbox.Deliver(100, "from elsewhere");
+  });
+  absl::StatusOr<Received> received =
+      inbox.Receive(absl::Now() + absl::Seconds(10), [](absl::Time) { return false; });
+  producer.join();
+  ASSERT_TRUE(received.ok());
+  EXPECT_EQ(received->bytes, "from elsewhere");
+  // Nothing more: the deadline is honored even though drive keeps refusing.
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(inbox.Receive(start + absl::Milliseconds(50), [](absl::Time) { return false; })
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+}
+
 }  // namespace
 }  // namespace k3

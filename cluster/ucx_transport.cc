@@ -604,7 +604,7 @@ absl::Status UcxTransport::Send(PeerId peer, std::string message) {
 }
 
 absl::StatusOr<Received> UcxTransport::Receive(absl::Time deadline) {
-  return inbox_.Receive(deadline);
+  return inbox_.Receive(deadline, [this](absl::Time until) { return TryDrive(until); });
 }
 
 void UcxTransport::Close() {
@@ -622,10 +622,20 @@ void UcxTransport::Close() {
     absl::MutexLock lock(&mu_);
     auto closes_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_closes_ == 0; };
     mu_.AwaitWithDeadline(absl::Condition(&closes_done), absl::Now() + options_.close_timeout);
-    stop_ = true;
+  }
+  {
+    absl::MutexLock lock(&baton_mu_);
+    stopping_ = true;
   }
   Wake();
   if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    // Keep the baton for good: no Receive caller may touch the worker from now on.
+    absl::MutexLock lock(&baton_mu_);
+    auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) { return !driving_; };
+    baton_mu_.Await(absl::Condition(&free));
+    driving_ = true;
+  }
 
   absl::MutexLock lock(&mu_);
   if (worker_ != nullptr) {
@@ -707,65 +717,110 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
 }
 
 void UcxTransport::ProgressLoop() {
-  std::vector<pollfd> fds;
-  std::vector<uint64_t> serials;
+  // After a receiver drove, the progress thread leaves the baton alone this long, so that a loop
+  // of Receive calls keeps it without a hand-off each time.
+  constexpr absl::Duration kLinger = absl::Milliseconds(2);
+  constexpr absl::Duration kMaxWait = absl::Milliseconds(100);
   for (;;) {
-    int timeout_ms = 0;
     {
-      absl::MutexLock lock(&mu_);
-      if (stop_) return;
-      for (;;) {
-        ProgressLocked();
-        ucs_status_t status = ucp_worker_arm(worker_);
-        if (status == UCS_OK) break;
-        if (status != UCS_ERR_BUSY) {
-          LOG(ERROR) << "ucp_worker_arm: " << ucs_status_string(status);
-          break;
-        }
+      absl::MutexLock lock(&baton_mu_);
+      auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) {
+        return stopping_ || (!driving_ && receivers_waiting_ == 0);
+      };
+      baton_mu_.Await(absl::Condition(&free));
+      if (stopping_) return;
+      const absl::Duration rest = last_receiver_drive_ + kLinger - absl::Now();
+      if (rest > absl::ZeroDuration()) {
+        baton_mu_.AwaitWithTimeout(absl::Condition(&stopping_), rest);
+        continue;
       }
-      fds.clear();
-      serials.clear();
-      fds.push_back({wake_fd_, POLLIN, 0});
-      fds.push_back({worker_fd_, POLLIN, 0});
-      fds.push_back({listen_fd_, POLLIN, 0});
-      for (const auto& [fd, conn] : conns_) {
-        fds.push_back({fd, POLLIN, 0});
-        serials.push_back(conn->serial);
-      }
-      // UCX signals the event fd for receives and completions; the short timeout while operations
-      // are pending is a safety net for the few internal events that do not.
-      const bool busy = !sends_.empty() || !recvs_.empty() || pending_closes_ > 0;
-      timeout_ms = busy ? 1 : 100;
+      driving_ = true;
     }
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
-      PLOG(ERROR) << "poll";
-    }
-    absl::MutexLock lock(&mu_);
-    if (fds[0].revents != 0) {
-      uint64_t count = 0;
-      ssize_t ignored = read(wake_fd_, &count, sizeof(count));
-      (void)ignored;
-    }
-    if (fds[2].revents != 0) AcceptLocked();
-    bool progressed = false;
-    for (size_t i = 3; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      auto conn = conns_.find(fds[i].fd);
-      if (conn == conns_.end() || conn->second->serial != serials[i - 3]) continue;
-      if (!progressed) {
-        // Take in what UCX already holds before judging a connection loss: messages a peer sent
-        // before dying are delivered ahead of its failure.
-        ProgressLocked();
-        progressed = true;
-      }
-      ReadConnLocked(fds[i].fd);
-    }
+    DriveOnce(absl::Now() + kMaxWait, absl::ZeroDuration());
+    absl::MutexLock lock(&baton_mu_);
+    driving_ = false;
   }
 }
 
-void UcxTransport::ProgressLocked() {
-  while (ucp_worker_progress(worker_) != 0) {
+bool UcxTransport::TryDrive(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&baton_mu_);
+    if (stopping_) return false;
+    if (driving_) {
+      ++receivers_waiting_;
+      Wake();  // the holder returns from poll; the progress thread then yields
+      auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) {
+        return !driving_ || stopping_;
+      };
+      baton_mu_.AwaitWithDeadline(absl::Condition(&free),
+                                  std::min(deadline, absl::Now() + absl::Milliseconds(5)));
+      --receivers_waiting_;
+      if (driving_ || stopping_) return false;
+    }
+    driving_ = true;
   }
+  DriveOnce(std::min(deadline, absl::Now() + absl::Milliseconds(100)), options_.busy_poll);
+  absl::MutexLock lock(&baton_mu_);
+  driving_ = false;
+  last_receiver_drive_ = absl::Now();
+  return true;
+}
+
+void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
+  const absl::Time spin_until = std::min(until, absl::Now() + spin);
+  for (;;) {
+    absl::MutexLock lock(&mu_);
+    if (worker_ == nullptr) return;
+    // Whatever UCX has already is handled now; it may be what the caller waits for.
+    if (ProgressLocked()) return;
+    if (absl::Now() >= spin_until) break;
+  }
+  int timeout_ms = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker_ == nullptr) return;
+    ucs_status_t status = ucp_worker_arm(worker_);
+    if (status == UCS_ERR_BUSY) return;
+    if (status != UCS_OK) LOG(ERROR) << "ucp_worker_arm: " << ucs_status_string(status);
+    poll_fds_.clear();
+    poll_serials_.clear();
+    poll_fds_.push_back({wake_fd_, POLLIN, 0});
+    poll_fds_.push_back({worker_fd_, POLLIN, 0});
+    poll_fds_.push_back({listen_fd_, POLLIN, 0});
+    for (const auto& [fd, conn] : conns_) {
+      poll_fds_.push_back({fd, POLLIN, 0});
+      poll_serials_.push_back(conn->serial);
+    }
+    // UCX signals the event fd for receives and completions; the short timeout while operations
+    // are pending is a safety net for the few internal events that do not.
+    const bool busy = !sends_.empty() || !recvs_.empty() || pending_closes_ > 0;
+    timeout_ms = std::min(busy ? 1 : 100, MillisUntil(until));
+  }
+  if (poll(poll_fds_.data(), poll_fds_.size(), timeout_ms) < 0 && errno != EINTR) {
+    PLOG(ERROR) << "poll";
+  }
+  absl::MutexLock lock(&mu_);
+  if (worker_ == nullptr) return;
+  if (poll_fds_[0].revents != 0) {
+    uint64_t count = 0;
+    ssize_t ignored = read(wake_fd_, &count, sizeof(count));
+    (void)ignored;
+  }
+  // Take in what UCX holds before looking at the sockets: messages a peer sent before dying are
+  // delivered ahead of its failure.
+  ProgressLocked();
+  if (poll_fds_[2].revents != 0) AcceptLocked();
+  for (size_t i = 3; i < poll_fds_.size(); ++i) {
+    if (poll_fds_[i].revents == 0) continue;
+    auto conn = conns_.find(poll_fds_[i].fd);
+    if (conn == conns_.end() || conn->second->serial != poll_serials_[i - 3]) continue;
+    ReadConnLocked(poll_fds_[i].fd);
+  }
+}
+
+bool UcxTransport::ProgressLocked() {
+  bool progressed = false;
+  while (ucp_worker_progress(worker_) != 0) progressed = true;
   while (!eps_to_force_close_.empty()) {
     std::vector<ucp_ep_h> eps = std::move(eps_to_force_close_);
     eps_to_force_close_.clear();
@@ -786,7 +841,9 @@ void UcxTransport::ProgressLocked() {
     }
     while (ucp_worker_progress(worker_) != 0) {
     }
+    progressed = true;
   }
+  return progressed;
 }
 
 void UcxTransport::AcceptLocked() {

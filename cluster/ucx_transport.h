@@ -15,11 +15,13 @@
 // flushes its endpoint (everything it sent has arrived), sends BYE; the other side stops sending,
 // flush-closes its endpoint and answers BYE_ACK; then the closer closes its endpoint.
 //
-// Progress. One thread per Transport drives the UCX worker and the sockets: UCP_FEATURE_WAKEUP's
-// event fd and the sockets go to poll(), so an idle Transport sleeps (no busy polling). Every UCX
-// call is made under one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx
-// directly, so a small message costs no thread hop on the sending side. Received messages wait in
-// an Inbox for Receive.
+// Progress. One thread at a time drives the UCX worker and the sockets ("holds the baton"):
+// UCP_FEATURE_WAKEUP's event fd and the sockets go to poll(), so an idle Transport sleeps (no busy
+// polling). A thread blocked in Receive drives itself, so the message it waits for wakes it
+// directly; otherwise a progress thread drives (it steps aside while receivers drive, and for a
+// couple of milliseconds after, so a receive loop keeps the baton). Every UCX call is made under
+// one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx directly, so a small
+// message costs no thread hop on the sending side either.
 //
 // Thread-safety: all methods, from any threads (see transport.h).
 #ifndef K3SERVE_CLUSTER_UCX_TRANSPORT_H_
@@ -33,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
 
 #include "absl/base/thread_annotations.h"
@@ -59,6 +62,10 @@ struct UcxTransportOptions {
   absl::Duration connect_timeout = absl::Seconds(3);
   // How long a graceful close waits for the peer's answer before closing anyway.
   absl::Duration close_timeout = absl::Seconds(2);
+  // A thread waiting in Receive polls UCX this long before it sleeps in poll(): trades a core for
+  // the wake-up latency (about 10 us a message on a VM). Only for processes that own their cores;
+  // keep it zero when processes outnumber cores, where spinning starves the peers it waits for.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 class UcxTransport final : public Transport {
@@ -87,8 +94,14 @@ class UcxTransport final : public Transport {
   absl::Status Init();
 
   void ProgressLoop();
+  // Takes the baton for a Receive caller unless another thread keeps it; then drives once.
+  bool TryDrive(absl::Time deadline);
+  // Waits (poll) until something happens or `until`, and handles it; `spin` first polls UCX
+  // without sleeping that long. Needs the baton.
+  void DriveOnce(absl::Time until, absl::Duration spin);
   // Runs UCX until it has nothing to do, then closes endpoints of peers that failed meanwhile.
-  void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns whether anything happened.
+  bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
   void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -129,7 +142,6 @@ class UcxTransport final : public Transport {
   int wake_fd_ = -1;
   bool shared_memory_enabled_ = true;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Every remote process ever seen, by token. Entries stay (endpoint callbacks point at them).
   std::map<uint64_t, std::shared_ptr<Remote>> remotes_ ABSL_GUARDED_BY(mu_);
   std::map<PeerId, std::shared_ptr<Remote>> peers_ ABSL_GUARDED_BY(mu_);
@@ -142,6 +154,15 @@ class UcxTransport final : public Transport {
   // Endpoints of failed peers, force-closed after the current progress call returns.
   std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
+
+  absl::Mutex baton_mu_;  // never held together with mu_
+  bool driving_ ABSL_GUARDED_BY(baton_mu_) = false;
+  int receivers_waiting_ ABSL_GUARDED_BY(baton_mu_) = 0;
+  absl::Time last_receiver_drive_ ABSL_GUARDED_BY(baton_mu_) = absl::InfinitePast();
+  bool stopping_ ABSL_GUARDED_BY(baton_mu_) = false;
+  // Used only by the baton holder.
+  std::vector<pollfd> poll_fds_;
+  std::vector<uint64_t> poll_serials_;
 };
 
 }  // namespace k3

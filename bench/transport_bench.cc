@@ -1,0 +1,246 @@
+// Dispatch+combine round trips over UcxTransport: one "router" process sends a block of token rows
+// to each of E "expert" processes and waits for a same-size answer from each (the expert echoes
+// it), the data movement of one MoE layer with expert parallelism. The router starts the experts
+// as copies of this binary.
+//
+//   transport_bench --experts=3 --tokens=1,16,128 --hidden=512 --tls=sm,self
+//
+// Prints one line per shape: bytes per peer, rounds, p50/p99/mean round time, and the bytes moved
+// per second (2 * E * bytes per peer / mean round time).
+#include <fcntl.h>
+#include <malloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cluster/ucx_transport.h"
+
+ABSL_FLAG(int, experts, 3, "expert processes (E)");
+ABSL_FLAG(std::string, tokens, "1,16,128", "token rows per expert, one shape each");
+ABSL_FLAG(int, hidden, 512, "values per token row");
+ABSL_FLAG(int, value_bytes, 4, "bytes per value (4: float32, 2: bf16)");
+ABSL_FLAG(double, seconds, 1.0, "measuring time per shape");
+ABSL_FLAG(int, warmup, 20, "unmeasured rounds per shape");
+ABSL_FLAG(std::string, tls, "", "UCX_TLS for every process (empty: UCX's own setting)");
+ABSL_FLAG(std::string, net_devices, "", "UCX_NET_DEVICES for every process");
+ABSL_FLAG(int, busy_poll_us, 0, "UcxTransportOptions::busy_poll for every process");
+ABSL_FLAG(std::string, role, "router", "internal: router, or expert (a started child)");
+
+extern char** environ;
+
+namespace k3 {
+namespace {
+
+constexpr PeerId kRouter = 0;
+
+k3::UcxTransportOptions Options() {
+  UcxTransportOptions options;
+  options.tls = absl::GetFlag(FLAGS_tls);
+  options.net_devices = absl::GetFlag(FLAGS_net_devices);
+  options.busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_busy_poll_us));
+  return options;
+}
+
+// Stdout: own address. Stdin: the router's address. Echoes until an empty message arrives.
+int RunExpert() {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(Options());
+  if (!transport.ok()) {
+    std::cerr << "expert: " << transport.status() << "\n";
+    return 1;
+  }
+  std::cout << absl::BytesToHexString((*transport)->LocalAddress()) << std::endl;
+  std::string router;
+  std::getline(std::cin, router);
+  absl::Status status = (*transport)->Connect(kRouter, absl::HexStringToBytes(router));
+  while (status.ok()) {
+    absl::StatusOr<Received> received = (*transport)->Receive(absl::InfiniteFuture());
+    if (!received.ok()) {
+      status = received.status();
+    } else if (received->kind == Received::Kind::kPeerFailed) {
+      status = received->error;
+    } else if (received->bytes.empty()) {
+      break;
+    } else {
+      status = (*transport)->Send(kRouter, std::move(received->bytes));
+    }
+  }
+  if (!status.ok()) std::cerr << "expert: " << status << "\n";
+  (*transport)->Close();
+  return status.ok() ? 0 : 1;
+}
+
+struct Expert {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+};
+
+absl::StatusOr<Expert> StartExpert() {
+  int to_child[2], from_child[2];
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
+    return absl::InternalError("pipe");
+  }
+  std::vector<std::string> args = {"/proc/self/exe", "--role=expert",
+                                   "--tls=" + absl::GetFlag(FLAGS_tls),
+                                   "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
+                                   absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us))};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  Expert expert;
+  int rc = posix_spawn(&expert.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(to_child[0]);
+  close(from_child[1]);
+  expert.in = to_child[1];
+  expert.out = from_child[0];
+  if (rc != 0) return absl::InternalError(absl::StrCat("posix_spawn: ", rc));
+  return expert;
+}
+
+absl::StatusOr<std::string> ReadLine(int fd, absl::Duration timeout) {
+  std::string line;
+  const absl::Time deadline = absl::Now() + timeout;
+  char c = 0;
+  while (true) {
+    pollfd p = {fd, POLLIN, 0};
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (ms <= 0 || poll(&p, 1, ms) != 1) return absl::DeadlineExceededError("expert is silent");
+    if (read(fd, &c, 1) != 1) return absl::UnavailableError("expert exited");
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+double Percentile(std::vector<double> values, double p) {
+  std::sort(values.begin(), values.end());
+  size_t index = std::min(values.size() - 1, static_cast<size_t>(p * values.size()));
+  return values[index];
+}
+
+absl::Status RunRouter() {
+  const int experts = absl::GetFlag(FLAGS_experts);
+  std::vector<int64_t> shapes;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+    int64_t tokens = 0;
+    if (!absl::SimpleAtoi(text, &tokens) || tokens <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad --tokens entry '", text, "'"));
+    }
+    shapes.push_back(tokens);
+  }
+  if (experts < 1) return absl::InvalidArgumentError("--experts must be at least 1");
+
+  absl::StatusOr<std::unique_ptr<UcxTransport>> created = UcxTransport::Create(Options());
+  if (!created.ok()) return created.status();
+  UcxTransport& transport = **created;
+  std::vector<Expert> children;
+  absl::Status status;
+  for (int e = 0; e < experts && status.ok(); ++e) {
+    absl::StatusOr<Expert> child = StartExpert();
+    if (!child.ok()) {
+      status = child.status();
+      break;
+    }
+    children.push_back(*child);
+    absl::StatusOr<std::string> address = ReadLine(child->out, absl::Seconds(20));
+    std::string line = absl::BytesToHexString(transport.LocalAddress()) + "\n";
+    if (address.ok() && write(child->in, line.data(), line.size()) != ssize_t(line.size())) {
+      address = absl::UnavailableError("expert exited");
+    }
+    status = address.ok() ? transport.Connect(e + 1, absl::HexStringToBytes(*address))
+                          : address.status();
+  }
+
+  printf("# experts=%d hidden=%d value_bytes=%d tls=%s net_devices=%s busy_poll_us=%d\n", experts,
+         absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_value_bytes),
+         absl::GetFlag(FLAGS_tls).c_str(), absl::GetFlag(FLAGS_net_devices).c_str(),
+         absl::GetFlag(FLAGS_busy_poll_us));
+  for (int64_t tokens : shapes) {
+    if (!status.ok()) break;
+    const size_t bytes = tokens * absl::GetFlag(FLAGS_hidden) * absl::GetFlag(FLAGS_value_bytes);
+    std::string payload(bytes, '\x5a');
+    std::vector<double> rounds_us;
+    const int warmup = absl::GetFlag(FLAGS_warmup);
+    const absl::Time stop_at = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+    for (int round = 0; status.ok(); ++round) {
+      if (round >= warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
+      const absl::Time start = absl::Now();
+      for (int e = 1; e <= experts && status.ok(); ++e) status = transport.Send(e, payload);
+      for (int e = 0; e < experts && status.ok(); ++e) {
+        absl::StatusOr<Received> answer = transport.Receive(absl::Now() + absl::Seconds(10));
+        if (!answer.ok()) {
+          status = answer.status();
+        } else if (answer->kind == Received::Kind::kPeerFailed) {
+          status = answer->error;
+        } else if (answer->bytes.size() != bytes) {
+          status = absl::DataLossError("answer of the wrong size");
+        }
+      }
+      if (round >= warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    if (!status.ok()) break;
+    double mean = 0;
+    for (double us : rounds_us) mean += us;
+    mean /= rounds_us.size();
+    printf("tokens=%lld bytes_per_peer=%zu rounds=%zu p50_us=%.1f p99_us=%.1f mean_us=%.1f "
+           "GBps=%.3f\n",
+           static_cast<long long>(tokens), bytes, rounds_us.size(), Percentile(rounds_us, 0.5),
+           Percentile(rounds_us, 0.99), mean, 2.0 * experts * bytes / (mean * 1e3));
+    fflush(stdout);
+  }
+  for (int e = 1; e <= static_cast<int>(children.size()); ++e) transport.Send(e, "").IgnoreError();
+  for (Expert& child : children) {
+    int wstatus = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (waitpid(child.pid, &wstatus, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(child.pid, SIGKILL);
+        waitpid(child.pid, &wstatus, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    close(child.in);
+    close(child.out);
+  }
+  transport.Close();
+  return status;
+}
+
+}  // namespace
+}  // namespace k3
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (absl::GetFlag(FLAGS_role) == "expert") return k3::RunExpert();
+  absl::Status status = k3::RunRouter();
+  if (!status.ok()) {
+    fprintf(stderr, "transport_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
