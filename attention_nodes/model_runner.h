@@ -20,6 +20,7 @@
 #include "absl/types/span.h"
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
+#include "kernels/gated_mlp.h"
 #include "model/weights.h"
 #include "router/routed_moe.h"
 

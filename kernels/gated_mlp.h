@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 
 namespace k3 {
@@ -19,8 +20,6 @@ struct GluParams {
   float beta = 4.0f;        // SiTU β
   float linear_beta = 0.f;  // λ of the up-branch soft cap; 0 leaves the up branch uncapped
 };
-
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // act(a) ⊙ cap(b) for one element.
 inline float GluCombine(const GluParams& p, float a, float b) {

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,14 +61,15 @@ void ExpectMatchesReference(const std::vector<float>& engine, const std::vector<
     EXPECT_EQ(Argmax(engine.data() + t * vocab, vocab), Argmax(ref.data() + t * vocab, vocab))
         << what << ": argmax at position " << t;
   }
-  RecordProperty(absl::StrCat("max_abs_diff_", what), std::to_string(worst));
+  testing::Test::RecordProperty(absl::StrCat("max_abs_diff_", what), std::to_string(worst));
+  std::cerr << what << ": max abs logit difference " << worst << "\n";
 }
 
-void CheckConfig(const std::string& name, const std::string& dir) {
+void CheckConfig(const std::string& name, const std::string& dir, int num_tokens = 11) {
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const int64_t vocab = (*checkpoint)->config().vocab_size;
-  const std::vector<int32_t> tokens = Tokens(11, static_cast<int>(vocab), 5);
+  const std::vector<int32_t> tokens = Tokens(num_tokens, static_cast<int>(vocab), 5);
   absl::StatusOr<std::vector<double>> ref = reference::ReferenceLogits(**checkpoint, tokens);
   ASSERT_TRUE(ref.ok()) << ref.status();
 
@@ -97,6 +100,46 @@ INSTANTIATE_TEST_SUITE_P(TinyConfigs, EngineReferenceTest,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// 70 tokens cross the KDA chunk boundary (64) of the chunked prefill.
+TEST(EngineReferenceLongTest, PrefillAcrossKdaChunks) {
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  const std::string dir = TempDir("long");
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, 29, dir, 1).ok());
+  CheckConfig("k3_tiny_70", dir, 70);
+}
+
+// The CLI writes the same logits: `k3serve logits` (prefill and --decode) read back as float32.
+TEST(EngineReferenceCliTest, LogitsCommandWritesTheReferenceLogits) {
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  const std::string dir = TempDir("cli");
+  const std::string binary = "./k3serve";
+  ASSERT_EQ(std::system((binary + " random-checkpoint --config k3-tiny --seed 31 --out " + dir +
+                         "/model --shards 2 2>/dev/null").c_str()), 0);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir + "/model");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const std::vector<int32_t> tokens = {1, 7, 300, 42, 511, 0};
+  absl::StatusOr<std::vector<double>> ref = reference::ReferenceLogits(**checkpoint, tokens);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (const std::string mode : {"", " --decode"}) {
+    const std::string out = dir + "/logits.bin";
+    ASSERT_EQ(std::system((binary + " logits --model " + dir + "/model --tokens 1,7,300,42,511,0 --out " +
+                           out + mode).c_str()), 0);
+    std::ifstream file(out, std::ios::binary);
+    std::vector<float> logits(ref->size());
+    file.read(reinterpret_cast<char*>(logits.data()), logits.size() * sizeof(float));
+    ASSERT_EQ(file.gcount(), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    EXPECT_EQ(file.peek(), EOF) << "extra bytes in " << out;
+    ExpectMatchesReference(logits, *ref, 512, "cli" + mode);
+  }
+  // Bad input: a clear error and a non-zero exit, never a crash.
+  EXPECT_NE(std::system((binary + " logits --model " + dir + "/model --tokens 1,512 --out " + dir +
+                         "/x.bin 2>/dev/null").c_str()), 0);
+  EXPECT_NE(std::system((binary + " logits --model " + dir + "/missing --tokens 1 --out " + dir +
+                         "/x.bin 2>/dev/null").c_str()), 0);
+}
 
 // Rewrites every tensor of `src` into `shards` files under `dst` in `dtype`, the way a third-party
 // converter might: no "language_model." prefix, conv weights squeezed to [C, K], A_log padded with
@@ -143,9 +186,8 @@ void Rewrite(const std::string& src, const std::string& dst, DType dtype, int sh
       values.resize(values.size() * 2, 0.0);
       shape = {static_cast<int64_t>(values.size())};
     }
-    // Vectors stay F32 (as in the real release); matrices take the requested dtype. F16 cannot
-    // hold N(0,1) embeddings' tails exactly, but every value here came from BF16 and has an F16
-    // representation unless it is tiny; the engine widens F16 exactly.
+    // Vectors stay F32 (as in the real release); matrices take the requested dtype. Engine and
+    // reference read the same rounded values, so F16 rounding does not enter the comparison.
     const DType target = shape.size() >= 2 ? dtype : DType::kF32;
     TensorToWrite t{name, target, shape, std::string(values.size() * DTypeSize(target), '\0')};
     for (size_t j = 0; j < values.size(); ++j) {
