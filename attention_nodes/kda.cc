@@ -100,41 +100,40 @@ absl::Status Validate(const ModelConfig& config, const KdaWeights& w, const KdaS
   return absl::OkStatus();
 }
 
-// Causal depthwise conv + SiLU over x [T, P] in place (spec §3.4), continuing from `cache` (the
-// last `window` pre-conv inputs, oldest first) and leaving there the last `window` inputs of
-// [cache; x]. Runs backwards in time so that every input is read before it is overwritten.
-// `weight_t` is the weight transposed to [kernel, P] so that channels are contiguous; `tail` has
-// room for [window, P].
-void ConvSiluInPlace(float* x, int64_t tokens, int64_t p, const float* weight_t, int kernel,
-                     float* cache, float* tail) {
+// Causal depthwise conv + SiLU over channels [c0, c1) of x [T, P] in place (spec §3.4),
+// continuing from `cache` (the last `window` pre-conv inputs, oldest first) and leaving there the
+// last `window` inputs of [cache; x]. Runs backwards in time so that every input is read before it
+// is overwritten. `weight_t` is the weight transposed to [kernel, P] so that channels are
+// contiguous; `tail` has room for [window, P] (only channels [c0, c1) are used).
+void ConvSiluChannels(float* x, int64_t tokens, int64_t p, int64_t c0, int64_t c1,
+                      const float* weight_t, int kernel, float* cache, float* tail) {
+  if (tokens == 0) return;
   const int64_t window = kernel - 1;
-  ParallelFor(p, 256, [&](int64_t c0, int64_t c1) {
-    const int64_t width = c1 - c0;
-    auto input_row = [&](int64_t j) {  // j in [-window, tokens)
-      return j >= 0 ? x + j * p : cache + (window + j) * p;
-    };
-    for (int64_t r = 0; r < window; ++r) {
-      std::memcpy(tail + r * p + c0, input_row(tokens - window + r) + c0, width * sizeof(float));
-    }
-    for (int64_t t = tokens - 1; t >= 0; --t) {
-      // Taps from the oldest input to the current one; the current token's row is read last, so
-      // the sum may overwrite it.
-      float* out = x + t * p + c0;
-      float acc[512];
-      for (int64_t done = 0; done < width; done += 512) {
-        const int64_t n = std::min<int64_t>(512, width - done);
-        std::fill_n(acc, n, 0.0f);
-        for (int i = 0; i < kernel; ++i) {
-          MulAdd(weight_t + i * p + c0 + done, input_row(t - window + i) + c0 + done, acc, n);
-        }
-        std::memcpy(out + done, acc, n * sizeof(float));
-        SiluInPlace(out + done, n);
+  const int64_t width = c1 - c0;
+  auto input_row = [&](int64_t j) {  // j in [-window, tokens)
+    return j >= 0 ? x + j * p : cache + (window + j) * p;
+  };
+  for (int64_t r = 0; r < window; ++r) {
+    std::memcpy(tail + r * p + c0, input_row(tokens - window + r) + c0, width * sizeof(float));
+  }
+  constexpr int64_t kBlock = 512;
+  float acc[kBlock];
+  for (int64_t t = tokens - 1; t >= 0; --t) {
+    // The current token's row is read last (tap kernel - 1), so the result may overwrite it.
+    for (int64_t done = 0; done < width; done += kBlock) {
+      const int64_t n = std::min(kBlock, width - done);
+      std::fill_n(acc, n, 0.0f);
+      for (int i = 0; i < kernel; ++i) {
+        MulAdd(weight_t + i * p + c0 + done, input_row(t - window + i) + c0 + done, acc, n);
       }
+      float* out = x + t * p + c0 + done;
+      std::memcpy(out, acc, n * sizeof(float));
+      SiluInPlace(out, n);
     }
-    for (int64_t r = 0; r < window; ++r) {
-      std::memcpy(cache + r * p + c0, tail + r * p + c0, width * sizeof(float));
-    }
-  });
+  }
+  for (int64_t r = 0; r < window; ++r) {
+    std::memcpy(cache + r * p + c0, tail + r * p + c0, width * sizeof(float));
+  }
 }
 
 // The per-channel log decay of §5.3 option A over n channels of one head, in place on f:
@@ -366,56 +365,77 @@ size_t KdaState::ByteSize() const {
   return (conv_q.size() + conv_k.size() + conv_v.size() + s.size()) * sizeof(float);
 }
 
-absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
-                        int64_t tokens, KdaState* state, float* out, Scratch* scratch,
-                        KdaAlgorithm algorithm) {
-  if (tokens < 0) return absl::InvalidArgumentError(absl::StrCat("KDA tokens ", tokens, " < 0"));
-  K3_RETURN_IF_ERROR(Validate(config, weights, *state));
-  if (tokens == 0) return absl::OkStatus();
+absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weights, const float* x,
+                             absl::Span<const KdaSegment> segments, float* out, Scratch* scratch,
+                             KdaAlgorithm algorithm) {
+  int64_t rows = 0;
+  for (const KdaSegment& segment : segments) {
+    if (segment.state == nullptr) return absl::InvalidArgumentError("KDA segment without a state");
+    if (segment.tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KDA segment tokens ", segment.tokens, " < 0"));
+    }
+    K3_RETURN_IF_ERROR(Validate(config, weights, *segment.state));
+    rows += segment.tokens;
+  }
+  if (rows == 0) return absl::OkStatus();
 
   const LinearAttnConfig& la = config.linear_attn;
   const int64_t h = la.num_heads, kdim = la.head_dim, p = h * kdim;
   const int kernel = la.short_conv_kernel_size;
-  const int64_t t_count = tokens;
+  const int64_t count = static_cast<int64_t>(segments.size());
+  int64_t* first_row = scratch->GetInts(0, count);
+  for (int64_t s = 0, r = 0; s < count; ++s) {
+    first_row[s] = r;
+    r += segments[s].tokens;
+  }
 
-  float* q = scratch->Get(kSlotQ, t_count * p);
-  float* k = scratch->Get(kSlotK, t_count * p);
-  float* v = scratch->Get(kSlotV, t_count * p);
-  float* g = scratch->Get(kSlotDecay, t_count * p);
-  float* beta = scratch->Get(kSlotBeta, t_count * h);
-  float* gate = scratch->Get(kSlotGate, t_count * p);
-  float* o = scratch->Get(kSlotOut, t_count * p);
+  // Projections run once over the rows of every sequence, so a batch reads each weight once.
+  float* q = scratch->Get(kSlotQ, rows * p);
+  float* k = scratch->Get(kSlotK, rows * p);
+  float* v = scratch->Get(kSlotV, rows * p);
+  float* g = scratch->Get(kSlotDecay, rows * p);
+  float* beta = scratch->Get(kSlotBeta, rows * h);
+  float* gate = scratch->Get(kSlotGate, rows * p);
+  float* o = scratch->Get(kSlotOut, rows * p);
   float* tail = scratch->Get(kSlotConvTail, std::max<int64_t>(kernel - 1, 1) * p);
+  MatMul(weights.q_proj, x, rows, q);
+  MatMul(weights.k_proj, x, rows, k);
+  MatMul(weights.v_proj, x, rows, v);
 
-  MatMul(weights.q_proj, x, t_count, q);
-  MatMul(weights.k_proj, x, t_count, k);
-  MatMul(weights.v_proj, x, t_count, v);
+  // The short convs continue each sequence's own cache.
   float* conv_t = scratch->Get(kSlotConvWeights, kernel * p);
   const std::vector<float>* conv_w[3] = {&weights.q_conv, &weights.k_conv, &weights.v_conv};
   float* conv_in[3] = {q, k, v};
-  std::vector<float>* conv_cache[3] = {&state->conv_q, &state->conv_k, &state->conv_v};
   for (int m = 0; m < 3; ++m) {
     for (int64_t ch = 0; ch < p; ++ch) {
       for (int i = 0; i < kernel; ++i) conv_t[i * p + ch] = (*conv_w[m])[ch * kernel + i];
     }
-    ConvSiluInPlace(conv_in[m], t_count, p, conv_t, kernel, conv_cache[m]->data(), tail);
+    ParallelFor(p, 256, [&](int64_t c0, int64_t c1) {
+      for (int64_t s = 0; s < count; ++s) {
+        KdaState* state = segments[s].state;
+        std::vector<float>& cache = m == 0 ? state->conv_q : m == 1 ? state->conv_k : state->conv_v;
+        ConvSiluChannels(conv_in[m] + first_row[s] * p, segments[s].tokens, p, c0, c1, conv_t,
+                         kernel, cache.data(), tail);
+      }
+    });
   }
 
-  float* low = scratch->Get(kSlotLowRank, t_count * weights.f_a_proj.rows);
-  MatMul(weights.f_a_proj, x, t_count, low);
-  MatMul(weights.f_b_proj, low, t_count, g);
-  MatMul(weights.b_proj, x, t_count, beta);
+  float* low = scratch->Get(kSlotLowRank, rows * weights.f_a_proj.rows);
+  MatMul(weights.f_a_proj, x, rows, low);
+  MatMul(weights.f_b_proj, low, rows, g);
+  MatMul(weights.b_proj, x, rows, beta);
   if (la.use_full_rank_gate) {
-    MatMul(weights.g_proj, x, t_count, gate);
+    MatMul(weights.g_proj, x, rows, gate);
   } else {
-    low = scratch->Get(kSlotLowRank, t_count * weights.g_a_proj.rows);
-    MatMul(weights.g_a_proj, x, t_count, low);
-    MatMul(weights.g_b_proj, low, t_count, gate);
+    low = scratch->Get(kSlotLowRank, rows * weights.g_a_proj.rows);
+    MatMul(weights.g_a_proj, x, rows, low);
+    MatMul(weights.g_b_proj, low, rows, gate);
   }
 
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(kdim));
   const std::optional<float> lower_bound = la.gate_lower_bound;
-  ParallelFor(t_count, std::max<int64_t>(1, 4096 / p), [&](int64_t t0, int64_t t1) {
+  ParallelFor(rows, std::max<int64_t>(1, 4096 / p), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t head = 0; head < h; ++head) {
         L2NormalizeInPlace(q + t * p + head * kdim, kdim, q_scale);
@@ -433,31 +453,47 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, co
     }
   });
 
-  const bool chunked =
-      algorithm == KdaAlgorithm::kChunked || (algorithm == KdaAlgorithm::kAuto && t_count > 1);
-  const int64_t work_floats = chunked ? ChunkedWorkFloats(kdim) : 2 * kdim;
-  float* work = scratch->Get(kSlotHeads, h * work_floats);
-  ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
-    for (int64_t head = h0; head < h1; ++head) {
+  // The delta rule, one (sequence, head) pair per work item.
+  auto chunked = [&](int64_t s) {
+    return algorithm == KdaAlgorithm::kChunked ||
+           (algorithm == KdaAlgorithm::kAuto && segments[s].tokens > 1);
+  };
+  int64_t work_floats = 2 * kdim;
+  for (int64_t s = 0; s < count; ++s) {
+    if (chunked(s)) work_floats = std::max(work_floats, ChunkedWorkFloats(kdim));
+  }
+  float* work = scratch->Get(kSlotHeads, count * h * work_floats);
+  ParallelFor(count * h, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t s = item / h, head = item % h;
+      const int64_t offset = first_row[s] * p + head * kdim;
       const HeadInputs in{
-          q + head * kdim, k + head * kdim, v + head * kdim, g + head * kdim, beta + head, p, h};
-      float* s = state->s.data() + head * kdim * kdim;
-      if (chunked) {
-        ChunkedHead(in, t_count, kdim, s, o + head * kdim, work + head * work_floats);
+          q + offset, k + offset, v + offset, g + offset, beta + first_row[s] * h + head, p, h};
+      float* state = segments[s].state->s.data() + head * kdim * kdim;
+      if (chunked(s)) {
+        ChunkedHead(in, segments[s].tokens, kdim, state, o + offset, work + item * work_floats);
       } else {
-        RecurrentHead(in, t_count, kdim, s, o + head * kdim, work + head * work_floats);
+        RecurrentHead(in, segments[s].tokens, kdim, state, o + offset, work + item * work_floats);
       }
     }
   });
 
   // FusedRMSNormGated: per-head RMSNorm (eps rms_norm_eps, shared weight), times σ(gate).
-  ParallelFor(t_count * h, std::max<int64_t>(1, 4096 / kdim), [&](int64_t r0, int64_t r1) {
+  ParallelFor(rows * h, std::max<int64_t>(1, 4096 / kdim), [&](int64_t r0, int64_t r1) {
     RmsNormRows(o + r0 * kdim, kdim, r1 - r0, kdim, weights.o_norm.data(), config.rms_norm_eps,
                 o + r0 * kdim, kdim);
     MulSigmoid(gate + r0 * kdim, o + r0 * kdim, (r1 - r0) * kdim);
   });
-  MatMul(weights.o_proj, o, t_count, out);
+  MatMul(weights.o_proj, o, rows, out);
   return absl::OkStatus();
+}
+
+absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
+                        int64_t tokens, KdaState* state, float* out, Scratch* scratch,
+                        KdaAlgorithm algorithm) {
+  const KdaSegment segment{state, tokens};
+  return KdaForwardBatch(config, weights, x, absl::MakeConstSpan(&segment, 1), out, scratch,
+                         algorithm);
 }
 
 }  // namespace k3

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "attention_nodes/layer_math.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -58,12 +59,26 @@ enum class KdaAlgorithm {
 // at head_dim 128; 8 and 16 tie, 32 and 64 are slower).
 inline constexpr int kKdaChunk = 16;
 
-// Runs one KDA layer over `tokens` new tokens of one sequence.
-// x: [tokens, hidden_size], the input_layernorm output. out: [tokens, hidden_size], the mixer
-// output after o_proj. `state` continues the sequence and is advanced past the new tokens.
+// One sequence's share of a batched call: `tokens` consecutive rows of x and out (after the rows
+// of the segments before it), continuing `state`.
+struct KdaSegment {
+  KdaState* state = nullptr;
+  int64_t tokens = 0;
+};
+
+// Runs one KDA layer over new tokens of several sequences at once. x: [rows, hidden_size], the
+// input_layernorm output, rows = Σ tokens. out: [rows, hidden_size], the mixer output after
+// o_proj. Every projection runs once over all rows (so a decode batch reads each weight once);
+// the convs and the delta rule run per sequence, advancing each state past its new tokens.
 // `scratch` holds the temporaries (reused across calls; nothing is allocated once it has grown).
-// Returns InvalidArgument when the state or the weights do not match `config`; then nothing is
-// written and the state is unchanged. REQUIRES: out does not overlap x.
+// kAuto picks the recurrence for one-token segments and the chunked form otherwise.
+// Returns InvalidArgument when a state or the weights do not match `config`; then nothing is
+// written and no state changes. REQUIRES: out does not overlap x; the states are distinct.
+absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weights, const float* x,
+                             absl::Span<const KdaSegment> segments, float* out, Scratch* scratch,
+                             KdaAlgorithm algorithm = KdaAlgorithm::kAuto);
+
+// The same for one sequence: x and out are [tokens, hidden_size].
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
                         int64_t tokens, KdaState* state, float* out, Scratch* scratch,
                         KdaAlgorithm algorithm = KdaAlgorithm::kAuto);

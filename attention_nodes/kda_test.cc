@@ -296,6 +296,49 @@ TEST(KdaChunkedTest, OddShapes) {
   EXPECT_TRUE(AllClose(state.s, ref_state.s, 1e-4));
 }
 
+// A batch mixing fresh prefills, decode steps on warm states and an empty segment gives each
+// sequence what it gets alone.
+TEST(KdaBatchTest, MatchesSequencesRunAlone) {
+  const ModelConfig config = TinyConfig();
+  RandomWeights rnd(8);
+  const KdaWeights w = MakeWeights(config, &rnd);
+  const int64_t d = config.hidden_size;
+  const std::vector<int64_t> history = {0, 30, 0, 5}, fresh = {40, 1, 0, 17};
+  std::vector<KdaState> batch_states, alone_states;
+  std::vector<std::vector<float>> inputs;
+  Scratch scratch;
+  for (size_t s = 0; s < history.size(); ++s) {
+    inputs.push_back(rnd.Normal((history[s] + fresh[s]) * d, 0.0f, 1.0f));
+    batch_states.emplace_back(config);
+    if (history[s] > 0) {
+      Forward(config, w, Slice(inputs[s], 0, history[s], d), &batch_states[s], &scratch,
+              KdaAlgorithm::kAuto);
+    }
+  }
+  alone_states = batch_states;
+  std::vector<float> x;
+  std::vector<KdaSegment> segments;
+  for (size_t s = 0; s < history.size(); ++s) {
+    const std::vector<float> rows = Slice(inputs[s], history[s], fresh[s], d);
+    x.insert(x.end(), rows.begin(), rows.end());
+    segments.push_back({&batch_states[s], fresh[s]});
+  }
+  std::vector<float> out(x.size(), NAN);
+  ASSERT_TRUE(KdaForwardBatch(config, w, x.data(), segments, out.data(), &scratch).ok());
+  int64_t row = 0;
+  for (size_t s = 0; s < history.size(); ++s) {
+    if (fresh[s] == 0) continue;
+    const std::vector<float> alone = Forward(config, w, Slice(inputs[s], history[s], fresh[s], d),
+                                             &alone_states[s], &scratch, KdaAlgorithm::kAuto);
+    EXPECT_TRUE(AllClose(Slice(out, row, fresh[s], d), alone, 1e-5)) << "sequence " << s;
+    EXPECT_TRUE(AllClose(batch_states[s].s, alone_states[s].s, 1e-5)) << "sequence " << s;
+    // The projections see different row counts, so their rounding may differ.
+    EXPECT_TRUE(AllClose(batch_states[s].conv_k, alone_states[s].conv_k, 1e-6)) << "sequence " << s;
+    row += fresh[s];
+  }
+  EXPECT_EQ(batch_states[2].s, std::vector<float>(batch_states[2].s.size(), 0.0f));
+}
+
 TEST(KdaStateTest, ResetAndSize) {
   const ModelConfig config = TinyConfig();
   KdaState state(config);

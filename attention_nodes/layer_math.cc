@@ -51,6 +51,28 @@ void WidenBf16(const uint16_t* __restrict src, float* __restrict dst, int64_t n)
   }
 }
 
+// y += alpha · widen(w) for bf16 w, widening in registers.
+K3_VECTOR_CLONES
+void AxpyBf16(float alpha, const uint16_t* w, float* y, int64_t n) {
+  typedef uint16_t U16x16 __attribute__((vector_size(32)));
+  typedef uint32_t U32x16 __attribute__((vector_size(64)));
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    U16x16 half;
+    std::memcpy(&half, w + i, sizeof(half));
+    const U32x16 bits = __builtin_convertvector(half, U32x16) << 16;
+    Vec16 wide;
+    std::memcpy(&wide, &bits, sizeof(wide));
+    Store(y + i, Load(y + i) + alpha * wide);
+  }
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
+    float wide;
+    std::memcpy(&wide, &bits, sizeof(wide));
+    y[i] += alpha * wide;
+  }
+}
+
 // Scalar tails share the vector code's formulas, one lane at a time.
 K3_SIMD_INLINE float ExpScalar(float x) {
   Vec16 v = Splat(x);
@@ -67,9 +89,18 @@ float* Scratch::Get(int slot, size_t n) {
   return buffer.data();
 }
 
+int64_t* Scratch::GetInts(int slot, size_t n) {
+  CHECK_GE(slot, 0);
+  if (static_cast<size_t>(slot) >= ints_.size()) ints_.resize(slot + 1);
+  std::vector<int64_t>& buffer = ints_[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 size_t Scratch::ByteSize() const {
   size_t bytes = 0;
   for (const std::vector<float>& buffer : buffers_) bytes += buffer.capacity() * sizeof(float);
+  for (const std::vector<int64_t>& buffer : ints_) bytes += buffer.capacity() * sizeof(int64_t);
   return bytes;
 }
 
@@ -226,6 +257,8 @@ void MatMulTransposed(const WeightMatrix& w, const float* x, int64_t x_stride, i
   // Column blocks: each row's slice is widened once into a stack buffer and then applied to every
   // token, and the blocks are independent, so they are the unit of parallel work.
   constexpr int64_t kBlock = 256;
+  // Few tokens widen each weight in registers as they use it; more share one widened copy.
+  constexpr int64_t kWidenOnceTokens = 2;
   const int64_t blocks = (w.cols + kBlock - 1) / kBlock;
   ParallelFor(blocks, 1, [&](int64_t begin, int64_t end) {
     float row[kBlock];
@@ -234,15 +267,21 @@ void MatMulTransposed(const WeightMatrix& w, const float* x, int64_t x_stride, i
       const int64_t len = std::min(kBlock, w.cols - c0);
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(y + t * y_stride + c0, len, 0.0f);
       for (int64_t r = 0; r < w.rows; ++r) {
-        const float* src;
-        if (w.type == WeightType::kBf16) {
-          WidenBf16(static_cast<const uint16_t*>(w.data) + r * w.cols + c0, row, len);
-          src = row;
+        if (w.type == WeightType::kF32) {
+          const float* src = static_cast<const float*>(w.data) + r * w.cols + c0;
+          for (int64_t t = 0; t < tokens; ++t) {
+            Axpy(x[t * x_stride + r], src, y + t * y_stride + c0, len);
+          }
+        } else if (tokens <= kWidenOnceTokens) {
+          const uint16_t* src = static_cast<const uint16_t*>(w.data) + r * w.cols + c0;
+          for (int64_t t = 0; t < tokens; ++t) {
+            AxpyBf16(x[t * x_stride + r], src, y + t * y_stride + c0, len);
+          }
         } else {
-          src = static_cast<const float*>(w.data) + r * w.cols + c0;
-        }
-        for (int64_t t = 0; t < tokens; ++t) {
-          Axpy(x[t * x_stride + r], src, y + t * y_stride + c0, len);
+          WidenBf16(static_cast<const uint16_t*>(w.data) + r * w.cols + c0, row, len);
+          for (int64_t t = 0; t < tokens; ++t) {
+            Axpy(x[t * x_stride + r], row, y + t * y_stride + c0, len);
+          }
         }
       }
     }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 
 namespace k3 {
@@ -30,18 +31,17 @@ class Scratch {
   // Returns at least `n` floats for `slot`; the contents are unspecified. Buffers of different
   // slots never overlap. A pointer stays valid until the next Get of the same slot.
   float* Get(int slot, size_t n);
+  // The same for integers (bookkeeping such as row offsets); a separate set of slots.
+  int64_t* GetInts(int slot, size_t n);
 
   // Bytes currently held.
   size_t ByteSize() const;
 
  private:
   std::vector<std::vector<float>> buffers_;
+  std::vector<std::vector<int64_t>> ints_;
 };
 
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
-// log(1 + e^x), with torch's linear cut-over above 20 (the difference there is below 2e-9).
-inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // y[r, :] = gamma ⊙ x[r, :] / sqrt(mean(x[r, :]²) + eps) for r in [0, rows) (spec §3.1).
 // `x` and `y` have row strides x_stride, y_stride (>= dim); y may equal x (in place).

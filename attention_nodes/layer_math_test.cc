@@ -144,20 +144,22 @@ TEST(MatMulTransposedTest, MatchesNaiveForBothWeightTypes) {
   RandomWeights rnd(5);
   for (WeightType type : {WeightType::kBf16, WeightType::kF32}) {
     const WeightMatrix w = rnd.Matrix(40, 300, 0.1f, type);  // 300 columns: two blocks, one partial
-    const int64_t tokens = 3, x_stride = 45, y_stride = 310;
-    std::vector<float> x = rnd.Normal(tokens * x_stride, 0.0f, 1.0f);
-    std::vector<float> y(tokens * y_stride, 7.0f);
-    MatMulTransposed(w, x.data(), x_stride, tokens, y.data(), y_stride);
-    std::vector<double> expected(y.begin(), y.end());
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t c = 0; c < w.cols; ++c) {
-        double sum = 0;
-        for (int64_t r = 0; r < w.rows; ++r)
-          sum += static_cast<double>(w.At(r, c)) * x[t * x_stride + r];
-        expected[t * y_stride + c] = sum;
+    for (int64_t tokens : {1, 3}) {  // widened in registers, and once per row
+      const int64_t x_stride = 45, y_stride = 310;
+      std::vector<float> x = rnd.Normal(tokens * x_stride, 0.0f, 1.0f);
+      std::vector<float> y(tokens * y_stride, 7.0f);
+      MatMulTransposed(w, x.data(), x_stride, tokens, y.data(), y_stride);
+      std::vector<double> expected(y.begin(), y.end());
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t c = 0; c < w.cols; ++c) {
+          double sum = 0;
+          for (int64_t r = 0; r < w.rows; ++r)
+            sum += static_cast<double>(w.At(r, c)) * x[t * x_stride + r];
+          expected[t * y_stride + c] = sum;
+        }
       }
+      EXPECT_TRUE(AllClose(y, expected, 1e-5)) << tokens << " tokens";
     }
-    EXPECT_TRUE(AllClose(y, expected, 1e-5));
   }
 }
 

@@ -19,7 +19,11 @@ enum Slot {
   kSlotQAbs,     // absorbed: [T, H, c + r]
   kSlotLatent,   // absorbed: [T, H, c]
   kSlotPartial,  // absorbed: per (token, key split) softmax partials
+  kSlotCkv,      // [T, c + r] the new cache rows
+  kSlotPacked,   // absorbed: q rows, then O rows, of the absorbed sequences
 };
+
+enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
   if (m.empty())
@@ -104,35 +108,36 @@ struct MlaDims {
   int64_t h, nope, r, qhd, vd, c, width, kv_width;
 };
 
-// Expanded form (§6.1), flash-attention style: for each (head, block of kQueryBlock queries) the
-// scores against a block of keys are one small GEMM, and so is the weighted sum of values.
+// Expanded form (§6.1), flash-attention style. A work item is one head and a run of up to
+// kQueryChunk queries; it walks the keys in blocks, packs each block's keys once (transposed, so
+// the scores are one small GEMM per block of kQueryBlock queries) and adds the softmax-weighted
+// values (another GEMM) straight into o, which holds the running sums until the final division.
 // q: [T, H, qhd] pre-scaled; kv: [N, H, nope + v]; rows: the cache; o: [T, H, v].
+constexpr int64_t kQueryChunk = 256;
 constexpr int64_t kQueryBlock = 16;
 constexpr int64_t kKeyBlock = 64;
 
 void ExpandedAttention(const MlaDims& m, const float* q, const float* kv, const float* rows,
                        int64_t start, int64_t tokens, float* o) {
-  const int64_t query_blocks = (tokens + kQueryBlock - 1) / kQueryBlock;
-  const int64_t kv_stride = m.h * m.kv_width;
-  // Items are head-major so that consecutive items of a thread reuse one head's keys.
-  ParallelFor(m.h * query_blocks, 1, [&](int64_t item0, int64_t item1) {
-    std::vector<float> buffer(m.qhd * kKeyBlock + kQueryBlock * kKeyBlock + kQueryBlock * m.vd +
-                              2 * kQueryBlock);
+  const int64_t chunks = (tokens + kQueryChunk - 1) / kQueryChunk;
+  const int64_t kv_stride = m.h * m.kv_width, o_stride = m.h * m.vd;
+  // Items are head-major so that consecutive items of a thread reuse one head's keys. Prefill
+  // only, so one buffer per range of items is no burden.
+  ParallelFor(m.h * chunks, 1, [&](int64_t item0, int64_t item1) {
+    std::vector<float> buffer(m.qhd * kKeyBlock + kQueryBlock * kKeyBlock + 2 * kQueryChunk);
     float* keys_t = buffer.data();                  // [qhd, kKeyBlock]
     float* scores = keys_t + m.qhd * kKeyBlock;     // [kQueryBlock, kKeyBlock]
-    float* acc = scores + kQueryBlock * kKeyBlock;  // [kQueryBlock, v]
-    float* max = acc + kQueryBlock * m.vd;          // [kQueryBlock]
-    float* sum = max + kQueryBlock;                 // [kQueryBlock]
+    float* max = scores + kQueryBlock * kKeyBlock;  // [kQueryChunk]
+    float* sum = max + kQueryChunk;                 // [kQueryChunk]
     for (int64_t item = item0; item < item1; ++item) {
-      const int64_t head = item / query_blocks;
-      const int64_t i0 = (item % query_blocks) * kQueryBlock;
-      const int64_t nq = std::min(kQueryBlock, tokens - i0);
-      const float* qh = q + (i0 * m.h + head) * m.qhd;
+      const int64_t head = item / chunks;
+      const int64_t q0 = (item % chunks) * kQueryChunk;
+      const int64_t q1 = std::min(tokens, q0 + kQueryChunk);
       const float* kv_head = kv + head * m.kv_width;
-      std::fill_n(acc, nq * m.vd, 0.0f);
-      std::fill_n(max, nq, -std::numeric_limits<float>::infinity());
-      std::fill_n(sum, nq, 0.0f);
-      const int64_t key_end = start + i0 + nq;  // keys the last query of the block sees
+      for (int64_t i = q0; i < q1; ++i) std::fill_n(o + i * o_stride + head * m.vd, m.vd, 0.0f);
+      std::fill_n(max, q1 - q0, -std::numeric_limits<float>::infinity());
+      std::fill_n(sum, q1 - q0, 0.0f);
+      const int64_t key_end = start + q1;  // keys the last query sees
       for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
         const int64_t nk = std::min(kKeyBlock, key_end - k0);
         for (int64_t j = 0; j < nk; ++j) {
@@ -141,49 +146,78 @@ void ExpandedAttention(const MlaDims& m, const float* q, const float* kv, const 
           for (int64_t d = 0; d < m.nope; ++d) keys_t[d * kKeyBlock + j] = k_nope[d];
           for (int64_t d = 0; d < m.r; ++d) keys_t[(m.nope + d) * kKeyBlock + j] = k_pe[d];
         }
-        Gemm(nq, nk, m.qhd, qh, m.h * m.qhd, keys_t, kKeyBlock, scores, kKeyBlock, false);
-        for (int64_t ii = 0; ii < nq; ++ii) {  // causal mask
-          const int64_t first_masked = std::max<int64_t>(start + i0 + ii + 1 - k0, 0);
-          for (int64_t j = first_masked; j < nk; ++j) {
-            scores[ii * kKeyBlock + j] = -std::numeric_limits<float>::infinity();
+        // Query blocks whose last query comes before k0 see none of these keys.
+        const int64_t first_block =
+            q0 + std::max<int64_t>(0, (k0 - start - q0) / kQueryBlock) * kQueryBlock;
+        for (int64_t b0 = first_block; b0 < q1; b0 += kQueryBlock) {
+          const int64_t nq = std::min(kQueryBlock, q1 - b0);
+          Gemm(nq, nk, m.qhd, q + (b0 * m.h + head) * m.qhd, m.h * m.qhd, keys_t, kKeyBlock, scores,
+               kKeyBlock, false);
+          for (int64_t ii = 0; ii < nq; ++ii) {  // causal mask
+            const int64_t first_masked = std::max<int64_t>(start + b0 + ii + 1 - k0, 0);
+            for (int64_t j = first_masked; j < nk; ++j) {
+              scores[ii * kKeyBlock + j] = -std::numeric_limits<float>::infinity();
+            }
           }
+          float* acc = o + b0 * o_stride + head * m.vd;
+          SoftmaxBlock(scores, kKeyBlock, nq, nk, max + (b0 - q0), sum + (b0 - q0), acc, o_stride,
+                       m.vd);
+          Gemm(nq, m.vd, nk, scores, kKeyBlock, kv_head + k0 * kv_stride + m.nope, kv_stride, acc,
+               o_stride, true);
         }
-        SoftmaxBlock(scores, kKeyBlock, nq, nk, max, sum, acc, m.vd, m.vd);
-        Gemm(nq, m.vd, nk, scores, kKeyBlock, kv_head + k0 * kv_stride + m.nope, kv_stride, acc,
-             m.vd, true);
       }
-      for (int64_t ii = 0; ii < nq; ++ii) {
-        float* out = o + ((i0 + ii) * m.h + head) * m.vd;
-        for (int64_t d = 0; d < m.vd; ++d) out[d] = acc[ii * m.vd + d] / sum[ii];
-      }
+      for (int64_t i = q0; i < q1; ++i)
+        Scale(1.0f / sum[i - q0], o + i * o_stride + head * m.vd, m.vd);
     }
   });
 }
 
 // Absorbed form (§6.2) over the latent rows: for each query token, all heads read a block of
 // cache rows together (scores by dot products, values by one GEMM), so a decode step streams the
-// cache once rather than once per head. A single query token splits its keys across threads;
-// the partial softmaxes are merged at the end.
-// q_abs: [T, H, width] pre-scaled; latent: [T, H, c]. `partial` has PartialFloats(...) room.
+// cache once rather than once per head. When there are few query tokens, each one's keys are
+// split across threads and the partial softmaxes merged at the end.
 constexpr int64_t kLatentKeyBlock = 16;
 constexpr int64_t kMinKeysPerSplit = 128;
 
-int64_t KeySplits(int64_t tokens, int64_t keys) {
-  if (tokens > 1) return 1;
+// Key splits per query token of a sequence with `keys` cached tokens, in a call with `queries`
+// absorbed query tokens in all.
+int64_t KeySplits(int64_t queries, int64_t keys) {
+  const int64_t threads = KernelThreadCount();
+  if (queries >= 2 * threads) return 1;
   const int64_t by_size = (keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
-  return std::max<int64_t>(1, std::min<int64_t>(by_size, 2 * KernelThreadCount()));
+  return std::max<int64_t>(1, std::min(by_size, 2 * threads));
 }
 
 int64_t PartialFloats(const MlaDims& m) { return m.h * (m.c + 2 + kLatentKeyBlock); }
 
-void AbsorbedAttention(const MlaDims& m, const float* q_abs, const float* rows, int64_t start,
-                       int64_t tokens, float* partial, float* latent) {
-  const int64_t splits = KeySplits(tokens, start + tokens);
+// The absorbed sequences of a call. Arrays are indexed by segment; segments in the expanded form
+// have no items.
+struct AbsorbedWork {
+  absl::Span<const MlaSegment> segments;
+  const int64_t* start;       // cached tokens before this call
+  const int64_t* packed_row;  // first row in the packed [A, ...] arrays
+  const int64_t* first_item;  // [segments + 1] prefix sums of tokens x splits
+};
+
+// q_abs: [A, H, width] pre-scaled; latent: [A, H, c]; partial: first_item[S] x PartialFloats.
+void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* q_abs,
+                       float* partial, float* latent) {
+  const int64_t count = static_cast<int64_t>(work.segments.size());
+  const int64_t items = work.first_item[count];
   const int64_t per_item = PartialFloats(m);
-  ParallelFor(tokens * splits, 1, [&](int64_t item0, int64_t item1) {
+  auto locate = [&](int64_t item, int64_t* s, int64_t* i, int64_t* split, int64_t* splits) {
+    *s = std::upper_bound(work.first_item, work.first_item + count + 1, item) - work.first_item - 1;
+    const int64_t tokens = work.segments[*s].tokens;
+    *splits = (work.first_item[*s + 1] - work.first_item[*s]) / tokens;
+    *i = (item - work.first_item[*s]) / *splits;
+    *split = (item - work.first_item[*s]) % *splits;
+  };
+  ParallelFor(items, 1, [&](int64_t item0, int64_t item1) {
     for (int64_t item = item0; item < item1; ++item) {
-      const int64_t i = item / splits, split = item % splits;
-      const int64_t keys = start + i + 1;
+      int64_t s, i, split, splits;
+      locate(item, &s, &i, &split, &splits);
+      const float* rows = work.segments[s].cache->rows.data();
+      const int64_t keys = work.start[s] + i + 1;
       const int64_t per_split = (keys + splits - 1) / splits;
       const int64_t k_begin = std::min(keys, split * per_split);
       const int64_t k_end = std::min(keys, k_begin + per_split);
@@ -194,7 +228,7 @@ void AbsorbedAttention(const MlaDims& m, const float* q_abs, const float* rows, 
       std::fill_n(acc, m.h * m.c, 0.0f);
       std::fill_n(max, m.h, -std::numeric_limits<float>::infinity());
       std::fill_n(sum, m.h, 0.0f);
-      const float* qi = q_abs + i * m.h * m.width;
+      const float* qi = q_abs + (work.packed_row[s] + i) * m.h * m.width;
       for (int64_t k0 = k_begin; k0 < k_end; k0 += kLatentKeyBlock) {
         const int64_t nk = std::min(kLatentKeyBlock, k_end - k0);
         for (int64_t head = 0; head < m.h; ++head) {
@@ -208,23 +242,30 @@ void AbsorbedAttention(const MlaDims& m, const float* q_abs, const float* rows, 
       }
     }
   });
-  // Merge the splits of each (token, head).
-  ParallelFor(tokens * m.h, 1, [&](int64_t p0, int64_t p1) {
+  // Merge the splits of each (token, head) into latent.
+  const int64_t packed_rows = work.packed_row[count];
+  ParallelFor(packed_rows * m.h, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t pair = p0; pair < p1; ++pair) {
-      const int64_t i = pair / m.h, head = pair % m.h;
+      const int64_t row = pair / m.h, head = pair % m.h;
+      const int64_t s =
+          std::upper_bound(work.packed_row, work.packed_row + count + 1, row) - work.packed_row - 1;
+      const int64_t i = row - work.packed_row[s];
+      const int64_t splits =
+          (work.first_item[s + 1] - work.first_item[s]) / work.segments[s].tokens;
+      const float* first = partial + (work.first_item[s] + i * splits) * per_item;
       float best = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < splits; ++s) {
-        best = std::max(best, partial[(i * splits + s) * per_item + m.h * m.c + head]);
+      for (int64_t k = 0; k < splits; ++k) {
+        best = std::max(best, first[k * per_item + m.h * m.c + head]);
       }
       float* out = latent + pair * m.c;
       std::fill_n(out, m.c, 0.0f);
       float total = 0.0f;
-      for (int64_t s = 0; s < splits; ++s) {
-        const float* item = partial + (i * splits + s) * per_item;
-        const float weight = std::exp(item[m.h * m.c + head] - best);  // 0 for an empty split
+      for (int64_t k = 0; k < splits; ++k) {
+        const float* part = first + k * per_item;
+        const float weight = std::exp(part[m.h * m.c + head] - best);  // 0 for an empty split
         if (weight == 0.0f) continue;
-        total += weight * item[m.h * m.c + m.h + head];
-        Axpy(weight, item + head * m.c, out, m.c);
+        total += weight * part[m.h * m.c + m.h + head];
+        Axpy(weight, part + head * m.c, out, m.c);
       }
       Scale(1.0f / total, out, m.c);
     }
@@ -241,86 +282,145 @@ void MlaCache::Reserve(int64_t tokens) {
   if (rows.size() < needed) rows.resize(needed);
 }
 
-absl::Status MlaForward(const ModelConfig& config, const MlaWeights& weights, const float* x,
-                        int64_t tokens, MlaCache* cache, float* out, Scratch* scratch,
-                        MlaForm form) {
-  if (tokens < 0) return absl::InvalidArgumentError(absl::StrCat("MLA tokens ", tokens, " < 0"));
-  K3_RETURN_IF_ERROR(Validate(config, weights, *cache));
-  if (tokens == 0) return absl::OkStatus();
+absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weights, const float* x,
+                             absl::Span<const MlaSegment> segments, float* out, Scratch* scratch,
+                             MlaForm form) {
+  int64_t rows = 0;
+  for (const MlaSegment& segment : segments) {
+    if (segment.cache == nullptr) return absl::InvalidArgumentError("MLA segment without a cache");
+    if (segment.tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MLA segment tokens ", segment.tokens, " < 0"));
+    }
+    K3_RETURN_IF_ERROR(Validate(config, weights, *segment.cache));
+    rows += segment.tokens;
+  }
+  if (rows == 0) return absl::OkStatus();
 
-  const int64_t t_count = tokens;
-  const int64_t h = config.num_attention_heads, d = config.hidden_size;
+  const int64_t h = config.num_attention_heads;
   const int64_t nope = config.qk_nope_head_dim, r = config.qk_rope_head_dim;
   const int64_t qhd = nope + r, vd = config.v_head_dim, c = config.kv_lora_rank;
   const int64_t width = c + r, kv_width = nope + vd;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(qhd));
+  const MlaDims dims{h, nope, r, qhd, vd, c, width, kv_width};
+  const int64_t count = static_cast<int64_t>(segments.size());
 
-  // Queries, pre-scaled by 1/sqrt(q_head_dim).
-  float* q = scratch->Get(kSlotQ, t_count * h * qhd);
+  // Per segment: first row, cached tokens before the call, and for the absorbed form its first
+  // packed row and first work item (both prefix sums with a final total).
+  int64_t* first_row = scratch->GetInts(kIntsFirstRow, count);
+  int64_t* start = scratch->GetInts(kIntsStart, count);
+  int64_t* packed_row = scratch->GetInts(kIntsPackedRow, count + 1);
+  int64_t* first_item = scratch->GetInts(kIntsFirstItem, count + 1);
+  auto expanded = [&](int64_t s) {
+    return segments[s].tokens > 0 &&
+           (form == MlaForm::kExpanded ||
+            (form == MlaForm::kAuto && start[s] == 0 && segments[s].tokens > 1));
+  };
+  int64_t absorbed_rows = 0;
+  for (int64_t s = 0, row = 0; s < count; ++s) {
+    first_row[s] = row;
+    start[s] = segments[s].cache->length;
+    row += segments[s].tokens;
+    if (!expanded(s)) absorbed_rows += segments[s].tokens;
+  }
+  packed_row[0] = first_item[0] = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t tokens = expanded(s) ? 0 : segments[s].tokens;
+    packed_row[s + 1] = packed_row[s] + tokens;
+    first_item[s + 1] =
+        first_item[s] + tokens * KeySplits(absorbed_rows, start[s] + segments[s].tokens);
+  }
+
+  // Queries for all rows, pre-scaled by 1/sqrt(q_head_dim).
+  float* q = scratch->Get(kSlotQ, rows * h * qhd);
   if (config.q_lora_rank.has_value()) {
     const int64_t ql = *config.q_lora_rank;
-    float* latent = scratch->Get(kSlotQLatent, t_count * ql);
-    MatMul(weights.q_a_proj, x, t_count, latent);
-    RmsNormRows(latent, ql, t_count, ql, weights.q_a_layernorm.data(), kMlaLatentNormEps, latent,
+    float* q_latent = scratch->Get(kSlotQLatent, rows * ql);
+    MatMul(weights.q_a_proj, x, rows, q_latent);
+    RmsNormRows(q_latent, ql, rows, ql, weights.q_a_layernorm.data(), kMlaLatentNormEps, q_latent,
                 ql);
-    MatMul(weights.q_b_proj, latent, t_count, q);
+    MatMul(weights.q_b_proj, q_latent, rows, q);
   } else {
-    MatMul(weights.q_proj, x, t_count, q);
+    MatMul(weights.q_proj, x, rows, q);
   }
-  Scale(scale, q, t_count * h * qhd);
+  Scale(1.0f / std::sqrt(static_cast<float>(qhd)), q, rows * h * qhd);
 
-  // Append the new tokens' [c | k_pe] rows, growing the cache geometrically.
-  const int64_t start = cache->length;
-  const int64_t total = start + t_count;
-  if (cache->rows.size() < static_cast<size_t>(total * width)) {
-    cache->Reserve(std::max<int64_t>(total, 2 * static_cast<int64_t>(cache->rows.size()) / width));
+  // The new [c | k_pe] rows, appended to each cache (grown geometrically).
+  float* ckv = scratch->Get(kSlotCkv, rows * width);
+  MatMul(weights.kv_a_proj_with_mqa, x, rows, ckv);
+  RmsNormRows(ckv, width, rows, c, weights.kv_a_layernorm.data(), kMlaLatentNormEps, ckv, width);
+  for (int64_t s = 0; s < count; ++s) {
+    MlaCache* cache = segments[s].cache;
+    const int64_t total = start[s] + segments[s].tokens;
+    if (cache->rows.size() < static_cast<size_t>(total * width)) {
+      cache->Reserve(
+          std::max<int64_t>(total, 2 * static_cast<int64_t>(cache->rows.size()) / width));
+    }
+    std::copy_n(ckv + first_row[s] * width, segments[s].tokens * width,
+                cache->rows.data() + start[s] * width);
+    cache->length = total;
   }
-  float* rows = cache->rows.data();
-  MatMul(weights.kv_a_proj_with_mqa, x, d, t_count, rows + start * width, width);
-  RmsNormRows(rows + start * width, width, t_count, c, weights.kv_a_layernorm.data(),
-              kMlaLatentNormEps, rows + start * width, width);
-  cache->length = total;
 
-  const MlaDims dims{h, nope, r, qhd, vd, c, width, kv_width};
-  float* o = scratch->Get(kSlotO, t_count * h * vd);
-  const bool expanded =
-      form == MlaForm::kExpanded || (form == MlaForm::kAuto && start == 0 && t_count > 1);
-  if (expanded) {
-    // K/V for every cached token: [N, H, nope + v] (§6.1).
-    float* kv = scratch->Get(kSlotKv, total * h * kv_width);
-    MatMul(weights.kv_b_proj, rows, width, total, kv, h * kv_width);
-    ExpandedAttention(dims, q, kv, rows, start, t_count, o);
-  } else {
-    // Absorbed (§6.2): q̃_h = W_K[h]ᵀ q_nope_h next to q_pe_h, scored against whole cache rows.
-    float* q_abs = scratch->Get(kSlotQAbs, t_count * h * width);
-    float* latent = scratch->Get(kSlotLatent, t_count * h * c);
-    float* partial =
-        scratch->Get(kSlotPartial, t_count * KeySplits(t_count, total) * PartialFloats(dims));
+  float* o = scratch->Get(kSlotO, rows * h * vd);
+  for (int64_t s = 0; s < count; ++s) {
+    if (!expanded(s)) continue;
+    // K/V for every cached token of the sequence: [N, H, nope + v] (§6.1).
+    const MlaCache& cache = *segments[s].cache;
+    float* kv = scratch->Get(kSlotKv, cache.length * h * kv_width);
+    MatMul(weights.kv_b_proj, cache.rows.data(), width, cache.length, kv, h * kv_width);
+    ExpandedAttention(dims, q + first_row[s] * h * qhd, kv, cache.rows.data(), start[s],
+                      segments[s].tokens, o + first_row[s] * h * vd);
+  }
+
+  if (absorbed_rows > 0) {
+    // Absorbed (§6.2) on the packed rows of those sequences: q̃_h = W_K[h]ᵀ q_nope_h next to
+    // q_pe_h, scored against whole cache rows; then O_h = W_V[h] õ_h.
+    float* packed = scratch->Get(kSlotPacked, absorbed_rows * h * std::max(qhd, vd));
+    float* q_abs = scratch->Get(kSlotQAbs, absorbed_rows * h * width);
+    float* latent = scratch->Get(kSlotLatent, absorbed_rows * h * c);
+    float* partial = scratch->Get(kSlotPartial, first_item[count] * PartialFloats(dims));
+    for (int64_t s = 0; s < count; ++s) {
+      if (expanded(s)) continue;
+      std::copy_n(q + first_row[s] * h * qhd, segments[s].tokens * h * qhd,
+                  packed + packed_row[s] * h * qhd);
+    }
     ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t head = h0; head < h1; ++head) {
-        MatMulTransposed(weights.kv_b_proj.RowSlice(head * kv_width, nope), q + head * qhd, h * qhd,
-                         t_count, q_abs + head * width, h * width);
-        for (int64_t i = 0; i < t_count; ++i) {
-          std::copy_n(q + (i * h + head) * qhd + nope, r, q_abs + (i * h + head) * width + c);
+        MatMulTransposed(weights.kv_b_proj.RowSlice(head * kv_width, nope), packed + head * qhd,
+                         h * qhd, absorbed_rows, q_abs + head * width, h * width);
+        for (int64_t i = 0; i < absorbed_rows; ++i) {
+          std::copy_n(packed + (i * h + head) * qhd + nope, r, q_abs + (i * h + head) * width + c);
         }
       }
     });
-    AbsorbedAttention(dims, q_abs, rows, start, t_count, partial, latent);
+    AbsorbedAttention(dims, AbsorbedWork{segments, start, packed_row, first_item}, q_abs, partial,
+                      latent);
     ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t head = h0; head < h1; ++head) {
         MatMul(weights.kv_b_proj.RowSlice(head * kv_width + nope, vd), latent + head * c, h * c,
-               t_count, o + head * vd, h * vd);
+               absorbed_rows, packed + head * vd, h * vd);
       }
     });
+    for (int64_t s = 0; s < count; ++s) {
+      if (expanded(s)) continue;
+      std::copy_n(packed + packed_row[s] * h * vd, segments[s].tokens * h * vd,
+                  o + first_row[s] * h * vd);
+    }
   }
 
   if (config.mla_use_output_gate) {
-    float* gate = scratch->Get(kSlotGate, t_count * h * vd);
-    MatMul(weights.g_proj, x, t_count, gate);
-    MulSigmoid(gate, o, t_count * h * vd);
+    float* gate = scratch->Get(kSlotGate, rows * h * vd);
+    MatMul(weights.g_proj, x, rows, gate);
+    MulSigmoid(gate, o, rows * h * vd);
   }
-  MatMul(weights.o_proj, o, t_count, out);
+  MatMul(weights.o_proj, o, rows, out);
   return absl::OkStatus();
+}
+
+absl::Status MlaForward(const ModelConfig& config, const MlaWeights& weights, const float* x,
+                        int64_t tokens, MlaCache* cache, float* out, Scratch* scratch,
+                        MlaForm form) {
+  const MlaSegment segment{cache, tokens};
+  return MlaForwardBatch(config, weights, x, absl::MakeConstSpan(&segment, 1), out, scratch, form);
 }
 
 }  // namespace k3

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "attention_nodes/layer_math.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -54,12 +55,26 @@ enum class MlaForm {
 // Latent norms (q_a_layernorm, kv_a_layernorm) use the class default ε, not rms_norm_eps (§3.1).
 inline constexpr float kMlaLatentNormEps = 1e-6f;
 
-// Runs one MLA layer over `tokens` new tokens of one sequence, which attend causally to the cached
-// tokens and to each other.
-// x: [tokens, hidden_size], the input_layernorm output. out: [tokens, hidden_size], after o_proj.
-// The new tokens' latent rows are appended to `cache`. `scratch` holds the temporaries.
-// Returns InvalidArgument when the cache or the weights do not match `config`; then nothing is
-// written and the cache is unchanged. REQUIRES: out does not overlap x.
+// One sequence's share of a batched call: `tokens` consecutive rows of x and out (after the rows
+// of the segments before it), attending to and appended to `cache`.
+struct MlaSegment {
+  MlaCache* cache = nullptr;
+  int64_t tokens = 0;
+};
+
+// Runs one MLA layer over new tokens of several sequences at once; each sequence's new tokens
+// attend causally to its cached tokens and to each other. x: [rows, hidden_size], the
+// input_layernorm output, rows = Σ tokens. out: [rows, hidden_size], after o_proj. The projections
+// run once over all rows (a decode batch reads each weight once); attention runs per sequence.
+// The new tokens' latent rows are appended to each cache. `scratch` holds the temporaries. The form
+// is chosen per sequence. Returns InvalidArgument when a cache or the weights do not match
+// `config`; then nothing is written and no cache changes. REQUIRES: out does not overlap x; the
+// caches are distinct.
+absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weights, const float* x,
+                             absl::Span<const MlaSegment> segments, float* out, Scratch* scratch,
+                             MlaForm form = MlaForm::kAuto);
+
+// The same for one sequence: x and out are [tokens, hidden_size].
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& weights, const float* x,
                         int64_t tokens, MlaCache* cache, float* out, Scratch* scratch,
                         MlaForm form = MlaForm::kAuto);

@@ -190,7 +190,10 @@ TEST_P(MlaTest, DecodeOverLongContextMatchesReference) {
   const std::vector<double> ref = RefMla(config, w, x);
   MlaCache cache(config);
   Scratch scratch;
-  Forward(config, w, Slice(x, 0, prefill, d), &cache, &scratch, MlaForm::kAuto);
+  // 300 prefill tokens also span two query chunks of the expanded form.
+  EXPECT_TRUE(
+      AllClose(Forward(config, w, Slice(x, 0, prefill, d), &cache, &scratch, MlaForm::kAuto),
+               std::vector<double>(ref.begin(), ref.begin() + prefill * d), 1e-4));
   for (int64_t t = prefill; t < prefill + decode; ++t) {
     EXPECT_TRUE(AllClose(Forward(config, w, Slice(x, t, 1, d), &cache, &scratch, MlaForm::kAuto),
                          std::vector<double>(ref.begin() + t * d, ref.begin() + (t + 1) * d),
@@ -220,6 +223,46 @@ INSTANTIATE_TEST_SUITE_P(Variants, MlaTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "K3QLoraGated" : "KimiLinearPlainQ";
                          });
+
+// One batch mixing every case: a fresh prefill (expanded), decode steps on short and long caches
+// (absorbed, one with key splits), several tokens on a warm cache, a first token alone, and an
+// empty segment. Each sequence must get its own reference output.
+TEST_P(MlaTest, BatchOfMixedSequencesMatchesReference) {
+  const ModelConfig config = Config();
+  RandomWeights rnd(17);
+  const MlaWeights w = MakeWeights(config, &rnd);
+  const int64_t d = config.hidden_size;
+  const std::vector<int64_t> history = {0, 30, 0, 300, 12, 0}, fresh = {40, 1, 0, 1, 5, 1};
+  std::vector<MlaCache> caches;
+  std::vector<std::vector<float>> inputs;
+  Scratch scratch;
+  for (size_t s = 0; s < history.size(); ++s) {
+    inputs.push_back(rnd.Normal((history[s] + fresh[s]) * d, 0.0f, 1.0f));
+    caches.emplace_back(config);
+    if (history[s] > 0) {
+      Forward(config, w, Slice(inputs[s], 0, history[s], d), &caches[s], &scratch, MlaForm::kAuto);
+    }
+  }
+  std::vector<float> x;
+  std::vector<MlaSegment> segments;
+  for (size_t s = 0; s < history.size(); ++s) {
+    const std::vector<float> rows = Slice(inputs[s], history[s], fresh[s], d);
+    x.insert(x.end(), rows.begin(), rows.end());
+    segments.push_back({&caches[s], fresh[s]});
+  }
+  std::vector<float> out(x.size(), NAN);
+  ASSERT_TRUE(MlaForwardBatch(config, w, x.data(), segments, out.data(), &scratch).ok());
+  int64_t row = 0;
+  for (size_t s = 0; s < history.size(); ++s) {
+    EXPECT_EQ(caches[s].length, history[s] + fresh[s]);
+    if (fresh[s] == 0) continue;
+    const std::vector<double> ref = RefMla(config, w, inputs[s]);
+    EXPECT_TRUE(AllClose(Slice(out, row, fresh[s], d),
+                         std::vector<double>(ref.begin() + history[s] * d, ref.end()), 1e-4))
+        << "sequence " << s;
+    row += fresh[s];
+  }
+}
 
 TEST(MlaCacheTest, RowsHoldNormalizedLatentAndRawKeyBypass) {
   const ModelConfig config = TinyConfig(true);
