@@ -42,7 +42,6 @@ class Scratch {
   std::vector<std::vector<int64_t>> ints_;
 };
 
-
 // y[r, :] = gamma ⊙ x[r, :] / sqrt(mean(x[r, :]²) + eps) for r in [0, rows) (spec §3.1).
 // `x` and `y` have row strides x_stride, y_stride (>= dim); y may equal x (in place).
 void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* gamma,
