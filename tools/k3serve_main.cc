@@ -16,6 +16,7 @@ commands:
   logits    --model DIR --tokens 1,2,3 --out FILE [--decode]
   generate  (--model DIR | --server HOST:PORT) --tokens 1,2,3 --max-new-tokens N
             [--temperature T --top-p P --top-k K --seed S --stop-token-ids a,b]
+  qb        --scores FILE --tokens T --experts N --top-k K [--bias FILE] [--bins B | --exact]
 )";
 
 }  // namespace
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   if (command == "random-checkpoint") return k3::RandomCheckpointCommand(args);
   if (command == "logits") return k3::LogitsCommand(args);
   if (command == "generate") return k3::GenerateCommand(args);
+  if (command == "qb") return k3::QbCommand(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

@@ -10,6 +10,7 @@
 #include "attention_nodes/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
+#include "router/qb_tool.h"
 #include "tools/cli_flags.h"
 
 namespace k3 {
@@ -121,6 +122,34 @@ int GenerateCommand(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(*tokens, options);
   if (!generated.ok()) return Fail(generated.status());
   std::cout << absl::StrJoin(*generated, " ") << "\n";
+  return 0;
+}
+
+int QbCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags =
+      CliFlags::Parse(args, {"scores", "tokens", "experts", "top-k", "bias", "bins"}, {"exact"});
+  if (!flags.ok()) return Fail(flags.status());
+  QbToolOptions options;
+  absl::StatusOr<std::string> scores = flags->String("scores");
+  absl::StatusOr<int64_t> tokens = flags->Int("tokens", 0);
+  absl::StatusOr<int64_t> experts = flags->Int("experts", 0);
+  absl::StatusOr<int64_t> top_k = flags->Int("top-k", 0);
+  absl::StatusOr<int64_t> bins = flags->Int("bins", options.bins);
+  for (const absl::Status& s :
+       {scores.status(), tokens.status(), experts.status(), top_k.status(), bins.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  if (flags->Has("bins") && flags->Has("exact")) {
+    return Fail(absl::InvalidArgumentError("--bins and --exact exclude each other"));
+  }
+  options.scores_path = *scores;
+  options.tokens = *tokens;
+  options.experts = static_cast<int>(*experts);
+  options.top_k = static_cast<int>(*top_k);
+  options.bins = static_cast<int>(*bins);
+  options.bias_path = flags->StringOr("bias", "");
+  options.exact = flags->Has("exact");
+  if (absl::Status s = RunQbTool(options, std::cout); !s.ok()) return Fail(s);
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// The single-process k3serve subcommands: random-checkpoint, logits and local generate.
+// The single-process k3serve subcommands: random-checkpoint, logits, local generate
+// and the offline QB tool.
 // Each takes the arguments after the subcommand name and returns the process exit status after
 // printing errors to stderr.
 #ifndef K3SERVE_TOOLS_LOCAL_COMMANDS_H_
@@ -12,6 +13,7 @@ namespace k3 {
 int RandomCheckpointCommand(const std::vector<std::string>& args);
 int LogitsCommand(const std::vector<std::string>& args);
 int GenerateCommand(const std::vector<std::string>& args);
+int QbCommand(const std::vector<std::string>& args);
 
 }  // namespace k3
 
