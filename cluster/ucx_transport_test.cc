@@ -3,13 +3,7 @@
 // against a pattern both sides compute from (sender, receiver, message number).
 #include "cluster/ucx_transport.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -26,9 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cluster/child_process.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
 
 namespace k3 {
 namespace {
@@ -210,105 +203,12 @@ int RunEchoChild() {
 }
 
 int RunChild(const std::string& role) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+  DieWithParent();
   if (role == "echo") return RunEchoChild();
   return RunGroupChild(role);
 }
 
 // ---- Parent side ----
-
-class Child {
- public:
-  static std::unique_ptr<Child> Spawn(const std::map<std::string, std::string>& env) {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-    for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
-    std::vector<char*> envp;
-    for (std::string& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::string exe = "/proc/self/exe";
-    char* argv[] = {exe.data(), nullptr};
-    auto child = std::unique_ptr<Child>(new Child);
-    int rc = posix_spawn(&child->pid_, exe.c_str(), &actions, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
-    child->in_ = to_child[1];
-    child->out_ = from_child[0];
-    if (rc != 0) child->pid_ = -1;
-    return child;
-  }
-
-  ~Child() {
-    Kill();
-    close(in_);
-    close(out_);
-  }
-
-  // The next line the child printed, or "timeout"/"eof".
-  std::string ReadLine(absl::Duration timeout = absl::Seconds(15)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      size_t newline = buffer_.find('\n');
-      if (newline != std::string::npos) {
-        std::string line = buffer_.substr(0, newline);
-        buffer_.erase(0, newline + 1);
-        return line;
-      }
-      pollfd p = {out_, POLLIN, 0};
-      int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (ms <= 0 || poll(&p, 1, ms) != 1) return "timeout";
-      char buf[4096];
-      ssize_t n = read(out_, buf, sizeof(buf));
-      if (n <= 0) return "eof";
-      buffer_.append(buf, n);
-    }
-  }
-
-  void WriteLine(const std::string& line) {
-    std::string text = line + "\n";
-    ssize_t ignored = write(in_, text.data(), text.size());
-    (void)ignored;
-  }
-
-  // The exit status, or -1 if it did not exit in time.
-  int Wait(absl::Duration timeout = absl::Seconds(10)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (pid_ > 0) {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (absl::Now() > deadline) return -1;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return -1;
-  }
-
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  pid_t pid() const { return pid_; }
-
- private:
-  Child() = default;
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string buffer_;
-};
 
 std::unique_ptr<UcxTransport> MakeTransport(const Wire& wire) {
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
@@ -325,14 +225,14 @@ std::map<std::string, std::string> ChildEnv(const Wire& wire, const std::string&
 void RunGroup(const Wire& wire, const std::string& role, int ranks) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
   ASSERT_NE(transport, nullptr);
-  std::vector<std::unique_ptr<Child>> children;
+  std::vector<std::unique_ptr<ChildProcess>> children;
   std::vector<std::string> addresses = {absl::BytesToHexString(transport->LocalAddress())};
   for (int rank = 1; rank < ranks; ++rank) {
     auto env = ChildEnv(wire, role);
     env["K3_RANK"] = absl::StrCat(rank);
     env["K3_RANKS"] = absl::StrCat(ranks);
-    children.push_back(Child::Spawn(env));
-    ASSERT_GT(children.back()->pid(), 0);
+    children.push_back(ChildProcess::Spawn(env));
+    ASSERT_NE(children.back(), nullptr);
     addresses.push_back(children.back()->ReadLine());
     ASSERT_FALSE(absl::StartsWith(addresses.back(), "error")) << addresses.back();
   }
@@ -382,9 +282,12 @@ TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
 }
 
 // An echo child connected both ways to `transport` (as peer `id`), checked with one round trip.
-std::unique_ptr<Child> StartEcho(const Wire& wire, UcxTransport& transport, PeerId id) {
-  std::unique_ptr<Child> child = Child::Spawn(ChildEnv(wire, "echo"));
-  EXPECT_GT(child->pid(), 0);
+std::unique_ptr<ChildProcess> StartEcho(const Wire& wire, UcxTransport& transport, PeerId id) {
+  std::unique_ptr<ChildProcess> child = ChildProcess::Spawn(ChildEnv(wire, "echo"));
+  if (child == nullptr) {
+    ADD_FAILURE() << "cannot start a child process";
+    return nullptr;
+  }
   std::string address = child->ReadLine();
   child->WriteLine(absl::BytesToHexString(transport.LocalAddress()));
   absl::Status status = transport.Connect(id, absl::HexStringToBytes(address));
@@ -399,7 +302,8 @@ std::unique_ptr<Child> StartEcho(const Wire& wire, UcxTransport& transport, Peer
 void KillIsDetected(const Wire& wire) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
   ASSERT_NE(transport, nullptr);
-  std::unique_ptr<Child> victim = StartEcho(wire, *transport, 7);
+  std::unique_ptr<ChildProcess> victim = StartEcho(wire, *transport, 7);
+  ASSERT_NE(victim, nullptr);
   // Large messages in flight in both directions when it dies.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(transport->Send(7, Pattern(0, 7, i, 1 << 20)).ok());
   absl::SleepFor(absl::Milliseconds(5));
@@ -422,7 +326,8 @@ void KillIsDetected(const Wire& wire) {
   EXPECT_EQ(transport->Send(7, "anyone?").code(), absl::StatusCode::kUnavailable);
   victim->Kill();
   // The survivor keeps working with other processes.
-  std::unique_ptr<Child> other = StartEcho(wire, *transport, 8);
+  std::unique_ptr<ChildProcess> other = StartEcho(wire, *transport, 8);
+  ASSERT_NE(other, nullptr);
   other->WriteLine("close");
   EXPECT_EQ(other->ReadLine(), "clean");
 }
@@ -437,23 +342,26 @@ void GracefulCloseIsSilent(const Wire& wire) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(wire);
   ASSERT_NE(transport, nullptr);
   // The child closes its transport and exits.
-  std::unique_ptr<Child> leaving = StartEcho(wire, *transport, 1);
+  std::unique_ptr<ChildProcess> leaving = StartEcho(wire, *transport, 1);
+  ASSERT_NE(leaving, nullptr);
   leaving->WriteLine("close");
   EXPECT_EQ(leaving->ReadLine(), "clean");
   EXPECT_EQ(leaving->Wait(), 0);
   // We disconnect the other child (asked by message, so we know it has processed everything);
   // neither side may see a failure.
-  std::unique_ptr<Child> staying = StartEcho(wire, *transport, 2);
+  std::unique_ptr<ChildProcess> staying = StartEcho(wire, *transport, 2);
+  ASSERT_NE(staying, nullptr);
   transport->Disconnect(2);
   EXPECT_EQ(transport->Send(2, "x").code(), absl::StatusCode::kFailedPrecondition);
-  std::unique_ptr<Child> asking = StartEcho(wire, *transport, 3);
+  std::unique_ptr<ChildProcess> asking = StartEcho(wire, *transport, 3);
+  ASSERT_NE(asking, nullptr);
   ASSERT_TRUE(transport->Send(3, "disconnect").ok());
   absl::StatusOr<Received> received = transport->Receive(absl::Now() + absl::Milliseconds(500));
   EXPECT_EQ(received.status().code(), absl::StatusCode::kDeadlineExceeded)
       << (received.ok() ? received->error.ToString() : "");
   EXPECT_EQ(transport->Send(1, "x").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(transport->Send(3, "x").code(), absl::StatusCode::kFailedPrecondition);
-  for (Child* child : {staying.get(), asking.get()}) {
+  for (ChildProcess* child : {staying.get(), asking.get()}) {
     child->WriteLine("close");
     EXPECT_EQ(child->ReadLine(), "clean");
     EXPECT_EQ(child->Wait(), 0);

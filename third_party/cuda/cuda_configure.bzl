@@ -18,7 +18,9 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "cuda",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl"], allow_empty = True),
+    # CCCL has extension-less headers (<nv/target>, <cuda/std/...>) that cuda_fp16.h, hence nccl.h,
+    # includes.
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl", "include/cccl/**"], allow_empty = True),
     includes = ["include", "include/cccl"],
     linkopts = [
         "-L{path}/lib64",

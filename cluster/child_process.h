@@ -1,0 +1,48 @@
+// Tests that need real peer processes start copies of their own binary (selected by an environment
+// variable the test's main() checks) and talk to them over pipes: the child's stdin and stdout.
+// A ChildProcess kills its child (SIGKILL) when destroyed, so no test leaves processes behind.
+// Test-only; not thread-safe.
+#ifndef K3SERVE_CLUSTER_CHILD_PROCESS_H_
+#define K3SERVE_CLUSTER_CHILD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace k3 {
+
+class ChildProcess {
+ public:
+  // Runs /proc/self/exe with this process's environment plus `env`. Null if it could not start.
+  static std::unique_ptr<ChildProcess> Spawn(const std::map<std::string, std::string>& env);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // The next line the child printed, or "timeout" / "eof".
+  std::string ReadLine(absl::Duration timeout = absl::Seconds(15));
+  void WriteLine(const std::string& line);
+  // The exit status (128 + signal when killed), or -1 if it did not exit in time.
+  int Wait(absl::Duration timeout = absl::Seconds(10));
+  void Kill();
+  pid_t pid() const { return pid_; }
+
+ private:
+  ChildProcess() = default;
+
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+// For the child: dies with its parent (the test), so a crashed test leaves no orphans.
+void DieWithParent();
+
+}  // namespace k3
+
+#endif  // K3SERVE_CLUSTER_CHILD_PROCESS_H_

@@ -1,0 +1,304 @@
+#include "cluster/nccl_transport.h"
+
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace k3 {
+namespace {
+
+// Between two looks at a pending operation: short against NCCL's latency, long enough not to burn
+// a core that a CPU-side worker may need.
+constexpr absl::Duration kPollInterval = absl::Microseconds(20);
+
+absl::Status CudaError(const char* what, cudaError_t error) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+absl::Status NcclError(const char* what, ncclResult_t result) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(result)));
+}
+
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Waits until `comm` leaves ncclInProgress (a non-blocking call finished) or `deadline`.
+absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, const char* what) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+    if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return NcclError(what, state);
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not finish in time"));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<int> NcclTransport::DeviceCount() {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) return CudaError("cudaGetDeviceCount", error);
+  if (count == 0) return absl::UnavailableError("no CUDA device");
+  return count;
+}
+
+absl::StatusOr<std::string> NcclTransport::NewUniqueId() {
+  ncclUniqueId id;
+  ncclResult_t result = ncclGetUniqueId(&id);
+  if (result != ncclSuccess) return NcclError("ncclGetUniqueId", result);
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+NcclTransport::NcclTransport(int rank, int ranks, int device, const Options& options)
+    : rank_(rank), ranks_(ranks), device_(device), options_(options) {}
+
+absl::Status NcclTransport::AllocateResources() {
+  cudaError_t error = cudaSetDevice(device_);
+  if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  if (error == cudaSuccess) {
+    error = cudaMalloc(reinterpret_cast<void**>(&send_counts_device_), ranks_ * sizeof(int64_t));
+  }
+  if (error == cudaSuccess) {
+    error = cudaMalloc(reinterpret_cast<void**>(&recv_counts_device_), ranks_ * sizeof(int64_t));
+  }
+  if (error == cudaSuccess) {
+    error = cudaMallocHost(reinterpret_cast<void**>(&counts_host_), 2 * ranks_ * sizeof(int64_t));
+  }
+  if (error != cudaSuccess) {
+    return CudaError(absl::StrCat("allocating on device ", device_).c_str(), error);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::string& unique_id,
+                                                                     int rank, int ranks,
+                                                                     int device,
+                                                                     const Options& options) {
+  if (unique_id.size() != sizeof(ncclUniqueId)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
+                                                   " bytes, expected ", sizeof(ncclUniqueId)));
+  }
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", ranks));
+  }
+  absl::StatusOr<int> devices = DeviceCount();
+  if (!devices.ok()) return devices.status();
+  if (device < 0 || device >= *devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " (", *devices, " present)"));
+  }
+  std::unique_ptr<NcclTransport> transport(new NcclTransport(rank, ranks, device, options));
+  absl::Status status = transport->AllocateResources();
+  if (!status.ok()) return status;
+  ncclUniqueId id;
+  memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  ncclConfig_t config = NonBlockingConfig();
+  ncclResult_t result = ncclCommInitRankConfig(&transport->comm_, ranks, id, rank, &config);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    transport->comm_ = nullptr;
+    return NcclError("ncclCommInitRankConfig", result);
+  }
+  status = AwaitComm(transport->comm_, absl::Now() + options.init_timeout,
+                     "joining the NCCL communicator");
+  if (!status.ok()) return transport->Fail(status);
+  return transport;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclTransport>>> NcclTransport::CreateLocal(
+    const std::vector<int>& devices, const Options& options) {
+  if (devices.empty()) return absl::InvalidArgumentError("no devices");
+  absl::StatusOr<int> count = DeviceCount();
+  if (!count.ok()) return count.status();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] >= *count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CUDA device ", devices[i], " (", *count, " present)"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[i] == devices[j]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device ", devices[i], " listed twice: NCCL needs one GPU per rank"));
+      }
+    }
+  }
+  absl::StatusOr<std::string> unique_id = NewUniqueId();
+  if (!unique_id.ok()) return unique_id.status();
+  ncclUniqueId id;
+  memcpy(id.internal, unique_id->data(), sizeof(id.internal));
+  const int ranks = static_cast<int>(devices.size());
+  std::vector<std::unique_ptr<NcclTransport>> transports;
+  for (int rank = 0; rank < ranks; ++rank) {
+    transports.emplace_back(new NcclTransport(rank, ranks, devices[rank], options));
+    absl::Status status = transports.back()->AllocateResources();
+    if (!status.ok()) return status;
+  }
+  // One thread joins every rank: the inits must form one NCCL group.
+  ncclResult_t result = ncclGroupStart();
+  for (int rank = 0; rank < ranks && result == ncclSuccess; ++rank) {
+    cudaSetDevice(devices[rank]);
+    ncclConfig_t config = NonBlockingConfig();
+    result = ncclCommInitRankConfig(&transports[rank]->comm_, ranks, id, rank, &config);
+    if (result == ncclInProgress) result = ncclSuccess;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (result == ncclSuccess && end != ncclInProgress) result = end;
+  if (result != ncclSuccess) {
+    for (auto& transport : transports) transport->Abort();
+    return NcclError("grouped ncclCommInitRankConfig", result);
+  }
+  const absl::Time deadline = absl::Now() + options.init_timeout;
+  for (auto& transport : transports) {
+    absl::Status status = AwaitComm(transport->comm_, deadline, "creating the NCCL communicator");
+    if (!status.ok()) {
+      for (auto& other : transports) other->Abort();
+      return status;
+    }
+  }
+  return transports;
+}
+
+NcclTransport::~NcclTransport() {
+  if (comm_ != nullptr && !aborted_) {
+    cudaSetDevice(device_);
+    ncclResult_t result = ncclCommFinalize(comm_);
+    absl::Status status = result == ncclSuccess || result == ncclInProgress
+                              ? AwaitComm(comm_, absl::Now() + options_.op_timeout, "finalize")
+                              : NcclError("ncclCommFinalize", result);
+    if (status.ok()) {
+      ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    } else {
+      LOG(WARNING) << "NCCL rank " << rank_ << ": " << status << "; aborting";
+      Abort();
+    }
+  }
+  if (comm_ != nullptr) Abort();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (send_counts_device_ != nullptr) cudaFree(send_counts_device_);
+  if (recv_counts_device_ != nullptr) cudaFree(recv_counts_device_);
+  if (counts_host_ != nullptr) cudaFreeHost(counts_host_);
+}
+
+void NcclTransport::Abort() {
+  aborted_ = true;
+  if (comm_ == nullptr) return;
+  cudaSetDevice(device_);
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+absl::Status NcclTransport::Fail(absl::Status status) {
+  Abort();
+  return status;
+}
+
+absl::Status NcclTransport::Wait(absl::Time deadline, const char* what) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+    if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return NcclError(absl::StrCat("rank ", rank_, ": ", what).c_str(), state);
+    }
+    if (state == ncclSuccess) {
+      cudaError_t error = cudaStreamQuery(stream_);
+      if (error == cudaSuccess) return absl::OkStatus();
+      if (error != cudaErrorNotReady) {
+        return CudaError(absl::StrCat("rank ", rank_, ": ", what).c_str(), error);
+      }
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, ": ", what, " did not finish within ",
+          absl::FormatDuration(options_.op_timeout), " (a peer is dead or stuck)"));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+}
+
+absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(
+    const void* send, const std::vector<size_t>& send_bytes, void* recv, size_t recv_capacity) {
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator was aborted");
+  if (static_cast<int>(send_bytes.size()) != ranks_) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "AllToAllV with ", send_bytes.size(), " send sizes for ", ranks_, " ranks")));
+  }
+  const absl::Time deadline = absl::Now() + options_.op_timeout;
+  cudaSetDevice(device_);
+
+  // 1. Counts: one int64 to and from every rank.
+  for (int r = 0; r < ranks_; ++r) counts_host_[r] = static_cast<int64_t>(send_bytes[r]);
+  cudaError_t error = cudaMemcpyAsync(send_counts_device_, counts_host_, ranks_ * sizeof(int64_t),
+                                      cudaMemcpyHostToDevice, stream_);
+  if (error != cudaSuccess) return Fail(CudaError("copying counts", error));
+  ncclResult_t result = ncclGroupStart();
+  for (int r = 0; r < ranks_ && result == ncclSuccess; ++r) {
+    result = ncclSend(send_counts_device_ + r, 1, ncclInt64, r, comm_, stream_);
+    if (result == ncclSuccess || result == ncclInProgress) {
+      result = ncclRecv(recv_counts_device_ + r, 1, ncclInt64, r, comm_, stream_);
+    }
+    if (result == ncclInProgress) result = ncclSuccess;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (result == ncclSuccess && end != ncclInProgress) result = end;
+  if (result != ncclSuccess) return Fail(NcclError("count exchange", result));
+  absl::Status status = Wait(deadline, "count exchange");
+  if (!status.ok()) return Fail(status);
+  int64_t* recv_counts_host = counts_host_ + ranks_;
+  error = cudaMemcpyAsync(recv_counts_host, recv_counts_device_, ranks_ * sizeof(int64_t),
+                          cudaMemcpyDeviceToHost, stream_);
+  if (error != cudaSuccess) return Fail(CudaError("copying counts back", error));
+  status = Wait(deadline, "count copy");
+  if (!status.ok()) return Fail(status);
+
+  std::vector<size_t> recv_bytes(ranks_);
+  size_t total = 0;
+  for (int r = 0; r < ranks_; ++r) {
+    if (recv_counts_host[r] < 0) {
+      return Fail(absl::DataLossError(absl::StrCat("rank ", r, " announced a negative size")));
+    }
+    recv_bytes[r] = static_cast<size_t>(recv_counts_host[r]);
+    total += recv_bytes[r];
+  }
+  if (total > recv_capacity) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " receives ", total,
+                                                        " bytes into a buffer of ",
+                                                        recv_capacity)));
+  }
+
+  // 2. Data: one grouped send and receive per rank with a non-empty block.
+  const auto* send_base = static_cast<const char*>(send);
+  auto* recv_base = static_cast<char*>(recv);
+  size_t send_offset = 0, recv_offset = 0;
+  result = ncclGroupStart();
+  for (int r = 0; r < ranks_ && result == ncclSuccess; ++r) {
+    if (send_bytes[r] > 0) {
+      result = ncclSend(send_base + send_offset, send_bytes[r], ncclUint8, r, comm_, stream_);
+    }
+    if ((result == ncclSuccess || result == ncclInProgress) && recv_bytes[r] > 0) {
+      result = ncclRecv(recv_base + recv_offset, recv_bytes[r], ncclUint8, r, comm_, stream_);
+    }
+    if (result == ncclInProgress) result = ncclSuccess;
+    send_offset += send_bytes[r];
+    recv_offset += recv_bytes[r];
+  }
+  end = ncclGroupEnd();
+  if (result == ncclSuccess && end != ncclInProgress) result = end;
+  if (result != ncclSuccess) return Fail(NcclError("all-to-all", result));
+  status = Wait(deadline, "all-to-all");
+  if (!status.ok()) return Fail(status);
+  return recv_bytes;
+}
+
+}  // namespace k3
