@@ -24,8 +24,8 @@ absl::Status ExpertPlacement::Validate() const {
   for (int l = 0; l < num_layers(); ++l) {
     if (static_cast<int>(hosts[l].size()) != num_experts) {
       return absl::InvalidArgumentError(absl::StrCat("placement v", version, ": layer ", l,
-                                                     " lists ", hosts[l].size(),
-                                                     " experts, not ", num_experts));
+                                                     " lists ", hosts[l].size(), " experts, not ",
+                                                     num_experts));
     }
     for (int e = 0; e < num_experts; ++e) {
       const std::vector<int>& h = hosts[l][e];
@@ -35,9 +35,9 @@ absl::Status ExpertPlacement::Validate() const {
       }
       for (size_t i = 0; i < h.size(); ++i) {
         if (h[i] < 0 || h[i] >= num_workers) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("placement v", version, ": expert ", e, " of layer ", l,
-                           " is on worker ", h[i], ", outside [0, ", num_workers, ")"));
+          return absl::InvalidArgumentError(absl::StrCat("placement v", version, ": expert ", e,
+                                                         " of layer ", l, " is on worker ", h[i],
+                                                         ", outside [0, ", num_workers, ")"));
         }
         if (i > 0 && h[i] <= h[i - 1]) {
           return absl::InvalidArgumentError(
@@ -62,9 +62,9 @@ absl::StatusOr<ExpertPlacement> ContiguousPlacement(int num_layers, int num_expe
     total += worker_capacity[w];
   }
   if (num_layers < 0 || num_experts < 1 || total < num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot place ", num_experts, " experts in ", num_layers, " layers on ",
-        worker_capacity.size(), " workers with ", total, " slots in all"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot place ", num_experts, " experts in ", num_layers, " layers on ",
+                     worker_capacity.size(), " workers with ", total, " slots in all"));
   }
   ExpertPlacement placement;
   placement.version = version;

@@ -18,9 +18,9 @@
 namespace k3 {
 
 struct ExpertPlacement {
-  int64_t version = 0;   // increases with every new placement of a cluster
+  int64_t version = 0;  // increases with every new placement of a cluster
   int num_workers = 0;
-  int num_experts = 0;   // routed experts per layer
+  int num_experts = 0;  // routed experts per layer
   // hosts[layer][expert]: ascending ids of the workers holding a replica of the expert.
   std::vector<std::vector<std::vector<int>>> hosts;
 
@@ -45,9 +45,10 @@ struct ExpertPlacement {
 
 // The placement without replicas that a cluster starts from: workers take contiguous slices of the
 // experts in worker order, each slice proportional to the worker's capacity (worker w starts at
-// expert floor(N · C_<w / C), C the capacity total), the same slices in every layer. With capacities
-// summing to N the slices are exactly the capacities ({1, 2, 3} for 6 experts: {0}, {1, 2},
-// {3, 4, 5}). InvalidArgument unless capacities are >= 0 and sum to at least num_experts >= 1.
+// expert floor(N · C_<w / C), C the capacity total), the same slices in every layer. With
+// capacities summing to N the slices are exactly the capacities: {1, 2, 3} for 6 experts gives
+// {0}, {1, 2}, {3, 4, 5}. InvalidArgument unless capacities are >= 0 and sum to at least
+// num_experts >= 1.
 absl::StatusOr<ExpertPlacement> ContiguousPlacement(int num_layers, int num_experts,
                                                     const std::vector<int>& worker_capacity,
                                                     int64_t version = 0);

@@ -167,8 +167,7 @@ absl::StatusOr<PlacementPlan> PlanExpertPlacement(const std::vector<std::vector<
   for (size_t l = 0; l < loads.size(); ++l) {
     if (static_cast<int>(loads[l].size()) != n) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has loads for ",
-                                                     loads[l].size(), " experts; layer 0 has ",
-                                                     n));
+                                                     loads[l].size(), " experts; layer 0 has ", n));
     }
     for (int e = 0; e < n; ++e) {
       if (!(loads[l][e] >= 0) || !std::isfinite(loads[l][e])) {
@@ -199,8 +198,7 @@ absl::StatusOr<PlacementPlan> PlanExpertPlacement(const std::vector<std::vector<
   plan.placement.num_experts = n;
   for (size_t l = 0; l < loads.size(); ++l) {
     plan.placement.hosts.push_back(PlanLayer(loads[l], worker_slots, spare, with_slots));
-    plan.worker_load.push_back(
-        ExpectedWorkerLoad(plan.placement, static_cast<int>(l), loads[l]));
+    plan.worker_load.push_back(ExpectedWorkerLoad(plan.placement, static_cast<int>(l), loads[l]));
     plan.max_vio.push_back(WorkerMaxVio(plan.worker_load.back()));
   }
   return plan;

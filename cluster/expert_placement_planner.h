@@ -12,8 +12,8 @@
 //     with a free slot or swapping it for a smaller one, the best such change is applied.
 // Steps 1-3 run with extra = every spare slot, half of them, a quarter, ..., none; the plan with
 // the lowest peak worker load wins (the most replicas on ties), so spare slots stay empty where a
-// replica would not help. A replica serves an equal share of its expert's tokens (ExpertPlacement::WorkerForToken).
-// Deterministic: equal inputs give equal plans.
+// replica would not help. A replica serves an equal share of its expert's tokens
+// (ExpertPlacement::WorkerForToken). Deterministic: equal inputs give equal plans.
 #ifndef K3SERVE_CLUSTER_EXPERT_PLACEMENT_PLANNER_H_
 #define K3SERVE_CLUSTER_EXPERT_PLACEMENT_PLANNER_H_
 

@@ -94,8 +94,8 @@ TEST(ExpertPlacementPlannerTest, UniformLoadsWithoutSpareSlotsBalanceExactly) {
 
 TEST(ExpertPlacementPlannerTest, SkewedLoadsBeatTheContiguousPlacement) {
   // 64 experts on 1, 2, 3 and 8 workers with uneven slot counts (about one spare slot in nine).
-  const std::vector<std::vector<int>> configs = {{72}, {40, 32}, {20, 24, 28},
-                                                 {9, 9, 9, 9, 9, 9, 9, 9}};
+  const std::vector<std::vector<int>> configs = {
+      {72}, {40, 32}, {20, 24, 28}, {9, 9, 9, 9, 9, 9, 9, 9}};
   std::vector<std::vector<double>> loads = {ZipfLoads(64, 1.0, 5000), ZipfLoads(64, 0.5, 2000)};
   for (const std::vector<int>& slots : configs) {
     auto plan = PlanExpertPlacement(loads, slots, 1);
@@ -194,8 +194,8 @@ TEST(ExpertPlacementPlannerTest, LayersArePlannedIndependentlyAndDeterministical
 
 TEST(ExpertPlacementPlannerTest, BadInputIsRejected) {
   EXPECT_FALSE(PlanExpertPlacement({}, {4}, 0).ok());
-  EXPECT_FALSE(PlanExpertPlacement({{1, 2, 3}}, {1, 1}, 0).ok());       // 3 experts, 2 slots
-  EXPECT_FALSE(PlanExpertPlacement({{1, 2}, {1}}, {2, 2}, 0).ok());     // ragged layers
+  EXPECT_FALSE(PlanExpertPlacement({{1, 2, 3}}, {1, 1}, 0).ok());    // 3 experts, 2 slots
+  EXPECT_FALSE(PlanExpertPlacement({{1, 2}, {1}}, {2, 2}, 0).ok());  // ragged layers
   EXPECT_FALSE(PlanExpertPlacement({{1, -2}}, {2, 2}, 0).ok());
   EXPECT_FALSE(PlanExpertPlacement({{1, NAN}}, {2, 2}, 0).ok());
   EXPECT_FALSE(PlanExpertPlacement({{1, INFINITY}}, {2, 2}, 0).ok());

@@ -33,7 +33,8 @@ TEST(ExpertPlacementTest, ContiguousSlicesFollowTheCapacities) {
   EXPECT_EQ(three->WorkersFor(2, 4), (Experts{2}));
   EXPECT_TRUE(three->Validate().ok());
 
-  // Spare capacity: 7 experts over capacities {2, 3, 5} (10 slots) start at floor(7 · {0, 2, 5} / 10).
+  // Spare capacity: 7 experts over capacities {2, 3, 5} (10 slots) start at
+  // floor(7 · {0, 2, 5} / 10) = {0, 1, 3}.
   auto spare = ContiguousPlacement(1, 7, {2, 3, 5});
   ASSERT_TRUE(spare.ok());
   EXPECT_EQ(spare->ExpertsOn(0, 0), (Experts{0}));

@@ -4,10 +4,10 @@
 // For a routed token i with sigmoid scores s_i and the bias b in force, α_i is the (k+1)-th largest
 // of s_i + b and r_ij = α_i − s_ij. Expert j wins token i exactly when s_ij + b_j > α_i, i.e. when
 // b_j > r_ij, so the bias that lets expert j win a share k/N of the tokens (cutoffs held fixed) is
-// the k/N quantile of r[:, j]. Quantiles of separate batches cannot be combined, but histograms can:
-// per expert we keep a histogram of r over [min(b) − 1, max(b) + 1] (every r lies there because
-// s ∈ [0, 1]) plus the count of tokens routed to the expert. Histograms of routers that used the
-// same bias add up to the histogram of the pooled tokens, whatever the split.
+// the k/N quantile of r[:, j]. Quantiles of separate batches cannot be combined, but histograms
+// can: per expert we keep a histogram of r over [min(b) − 1, max(b) + 1] (every r lies there
+// because s ∈ [0, 1]) plus the count of tokens routed to the expert. Histograms of routers that
+// used the same bias add up to the histogram of the pooled tokens, whatever the split.
 #ifndef K3SERVE_ROUTER_QB_STATISTICS_H_
 #define K3SERVE_ROUTER_QB_STATISTICS_H_
 
@@ -23,7 +23,7 @@ namespace k3 {
 // One layer's statistics as plain vectors, the shape of a protobuf message (repeated float bias,
 // repeated uint64 loads and counts). The histogram range is not stored: it follows from `bias`.
 struct QbLayerStatisticsData {
-  int32_t layer = 0;             // the caller's layer id, carried through Merge unchanged
+  int32_t layer = 0;  // the caller's layer id, carried through Merge unchanged
   int32_t top_k = 0;
   int32_t bins = 0;              // histogram bins per expert
   std::vector<float> bias;       // [num_experts], the bias the tokens were routed with
@@ -42,7 +42,8 @@ class QbLayerStatistics {
 
   // `bias` is the layer's bias in force while recording ([num_experts], finite); it needs
   // num_experts > top_k >= 1 and bins >= 1.
-  static absl::StatusOr<QbLayerStatistics> Create(int layer, int top_k, absl::Span<const float> bias,
+  static absl::StatusOr<QbLayerStatistics> Create(int layer, int top_k,
+                                                  absl::Span<const float> bias,
                                                   int bins = kDefaultBins);
   // Checks sizes and that every expert's histogram holds `tokens` values and the loads sum to
   // tokens * top_k, as Record guarantees.

@@ -27,7 +27,8 @@ class SkewedScores {
     std::vector<float> s(tokens * mu_.size());
     for (int64_t t = 0; t < tokens; ++t) {
       for (size_t j = 0; j < mu_.size(); ++j) {
-        s[t * mu_.size() + j] = static_cast<float>(1.0 / (1.0 + std::exp(-(mu_[j] + normal(rng_)))));
+        s[t * mu_.size() + j] =
+            static_cast<float>(1.0 / (1.0 + std::exp(-(mu_[j] + normal(rng_)))));
       }
     }
     return s;
@@ -245,7 +246,7 @@ TEST(QbStatisticsTest, FlatDataRoundTripsAndIsChecked) {
 
 TEST(QbStatisticsTest, BadShapesAndMismatchedMergesAreRejected) {
   std::vector<float> bias(8, 0.0f);
-  EXPECT_FALSE(QbLayerStatistics::Create(0, 8, bias).ok());   // top_k must be < num_experts
+  EXPECT_FALSE(QbLayerStatistics::Create(0, 8, bias).ok());  // top_k must be < num_experts
   EXPECT_FALSE(QbLayerStatistics::Create(0, 0, bias).ok());
   EXPECT_FALSE(QbLayerStatistics::Create(0, 2, bias, 0).ok());
   std::vector<float> nan_bias = bias;

@@ -25,8 +25,8 @@ absl::StatusOr<std::vector<float>> ReadFloats(const std::string& path, int64_t c
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     int error = errno;
-    std::string message = absl::StrCat("cannot open ", what, " file ", path, ": ",
-                                       std::strerror(error));
+    std::string message =
+        absl::StrCat("cannot open ", what, " file ", path, ": ", std::strerror(error));
     return error == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);
   }
   std::vector<float> values(static_cast<size_t>(count));
@@ -38,9 +38,9 @@ absl::StatusOr<std::vector<float>> ReadFloats(const std::string& path, int64_t c
   long size = std::ftell(file);
   std::fclose(file);
   if (read != values.size() || longer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " file ", path, " holds ", size, " bytes; expected ", count * 4, " (", count,
-        " float32 values)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " holds ", size,
+                                                   " bytes; expected ", count * 4, " (", count,
+                                                   " float32 values)"));
   }
   return values;
 }
@@ -53,9 +53,9 @@ absl::Status RunQbTool(const QbToolOptions& options, std::ostream& out) {
     return absl::InvalidArgumentError(absl::StrCat("--tokens must be >= 1, got ", options.tokens));
   }
   if (options.top_k < 1 || options.experts <= options.top_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("need --experts > --top-k >= 1, got --experts ", options.experts,
-                     " and --top-k ", options.top_k));
+    return absl::InvalidArgumentError(absl::StrCat("need --experts > --top-k >= 1, got --experts ",
+                                                   options.experts, " and --top-k ",
+                                                   options.top_k));
   }
   if (!options.exact && options.bins < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--bins must be >= 1, got ", options.bins));
@@ -71,9 +71,9 @@ absl::Status RunQbTool(const QbToolOptions& options, std::ostream& out) {
   for (int64_t i = 0; i < t * n; ++i) {
     float s = (*scores)[i];
     if (!(s >= 0.0f && s <= 1.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "scores file ", options.scores_path, ": score [", i / n, ", ", i % n, "] = ", s,
-          " is not a sigmoid score in [0, 1]"));
+      return absl::InvalidArgumentError(absl::StrCat("scores file ", options.scores_path,
+                                                     ": score [", i / n, ", ", i % n, "] = ", s,
+                                                     " is not a sigmoid score in [0, 1]"));
     }
   }
   std::vector<float> bias(n, 0.0f);

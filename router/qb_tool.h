@@ -18,13 +18,13 @@
 namespace k3 {
 
 struct QbToolOptions {
-  std::string scores_path;  // --scores
-  int64_t tokens = 0;       // --tokens
-  int experts = 0;          // --experts
-  int top_k = 0;            // --top-k
-  std::string bias_path;    // --bias; empty: a zero bias
+  std::string scores_path;                     // --scores
+  int64_t tokens = 0;                          // --tokens
+  int experts = 0;                             // --experts
+  int top_k = 0;                               // --top-k
+  std::string bias_path;                       // --bias; empty: a zero bias
   int bins = QbLayerStatistics::kDefaultBins;  // --bins
-  bool exact = false;       // --exact: type-7 quantiles of the raw values instead of histograms
+  bool exact = false;  // --exact: type-7 quantiles of the raw values instead of histograms
 };
 
 // Runs the tool. InvalidArgument for inconsistent options, a file whose size does not match
