@@ -4,8 +4,8 @@
 //
 // For one MoE layer of two shapes, k3-perf (d 1024, 64 experts, top-8) and K3 (d 7168, 896
 // experts, top-16), and several batch sizes, it times
-//   router: the router's step as router/gate.cc takes it: the BF16 gate matmul via k3::MatMul on
-//           the kernel pool, sigmoid, top-k of s + bias by partial sort, weight renormalization;
+//   router: the router's step, RouteTokens of router/gate.h: the BF16 gate matmul via k3::MatMul
+//           on the kernel pool, sigmoid, top-k of s + bias, weight renormalization;
 //   stats:  QbLayerStatistics::RecordRouted on the router's scores and choices (α and 1000-bin
 //           histograms of r for every expert, plus loads), single-threaded;
 //   stats+select: QbLayerStatistics::Record, which redoes the top-(k+1) selection itself;
@@ -26,6 +26,7 @@
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
+#include "router/gate.h"
 #include "router/qb_statistics.h"
 
 namespace k3 {
@@ -64,29 +65,6 @@ struct Shape {
   int top_k;
 };
 
-// The router's step for `tokens` rows of x: scores [tokens, E] and ids [tokens, k].
-void RouterStep(const WeightMatrix& gate, const std::vector<float>& bias, int top_k, const float* x,
-                int64_t tokens, float* scores, int32_t* ids, float* weights) {
-  const int n = static_cast<int>(gate.rows);
-  MatMul(gate, x, tokens, scores);
-  std::vector<int32_t> order(n);
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* s = scores + t * n;
-    for (int e = 0; e < n; ++e) s[e] = 1.0f / (1.0f + std::exp(-s[e]));
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
-      float ca = s[a] + bias[a], cb = s[b] + bias[b];
-      return ca > cb || (ca == cb && a < b);
-    });
-    float sum = 0;
-    for (int c = 0; c < top_k; ++c) sum += s[order[c]];
-    for (int c = 0; c < top_k; ++c) {
-      ids[t * top_k + c] = order[c];
-      weights[t * top_k + c] = s[order[c]] / (sum + 1e-20f);
-    }
-  }
-}
-
 void Run(const Shape& shape, int64_t tokens) {
   // Successive calls take successive batches from a pool of kPoolTokens distinct tokens: repeating
   // one small batch lets the branch predictor learn the top-k comparisons and flatters both sides.
@@ -99,17 +77,20 @@ void Run(const Shape& shape, int64_t tokens) {
   std::vector<float> x(static_cast<size_t>(rows) * shape.hidden);
   for (float& v : x) v = normal(rng);
 
-  const WeightMatrix weights{gate.data(), WeightType::kBf16, shape.experts, shape.hidden};
-  std::vector<float> bias(shape.experts);
-  for (float& b : bias) b = 0.01f * normal(rng);
-  std::vector<float> scores(static_cast<size_t>(rows) * shape.experts);
-  std::vector<int32_t> ids(static_cast<size_t>(rows) * shape.top_k);
-  std::vector<float> routing_weights(ids.size());
+  // The router's own step, router/gate.cc's RouteTokens, on a config of this shape.
+  ModelConfig config;
+  config.hidden_size = shape.hidden;
+  config.num_experts = shape.experts;
+  config.num_experts_per_token = shape.top_k;
+  RouterWeights router_weights;
+  router_weights.gate = WeightMatrix{gate.data(), WeightType::kBf16, shape.experts, shape.hidden};
+  router_weights.score_bias.resize(shape.experts);
+  for (float& b : router_weights.score_bias) b = 0.01f * normal(rng);
+  const std::vector<float>& bias = router_weights.score_bias;
+  std::vector<Routing> routings(batches);
   auto step = [&](int64_t batch) {
-    const int64_t first = batch * tokens;
-    RouterStep(weights, bias, shape.top_k, &x[first * shape.hidden], tokens,
-               &scores[first * shape.experts], &ids[first * shape.top_k],
-               &routing_weights[first * shape.top_k]);
+    RouteTokens(router_weights, config, &x[batch * tokens * shape.hidden], tokens,
+                &routings[batch]);
   };
   for (int64_t b = 0; b < batches; ++b) step(b);  // every batch's scores and choices, for stats
   int64_t next = 0;
@@ -121,11 +102,11 @@ void Run(const Shape& shape, int64_t tokens) {
     return;
   }
   const double record_routed = BestSecondsPerCall([&] {
-    const int64_t first = (next++ % batches) * tokens;
-    stats->RecordRouted(&scores[first * shape.experts], &ids[first * shape.top_k], tokens);
+    const Routing& routing = routings[next++ % batches];
+    stats->RecordRouted(routing.scores.data(), routing.experts.data(), tokens);
   });
   const double record = BestSecondsPerCall(
-      [&] { stats->Record(&scores[(next++ % batches) * tokens * shape.experts], tokens); });
+      [&] { stats->Record(routings[next++ % batches].scores.data(), tokens); });
   const double us = 1e6 / tokens;
   std::printf(
       "%-8s d=%-5d E=%-4d k=%-3d tokens=%-4lld router %8.3f us/token  stats %7.3f "
