@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -17,8 +18,10 @@ namespace k3 {
 
 class ChildProcess {
  public:
-  // Runs /proc/self/exe with this process's environment plus `env`. Null if it could not start.
-  static std::unique_ptr<ChildProcess> Spawn(const std::map<std::string, std::string>& env);
+  // Runs this binary with this process's environment plus `env`, behind `wrapper` when given (e.g.
+  // {"ip", "netns", "exec", "ns1"}: the wrapper then runs the binary). Null if it could not start.
+  static std::unique_ptr<ChildProcess> Spawn(const std::map<std::string, std::string>& env,
+                                             const std::vector<std::string>& wrapper = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

@@ -4,6 +4,7 @@
 #include "cluster/ucx_transport.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -282,8 +283,9 @@ TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
 }
 
 // An echo child connected both ways to `transport` (as peer `id`), checked with one round trip.
-std::unique_ptr<ChildProcess> StartEcho(const Wire& wire, UcxTransport& transport, PeerId id) {
-  std::unique_ptr<ChildProcess> child = ChildProcess::Spawn(ChildEnv(wire, "echo"));
+std::unique_ptr<ChildProcess> StartEcho(const Wire& wire, UcxTransport& transport, PeerId id,
+                                        const std::vector<std::string>& wrapper = {}) {
+  std::unique_ptr<ChildProcess> child = ChildProcess::Spawn(ChildEnv(wire, "echo"), wrapper);
   if (child == nullptr) {
     ADD_FAILURE() << "cannot start a child process";
     return nullptr;
@@ -374,6 +376,76 @@ void GracefulCloseIsSilent(const Wire& wire) {
 TEST(UcxTransportTest, GracefulCloseIsNotAFailureOverSharedMemory) { GracefulCloseIsSilent(kShm); }
 
 TEST(UcxTransportTest, GracefulCloseIsNotAFailureOverTcp) { GracefulCloseIsSilent(kTcp); }
+
+// A network namespace joined to this one by a veth pair: a second host, as far as the transport
+// can tell (another kernel network stack, no loopback or shared-memory path in common). Needs root.
+class VethHost {
+ public:
+  VethHost() {
+    const int id = getpid() % 100000;
+    name_ = absl::StrCat("k3ns", id);
+    local_dev_ = absl::StrCat("k3a", id);
+    remote_dev_ = absl::StrCat("k3b", id);
+    const std::string subnet = absl::StrCat("10.213.", id % 250, ".");
+    local_ip_ = subnet + "1";
+    remote_ip_ = subnet + "2";
+    ok_ = Run("ip netns add " + name_) &&
+          Run(absl::StrCat("ip link add ", local_dev_, " type veth peer name ", remote_dev_)) &&
+          Run(absl::StrCat("ip link set ", remote_dev_, " netns ", name_)) &&
+          Run(absl::StrCat("ip addr add ", local_ip_, "/24 dev ", local_dev_)) &&
+          Run(absl::StrCat("ip link set ", local_dev_, " up")) &&
+          Run(absl::StrCat("ip netns exec ", name_, " ip addr add ", remote_ip_, "/24 dev ",
+                           remote_dev_)) &&
+          Run(absl::StrCat("ip netns exec ", name_, " ip link set ", remote_dev_, " up")) &&
+          Run(absl::StrCat("ip netns exec ", name_, " ip link set lo up"));
+  }
+  ~VethHost() {
+    Run("ip netns del " + name_ + " 2>/dev/null");  // takes the veth pair with it
+    Run("ip link del " + local_dev_ + " 2>/dev/null");
+  }
+
+  bool ok() const { return ok_; }
+  const std::string& local_dev() const { return local_dev_; }
+  const std::string& remote_dev() const { return remote_dev_; }
+  std::vector<std::string> wrapper() const { return {"ip", "netns", "exec", name_}; }
+
+ private:
+  static bool Run(const std::string& command) {
+    return system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }
+
+  bool ok_ = false;
+  std::string name_, local_dev_, remote_dev_, local_ip_, remote_ip_;
+};
+
+TEST(UcxTransportTest, PeerOnAnotherHostExchangesAndItsDeathIsReported) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace";
+  VethHost host;
+  if (!host.ok()) GTEST_SKIP() << "cannot create a network namespace here";
+  const Wire local = {"veth", "tcp", host.local_dev().c_str()};
+  const Wire remote = {"veth", "tcp", host.remote_dev().c_str()};
+  std::unique_ptr<UcxTransport> transport = MakeTransport(local);
+  ASSERT_NE(transport, nullptr);
+  // The child's address lists its namespace's IPs only; ours lists every interface, of which only
+  // the veth is reachable from there.
+  std::unique_ptr<ChildProcess> child = StartEcho(remote, *transport, 4, host.wrapper());
+  ASSERT_NE(child, nullptr);
+  for (uint64_t k = 0; k < kSizes.size(); ++k) {
+    ASSERT_TRUE(transport->Send(4, Pattern(0, 4, k, kSizes[k])).ok());
+  }
+  for (uint64_t k = 0; k < kSizes.size(); ++k) {
+    absl::StatusOr<Received> echo = transport->Receive(absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(echo.ok()) << echo.status();
+    ASSERT_EQ(echo->kind, Received::Kind::kMessage) << echo->error;
+    EXPECT_TRUE(echo->bytes == Pattern(0, 4, k, kSizes[k])) << "message " << k;
+  }
+  kill(child->pid(), SIGKILL);
+  const absl::Time killed = absl::Now();
+  absl::StatusOr<Received> failure = transport->Receive(killed + absl::Seconds(2));
+  ASSERT_TRUE(failure.ok()) << "no failure reported within 2 s: " << failure.status();
+  EXPECT_EQ(failure->kind, Received::Kind::kPeerFailed);
+  EXPECT_EQ(failure->from, 4u);
+}
 
 TEST(UcxTransportTest, BogusAddressesFailCleanly) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
