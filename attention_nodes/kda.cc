@@ -17,9 +17,6 @@ using simd::Load;
 using simd::Store;
 using simd::Vec16;
 
-// The conv history is kept in a small array per channel; real configs use a kernel of 4.
-constexpr int kMaxConvKernel = 16;
-
 enum Slot {
   kSlotQ,
   kSlotK,
@@ -35,8 +32,9 @@ enum Slot {
 };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
-  if (m.empty())
+  if (m.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("KDA weight ", name, " is missing"));
+  }
   if (rows >= 0 && m.rows != rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("KDA weight ", name, " has ", m.rows, " rows, expected ", rows));
@@ -66,9 +64,9 @@ absl::Status Validate(const ModelConfig& config, const KdaWeights& w, const KdaS
   const LinearAttnConfig& la = config.linear_attn;
   const int64_t h = la.num_heads, k = la.head_dim, p = h * k, d = config.hidden_size;
   const int kernel = la.short_conv_kernel_size;
-  if (kernel < 1 || kernel > kMaxConvKernel) {
-    return absl::InvalidArgumentError(absl::StrCat("KDA short_conv_kernel_size ", kernel,
-                                                   " is outside [1, ", kMaxConvKernel, "]"));
+  if (kernel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KDA short_conv_kernel_size ", kernel, " is below 1"));
   }
   if (state.num_heads != h || state.head_dim != k || state.conv_window != kernel - 1 ||
       state.s.size() != static_cast<size_t>(h * k * k) ||

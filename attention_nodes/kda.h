@@ -1,9 +1,10 @@
 // The KDA (Kimi Delta Attention) sequence mixer of spec §5, fp32 on the CPU.
 //
-// KdaForward runs one KDA layer over T new tokens of ONE sequence: projections, causal short
-// convolutions + SiLU (continuing from the conv caches), the per-channel decay gate (§5.3 option A
-// with a lower bound, or option B softplus), L2-normalized q/k, the sigmoid beta, the gated delta
-// rule on the per-head state S [K, V], the gated per-head RMSNorm and o_proj.
+// KdaForwardBatch runs one KDA layer over new tokens of one or more sequences: projections (once
+// over all rows), causal short convolutions + SiLU (continuing each sequence's conv caches), the
+// per-channel decay gate (§5.3 option A with a lower bound, or option B softplus), L2-normalized
+// q/k, the sigmoid beta, the gated delta rule on each sequence's per-head state S [K, V], the gated
+// per-head RMSNorm and o_proj. KdaForward is the one-sequence form.
 //
 // Two algorithms compute the same recurrence: the token-by-token recurrence (decode) and a chunked
 // form (prefill) that handles kKdaChunk tokens at a time with a triangular solve (the WY form of

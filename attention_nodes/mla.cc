@@ -26,8 +26,9 @@ enum Slot {
 enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
-  if (m.empty())
+  if (m.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("MLA weight ", name, " is missing"));
+  }
   if (m.rows != rows || m.cols != cols) {
     return absl::InvalidArgumentError(absl::StrCat("MLA weight ", name, " is [", m.rows, ", ",
                                                    m.cols, "], expected [", rows, ", ", cols, "]"));
