@@ -1,6 +1,7 @@
 // Checkpoint: a model directory (config.json plus model.safetensors, or shards listed in
-// model.safetensors.index.json). Opens every file memory-mapped and finds tensors by name with or
-// without the "language_model." prefix. Thread-safe after Open (read-only).
+// model.safetensors.index.json, whose "weight_map" maps tensor names to shard files). Opens every
+// file memory-mapped and finds tensors by name with or without the "language_model." prefix.
+// When both layouts are present the index wins. Thread-safe after Open (read-only).
 #ifndef K3SERVE_MODEL_CHECKPOINT_H_
 #define K3SERVE_MODEL_CHECKPOINT_H_
 
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,11 +31,17 @@ class Checkpoint {
   absl::StatusOr<TensorView> Find(std::string_view name) const;
   bool Has(std::string_view name) const;
 
+  // Every mapped file, in shard-name order.
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+
  private:
   Checkpoint() = default;
+  const SafetensorsFile* Locate(std::string_view name, std::string* stored_name) const;
+
   std::string dir_;
   ModelConfig config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::unordered_map<std::string, const SafetensorsFile*> where_;  // stored name -> its file
 };
 
 }  // namespace k3

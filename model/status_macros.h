@@ -3,6 +3,7 @@
 #define K3SERVE_MODEL_STATUS_MACROS_H_
 
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"

@@ -1,0 +1,373 @@
+#include "model/weights.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/bf16.h"
+#include "model/status_macros.h"
+
+namespace k3 {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+bool IsFloat(DType dtype) {
+  return dtype == DType::kBf16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
+// Element i of a BF16/F16/F32 tensor; the mapping may be unaligned, so read bytes.
+float FloatAt(const TensorView& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kBf16: {
+      uint16_t bits;
+      std::memcpy(&bits, t.data + 2 * i, 2);
+      return Bf16ToFloat(bits);
+    }
+    case DType::kF16: {
+      uint16_t bits;
+      std::memcpy(&bits, t.data + 2 * i, 2);
+      return HalfToFloat(bits);
+    }
+    default: {
+      float value;
+      std::memcpy(&value, t.data + 4 * i, 4);
+      return value;
+    }
+  }
+}
+
+void ToFloats(const TensorView& t, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = FloatAt(t, i);
+}
+
+// Walks the tensors a selection needs. Run once with `counting` to learn the total for progress
+// reports, then for real; both runs make the same calls.
+class Loader {
+ public:
+  Loader(const Checkpoint& checkpoint, ModelWeights* weights, bool counting, size_t total,
+         const std::function<void(size_t, size_t)>& progress)
+      : checkpoint_(checkpoint),
+        weights_(weights),
+        counting_(counting),
+        total_(total),
+        progress_(progress) {}
+
+  size_t done() const { return done_; }
+
+  absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix* out) {
+    if (counting_) return Count();
+    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_RETURN_IF_ERROR(Check(t, {rows, cols}, t.shape == std::vector<int64_t>{rows, cols}));
+    out->rows = rows;
+    out->cols = cols;
+    const auto address = reinterpret_cast<uintptr_t>(t.data);
+    if (t.dtype == DType::kBf16 && address % alignof(uint16_t) == 0) {
+      out->data = t.data;
+      out->type = WeightType::kBf16;
+      weights_->selected_bytes += t.bytes;
+    } else if (t.dtype == DType::kF32 && address % alignof(float) == 0) {
+      out->data = t.data;
+      out->type = WeightType::kF32;
+      weights_->selected_bytes += t.bytes;
+    } else {
+      // F16, or a tensor the file placed at an odd offset: widen once into owned fp32.
+      std::vector<float>& owned = weights_->owned.emplace_back(rows * cols);
+      ToFloats(t, rows * cols, owned.data());
+      out->data = owned.data();
+      out->type = WeightType::kF32;
+      weights_->selected_bytes += owned.size() * sizeof(float);
+    }
+    return Done();
+  }
+
+  absl::Status Vector(const std::string& name, int64_t n, std::vector<float>* out) {
+    if (counting_) return Count();
+    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_RETURN_IF_ERROR(Check(t, {n}, t.shape == std::vector<int64_t>{n}));
+    return Copy(t, n, out);
+  }
+
+  // AttnRes queries are stored as Linear(d -> 1) weights [1, d]; a bare [d] is accepted too.
+  absl::Status RowVector(const std::string& name, int64_t n, std::vector<float>* out) {
+    if (counting_) return Count();
+    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_RETURN_IF_ERROR(Check(t, {1, n},
+                             t.shape == std::vector<int64_t>{1, n} ||
+                                 t.shape == std::vector<int64_t>{n}));
+    return Copy(t, n, out);
+  }
+
+  // Depthwise conv weights: [C, 1, K] as PyTorch stores them, or squeezed to [C, K] (spec §11.2).
+  absl::Status Conv(const std::string& name, int64_t channels, int64_t kernel,
+                    std::vector<float>* out) {
+    if (counting_) return Count();
+    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_RETURN_IF_ERROR(Check(t, {channels, 1, kernel},
+                             t.shape == std::vector<int64_t>{channels, 1, kernel} ||
+                                 t.shape == std::vector<int64_t>{channels, kernel}));
+    return Copy(t, channels * kernel, out);
+  }
+
+  // Spec §11.1: flatten; exactly H values are used as is; more are accepted when the tail past H
+  // is all zeros (the K3 release pads 96 heads to 128).
+  absl::Status ALog(const std::string& name, int64_t heads, std::vector<float>* out) {
+    if (counting_) return Count();
+    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    const int64_t numel = t.numel();
+    K3_RETURN_IF_ERROR(Check(t, {heads}, numel >= heads));
+    for (int64_t i = heads; i < numel; ++i) {
+      float value = FloatAt(t, i);
+      if (value != 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "' in ", t.file, ": holds ", numel, " values for ", heads,
+            " heads and value ", i, " past the heads is ", value,
+            ", not zero padding (spec §11.1)"));
+      }
+    }
+    return Copy(t, heads, out);
+  }
+
+ private:
+  absl::Status Count() {
+    ++done_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Done() {
+    ++done_;
+    if (progress_) progress_(done_, total_);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<TensorView> Lookup(const std::string& name) {
+    auto t = checkpoint_.Find(name);
+    if (t.ok()) return t;
+    // The release stores routed experts as MXFP4 (spec §10): say so rather than "not found".
+    constexpr std::string_view kWeight = ".weight";
+    if (name.size() > kWeight.size() &&
+        name.compare(name.size() - kWeight.size(), kWeight.size(), kWeight) == 0) {
+      auto packed = checkpoint_.Find(name + "_packed");
+      if (packed.ok()) {
+        return absl::UnimplementedError(
+            absl::StrCat("tensor '", packed->name, "' in ", packed->file,
+                         ": MXFP4 routed experts are not supported yet (spec §10)"));
+      }
+    }
+    return t.status();
+  }
+
+  absl::Status Check(const TensorView& t, const std::vector<int64_t>& expected, bool shape_ok) {
+    if (shape_ok && IsFloat(t.dtype)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "' in ", t.file, ": expected shape ", ShapeString(expected),
+        " of BF16/F16/F32, found ", ShapeString(t.shape), " of ", DTypeName(t.dtype).data()));
+  }
+
+  absl::Status Copy(const TensorView& t, int64_t n, std::vector<float>* out) {
+    out->resize(n);
+    ToFloats(t, n, out->data());
+    weights_->selected_bytes += n * sizeof(float);
+    return Done();
+  }
+
+  const Checkpoint& checkpoint_;
+  ModelWeights* weights_;
+  const bool counting_;
+  const size_t total_;
+  const std::function<void(size_t, size_t)>& progress_;
+  size_t done_ = 0;
+};
+
+absl::Status LoadKda(Loader& ld, const ModelConfig& c, const std::string& p, KdaWeights* kda) {
+  const int64_t d = c.hidden_size;
+  const int64_t heads = c.linear_attn.num_heads;
+  const int64_t head_dim = c.linear_attn.head_dim;
+  const int64_t width = c.KdaWidth();
+  const int64_t kernel = c.linear_attn.short_conv_kernel_size;
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "q_proj.weight", width, d, &kda->q_proj));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "k_proj.weight", width, d, &kda->k_proj));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "v_proj.weight", width, d, &kda->v_proj));
+  K3_RETURN_IF_ERROR(ld.Conv(p + "q_conv1d.weight", width, kernel, &kda->q_conv));
+  K3_RETURN_IF_ERROR(ld.Conv(p + "k_conv1d.weight", width, kernel, &kda->k_conv));
+  K3_RETURN_IF_ERROR(ld.Conv(p + "v_conv1d.weight", width, kernel, &kda->v_conv));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "f_a_proj.weight", head_dim, d, &kda->f_a_proj));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "f_b_proj.weight", width, head_dim, &kda->f_b_proj));
+  K3_RETURN_IF_ERROR(ld.Vector(p + "dt_bias", width, &kda->dt_bias));
+  K3_RETURN_IF_ERROR(ld.ALog(p + "A_log", heads, &kda->a_log));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "b_proj.weight", heads, d, &kda->b_proj));
+  if (c.linear_attn.use_full_rank_gate) {
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "g_proj.weight", width, d, &kda->g_proj));
+  } else {
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "g_a_proj.weight", head_dim, d, &kda->g_a_proj));
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "g_b_proj.weight", width, head_dim, &kda->g_b_proj));
+  }
+  K3_RETURN_IF_ERROR(ld.Vector(p + "o_norm.weight", head_dim, &kda->o_norm));
+  return ld.Matrix(p + "o_proj.weight", d, width, &kda->o_proj);
+}
+
+absl::Status LoadMla(Loader& ld, const ModelConfig& c, const std::string& p, MlaWeights* mla) {
+  const int64_t d = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t q_width = heads * c.MlaQHeadDim();
+  if (c.q_lora_rank) {
+    const int64_t rank = *c.q_lora_rank;
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "q_a_proj.weight", rank, d, &mla->q_a_proj));
+    K3_RETURN_IF_ERROR(ld.Vector(p + "q_a_layernorm.weight", rank, &mla->q_a_layernorm));
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "q_b_proj.weight", q_width, rank, &mla->q_b_proj));
+  } else {
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "q_proj.weight", q_width, d, &mla->q_proj));
+  }
+  K3_RETURN_IF_ERROR(
+      ld.Matrix(p + "kv_a_proj_with_mqa.weight", c.MlaCacheWidth(), d, &mla->kv_a_proj_with_mqa));
+  K3_RETURN_IF_ERROR(ld.Vector(p + "kv_a_layernorm.weight", c.kv_lora_rank, &mla->kv_a_layernorm));
+  K3_RETURN_IF_ERROR(ld.Matrix(p + "kv_b_proj.weight",
+                               heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank,
+                               &mla->kv_b_proj));
+  if (c.mla_use_output_gate) {
+    K3_RETURN_IF_ERROR(ld.Matrix(p + "g_proj.weight", heads * c.v_head_dim, d, &mla->g_proj));
+  }
+  return ld.Matrix(p + "o_proj.weight", d, heads * c.v_head_dim, &mla->o_proj);
+}
+
+absl::Status LoadGatedMlp(Loader& ld, const std::string& gate, const std::string& up,
+                          const std::string& down, int64_t width, int64_t inner,
+                          GatedMlpWeights* mlp) {
+  K3_RETURN_IF_ERROR(ld.Matrix(gate, inner, width, &mlp->gate));
+  K3_RETURN_IF_ERROR(ld.Matrix(up, inner, width, &mlp->up));
+  return ld.Matrix(down, width, inner, &mlp->down);
+}
+
+absl::Status LoadAll(Loader& ld, const Checkpoint& ckpt, const WeightSelection& sel,
+                     ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  const int64_t d = c.hidden_size;
+  if (sel.attention) {
+    K3_RETURN_IF_ERROR(ld.Matrix("model.embed_tokens.weight", c.vocab_size, d, &w->embed_tokens));
+    K3_RETURN_IF_ERROR(ld.Vector("model.norm.weight", d, &w->final_norm));
+    if (c.HasAttnRes()) {
+      K3_RETURN_IF_ERROR(
+          ld.Vector("model.output_attn_res_norm.weight", d, &w->output_attn_res_norm));
+      K3_RETURN_IF_ERROR(
+          ld.RowVector("model.output_attn_res_proj.weight", d, &w->output_attn_res_proj));
+    }
+    if (c.tie_word_embeddings && !ckpt.Has("lm_head.weight")) {
+      w->lm_head = w->embed_tokens;
+    } else {
+      K3_RETURN_IF_ERROR(ld.Matrix("lm_head.weight", c.vocab_size, d, &w->lm_head));
+    }
+  }
+  w->layers.resize(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& layer = w->layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    layer.is_kda = c.IsKda(l);
+    layer.is_moe = c.IsMoe(l);
+    if (sel.attention) {
+      K3_RETURN_IF_ERROR(ld.Vector(p + "input_layernorm.weight", d, &layer.input_layernorm));
+      K3_RETURN_IF_ERROR(
+          ld.Vector(p + "post_attention_layernorm.weight", d, &layer.post_attention_layernorm));
+      if (c.HasAttnRes()) {
+        K3_RETURN_IF_ERROR(ld.Vector(p + "self_attention_res_norm.weight", d, &layer.attn_res_norm));
+        K3_RETURN_IF_ERROR(
+            ld.RowVector(p + "self_attention_res_proj.weight", d, &layer.attn_res_proj));
+        K3_RETURN_IF_ERROR(ld.Vector(p + "mlp_res_norm.weight", d, &layer.mlp_res_norm));
+        K3_RETURN_IF_ERROR(ld.RowVector(p + "mlp_res_proj.weight", d, &layer.mlp_res_proj));
+      }
+      if (layer.is_kda) {
+        K3_RETURN_IF_ERROR(LoadKda(ld, c, p + "self_attn.", &layer.kda));
+      } else {
+        K3_RETURN_IF_ERROR(LoadMla(ld, c, p + "self_attn.", &layer.mla));
+      }
+      if (!layer.is_moe) {
+        K3_RETURN_IF_ERROR(LoadGatedMlp(ld, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                                        p + "mlp.down_proj.weight", d, c.intermediate_size,
+                                        &layer.dense_mlp));
+      }
+    }
+    if (!layer.is_moe) continue;
+    MoeWeights& moe = layer.moe;
+    const std::string m = p + "block_sparse_moe.";
+    const int64_t latent = c.ExpertWidth();
+    if (sel.attention) {
+      if (c.num_shared_experts > 0) {
+        K3_RETURN_IF_ERROR(LoadGatedMlp(
+            ld, m + "shared_experts.gate_proj.weight", m + "shared_experts.up_proj.weight",
+            m + "shared_experts.down_proj.weight", d, c.SharedWidth(), &moe.shared));
+      }
+      if (c.IsLatentMoe()) {
+        K3_RETURN_IF_ERROR(
+            ld.Matrix(m + "routed_expert_up_proj.weight", d, latent, &moe.latent_up));
+      }
+    }
+    if (sel.router) {
+      K3_RETURN_IF_ERROR(ld.Matrix(m + "gate.weight", c.num_experts, d, &moe.router.gate));
+      K3_RETURN_IF_ERROR(
+          ld.Vector(m + "gate.e_score_correction_bias", c.num_experts, &moe.router.score_bias));
+      if (c.IsLatentMoe()) {
+        K3_RETURN_IF_ERROR(ld.Matrix(m + "routed_expert_down_proj.weight", latent, d,
+                                     &moe.router.latent_down));
+        if (c.latent_moe_use_norm) {
+          K3_RETURN_IF_ERROR(
+              ld.Vector(m + "routed_expert_norm.weight", latent, &moe.router.latent_norm));
+        }
+      }
+    }
+    moe.experts.resize(c.num_experts);
+    auto load_expert = [&](int e) {
+      const std::string x = absl::StrCat(m, "experts.", e, ".");
+      return LoadGatedMlp(ld, x + "w1.weight", x + "w3.weight", x + "w2.weight", latent,
+                          c.moe_intermediate_size, &moe.experts[e]);
+    };
+    if (sel.all_experts) {
+      for (int e = 0; e < c.num_experts; ++e) K3_RETURN_IF_ERROR(load_expert(e));
+    } else {
+      for (int e : sel.experts) K3_RETURN_IF_ERROR(load_expert(e));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
+    std::shared_ptr<const Checkpoint> checkpoint, const WeightSelection& requested,
+    const std::function<void(size_t, size_t)>& progress) {
+  if (checkpoint == nullptr) return absl::InvalidArgumentError("LoadWeights: no checkpoint");
+  const ModelConfig& config = checkpoint->config();
+  WeightSelection selection = requested;
+  if (!selection.all_experts) {
+    for (int e : selection.experts) {
+      if (e < 0 || e >= config.num_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("selected expert ", e,
+                                                       " is out of range 0..",
+                                                       config.num_experts - 1));
+      }
+    }
+    std::sort(selection.experts.begin(), selection.experts.end());
+    selection.experts.erase(std::unique(selection.experts.begin(), selection.experts.end()),
+                            selection.experts.end());
+  }
+  // The counting pass never touches the checkpoint's data; it fills a scratch object.
+  size_t total = 0;
+  {
+    ModelWeights scratch;
+    scratch.config = config;
+    Loader counter(*checkpoint, &scratch, /*counting=*/true, 0, progress);
+    K3_RETURN_IF_ERROR(LoadAll(counter, *checkpoint, selection, &scratch));
+    total = counter.done();
+  }
+  auto weights = std::make_unique<ModelWeights>();
+  weights->config = config;
+  weights->checkpoint = checkpoint;
+  Loader loader(*checkpoint, weights.get(), /*counting=*/false, total, progress);
+  K3_RETURN_IF_ERROR(LoadAll(loader, *checkpoint, selection, weights.get()));
+  return weights;
+}
+
+}  // namespace k3
