@@ -1,0 +1,397 @@
+// kernel_bench: the machine's limits and k3::MatMul against them and against oneDNN, in one run.
+//
+//   bazel run //bench:kernel_bench            (about a minute; needs ~1.2 GB of memory)
+//
+// Prints (a) read bandwidth (2 threads streaming a 1 GiB buffer), (b) fp32 FMA and bf16 vdpbf16ps
+// peaks (2 threads, independent accumulators), (c) k3::MatMul on M x K x N = tokens x in x out with
+// W [N, K] in BF16 and F32, weights cold (each call uses the next of a rotation of copies filling
+// 1 GiB, more than the last-level cache), and (d) oneDNN's matmul on the same shapes and weights:
+// f32, and bf16 weights with bf16 activations (converted before timing, so oneDNN skips that work).
+// Times are per call; "best" is the 10th percentile of calls, "median" the median. The machine is
+// shared and noisy: compare ratios measured in the same run.
+
+#include <dnnl.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <immintrin.h>
+// GCC 12's AVX-512 headers initialize their "undefined" vectors from themselves (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "kernels/bf16.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_internal.h"
+#include "kernels/thread_pool.h"
+
+#define K3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define K3_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace k3::bench {
+namespace {
+
+constexpr int kLimitThreads = 2;                  // the brief's machine limits are for 2 threads
+constexpr size_t kStreamBytes = size_t{1} << 30;  // bandwidth buffer and weight rotation set
+constexpr double kSecondsPerConfig = 0.6;
+constexpr int kMinCallsPerConfig = 8;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+using Buffer = std::unique_ptr<T[], FreeDeleter>;
+
+template <typename T>
+Buffer<T> Allocate(size_t count) {
+  const size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
+  return Buffer<T>(static_cast<T*>(std::aligned_alloc(4096, bytes)));
+}
+
+// Runs fn(thread) on `threads` threads started together; returns the wall time of the slowest.
+double RunOnThreads(int threads, const std::function<void(int)>& fn) {
+  std::atomic<bool> go{false};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load()) {
+      }
+      fn(t);
+    });
+  }
+  while (ready.load() < threads) {
+  }
+  const double start = Now();
+  go.store(true);
+  for (std::thread& th : pool) th.join();
+  return Now() - start;
+}
+
+struct Stats {
+  double best = 0;
+  double median = 0;
+};
+
+// Times: best is the 10th percentile.
+Stats Summarize(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 10], samples[samples.size() / 2]};
+}
+
+// ---- (a) read bandwidth -----------------------------------------------------------------------
+
+volatile float g_sink;
+
+// Sums n floats read as `streams` interleaved sequential streams.
+K3_AVX512 float SumStreams(const float* p, size_t n, int streams) {
+  const size_t part = n / streams / 64 * 64;
+  __m512 acc[8];
+  for (int s = 0; s < 8; ++s) acc[s] = _mm512_setzero_ps();
+  for (size_t i = 0; i < part; i += 64) {
+    for (int s = 0; s < streams; ++s) {
+      const float* q = p + s * part + i;
+      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q));
+      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 16));
+      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q + 32));
+      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 48));
+    }
+  }
+  for (int s = 1; s < 8; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
+  std::vector<double> rates;
+  for (int rep = 0; rep < 8; ++rep) {
+    const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
+      const size_t share = n / kLimitThreads;
+      g_sink = SumStreams(buffer + t * share, share, streams);
+    });
+    rates.push_back(n * sizeof(float) / seconds / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates.back(), rates[rates.size() / 2]};  // higher is better here
+}
+
+// ---- (b) compute peaks ------------------------------------------------------------------------
+
+constexpr int64_t kPeakIterations = 20'000'000;
+
+K3_AVX512 float FmaLoop(float seed) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+K3_AVX512_BF16 float Bf16Loop(float seed) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1, 1)
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // (1e-7, 1e-7)
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+// GFLOP/s of `loop` (16 instructions of `flops_per_instruction` per iteration) on 2 threads.
+double Peak(float (*loop)(float), double flops_per_instruction) {
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double seconds =
+        RunOnThreads(kLimitThreads, [&](int t) { g_sink = loop(static_cast<float>(t)); });
+    best = std::max(best, kLimitThreads * kPeakIterations * 16 * flops_per_instruction /
+                              seconds / 1e9);
+  }
+  return best;
+}
+
+// ---- thread pool overhead ---------------------------------------------------------------------
+
+void ThreadPoolOverhead() {
+  std::atomic<int64_t> touched{0};
+  const auto fn = [&](int64_t begin, int64_t end) { touched.fetch_add(end - begin); };
+  constexpr int kHot = 200'000;
+  for (int i = 0; i < 1000; ++i) ParallelFor(2, 1, fn);
+  double start = Now();
+  for (int i = 0; i < kHot; ++i) ParallelFor(2, 1, fn);
+  const double hot = (Now() - start) / kHot;
+  std::vector<double> cold;
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers stop spinning
+    start = Now();
+    ParallelFor(2, 1, fn);
+    cold.push_back(Now() - start);
+  }
+  Stats s = Summarize(cold);
+  std::printf("ParallelFor (2 chunks, empty work): back-to-back %.2f us/call; after 2 ms idle "
+              "%.1f us (median %.1f)\n\n",
+              hot * 1e6, s.best * 1e6, s.median * 1e6);
+}
+
+// ---- (c, d) matrix products -------------------------------------------------------------------
+
+struct Limits {
+  double read_gbs;
+  double fma_gflops;
+  double bf16_gflops;
+};
+
+// Fills `words` 32-bit words so that both views are sane: as f32 every word is a normal number in
+// [-1, 1]; as bf16 both halves are.
+void FillWeights(uint32_t* words, size_t count) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> wide(-1.0f, 1.0f), narrow(0.5f, 1.0f);
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t high = FloatToBf16(wide(rng));
+    uint32_t low = FloatToBf16(narrow(rng));
+    if (rng() & 1) low |= 0x8000;
+    words[i] = high << 16 | low;
+  }
+}
+
+struct Result {
+  std::string name;
+  Stats seconds;
+  bool valid = true;
+};
+
+// Times call(copy) rotating over the copies; one warm-up pass over a few copies first.
+Result Time(const std::string& name, int copies, const std::function<void(int)>& call) {
+  // Let the other library's spinning threads (ours, OpenMP's) go idle first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 2; ++i) call(i % copies);
+  std::vector<double> samples;
+  const double start = Now();
+  int copy = 2 % copies;
+  while (static_cast<int>(samples.size()) < kMinCallsPerConfig ||
+         Now() - start < kSecondsPerConfig) {
+    const double t0 = Now();
+    call(copy);
+    samples.push_back(Now() - t0);
+    copy = (copy + 1) % copies;
+  }
+  return {name, Summarize(samples)};
+}
+
+class DnnlMatMul {
+ public:
+  // Weights [N, K] row-major are oneDNN's K x N weights in format `ba`.
+  DnnlMatMul(int64_t m, int64_t k, int64_t n, bool bf16)
+      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dt in_type = bf16 ? dt::bf16 : dt::f32;
+    src_md_ = dnnl::memory::desc({m, k}, in_type, tag::ab);
+    weights_md_ = dnnl::memory::desc({k, n}, in_type, tag::ba);
+    dst_md_ = dnnl::memory::desc({m, n}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md_, weights_md_, dst_md_), engine_);
+    impl_ = pd.impl_info_str();
+    primitive_ = dnnl::matmul(pd);
+  }
+
+  void Run(const void* src, const void* weights, float* dst) {
+    dnnl::memory src_mem(src_md_, engine_, const_cast<void*>(src));
+    dnnl::memory weights_mem(weights_md_, engine_, const_cast<void*>(weights));
+    dnnl::memory dst_mem(dst_md_, engine_, dst);
+    primitive_.execute(stream_, {{DNNL_ARG_SRC, src_mem},
+                                 {DNNL_ARG_WEIGHTS, weights_mem},
+                                 {DNNL_ARG_DST, dst_mem}});
+    stream_.wait();
+  }
+
+  const std::string& impl() const { return impl_; }
+
+ private:
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  dnnl::memory::desc src_md_, weights_md_, dst_md_;
+  dnnl::matmul primitive_;
+  std::string impl_;
+};
+
+struct Shape {
+  int64_t k, n;
+};
+
+void PrintRow(const char* label, const Result& r, int64_t m, int64_t k, int64_t n,
+              size_t weight_bytes, const Limits& limits, const Result* peer) {
+  const double seconds = r.seconds.best;
+  const double gbs = weight_bytes / seconds / 1e9;
+  const double gflops = 2.0 * m * k * n / seconds / 1e9;
+  std::printf("  %-14s %10.1f %10.1f %8.1f %8.1f %7.0f%% %7.0f%% %7.0f%%", label, seconds * 1e6,
+              r.seconds.median * 1e6, gbs, gflops, 100 * gbs / limits.read_gbs,
+              100 * gflops / limits.bf16_gflops, 100 * gflops / limits.fma_gflops);
+  if (peer != nullptr) {
+    std::printf("   %5.2fx (median %4.2fx)", peer->seconds.best / seconds,
+                peer->seconds.median / r.seconds.median);
+  }
+  std::printf("%s\n", r.valid ? "" : "   RESULT MISMATCH");
+}
+
+// Largest |a - b| relative to the largest |b|.
+double MaxRelativeDifference(const float* a, const float* b, size_t n) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
+void BenchShapes(const Limits& limits, uint32_t* weight_pool) {
+  const Shape shapes[] = {{2048, 1536}, {7168, 3584}};
+  const int64_t token_counts[] = {1, 8, 64, 256};
+  std::printf("Matrix products, weights cold. Columns: time per call in us (best = 10th percentile,\n"
+              "median); weight GB/s and GFLOP/s at the best time; fraction of read bandwidth, of\n"
+              "bf16 peak and of fp32 FMA peak; k3 speed relative to oneDNN on the same weight type.\n"
+              "Decode (M <= 8) is judged against read bandwidth, prefill (M >= 64) against peak.\n\n");
+  std::printf("  %-14s %10s %10s %8s %8s %8s %8s %8s   %s\n", "impl", "best_us", "median_us",
+              "GB/s", "GFLOP/s", "%readBW", "%bf16pk", "%fp32pk", "k3 vs oneDNN");
+
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const Shape& shape : shapes) {
+    const int64_t max_m = 256;
+    std::vector<float> x(max_m * shape.k);
+    for (float& v : x) v = dist(rng);
+    std::vector<uint16_t> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = FloatToBf16(x[i]);
+    std::vector<float> y(max_m * shape.n), y_peer(max_m * shape.n);
+
+    for (int64_t m : token_counts) {
+      std::printf("\n%lld x %lld x %lld (tokens x in x out)\n", static_cast<long long>(m),
+                  static_cast<long long>(shape.k), static_cast<long long>(shape.n));
+      for (WeightType type : {WeightType::kBf16, WeightType::kF32}) {
+        const bool bf16 = type == WeightType::kBf16;
+        const size_t bytes = shape.k * shape.n * (bf16 ? 2 : 4);
+        const int copies = static_cast<int>(std::max<size_t>(2, kStreamBytes / bytes));
+        const char* base = reinterpret_cast<const char*>(weight_pool);
+        auto weights = [&](int copy) { return base + copy * bytes; };
+
+        Result ours = Time(bf16 ? "k3 bf16" : "k3 f32", copies, [&](int copy) {
+          WeightMatrix w{weights(copy), type, shape.n, shape.k};
+          MatMul(w, x.data(), shape.k, m, y.data(), shape.n, false);
+        });
+        DnnlMatMul peer_op(m, shape.k, shape.n, bf16);
+        Result peer = Time(bf16 ? "oneDNN bf16" : "oneDNN f32", copies, [&](int copy) {
+          peer_op.Run(bf16 ? static_cast<const void*>(x_bf16.data()) : x.data(), weights(copy),
+                      y_peer.data());
+        });
+        // Same inputs once more for a correctness cross-check (oneDNN bf16 rounds x: looser).
+        WeightMatrix w{weights(0), type, shape.n, shape.k};
+        MatMul(w, x.data(), shape.k, m, y.data(), shape.n, false);
+        peer_op.Run(bf16 ? static_cast<const void*>(x_bf16.data()) : x.data(), weights(0),
+                    y_peer.data());
+        const double diff = MaxRelativeDifference(y.data(), y_peer.data(), m * shape.n);
+        ours.valid = diff < (bf16 ? 2e-2 : 1e-4);
+        PrintRow(ours.name.c_str(), ours, m, shape.k, shape.n, bytes, limits, &peer);
+        PrintRow(peer.name.c_str(), peer, m, shape.k, shape.n, bytes, limits, nullptr);
+        if (m == token_counts[0] || m == token_counts[3]) {
+          std::printf("  %-14s impl %s, max rel diff to k3 %.1e\n", "", peer_op.impl().c_str(),
+                      diff);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace k3::bench
+
+int main() {
+  using namespace k3::bench;
+  const double start = Now();
+  if (!k3::internal::CpuHasAvx512() || !__builtin_cpu_supports("avx512bf16")) {
+    std::printf("kernel_bench needs AVX-512 with avx512_bf16 for its limit loops\n");
+    return 1;
+  }
+  std::printf("k3 kernel_bench: kernel pool %d threads (K3SERVE_THREADS), limits on %d threads\n\n",
+              k3::KernelThreadCount(), kLimitThreads);
+
+  Buffer<uint32_t> pool = Allocate<uint32_t>(kStreamBytes / 4);
+  FillWeights(pool.get(), kStreamBytes / 4);
+  const float* as_floats = reinterpret_cast<const float*>(pool.get());
+  const size_t floats = kStreamBytes / 4;
+  const Stats bw1 = ReadBandwidth(as_floats, floats, 1);
+  const Stats bw4 = ReadBandwidth(as_floats, floats, 4);
+  Limits limits;
+  limits.read_gbs = std::max(bw1.best, bw4.best);
+  std::printf("(a) read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
+              "4 streams/thread %.1f GB/s (median %.1f) -> limit %.1f GB/s\n",
+              bw1.best, bw1.median, bw4.best, bw4.median, limits.read_gbs);
+  limits.fma_gflops = Peak(FmaLoop, 32);
+  limits.bf16_gflops = Peak(Bf16Loop, 64);
+  std::printf("(b) peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n\n",
+              limits.fma_gflops, limits.bf16_gflops);
+
+  ThreadPoolOverhead();
+  BenchShapes(limits, pool.get());
+  std::printf("\ntotal %.0f s\n", Now() - start);
+  return 0;
+}

@@ -1,0 +1,259 @@
+#include "kernels/matmul.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/bf16.h"
+#include "kernels/matmul_internal.h"
+
+namespace k3 {
+namespace {
+
+using internal::MatMulKernel;
+
+// Weights of either type with a chosen misalignment of the data pointer.
+class TestWeights {
+ public:
+  TestWeights(WeightType type, int64_t rows, int64_t cols, int misalign_elements, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const size_t element = type == WeightType::kBf16 ? 2 : 4;
+    storage_.resize((rows * cols + misalign_elements) * element + 64);
+    // Start at a 64-byte boundary, then step off it.
+    uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
+    char* start = storage_.data() + ((64 - base % 64) % 64) + misalign_elements * element;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float value = dist(rng);
+      if (type == WeightType::kBf16) {
+        const uint16_t bits = FloatToBf16(value);
+        std::memcpy(start + 2 * i, &bits, 2);
+      } else {
+        std::memcpy(start + 4 * i, &value, 4);
+      }
+    }
+    matrix_ = WeightMatrix{start, type, rows, cols};
+  }
+
+  const WeightMatrix& matrix() const { return matrix_; }
+
+ private:
+  std::vector<char> storage_;
+  WeightMatrix matrix_;
+};
+
+std::vector<float> RandomVector(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+struct Case {
+  int64_t tokens, rows, cols;
+  int64_t x_pad = 0, y_pad = 0;  // extra elements per row beyond cols / rows
+  bool accumulate = false;
+  int misalign = 0;  // weight pointer offset in elements from a 64-byte boundary
+};
+
+std::string Describe(const Case& c, WeightType type, MatMulKernel kernel) {
+  return "tokens=" + std::to_string(c.tokens) + " rows=" + std::to_string(c.rows) +
+         " cols=" + std::to_string(c.cols) + " x_pad=" + std::to_string(c.x_pad) +
+         " y_pad=" + std::to_string(c.y_pad) + " accumulate=" + std::to_string(c.accumulate) +
+         " misalign=" + std::to_string(c.misalign) +
+         " type=" + (type == WeightType::kBf16 ? "bf16" : "f32") +
+         " kernel=" + std::to_string(static_cast<int>(kernel));
+}
+
+// Runs one case and compares every output with a double-precision loop over WeightMatrix::At.
+void CheckCase(const Case& c, WeightType type, MatMulKernel kernel, uint32_t seed) {
+  SCOPED_TRACE(Describe(c, type, kernel));
+  TestWeights weights(type, c.rows, c.cols, c.misalign, seed);
+  const WeightMatrix& w = weights.matrix();
+  const int64_t x_stride = c.cols + c.x_pad, y_stride = c.rows + c.y_pad;
+  const std::vector<float> x = RandomVector(c.tokens * x_stride, seed + 1);
+  // Gaps in y hold NaN sentinels that must survive; the written part starts random.
+  std::vector<float> y = RandomVector(c.tokens * y_stride, seed + 2);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t r = c.rows; r < y_stride; ++r) {
+      y[t * y_stride + r] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  const std::vector<float> y_before = y;
+
+  internal::MatMulWith(kernel, w, x.data(), x_stride, c.tokens, y.data(), y_stride, c.accumulate);
+
+  int failures = 0;
+  for (int64_t t = 0; t < c.tokens && failures < 5; ++t) {
+    for (int64_t r = 0; r < y_stride && failures < 5; ++r) {
+      const float got = y[t * y_stride + r];
+      if (r >= c.rows) {
+        if (!std::isnan(got)) {
+          ADD_FAILURE() << "wrote past the row end at token " << t << " row " << r;
+          ++failures;
+        }
+        continue;
+      }
+      double expected = c.accumulate ? y_before[t * y_stride + r] : 0.0;
+      double magnitude = std::abs(expected);
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const double product = static_cast<double>(w.At(r, k)) * x[t * x_stride + k];
+        expected += product;
+        magnitude += std::abs(product);
+      }
+      // fp32 accumulation: a few ulps of the sum of magnitudes.
+      const double tolerance = 1e-5 * magnitude + 1e-30;
+      if (!(std::abs(got - expected) <= tolerance)) {
+        ADD_FAILURE() << "token " << t << " row " << r << ": got " << got << ", expected "
+                      << expected << " (tolerance " << tolerance << ")";
+        ++failures;
+      }
+    }
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  // Odd and aligned widths around the vector (16), tile (48 rows, 8 tokens) and block (128
+  // inputs) sizes, for every token count the kernels special-case.
+  const int64_t cols_list[] = {1, 7, 16, 17, 31, 33, 127, 128, 129, 300};
+  const int64_t rows_list[] = {1, 5, 17, 47, 48, 49, 97};
+  int i = 0;
+  for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17}) {
+    for (int64_t cols : cols_list) {
+      const int64_t rows = rows_list[i++ % 7];
+      cases.push_back({tokens, rows, cols});
+    }
+  }
+  // Larger shapes: several input blocks, partial token blocks past 256, threading.
+  cases.push_back({64, 96, 512});
+  cases.push_back({63, 100, 385});
+  cases.push_back({257, 50, 200});
+  cases.push_back({300, 49, 130});
+  cases.push_back({1, 400, 1100});
+  cases.push_back({8, 200, 700});
+  cases.push_back({33, 300, 260});
+  // Strides, accumulation and misaligned weights.
+  for (int misalign : {1, 3}) {
+    cases.push_back({1, 37, 45, 3, 5, true, misalign});
+    cases.push_back({6, 50, 129, 1, 16, false, misalign});
+    cases.push_back({20, 97, 161, 16, 1, true, misalign});
+    cases.push_back({70, 48, 64, 7, 9, true, misalign});
+  }
+  return cases;
+}
+
+class MatMulKernelTest : public ::testing::TestWithParam<MatMulKernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != MatMulKernel::kPortable && GetParam() != MatMulKernel::kAuto &&
+        !internal::CpuHasAvx512()) {
+      GTEST_SKIP() << "no AVX-512 on this CPU";
+    }
+  }
+};
+
+TEST_P(MatMulKernelTest, MatchesDoublePrecisionLoop) {
+  uint32_t seed = 1;
+  for (const Case& c : Cases()) {
+    for (WeightType type : {WeightType::kBf16, WeightType::kF32}) {
+      CheckCase(c, type, GetParam(), seed += 7);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Activations keep all their fp32 bits: with a single input the product must be exact.
+TEST_P(MatMulKernelTest, DoesNotRoundActivations) {
+  for (int64_t tokens : {1, 8, 20}) {
+    const int64_t rows = 3;
+    std::vector<uint16_t> bits(rows, FloatToBf16(1.5f));
+    WeightMatrix w{bits.data(), WeightType::kBf16, rows, 1};
+    std::vector<float> x(tokens), y(tokens * rows);
+    for (int64_t t = 0; t < tokens; ++t) x[t] = 1.0f + std::ldexp(1.0f, -20) * (t + 1);
+    internal::MatMulWith(GetParam(), w, x.data(), 1, tokens, y.data(), rows, false);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(y[t * rows + r], 1.5f * x[t]) << t;
+    }
+  }
+}
+
+TEST_P(MatMulKernelTest, NoInputsGivesZeroOrLeavesAccumulator) {
+  const uint16_t unused = 0;  // a matrix with no inputs reads no weights
+  WeightMatrix w{&unused, WeightType::kBf16, 4, 0};
+  std::vector<float> y(8, 2.0f);
+  internal::MatMulWith(GetParam(), w, nullptr, 0, 2, y.data(), 4, true);
+  for (float v : y) EXPECT_EQ(v, 2.0f);
+  internal::MatMulWith(GetParam(), w, nullptr, 0, 2, y.data(), 4, false);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MatMulKernelTest,
+                         ::testing::Values(MatMulKernel::kAuto, MatMulKernel::kPortable,
+                                           MatMulKernel::kAvx512Rows, MatMulKernel::kAvx512Tiles),
+                         [](const ::testing::TestParamInfo<MatMulKernel>& info) {
+                           switch (info.param) {
+                             case MatMulKernel::kAuto: return std::string("Auto");
+                             case MatMulKernel::kPortable: return std::string("Portable");
+                             case MatMulKernel::kAvx512Rows: return std::string("Avx512Rows");
+                             case MatMulKernel::kAvx512Tiles: return std::string("Avx512Tiles");
+                           }
+                           return std::string("Unknown");
+                         });
+
+TEST(MatMulTest, DensePublicOverload) {
+  TestWeights weights(WeightType::kBf16, 10, 20, 0, 99);
+  const std::vector<float> x = RandomVector(3 * 20, 5);
+  std::vector<float> y(3 * 10), y_strided(3 * 10);
+  MatMul(weights.matrix(), x.data(), 3, y.data());
+  MatMul(weights.matrix(), x.data(), 20, 3, y_strided.data(), 10, false);
+  EXPECT_EQ(y, y_strided);
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int64_t r = 0; r < 10; ++r) {
+      double expected = 0;
+      for (int64_t k = 0; k < 20; ++k) expected += weights.matrix().At(r, k) * x[t * 20 + k];
+      EXPECT_NEAR(y[t * 10 + r], expected, 1e-5);
+    }
+  }
+}
+
+TEST(WeightMatrixTest, AtReadsEitherType) {
+  const uint16_t bf16[] = {FloatToBf16(1.0f), FloatToBf16(-2.5f), FloatToBf16(3.0f),
+                           FloatToBf16(0.125f)};
+  WeightMatrix a{bf16, WeightType::kBf16, 2, 2};
+  EXPECT_EQ(a.At(0, 1), -2.5f);
+  EXPECT_EQ(a.At(1, 0), 3.0f);
+  const float f32[] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  WeightMatrix b{f32, WeightType::kF32, 2, 3};
+  EXPECT_EQ(b.At(1, 2), 6.0f);
+  EXPECT_EQ(b.At(0, 1), 2.0f);
+}
+
+TEST(WeightMatrixTest, RowSliceViewsRows) {
+  const float f32[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  WeightMatrix w{f32, WeightType::kF32, 4, 2};
+  WeightMatrix slice = w.RowSlice(1, 2);
+  EXPECT_EQ(slice.rows, 2);
+  EXPECT_EQ(slice.cols, 2);
+  EXPECT_EQ(slice.At(0, 0), 3.0f);
+  EXPECT_EQ(slice.At(1, 1), 6.0f);
+  const uint16_t bf16[] = {0x3f80, 0x4000, 0x4040, 0x4080};  // 1, 2, 3, 4
+  WeightMatrix v{bf16, WeightType::kBf16, 4, 1};
+  EXPECT_EQ(v.RowSlice(3, 1).At(0, 0), 4.0f);
+  EXPECT_TRUE(v.RowSlice(4, 0).rows == 0);
+}
+
+TEST(WeightMatrixDeathTest, RejectsOutOfRangeAccess) {
+  const float f32[] = {1, 2, 3, 4};
+  WeightMatrix w{f32, WeightType::kF32, 2, 2};
+  EXPECT_DEATH(w.At(2, 0), "outside");
+  EXPECT_DEATH(w.RowSlice(1, 2), "outside");
+}
+
+}  // namespace
+}  // namespace k3
