@@ -98,10 +98,10 @@ absl::StatusOr<Expert> StartExpert() {
   if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
     return absl::InternalError("pipe");
   }
-  std::vector<std::string> args = {"/proc/self/exe", "--role=expert",
-                                   "--tls=" + absl::GetFlag(FLAGS_tls),
-                                   "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
-                                   absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us))};
+  std::vector<std::string> args = {
+      "/proc/self/exe", "--role=expert", "--tls=" + absl::GetFlag(FLAGS_tls),
+      "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
+      absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us))};
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -204,10 +204,11 @@ absl::Status RunRouter() {
     double mean = 0;
     for (double us : rounds_us) mean += us;
     mean /= rounds_us.size();
-    printf("tokens=%lld bytes_per_peer=%zu rounds=%zu p50_us=%.1f p99_us=%.1f mean_us=%.1f "
-           "GBps=%.3f\n",
-           static_cast<long long>(tokens), bytes, rounds_us.size(), Percentile(rounds_us, 0.5),
-           Percentile(rounds_us, 0.99), mean, 2.0 * experts * bytes / (mean * 1e3));
+    printf(
+        "tokens=%lld bytes_per_peer=%zu rounds=%zu p50_us=%.1f p99_us=%.1f mean_us=%.1f "
+        "GBps=%.3f\n",
+        static_cast<long long>(tokens), bytes, rounds_us.size(), Percentile(rounds_us, 0.5),
+        Percentile(rounds_us, 0.99), mean, 2.0 * experts * bytes / (mean * 1e3));
     fflush(stdout);
   }
   for (int e = 1; e <= static_cast<int>(children.size()); ++e) transport.Send(e, "").IgnoreError();

@@ -138,9 +138,8 @@ absl::StatusOr<Received> Inbox::Receive(absl::Time deadline,
                                         const std::function<bool(absl::Time)>& drive) {
   // A caller that cannot drive re-checks this often whether it can.
   constexpr absl::Duration kDriveRetry = absl::Milliseconds(10);
-  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || HasDeliverableLocked();
-  };
+  auto wake = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || HasDeliverableLocked(); };
   absl::MutexLock lock(&mu_);
   for (;;) {
     if (std::optional<Received> received = PopLocked()) return std::move(*received);

@@ -74,7 +74,8 @@ class Inbox {
   bool HasDeliverableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes and returns the first deliverable entry, if any.
   std::optional<Received> PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EnqueueLocked(uint64_t token, std::shared_ptr<Entry> entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueLocked(uint64_t token, std::shared_ptr<Entry> entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, PeerId> bound_ ABSL_GUARDED_BY(mu_);

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cluster/inbox.h"
 
@@ -50,8 +50,8 @@ struct InProcNetwork::Node {
     if (graceful) return;
     std::string names;
     for (PeerId id : ids) absl::StrAppend(&names, names.empty() ? "" : ",", id);
-    inbox.Fail(gone, absl::UnavailableError(absl::StrCat("peer ", names, " (", kAddressPrefix,
-                                                         gone, ") failed: process killed")));
+    inbox.Fail(gone, absl::UnavailableError(absl::StrCat("peer ", names, " (", kAddressPrefix, gone,
+                                                         ") failed: process killed")));
   }
 };
 
@@ -98,8 +98,8 @@ absl::Status InProcTransport::Connect(PeerId peer, const std::string& address) {
       if (link.state != LinkState::kUp) continue;
       if (id == peer && link.token == token) return absl::OkStatus();
       if (id == peer) {
-        return absl::AlreadyExistsError(absl::StrCat("peer ", peer, " is bound to ", kAddressPrefix,
-                                                     link.token));
+        return absl::AlreadyExistsError(
+            absl::StrCat("peer ", peer, " is bound to ", kAddressPrefix, link.token));
       }
       if (link.token == token) {
         return absl::AlreadyExistsError(absl::StrCat(address, " is bound to peer ", id));

@@ -219,20 +219,21 @@ absl::Status NcclTransport::Wait(absl::Time deadline, const char* what) {
       }
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, ": ", what, " did not finish within ",
-          absl::FormatDuration(options_.op_timeout), " (a peer is dead or stuck)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, ": ", what, " did not finish within ",
+                       absl::FormatDuration(options_.op_timeout), " (a peer is dead or stuck)"));
     }
     absl::SleepFor(kPollInterval);
   }
 }
 
-absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(
-    const void* send, const std::vector<size_t>& send_bytes, void* recv, size_t recv_capacity) {
+absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(const void* send,
+                                                             const std::vector<size_t>& send_bytes,
+                                                             void* recv, size_t recv_capacity) {
   if (aborted_) return absl::FailedPreconditionError("NCCL communicator was aborted");
   if (static_cast<int>(send_bytes.size()) != ranks_) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "AllToAllV with ", send_bytes.size(), " send sizes for ", ranks_, " ranks")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV with ", send_bytes.size(), " send sizes for ", ranks_, " ranks")));
   }
   const absl::Time deadline = absl::Now() + options_.op_timeout;
   cudaSetDevice(device_);
@@ -272,9 +273,8 @@ absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(
     total += recv_bytes[r];
   }
   if (total > recv_capacity) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " receives ", total,
-                                                        " bytes into a buffer of ",
-                                                        recv_capacity)));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, " receives ", total, " bytes into a buffer of ", recv_capacity)));
   }
 
   // 2. Data: one grouped send and receive per rank with a non-empty block.

@@ -52,8 +52,8 @@ class NcclTransport {
 
   // Joins communicator `unique_id` as `rank` of `ranks`, on CUDA device `device`.
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const std::string& unique_id,
-                                                              int rank, int ranks, int device,
-                                                              const Options& options);
+                                                               int rank, int ranks, int device,
+                                                               const Options& options);
   // Every rank of a new communicator in this process: rank i on devices[i] (distinct devices).
   static absl::StatusOr<std::vector<std::unique_ptr<NcclTransport>>> CreateLocal(
       const std::vector<int>& devices, const Options& options);

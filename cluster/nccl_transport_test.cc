@@ -42,8 +42,8 @@ absl::Status RunRank(NcclTransport& transport, int rounds) {
   void* send = nullptr;
   void* recv = nullptr;
   constexpr size_t kMaxBytes = 16 << 20;
-  if (cudaSetDevice(transport.device()) != cudaSuccess || cudaMalloc(&send, kMaxBytes) != cudaSuccess ||
-      cudaMalloc(&recv, kMaxBytes) != cudaSuccess) {
+  if (cudaSetDevice(transport.device()) != cudaSuccess ||
+      cudaMalloc(&send, kMaxBytes) != cudaSuccess || cudaMalloc(&recv, kMaxBytes) != cudaSuccess) {
     return absl::InternalError("cudaMalloc");
   }
   absl::Status status;
@@ -147,9 +147,10 @@ TEST(NcclTransportTest, UniqueIdsAreFreshAndArgumentsAreChecked) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(NcclTransport::Create(*a, 2, 2, 0, ShortTimeouts()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::StatusCode no_device = NcclTransport::Create(*a, 0, 1, 999, ShortTimeouts()).status().code();
-  EXPECT_EQ(no_device, have_gpu ? absl::StatusCode::kInvalidArgument
-                                : absl::StatusCode::kUnavailable);
+  absl::StatusCode no_device =
+      NcclTransport::Create(*a, 0, 1, 999, ShortTimeouts()).status().code();
+  EXPECT_EQ(no_device,
+            have_gpu ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kUnavailable);
 }
 
 TEST(NcclTransportTest, OneRankSendsToItself) {

@@ -1,13 +1,13 @@
 // The data plane between k3serve processes: a small message transport. Attention workers send token
-// rows to routers, routers dispatch latent rows to expert workers and collect their answers over it.
-// gRPC carries only control messages (including the addresses this transport hands out).
+// rows to routers, routers dispatch latent rows to expert workers and collect their answers over
+// it. gRPC carries only control messages (including the addresses this transport hands out).
 //
 // Model: every process owns one Transport. LocalAddress() returns opaque bytes that the control
 // plane ships to other processes; Connect(peer, address) binds a caller-chosen PeerId (e.g. the
 // coordinator's node id) to that address. Links are directional in naming only: a message sent by
 // A is delivered to B with `from` = the PeerId that B itself bound to A's address, so both sides
 // must Connect each other (each with its own ids). Messages that arrive from a process B has not
-// (yet) connected are held and delivered, in order, once B connects it.
+// (yet) connected are held (without limit) and delivered, in order, once B connects it.
 //
 // Delivery: reliable and in order per sender. Send is asynchronous; it fails immediately for an
 // unknown, failed or closed peer, and a failure that happens after it returned is reported as a

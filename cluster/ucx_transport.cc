@@ -98,8 +98,8 @@ absl::StatusOr<ParsedAddress> DecodeAddress(const std::string& bytes) {
     return absl::InvalidArgumentError("not a UCX transport address (bad magic)");
   }
   if (!r.Le(1, &version) || version != kAddressVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("UCX transport address version ", version,
-                                                   ", expected ", kAddressVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("UCX transport address version ", version, ", expected ", kAddressVersion));
   }
   bool ok = r.Le(8, &a.token) && r.Le(1, &len) && r.Bytes(len, &a.host_key) && r.Le(2, &port) &&
             r.Le(1, &count);
@@ -146,8 +146,9 @@ bool SharedMemoryEnabled(std::string tls) {
   if (exclude) tls.erase(0, 1);
   std::set<std::string> names;
   for (absl::string_view name : absl::StrSplit(tls, ',')) names.insert(std::string(name));
-  if (exclude) return !(names.count("sm") || names.count("shm") ||
-                        (names.count("posix") && names.count("sysv")));
+  if (exclude)
+    return !(names.count("sm") || names.count("shm") ||
+             (names.count("posix") && names.count("sysv")));
   for (const char* name : {"all", "sm", "shm", "posix", "sysv"}) {
     if (names.count(name)) return true;
   }
@@ -183,8 +184,8 @@ bool ParseFrame(const std::string& bytes, uint32_t* type, uint64_t* token) {
 }
 
 int MillisUntil(absl::Time deadline) {
-  return static_cast<int>(
-      std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now() + absl::Microseconds(999))));
+  return static_cast<int>(std::max<int64_t>(
+      0, absl::ToInt64Milliseconds(deadline - absl::Now() + absl::Microseconds(999))));
 }
 
 // Opens the liveness socket to `ip:port` and shakes hands: HELLO with our token, HELLO_ACK with
@@ -365,8 +366,8 @@ absl::Status UcxTransport::Init() {
   ucp_config_release(config);
   if (status != UCS_OK) {
     context_ = nullptr;
-    return absl::UnavailableError(absl::StrCat("ucp_init (tls='", options_.tls,
-                                               "'): ", ucs_status_string(status)));
+    return absl::UnavailableError(
+        absl::StrCat("ucp_init (tls='", options_.tls, "'): ", ucs_status_string(status)));
   }
   ucp_worker_params_t worker_params = {};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
@@ -393,11 +394,9 @@ absl::Status UcxTransport::Init() {
   size_t worker_address_size = 0;
   status = ucp_worker_get_address(worker_, &worker_address, &worker_address_size);
   if (status != UCS_OK) {
-    return absl::InternalError(
-        absl::StrCat("ucp_worker_get_address: ", ucs_status_string(status)));
+    return absl::InternalError(absl::StrCat("ucp_worker_get_address: ", ucs_status_string(status)));
   }
-  address.worker_address.assign(reinterpret_cast<const char*>(worker_address),
-                                worker_address_size);
+  address.worker_address.assign(reinterpret_cast<const char*>(worker_address), worker_address_size);
   ucp_worker_release_address(worker_, worker_address);
   address_ = EncodeAddress(address);
 
@@ -450,8 +449,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
     for (const auto& [id, remote] : peers_) {
       if (id != peer && remote->token == parsed->token && remote->state == Remote::State::kUp &&
           remote->ep != nullptr) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("that address is already bound to peer ", id));
+        return absl::AlreadyExistsError(absl::StrCat("that address is already bound to peer ", id));
       }
     }
     auto remote = remotes_.find(parsed->token);
@@ -485,7 +483,8 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   std::string errors;
   for (size_t i = 0; i < candidates.size(); ++i) {
     absl::Time attempt_deadline =
-        std::min(deadline, absl::Now() + (deadline - absl::Now()) / static_cast<int64_t>(candidates.size() - i));
+        std::min(deadline, absl::Now() + (deadline - absl::Now()) /
+                                             static_cast<int64_t>(candidates.size() - i));
     fd = DialLiveness(candidates[i], parsed->port, token_, parsed->token, attempt_deadline);
     if (fd.ok()) break;
     absl::StrAppend(&errors, errors.empty() ? "" : "; ", fd.status().message());
@@ -517,8 +516,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep_params.address = reinterpret_cast<const ucp_address_t*>(parsed->worker_address.data());
-  ep_params.err_mode =
-      peer_failure_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep_params.err_mode = peer_failure_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep_params.err_handler.cb = &UcxTransport::OnEndpointError;
   ep_params.err_handler.arg = remote.get();
   ucp_ep_h ep = nullptr;
@@ -592,8 +590,7 @@ absl::Status UcxTransport::Send(PeerId peer, std::string message) {
   }
   if (UCS_PTR_IS_ERR(request)) {
     delete op;
-    std::string reason =
-        absl::StrCat("send failed: ", ucs_status_string(UCS_PTR_STATUS(request)));
+    std::string reason = absl::StrCat("send failed: ", ucs_status_string(UCS_PTR_STATUS(request)));
     FailLocked(remote, reason);
     Wake();
     return absl::UnavailableError(absl::StrCat(DescribeLocked(remote), " ", reason));
@@ -749,9 +746,8 @@ bool UcxTransport::TryDrive(absl::Time deadline) {
     if (driving_) {
       ++receivers_waiting_;
       Wake();  // the holder returns from poll; the progress thread then yields
-      auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) {
-        return !driving_ || stopping_;
-      };
+      auto free = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) { return !driving_ || stopping_; };
       baton_mu_.AwaitWithDeadline(absl::Condition(&free),
                                   std::min(deadline, absl::Now() + absl::Milliseconds(5)));
       --receivers_waiting_;
@@ -1025,8 +1021,8 @@ ucs_status_t UcxTransport::OnActiveMessage(void* arg, const void* header, size_t
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     // The data is still at the sender: fetch it into a buffer of its size. Malformed messages are
     // fetched too (the sender's request completes) and then dropped.
-    auto* op = new RecvOp{self, valid ? self->inbox_.Reserve(token) : nullptr,
-                          std::string(length, '\0')};
+    auto* op =
+        new RecvOp{self, valid ? self->inbox_.Reserve(token) : nullptr, std::string(length, '\0')};
     ucp_request_param_t recv_param = {};
     recv_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     recv_param.cb.recv_am = &UcxTransport::OnRecvDone;
@@ -1088,7 +1084,7 @@ void UcxTransport::OnFlushDone(void* request, ucs_status_t status, void* user_da
   if (status != UCS_OK) remote->ep_errored = true;
 }
 
-void UcxTransport::OnCloseDone(void* request, ucs_status_t status, void* user_data) {
+void UcxTransport::OnCloseDone(void* request, ucs_status_t /*status*/, void* user_data) {
   auto* op = static_cast<CloseOp*>(user_data);
   ucp_request_free(request);
   --op->transport->pending_closes_;

@@ -6,10 +6,10 @@
 // Liveness. Every Transport listens on a plain TCP socket, and each Connect opens one to the peer
 // (one more per direction when both sides connect). The kernel closes it the moment a process dies,
 // even on SIGKILL, so its EOF without a goodbye is the failure signal; it works for shared memory,
-// where UCX 1.13 refuses peer-failure mode (UCP_ERR_HANDLING_MODE_PEER) on posix endpoints. Keepalive
-// probes (about 5 s) cover a host that vanishes. Endpoints to peers that cannot be on shared memory
-// (another host or network namespace, or UCX_TLS without shared memory) are created in peer-failure
-// mode, so UCX reports a broken link too and cancels pending sends.
+// where UCX 1.13 refuses peer-failure mode (UCP_ERR_HANDLING_MODE_PEER) on posix endpoints.
+// Keepalive probes (about 5 s) cover a host that vanishes. Endpoints to peers that cannot be on
+// shared memory (another host or network namespace, or UCX_TLS without shared memory) are created
+// in peer-failure mode, so UCX reports a broken link too and cancels pending sends.
 //
 // Graceful close is a handshake on the same socket, so neither side reports a failure: the closer
 // flushes its endpoint (everything it sent has arrived), sends BYE; the other side stops sending,
@@ -23,9 +23,20 @@
 // one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx directly, so a small
 // message costs no thread hop on the sending side either.
 //
+// Memory. Messages are std::strings, so with glibc's default malloc every buffer of 128 KiB or more
+// is a fresh mmap whose page faults cost more than the copy (3-10x slower rounds at 256 KiB on the
+// CI VM). Processes that move large messages should raise the thresholds at start, before threads:
+// mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30) (or the environment
+// MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824), as bench/transport_bench
+// does. Sends still in flight to a peer that died on shared memory are never completed by UCX 1.13
+// (a forced close does not cancel them there); their buffers are freed by Close.
+//
 // Thread-safety: all methods, from any threads (see transport.h).
 #ifndef K3SERVE_CLUSTER_UCX_TRANSPORT_H_
 #define K3SERVE_CLUSTER_UCX_TRANSPORT_H_
+
+#include <poll.h>
+#include <ucp/api/ucp.h>
 
 #include <cstdint>
 #include <map>
@@ -34,9 +45,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <poll.h>
-#include <ucp/api/ucp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

@@ -129,9 +129,7 @@ std::string ReadStdinLine() {
   return line;
 }
 
-void Say(const std::string& line) {
-  std::cout << line << std::endl;
-}
+void Say(const std::string& line) { std::cout << line << std::endl; }
 
 // Stdin: N lines of hex addresses (rank order), then "close" (or EOF). Stdout: own address, then
 // "ok" or the error, then "clean" / "failed" after closing.
@@ -280,6 +278,21 @@ TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
     EXPECT_GE(took, wait);
     EXPECT_LT(took, wait + absl::Milliseconds(500));
   }
+}
+
+TEST(UcxTransportTest, CloseWakesABlockedReceive) {
+  std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
+  ASSERT_NE(transport, nullptr);
+  absl::Status result;
+  std::thread receiver(
+      [&] { result = transport->Receive(absl::Now() + absl::Seconds(20)).status(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  transport->Close();
+  receiver.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(transport->Send(1, "x").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // An echo child connected both ways to `transport` (as peer `id`), checked with one round trip.
