@@ -126,18 +126,25 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
     const std::vector<float>& mixer_input = attn_res ? hidden_ : prefix_;
     RmsNorm(mixer_input.data(), lw.input_layernorm.data(), rows, d, config.rms_norm_eps,
             normed_.data());
-    int64_t r = 0;
-    for (const BatchEntry& entry : batch) {
-      const int64_t count = static_cast<int64_t>(entry.tokens.size());
-      const float* x = normed_.data() + r * d;
-      float* out = mixed_.data() + r * d;
-      absl::Status s =
-          lw.is_kda
-              ? KdaForward(config, lw.kda, x, count, &entry.state->kda[l], out, &mixer_scratch_)
-              : MlaForward(config, lw.mla, x, count, &entry.state->mla[l], out, &mixer_scratch_);
-      if (!s.ok()) return s;
-      r += count;
+    // Projections run once over every row of the batch; the conv, the delta rule and the
+    // attention run per sequence over its own state.
+    absl::Status mixed;
+    if (lw.is_kda) {
+      kda_segments_.clear();
+      for (const BatchEntry& entry : batch) {
+        kda_segments_.push_back(KdaSegment{&entry.state->kda[l], static_cast<int64_t>(entry.tokens.size())});
+      }
+      mixed = KdaForwardBatch(config, lw.kda, normed_.data(), kda_segments_, mixed_.data(),
+                              &mixer_scratch_);
+    } else {
+      mla_segments_.clear();
+      for (const BatchEntry& entry : batch) {
+        mla_segments_.push_back(MlaSegment{&entry.state->mla[l], static_cast<int64_t>(entry.tokens.size())});
+      }
+      mixed = MlaForwardBatch(config, lw.mla, normed_.data(), mla_segments_, mixed_.data(),
+                              &mixer_scratch_);
     }
+    if (!mixed.ok()) return mixed;
     if (prefix_empty) {
       prefix_.swap(mixed_);
     } else {

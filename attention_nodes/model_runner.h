@@ -70,6 +70,8 @@ class ModelRunner {
   std::vector<float> prefix_, hidden_, normed_, mixed_, ffn_, routed_, mlp_scratch_;
   std::vector<const float*> sources_;
   Scratch mixer_scratch_;
+  std::vector<KdaSegment> kda_segments_;
+  std::vector<MlaSegment> mla_segments_;
 };
 
 }  // namespace k3
