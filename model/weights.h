@@ -1,7 +1,10 @@
 // ModelWeights: every tensor of spec §2, checked for presence, shape and dtype, as the kernels use
 // them. Matrices are WeightMatrix views into the memory-mapped checkpoint where the file's dtype is
-// used as is (BF16, F32); F16 matrices are widened once into owned F32 storage. Vectors (norms,
-// biases, A_log, dt_bias, AttnRes queries) are copied to fp32.
+// used as is (BF16, F32); F16 matrices, and any the file stores at a misaligned offset, are widened
+// once into owned F32 storage. Vectors (norms, biases, A_log, dt_bias, AttnRes queries, conv
+// weights) are copied to fp32 from any of BF16/F16/F32. Conv weights may be [C,1,K] or [C,K];
+// A_log follows spec §11.1 (flattened; values past H must be zero padding). Routed experts stored
+// as MXFP4 (`weight_packed`, spec §10) are reported as Unimplemented.
 //
 // A WeightSelection picks which parts a process loads, so that each tier maps only its share:
 // attention workers load everything but the routed experts, routers the gate and latent
@@ -106,7 +109,7 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   std::shared_ptr<const Checkpoint> checkpoint;  // keeps the mappings alive
-  std::deque<std::vector<float>> owned;          // widened F16 matrices
+  std::deque<std::vector<float>> owned;          // widened F16 (or misaligned) matrices
 
   // Bytes of weights this selection maps or owns (for memory reports).
   size_t selected_bytes = 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -33,6 +34,19 @@ std::string Write(const ModelConfig& config, const std::string& name,
   const std::string dir = Fresh(name);
   absl::Status status = WriteRandomCheckpoint(config, kSeed, dir, options);
   EXPECT_TRUE(status.ok()) << status;
+  return dir;
+}
+
+// A fresh copy of one k3-tiny-8 checkpoint written once per test binary (writing is the slow part).
+std::string CopyOfTiny8(const std::string& name) {
+  static const std::string* base = [] {
+    auto* dir = new std::string(Fresh("weights_tiny8_base"));
+    absl::Status status = WriteRandomCheckpoint(Named("k3-tiny-8"), kSeed, *dir, 1);
+    EXPECT_TRUE(status.ok()) << status;
+    return dir;
+  }();
+  const std::string dir = Fresh(name);
+  std::filesystem::copy(*base, dir);
   return dir;
 }
 
@@ -204,7 +218,7 @@ TEST(WeightsTest, KimiLinearTiny) {
 }
 
 TEST(WeightsTest, K3Tiny8Loads) {
-  auto w = Load(Write(Named("k3-tiny-8"), "weights_k3_tiny_8"));
+  auto w = Load(CopyOfTiny8("weights_k3_tiny_8"));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ((*w)->layers.size(), 8u);
 }
@@ -250,8 +264,8 @@ void ExpectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 }
 
 TEST(WeightsTest, ShardedAndUnprefixedLoadIdentically) {
-  const ModelConfig config = Named("k3-tiny");
-  auto single = Load(Write(config, "weights_single"));
+  const ModelConfig config = Named("k3-tiny-8");
+  auto single = Load(CopyOfTiny8("weights_single"));
   ASSERT_TRUE(single.ok()) << single.status();
   RandomCheckpointOptions sharded;
   sharded.shards = 4;
@@ -335,7 +349,7 @@ constexpr char kALog0[] = "language_model.model.layers.0.self_attn.A_log";
 
 TEST(WeightsTest, ALogPaddingRule) {
   const ModelConfig config = Named("k3-tiny-8");
-  const std::string dir = Write(config, "weights_a_log");
+  const std::string dir = CopyOfTiny8("weights_a_log");
   // The release's layout: the heads' values, then zeros (spec §11.1).
   Rewrite(dir, [](std::vector<TensorToWrite>* t) {
     TensorToWrite* a = Named(t, kALog0);
@@ -406,7 +420,7 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
        {w1 + "_packed", "MXFP4 routed experts are not supported yet"}},
   };
   for (const Corruption& c : cases) {
-    const std::string dir = Write(config, "weights_corrupt");
+    const std::string dir = CopyOfTiny8("weights_corrupt");
     Rewrite(dir, c.edit);
     auto w = Load(dir);
     ASSERT_FALSE(w.ok()) << c.what;
@@ -420,11 +434,11 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
 
 TEST(WeightsTest, SqueezedConvAndMisalignedTensors) {
   const ModelConfig config = Named("k3-tiny-8");
-  const std::string reference_dir = Write(config, "weights_reference");
+  const std::string reference_dir = CopyOfTiny8("weights_reference");
   auto reference = Load(reference_dir);
   ASSERT_TRUE(reference.ok()) << reference.status();
 
-  const std::string dir = Write(config, "weights_odd_layout");
+  const std::string dir = CopyOfTiny8("weights_odd_layout");
   Rewrite(dir, [](std::vector<TensorToWrite>* t) {
     for (TensorToWrite& x : *t) {
       if (x.name.ends_with("conv1d.weight")) x.shape = {x.shape[0], x.shape[2]};
@@ -451,7 +465,7 @@ TEST(WeightsTest, TiedEmbeddings) {
 TEST(WeightsTest, SelectionLoadsOnlyItsShare) {
   const ModelConfig config = Named("k3-tiny-8");
   const auto layout = CheckpointLayout(config);
-  const std::string dir = Write(config, "weights_selection");
+  const std::string dir = CopyOfTiny8("weights_selection");
   // Break expert 7 everywhere: only selections that include it may notice.
   Rewrite(dir, [](std::vector<TensorToWrite>* t) {
     for (TensorToWrite& x : *t) {
