@@ -7,9 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "attention_nodes/generate_client.h"
 #include "attention_nodes/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
+#include "proto/generate.pb.h"
 #include "router/qb_tool.h"
 #include "tools/cli_flags.h"
 
@@ -39,6 +41,59 @@ absl::StatusOr<ModelConfig> ConfigFromFlag(const std::string& value) {
     return named.status();
   }
   return LoadModelConfig(value);
+}
+
+// `generate --server`: one Generate call. Sampling flags that are not given are left unset, so
+// the server's defaults apply (greedy, 16 new tokens, a random seed). Prints the new tokens like
+// the local mode; a failed call prints its gRPC code and message.
+int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
+  absl::StatusOr<std::string> server = flags.String("server");
+  absl::StatusOr<int64_t> timeout_ms = flags.Int("timeout-ms", 0);
+  for (const absl::Status& s : {server.status(), timeout_ms.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  if (*timeout_ms < 0) return Fail(absl::InvalidArgumentError("--timeout-ms must be >= 0"));
+  k3serve::v1::GenerateRequest request;
+  request.set_request_id(flags.StringOr("request-id", ""));
+  request.mutable_prompt_token_ids()->Add(tokens.begin(), tokens.end());
+  k3serve::v1::SamplingParams& sampling = *request.mutable_sampling();
+  absl::StatusOr<int64_t> max_new = flags.Int("max-new-tokens", 0);
+  absl::StatusOr<double> temperature = flags.Double("temperature", 0.0);
+  absl::StatusOr<double> top_p = flags.Double("top-p", 1.0);
+  absl::StatusOr<int64_t> top_k = flags.Int("top-k", 0);
+  absl::StatusOr<int64_t> seed = flags.Int("seed", 0);
+  for (const absl::Status& s : {max_new.status(), temperature.status(), top_p.status(),
+                                top_k.status(), seed.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  if (flags.Has("max-new-tokens")) sampling.set_max_new_tokens(static_cast<int32_t>(*max_new));
+  if (flags.Has("temperature")) sampling.set_temperature(static_cast<float>(*temperature));
+  if (flags.Has("top-p")) sampling.set_top_p(static_cast<float>(*top_p));
+  if (flags.Has("top-k")) sampling.set_top_k(static_cast<int32_t>(*top_k));
+  if (flags.Has("seed")) sampling.set_seed(static_cast<uint64_t>(*seed));
+  if (flags.Has("stop-token-ids")) {
+    absl::StatusOr<std::vector<int32_t>> stops = flags.IntList("stop-token-ids");
+    if (!stops.ok()) return Fail(stops.status());
+    sampling.mutable_stop_token_ids()->Add(stops->begin(), stops->end());
+  }
+  absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+      *server, request,
+      *timeout_ms > 0 ? absl::Milliseconds(*timeout_ms) : absl::InfiniteDuration());
+  if (!outcome.ok()) {
+    std::cerr << "k3serve: " << absl::StatusCodeToString(outcome.status().code()) << ": "
+              << outcome.status().message() << "\n";
+    return outcome.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::cout << absl::StrJoin(outcome->tokens, " ") << "\n";
+  const k3serve::v1::Complete& complete = outcome->complete;
+  if (complete.finish_reason() == k3serve::v1::Complete::LENGTH ||
+      complete.finish_reason() == k3serve::v1::Complete::STOP) {
+    return 0;
+  }
+  std::cerr << "k3serve: request " << outcome->request_id << " ended with "
+            << k3serve::v1::Complete::FinishReason_Name(complete.finish_reason()) << ": "
+            << complete.message() << "\n";
+  return 1;
 }
 
 }  // namespace
@@ -89,7 +144,7 @@ int LogitsCommand(const std::vector<std::string>& args) {
 int GenerateCommand(const std::vector<std::string>& args) {
   absl::StatusOr<CliFlags> flags = CliFlags::Parse(
       args, {"model", "server", "tokens", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-             "stop-token-ids", "request-id"});
+             "stop-token-ids", "request-id", "timeout-ms"});
   if (!flags.ok()) return Fail(flags.status());
   absl::StatusOr<std::vector<int32_t>> tokens = flags->IntList("tokens");
   absl::StatusOr<int64_t> max_new = flags->Int("max-new-tokens", 16);
@@ -113,7 +168,10 @@ int GenerateCommand(const std::vector<std::string>& args) {
     options.stop_token_ids = *stops;
   }
   if (flags->Has("server")) {
-    return Fail(absl::UnimplementedError("--server"));
+    if (flags->Has("model")) {
+      return Fail(absl::InvalidArgumentError("give --model or --server, not both"));
+    }
+    return RemoteGenerate(*flags, *tokens);
   }
   absl::StatusOr<std::string> model = flags->String("model");
   if (!model.ok()) return Fail(model.status());

@@ -1,0 +1,103 @@
+// The attention node: `k3serve attention --coordinator HOST:PORT --model DIR [--port P]
+//   [--metrics-port P] [--host H] [--max-batch-tokens N] [--max-sequences N]
+//   [--max-new-tokens-limit N] [--max-prompt-tokens N] [--moe-timeout-ms T] [--drain-timeout-ms T]`.
+//
+// It maps everything but the routed experts and the router tensors (WeightSelection::
+// AttentionOnly()), owns every request's KV/KDA state, and serves the public API,
+// k3serve.v1.K3Serve (attention_nodes/attention_service.h), plus AttentionControl.Drain and
+// grpc.health.v1 on one gRPC port. Requests are batched continuously by a GenerationScheduler;
+// each MoE layer's rows go over the UCX transport to a router (RemoteRoutedMoe: round-robin over
+// the connected routers).
+//
+// Membership: registers as ROLE_ATTENTION with its transport address (routers connect back to it)
+// and connects every ALIVE router of the cluster state (PeerLinks, PeerId = node id).
+// Health: "" is SERVING while the process runs; "k3serve.v1.K3Serve" is SERVING while the
+// coordinator says the cluster is ready, at least one router is connected and the node is not
+// draining.
+//
+// Draining (AttentionControl.Drain, the coordinator's drain flag, SIGTERM): new Generate calls
+// get UNAVAILABLE and readiness turns NOT_SERVING; requests in flight continue. SIGINT/SIGTERM
+// then waits up to --drain-timeout-ms for them, cancels the rest (UNAVAILABLE), leaves the cluster
+// and exits 0.
+//
+// Thread-safety: the AttentionServer methods may be called from any thread; Shutdown and the
+// destructor from one.
+#ifndef K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_
+#define K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attention_nodes/generation_scheduler.h"
+#include "model/weights.h"
+#include "router/routed_moe.h"
+
+namespace k3 {
+
+struct AttentionServerOptions {
+  std::string coordinator;       // host:port
+  std::string model;             // checkpoint folder
+  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
+  int port = 0;                  // gRPC; 0 picks one
+  int metrics_port = -1;         // -1: no HTTP metrics; 0 picks one
+  SchedulerOptions scheduler;
+  absl::Duration moe_timeout = absl::Seconds(10);    // RemoteRoutedMoeOptions::timeout
+  absl::Duration drain_timeout = absl::Seconds(30);  // at shutdown, for requests in flight
+};
+
+// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
+absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args);
+
+// Parses `args` (after the subcommand) and serves until SIGINT/SIGTERM. Returns the exit status:
+// 0 after a clean shutdown, 2 for bad flags, 1 when it could not start.
+int RunAttentionNode(const std::vector<std::string>& args);
+
+class AttentionServer {
+ public:
+  // The cluster node described above: loads the weights, creates the transport, starts serving
+  // and registers with the coordinator (in the background; readiness follows).
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> Start(
+      const AttentionServerOptions& options);
+
+  // A node outside any cluster whose routed experts are `routed_moe` (in process, or a test's
+  // fake): no coordinator, no transport, ready at once. `options.coordinator` and
+  // `options.model` are ignored. `weights` and `routed_moe` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> StartStandalone(
+      const AttentionServerOptions& options, const ModelWeights* weights, RoutedMoe* routed_moe);
+
+  // Shutdown().
+  ~AttentionServer();
+
+  AttentionServer(const AttentionServer&) = delete;
+  AttentionServer& operator=(const AttentionServer&) = delete;
+
+  int port() const;
+  int metrics_port() const;  // -1 without a metrics endpoint
+
+  // Stops admitting (readiness NOT_SERVING), waits until the requests in flight end or
+  // `deadline`, then cancels what is left with UNAVAILABLE. Returns how many were left.
+  int Drain(absl::Time deadline);
+
+  // Drain(now + drain_timeout), stops the scheduler, leaves the cluster, stops serving.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  struct Parts;
+  explicit AttentionServer(std::unique_ptr<Parts> parts);
+  // Creates the scheduler, the services, the gRPC server and the metrics endpoint.
+  absl::Status StartServing(const ModelWeights* weights, RoutedMoe* routed_moe);
+  // The cluster watcher's look at membership, router links and readiness; runs on the watcher
+  // every 200 ms and whenever the cluster state changes.
+  void Tick();
+  void ScheduleTick();
+
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_

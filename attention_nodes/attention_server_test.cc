@@ -1,0 +1,446 @@
+// The attention server in process, over gRPC, with the routed experts computed in process
+// (LocalRoutedMoe behind a wrapper that can fail on demand, standing in for the router tier):
+// generations must equal LocalEngine::Generate, batching must not change them, bad input must be
+// rejected, and cancellation, aborts and failed steps must end streams and free their state.
+#include "attention_nodes/attention_server.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "attention_nodes/attention_service.h"
+#include "attention_nodes/generate_client.h"
+#include "attention_nodes/local_engine.h"
+#include "cluster/grpc_server.h"
+#include "cluster/metrics.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/generate.grpc.pb.h"
+#include "router/local_routed_moe.h"
+
+namespace k3 {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = k3serve::v1;
+
+// LocalRoutedMoe that answers like a router whose expert worker died while `failure` is set.
+class FlakyMoe final : public RoutedMoe {
+ public:
+  explicit FlakyMoe(const ModelWeights* weights) : local_(weights) {}
+
+  void SetFailure(absl::Status failure) {
+    absl::MutexLock lock(&mu_);
+    failure_ = std::move(failure);
+  }
+
+  absl::Status Begin(int layer, const float* x, int64_t tokens) override {
+    return local_.Begin(layer, x, tokens);
+  }
+  absl::Status Wait(float* out) override {
+    absl::Status local = local_.Wait(out);
+    absl::MutexLock lock(&mu_);
+    return failure_.ok() ? local : failure_;
+  }
+
+ private:
+  LocalRoutedMoe local_;
+  absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// A sample of the process's metrics registry, e.g. "k3_attention_step_tokens_count"; -1 if absent.
+double MetricValue(const std::string& sample) {
+  for (absl::string_view line : absl::StrSplit(DefaultMetrics().ExpositionText(), '\n')) {
+    if (absl::ConsumePrefix(&line, sample) && absl::ConsumePrefix(&line, " ")) {
+      double value = 0;
+      if (absl::SimpleAtod(line, &value)) return value;
+    }
+  }
+  return -1;
+}
+
+std::vector<int32_t> Prompt(int length, uint32_t seed) {
+  std::vector<int32_t> prompt(length);
+  for (int i = 0; i < length; ++i) prompt[i] = static_cast<int32_t>((seed * 131 + i * 37) % 512);
+  return prompt;
+}
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new_tokens) {
+  v1::GenerateRequest request;
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+  return request;
+}
+
+class AttentionServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* base = std::getenv("TEST_TMPDIR");
+    const fs::path dir = fs::path(base ? base : "/tmp") / "attention_server_k3_tiny";
+    fs::remove_all(dir);
+    absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+    ASSERT_TRUE(config.ok());
+    ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir.string()).ok());
+    absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
+        std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
+    absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir.string());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = engine->release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    delete weights_;
+  }
+
+  void SetUp() override { StartServer(SchedulerOptions()); }
+
+  void StartServer(const SchedulerOptions& scheduler) {
+    server_.reset();
+    moe_ = std::make_unique<FlakyMoe>(weights_);
+    AttentionServerOptions options;
+    options.host = "127.0.0.1";
+    options.scheduler = scheduler;
+    absl::StatusOr<std::unique_ptr<AttentionServer>> server =
+        AttentionServer::StartStandalone(options, weights_, moe_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    stub_ = v1::K3Serve::NewStub(channel_);
+  }
+
+  absl::StatusOr<GenerateOutcome> Generate(const v1::GenerateRequest& request) {
+    return GenerateOverGrpc(address_, request, absl::Seconds(30));
+  }
+
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new_tokens,
+                                 const SamplingOptions& sampling = SamplingOptions(),
+                                 std::vector<int32_t> stops = {}) {
+    GenerateOptions options;
+    options.max_new_tokens = max_new_tokens;
+    options.sampling = sampling;
+    options.stop_token_ids = std::move(stops);
+    absl::StatusOr<std::vector<int32_t>> tokens = engine_->Generate(prompt, options);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();
+    return tokens.ok() ? *tokens : std::vector<int32_t>();
+  }
+
+  v1::ServerInfo ServerInfo() {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    return info;
+  }
+
+  // Polls until no request holds state; false after 5 s.
+  bool WaitStateFreed() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      const v1::ServerInfo info = ServerInfo();
+      if (info.active_requests() == 0 && info.cached_sequences() == 0 &&
+          info.request_state_bytes() == 0) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  static const ModelWeights* weights_;
+  static LocalEngine* engine_;
+  std::unique_ptr<FlakyMoe> moe_;
+  std::unique_ptr<AttentionServer> server_;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::K3Serve::Stub> stub_;
+};
+
+const ModelWeights* AttentionServerTest::weights_ = nullptr;
+LocalEngine* AttentionServerTest::engine_ = nullptr;
+
+TEST_F(AttentionServerTest, GreedyGenerationEqualsLocalEngine) {
+  for (int length : {1, 6, 23}) {
+    const std::vector<int32_t> prompt = Prompt(length, length);
+    absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 12));
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(outcome->tokens, Reference(prompt, 12)) << "prompt of " << length;
+    EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::LENGTH);
+    EXPECT_EQ(outcome->complete.usage().prompt_tokens(), length);
+    EXPECT_EQ(outcome->complete.usage().generated_tokens(), 12);
+    EXPECT_FALSE(outcome->request_id.empty());
+  }
+  EXPECT_TRUE(WaitStateFreed());
+}
+
+TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
+  SchedulerOptions scheduler;
+  scheduler.max_batch_tokens = 5;  // a 23-token prompt takes five steps
+  StartServer(scheduler);
+  const std::vector<int32_t> prompt = Prompt(23, 3);
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 8));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, Reference(prompt, 8));
+}
+
+// Batching changes the rounding of matrix products (rows of a batch go through other kernels),
+// by about 1e-7 on these logits: far below the gaps between the top logits of this checkpoint, so
+// greedy tokens do not change.
+TEST_F(AttentionServerTest, ConcurrentStreamsGiveTheTokensOfSequentialRuns) {
+  constexpr int kStreams = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> sequential;
+  const double steps_before = MetricValue("k3_attention_step_tokens_count");
+  for (int i = 0; i < kStreams; ++i) {
+    prompts.push_back(Prompt(2 + 3 * i, 100 + i));
+    absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompts[i], 10 + i));
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    sequential.push_back(outcome->tokens);
+  }
+  const double sequential_steps = MetricValue("k3_attention_step_tokens_count") - steps_before;
+  EXPECT_EQ(sequential_steps, 8 * 10 + 28);  // one prefill step and a decode step per later token
+
+  std::vector<absl::StatusOr<GenerateOutcome>> concurrent(kStreams, absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] { concurrent[i] = Generate(Request(prompts[i], 10 + i)); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const double concurrent_steps =
+      MetricValue("k3_attention_step_tokens_count") - steps_before - sequential_steps;
+  EXPECT_LT(concurrent_steps, sequential_steps) << "the streams were not batched";
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(concurrent[i].ok()) << concurrent[i].status();
+    EXPECT_EQ(concurrent[i]->tokens, sequential[i]) << "stream " << i;
+    EXPECT_EQ(concurrent[i]->complete.usage().generated_tokens(), 10 + i);
+  }
+  EXPECT_TRUE(WaitStateFreed());
+}
+
+TEST_F(AttentionServerTest, SeededSamplingIsReproducibleAndMatchesLocalEngine) {
+  const std::vector<int32_t> prompt = Prompt(7, 9);
+  v1::GenerateRequest request = Request(prompt, 10);
+  request.mutable_sampling()->set_temperature(0.9f);
+  request.mutable_sampling()->set_top_p(0.95f);
+  request.mutable_sampling()->set_top_k(40);
+  request.mutable_sampling()->set_seed(1234);
+  absl::StatusOr<GenerateOutcome> first = Generate(request);
+  absl::StatusOr<GenerateOutcome> second = Generate(request);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->tokens, second->tokens);
+  SamplingOptions sampling;
+  sampling.temperature = 0.9f;
+  sampling.top_p = 0.95f;
+  sampling.top_k = 40;
+  sampling.seed = 1234;
+  EXPECT_EQ(first->tokens, Reference(prompt, 10, sampling));
+}
+
+TEST_F(AttentionServerTest, StopTokenEndsTheStreamWithStop) {
+  const std::vector<int32_t> prompt = Prompt(5, 21);
+  const std::vector<int32_t> free_run = Reference(prompt, 12);
+  ASSERT_EQ(free_run.size(), 12u);
+  const int32_t stop = free_run[4];
+  const size_t first = std::find(free_run.begin(), free_run.end(), stop) - free_run.begin();
+  v1::GenerateRequest request = Request(prompt, 12);
+  request.mutable_sampling()->add_stop_token_ids(stop);
+  absl::StatusOr<GenerateOutcome> outcome = Generate(request);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));
+  EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::STOP);
+  EXPECT_EQ(outcome->complete.usage().generated_tokens(), static_cast<int>(first + 1));
+  EXPECT_EQ(outcome->complete.usage().prompt_tokens(), 5);
+}
+
+TEST_F(AttentionServerTest, InvalidRequestsAreRejectedWithInvalidArgument) {
+  struct Case {
+    const char* what;
+    v1::GenerateRequest request;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"prompt_token_ids is empty", Request({}, 4)});
+  cases.push_back({"outside the vocabulary", Request({1, 512}, 4)});
+  cases.push_back({"outside the vocabulary", Request({-1}, 4)});
+  cases.push_back({"max_new_tokens", Request({1}, 0)});
+  cases.push_back({"max_new_tokens", Request({1}, 4097)});
+  v1::GenerateRequest bad = Request({1}, 4);
+  bad.mutable_sampling()->set_temperature(-1);
+  cases.push_back({"temperature", bad});
+  bad = Request({1}, 4);
+  bad.mutable_sampling()->set_top_p(0);
+  cases.push_back({"top_p", bad});
+  bad = Request({1}, 4);
+  bad.mutable_sampling()->set_top_p(1.5f);
+  cases.push_back({"top_p", bad});
+  bad = Request({1}, 4);
+  bad.mutable_sampling()->set_top_k(-3);
+  cases.push_back({"top_k", bad});
+  bad = Request({1}, 4);
+  bad.mutable_sampling()->add_stop_token_ids(100000);
+  cases.push_back({"stop token", bad});
+  for (const Case& c : cases) {
+    absl::StatusOr<GenerateOutcome> outcome = Generate(c.request);
+    EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_TRUE(absl::StrContains(outcome.status().message(), c.what))
+        << c.what << ": " << outcome.status();
+  }
+  EXPECT_TRUE(WaitStateFreed());
+}
+
+TEST_F(AttentionServerTest, CancelledStreamFreesItsState) {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, Request(Prompt(9, 4), 4096));
+  v1::GenerateResponse response;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(reader->Read(&response));
+  const v1::ServerInfo busy = ServerInfo();
+  EXPECT_EQ(busy.active_requests(), 1);
+  EXPECT_EQ(busy.cached_sequences(), 1);
+  EXPECT_GT(busy.request_state_bytes(), 0);
+  context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitStateFreed());
+}
+
+TEST_F(AttentionServerTest, AbortEndsTheStreamWithCancelled) {
+  grpc::ClientContext context;
+  v1::GenerateRequest request = Request(Prompt(4, 8), 4096);
+  request.set_request_id("abort-me");
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, request);
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(response.request_id(), "abort-me");
+
+  // While it runs, its id is taken.
+  absl::StatusOr<GenerateOutcome> duplicate = Generate(request);
+  EXPECT_EQ(duplicate.status().code(), absl::StatusCode::kAlreadyExists) << duplicate.status();
+
+  v1::AbortRequest abort;
+  abort.set_request_id("abort-me");
+  v1::AbortResponse aborted;
+  {
+    grpc::ClientContext abort_context;
+    ASSERT_TRUE(stub_->Abort(&abort_context, abort, &aborted).ok());
+  }
+  EXPECT_TRUE(aborted.found());
+  bool complete = false;
+  int generated = 1;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) ++generated;
+    if (response.has_complete()) {
+      complete = true;
+      EXPECT_EQ(response.complete().finish_reason(), v1::Complete::CANCELLED);
+      EXPECT_EQ(response.complete().usage().generated_tokens(), generated);
+    }
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(complete);
+  EXPECT_TRUE(WaitStateFreed());
+  {
+    grpc::ClientContext abort_context;
+    ASSERT_TRUE(stub_->Abort(&abort_context, abort, &aborted).ok());
+  }
+  EXPECT_FALSE(aborted.found());
+}
+
+TEST_F(AttentionServerTest, FailedStepEndsEveryStreamWithUnavailableAndServingContinues) {
+  constexpr int kStreams = 3;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers;
+  v1::GenerateResponse response;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stub_->Generate(contexts.back().get(), Request(Prompt(3 + i, i), 4096)));
+    ASSERT_TRUE(readers.back()->Read(&response));
+  }
+  const absl::Time failed_at = absl::Now();
+  moe_->SetFailure(absl::UnavailableError("expert worker node 9 (pid 77 on host-b) lost: killed"));
+  for (int i = 0; i < kStreams; ++i) {
+    bool error_complete = false;
+    while (readers[i]->Read(&response)) {
+      if (response.has_complete()) {
+        error_complete = response.complete().finish_reason() == v1::Complete::ERROR;
+      }
+    }
+    const grpc::Status status = readers[i]->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << "stream " << i;
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "expert worker node 9"))
+        << status.error_message();
+    EXPECT_TRUE(error_complete) << "stream " << i;
+  }
+  EXPECT_LT(absl::Now() - failed_at, absl::Seconds(2));
+  EXPECT_TRUE(WaitStateFreed());
+
+  moe_->SetFailure(absl::OkStatus());
+  const std::vector<int32_t> prompt = Prompt(6, 30);
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 6));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, Reference(prompt, 6));
+}
+
+TEST_F(AttentionServerTest, ModelInfoHealthAndDrain) {
+  {
+    grpc::ClientContext context;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.vocab_size(), weights_->config.vocab_size);
+    EXPECT_EQ(info.num_layers(), weights_->config.num_hidden_layers);
+    EXPECT_EQ(info.max_new_tokens_limit(), SchedulerOptions().max_new_tokens_limit);
+    EXPECT_EQ(info.model_type(), weights_->config.model_type);
+  }
+  absl::StatusOr<bool> serving = CheckServing(channel_, kK3ServeServiceName, absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(*serving);
+
+  // A request in flight when the drain starts still runs to its end.
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, Request(Prompt(3, 5), 40));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  auto control = k3serve::cluster::v1::AttentionControl::NewStub(channel_);
+  grpc::ClientContext drain_context;
+  k3serve::cluster::v1::DrainNodeRequest drain;
+  drain.set_deadline_ms(10000);
+  k3serve::cluster::v1::DrainNodeResponse drained;
+  ASSERT_TRUE(control->Drain(&drain_context, drain, &drained).ok());
+  EXPECT_EQ(drained.active_requests(), 0);
+  int generated = 1;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) ++generated;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(generated, 40);
+  serving = CheckServing(channel_, kK3ServeServiceName, absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_FALSE(*serving);
+  EXPECT_TRUE(ServerInfo().draining());
+  absl::StatusOr<GenerateOutcome> refused = Generate(Request({1, 2}, 2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+}
+
+}  // namespace
+}  // namespace k3

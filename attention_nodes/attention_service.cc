@@ -1,0 +1,337 @@
+#include "attention_nodes/attention_service.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cluster/grpc_status.h"
+#include "glog/logging.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/generate.grpc.pb.h"
+
+namespace k3 {
+namespace {
+
+namespace v1 = k3serve::v1;
+namespace cpb = k3serve::cluster::v1;
+
+uint64_t RandomSeed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+v1::Complete::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return v1::Complete::LENGTH;
+    case FinishReason::kStop:
+      return v1::Complete::STOP;
+    case FinishReason::kCancelled:
+      return v1::Complete::CANCELLED;
+    case FinishReason::kError:
+      return v1::Complete::ERROR;
+  }
+  return v1::Complete::FINISH_REASON_UNSPECIFIED;
+}
+
+GenerationRequest FromProto(const v1::GenerateRequest& proto, int max_new_tokens_limit) {
+  GenerationRequest request;
+  request.id = proto.request_id();
+  request.prompt.assign(proto.prompt_token_ids().begin(), proto.prompt_token_ids().end());
+  const v1::SamplingParams& sampling = proto.sampling();
+  if (sampling.has_temperature()) request.sampling.temperature = sampling.temperature();
+  if (sampling.has_top_p()) request.sampling.top_p = sampling.top_p();
+  if (sampling.has_top_k()) request.sampling.top_k = sampling.top_k();
+  request.sampling.seed = sampling.has_seed() ? sampling.seed() : RandomSeed();
+  request.max_new_tokens = sampling.has_max_new_tokens()
+                               ? sampling.max_new_tokens()
+                               : std::min(kDefaultMaxNewTokens, max_new_tokens_limit);
+  request.stop_token_ids.assign(sampling.stop_token_ids().begin(),
+                                sampling.stop_token_ids().end());
+  return request;
+}
+
+class GenerateReactor;
+
+// One Generate stream's outbox, shared by the scheduler (which fills it through the sink
+// interface) and the reactor (which drains it). gRPC allows one write in flight at a time, so
+// messages queue here; Finish is called once, after the last write completed. Neither StartWrite
+// nor Finish is called under mu_: gRPC may run reactions inline.
+class GenerateStream final : public GenerationSink {
+ public:
+  GenerateStream(GenerateReactor* reactor, std::string request_id)
+      : reactor_(reactor), request_id_(std::move(request_id)) {}
+
+  void set_handle(std::shared_ptr<RequestHandle> handle) {
+    absl::MutexLock lock(&mu_);
+    handle_ = std::move(handle);
+  }
+
+  void OnToken(int32_t token, int prompt_tokens, int generated_tokens) override {
+    v1::GenerateResponse message;
+    message.set_request_id(request_id_);
+    v1::TokenChunk* chunk = message.mutable_chunk();
+    chunk->add_token_ids(token);
+    chunk->set_prompt_tokens(prompt_tokens);
+    chunk->set_generated_tokens(generated_tokens);
+    Push(std::move(message), std::nullopt);
+  }
+
+  void OnFinish(const GenerationResult& result) override {
+    v1::GenerateResponse message;
+    message.set_request_id(request_id_);
+    v1::Complete* complete = message.mutable_complete();
+    complete->set_finish_reason(ToProto(result.reason));
+    complete->mutable_usage()->set_prompt_tokens(result.prompt_tokens);
+    complete->mutable_usage()->set_generated_tokens(result.generated_tokens);
+    complete->set_message(result.message);
+    Push(std::move(message), ToGrpcStatus(result.status));
+  }
+
+  // Ends the call with `status` before any message (the request was not accepted).
+  void Reject(grpc::Status status) {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      if (final_status_.has_value()) return;
+      final_status_ = std::move(status);
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
+  // Reactions, forwarded by the reactor.
+  void WriteDone(bool ok);
+  void Cancelled();
+
+ private:
+  struct Action {
+    const v1::GenerateResponse* write = nullptr;
+    std::optional<grpc::Status> finish;
+  };
+
+  void Push(v1::GenerateResponse message, std::optional<grpc::Status> final_status);
+  // What to start next: a write, the finish, or nothing (a write is in flight).
+  Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(const Action& action);
+  void CancelRequest(const char* why);
+
+  GenerateReactor* const reactor_;
+  const std::string request_id_;
+  absl::Mutex mu_;
+  std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is in flight if writing_
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called: the reactor may be gone soon
+};
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit GenerateReactor(const std::string& request_id)
+      : stream_(std::make_shared<GenerateStream>(this, request_id)) {}
+
+  const std::shared_ptr<GenerateStream>& stream() const { return stream_; }
+
+  void OnWriteDone(bool ok) override { stream_->WriteDone(ok); }
+  void OnCancel() override { stream_->Cancelled(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<GenerateStream> stream_;
+};
+
+void GenerateStream::Push(v1::GenerateResponse message, std::optional<grpc::Status> final_status) {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || final_status_.has_value()) return;
+    queue_.push_back(std::move(message));
+    final_status_ = std::move(final_status);
+    action = NextLocked();
+  }
+  Run(action);
+}
+
+GenerateStream::Action GenerateStream::NextLocked() {
+  Action action;
+  if (writing_ || finished_) return action;
+  if (!queue_.empty()) {
+    writing_ = true;
+    action.write = &queue_.front();  // deque elements stay put while others are added
+  } else if (final_status_.has_value()) {
+    finished_ = true;
+    action.finish = *final_status_;
+  }
+  return action;
+}
+
+void GenerateStream::Run(const Action& action) {
+  if (action.write != nullptr) reactor_->StartWrite(action.write);
+  if (action.finish.has_value()) reactor_->Finish(*action.finish);
+}
+
+void GenerateStream::WriteDone(bool ok) {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    queue_.pop_front();
+    if (!ok) {
+      // The client is gone: nothing more can be written; end the call.
+      queue_.clear();
+      if (!final_status_.has_value()) {
+        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke");
+      }
+    }
+    action = NextLocked();
+  }
+  if (!ok) CancelRequest("the stream to the client broke");
+  Run(action);
+}
+
+void GenerateStream::Cancelled() {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    // Keep only a write in flight (its buffer must live until OnWriteDone).
+    if (!queue_.empty()) queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
+    if (!final_status_.has_value()) {
+      final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    }
+    action = NextLocked();
+  }
+  CancelRequest("the client cancelled the stream");
+  Run(action);
+}
+
+void GenerateStream::CancelRequest(const char* why) {
+  std::shared_ptr<RequestHandle> handle;
+  {
+    absl::MutexLock lock(&mu_);
+    handle = handle_;
+  }
+  if (handle != nullptr) handle->Cancel(absl::CancelledError(why), why);
+}
+
+class K3ServeService final : public v1::K3Serve::CallbackService {
+ public:
+  explicit K3ServeService(GenerationScheduler* scheduler)
+      : scheduler_(scheduler), start_(absl::Now()) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
+    const GenerationRequest generation =
+        FromProto(*request, scheduler_->options().max_new_tokens_limit);
+    // The id is fixed before Submit so that the stream can name it in every message. An id the
+    // server picks could collide with one a client chose: then it picks another.
+    const bool assign_id = generation.id.empty();
+    GenerateReactor* reactor = nullptr;
+    absl::StatusOr<std::shared_ptr<RequestHandle>> handle;
+    do {
+      GenerationRequest attempt = generation;
+      if (assign_id) {
+        absl::MutexLock lock(&mu_);
+        attempt.id = absl::StrCat("srv-", next_id_++);
+      }
+      delete reactor;  // never started: only a rejected attempt gets here
+      reactor = new GenerateReactor(attempt.id);
+      handle = scheduler_->Submit(std::move(attempt), reactor->stream());
+    } while (assign_id && absl::IsAlreadyExists(handle.status()));
+    if (!handle.ok()) {
+      VLOG(1) << "Generate from " << context->peer() << " rejected: " << handle.status();
+      reactor->stream()->Reject(ToGrpcStatus(handle.status()));
+      return reactor;
+    }
+    reactor->stream()->set_handle(*handle);
+    // A cancellation that arrived before the handle was set found nothing to cancel.
+    if (context->IsCancelled()) (*handle)->Cancel(absl::CancelledError("cancelled"), "cancelled");
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override {
+    response->set_found(scheduler_->Abort(request->request_id(), "aborted by an Abort call"));
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* /*request*/,
+                                         v1::ModelInfo* response) override {
+    const ModelConfig& config = scheduler_->config();
+    response->set_model_type(config.model_type);
+    response->set_vocab_size(config.vocab_size);
+    response->set_num_layers(config.num_hidden_layers);
+    response->set_max_new_tokens_limit(scheduler_->options().max_new_tokens_limit);
+    response->set_max_prompt_tokens(scheduler_->options().max_prompt_tokens);
+    response->set_eos_token_id(config.eos_token_id);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* /*request*/,
+                                          v1::ServerInfo* response) override {
+    const SchedulerInfo info = scheduler_->Info();
+    response->set_active_requests(info.active_requests);
+    response->set_cached_sequences(info.cached_sequences);
+    response->set_request_state_bytes(info.state_bytes);
+    response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_));
+    response->set_draining(info.draining);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  GenerationScheduler* const scheduler_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+class AttentionControlService final : public cpb::AttentionControl::Service {
+ public:
+  explicit AttentionControlService(std::function<int(absl::Time)> drain)
+      : drain_(std::move(drain)) {}
+
+  grpc::Status Drain(grpc::ServerContext* /*context*/, const cpb::DrainNodeRequest* request,
+                     cpb::DrainNodeResponse* response) override {
+    if (request->deadline_ms() < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0");
+    }
+    const absl::Time deadline = request->deadline_ms() == 0
+                                    ? absl::InfiniteFuture()
+                                    : absl::Now() + absl::Milliseconds(request->deadline_ms());
+    response->set_active_requests(drain_(deadline));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::function<int(absl::Time)> drain_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler) {
+  return std::make_unique<K3ServeService>(scheduler);
+}
+
+std::unique_ptr<grpc::Service> NewAttentionControlService(std::function<int(absl::Time)> drain) {
+  return std::make_unique<AttentionControlService>(std::move(drain));
+}
+
+}  // namespace k3

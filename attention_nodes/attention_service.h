@@ -1,0 +1,47 @@
+// The gRPC services of an attention node, over its GenerationScheduler:
+//
+// k3serve.v1.K3Serve (proto/generate.proto), on gRPC's callback API so that a stream costs no
+// thread while it waits for tokens:
+//  - Generate: validation errors fail the call before any message (INVALID_ARGUMENT, or
+//    ALREADY_EXISTS for a request_id in flight; UNAVAILABLE while draining). Otherwise one
+//    TokenChunk per generated token, then one Complete with the finish reason and usage. The call
+//    ends OK after LENGTH, STOP and an Abort; after a failed model step it sends Complete{ERROR}
+//    and ends with UNAVAILABLE (INTERNAL for non-transient failures) carrying the cause, which
+//    names the lost expert worker when the router reported one; at shutdown Complete{CANCELLED}
+//    and UNAVAILABLE. A client that cancels the stream (or whose deadline passes) has its request
+//    cancelled and its state freed at the next step boundary.
+//    Unset sampling fields take the defaults: greedy, top_p 1, no top-k, a random seed,
+//    max_new_tokens kDefaultMaxNewTokens (capped by the server's limit).
+//  - Abort: cancels by id (the stream ends with CANCELLED and status OK); `found` says whether.
+//  - GetModelInfo, GetServerInfo (the scheduler's counts, uptime, draining).
+//
+// k3serve.cluster.v1.AttentionControl.Drain, synchronous (it blocks until drained): calls the
+// owner's drain function.
+//
+// The services borrow the scheduler, which must outlive the gRPC server that serves them.
+#ifndef K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_
+#define K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/time/time.h"
+#include "attention_nodes/generation_scheduler.h"
+#include "grpcpp/impl/codegen/service_type.h"
+
+namespace k3 {
+
+inline constexpr char kK3ServeServiceName[] = "k3serve.v1.K3Serve";
+inline constexpr int kDefaultMaxNewTokens = 16;
+
+std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler);
+
+// `drain(deadline)` stops admitting, waits for requests in flight until `deadline` (infinite
+// future: until all ended), cancels what is left, and returns how many were still running when
+// the deadline passed.
+std::unique_ptr<grpc::Service> NewAttentionControlService(
+    std::function<int(absl::Time deadline)> drain);
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_

@@ -1,0 +1,55 @@
+#include "attention_nodes/generate_client.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/grpc_status.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/generate.grpc.pb.h"
+
+namespace k3 {
+
+namespace v1 = k3serve::v1;
+
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
+                                                 const v1::GenerateRequest& request,
+                                                 absl::Duration timeout) {
+  std::unique_ptr<v1::K3Serve::Stub> stub =
+      v1::K3Serve::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  if (timeout != absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&context, request);
+  GenerateOutcome outcome;
+  bool complete = false;
+  bool extra = false;  // messages after the Complete
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (complete) {
+      extra = true;
+      continue;
+    }
+    outcome.request_id = response.request_id();
+    if (response.has_chunk()) {
+      outcome.tokens.insert(outcome.tokens.end(), response.chunk().token_ids().begin(),
+                            response.chunk().token_ids().end());
+    } else if (response.has_complete()) {
+      outcome.complete = response.complete();
+      complete = true;
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (!complete || extra) {
+    return absl::InternalError(absl::StrCat(
+        "the Generate stream from ", address,
+        complete ? " went on after its Complete message" : " ended without a Complete message"));
+  }
+  return outcome;
+}
+
+}  // namespace k3

@@ -1,0 +1,32 @@
+// The client side of k3serve.v1.K3Serve.Generate: sends one request to an attention node and
+// collects its streamed tokens. Used by `k3serve generate --server HOST:PORT` and by tests.
+#ifndef K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
+#define K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/generate.pb.h"
+
+namespace k3 {
+
+struct GenerateOutcome {
+  std::string request_id;
+  std::vector<int32_t> tokens;  // every token streamed, in order
+  k3serve::v1::Complete complete;  // the final message: finish reason, usage, message
+};
+
+// Runs `request` on the server at `address` (host:port) with `timeout` as the call's deadline
+// (InfiniteDuration: none). The call's own status when it is not OK (INVALID_ARGUMENT,
+// UNAVAILABLE naming a lost worker, DEADLINE_EXCEEDED, ...), with the server's message; INTERNAL
+// when an OK stream breaks the protocol (no Complete, or messages after it).
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
+                                                 const k3serve::v1::GenerateRequest& request,
+                                                 absl::Duration timeout);
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_

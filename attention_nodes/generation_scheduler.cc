@@ -1,0 +1,410 @@
+#include "attention_nodes/generation_scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace k3 {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
+
+absl::Status SchedulerOptions::Validate() const {
+  if (max_batch_tokens < 1) return absl::InvalidArgumentError("max_batch_tokens must be >= 1");
+  if (max_sequences < 1) return absl::InvalidArgumentError("max_sequences must be >= 1");
+  if (max_new_tokens_limit < 1) {
+    return absl::InvalidArgumentError("max_new_tokens_limit must be >= 1");
+  }
+  if (max_prompt_tokens < 1) return absl::InvalidArgumentError("max_prompt_tokens must be >= 1");
+  return absl::OkStatus();
+}
+
+void RequestHandle::Cancel(absl::Status status, std::string message) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_.load(std::memory_order_relaxed)) return;
+  status_ = std::move(status);
+  message_ = std::move(message);
+  cancelled_.store(true, std::memory_order_release);
+}
+
+GenerationResult RequestHandle::CancelResult() const {
+  absl::MutexLock lock(&mu_);
+  GenerationResult result;
+  result.reason = FinishReason::kCancelled;
+  result.status = status_;
+  result.message = message_;
+  return result;
+}
+
+struct GenerationScheduler::Sequence {
+  Sequence(std::shared_ptr<RequestHandle> h, std::shared_ptr<GenerationSink> s,
+           GenerationRequest r)
+      : handle(std::move(h)), sink(std::move(s)), request(std::move(r)), sampler(request.sampling) {}
+
+  std::shared_ptr<RequestHandle> handle;
+  std::shared_ptr<GenerationSink> sink;
+  GenerationRequest request;
+  Sampler sampler;
+  std::unique_ptr<SequenceState> state;  // set while admitted
+  size_t consumed = 0;                   // prompt tokens fed to the model
+  std::vector<int32_t> generated;
+  bool finished = false;
+
+  bool decoding() const { return consumed == request.prompt.size(); }
+};
+
+struct GenerationScheduler::Metrics {
+  explicit Metrics(MetricsRegistry& registry)
+      : requests(registry.AddCounter("k3_attention_requests_total",
+                                     "Generation requests ended, by finish reason.",
+                                     {"finish_reason"})),
+        rejected(registry
+                     .AddCounter("k3_attention_rejected_requests_total",
+                                 "Generation requests rejected before they started.")
+                     .Get()),
+        prompt_tokens(
+            registry.AddCounter("k3_attention_prompt_tokens_total", "Prompt tokens prefilled.")
+                .Get()),
+        generated_tokens(registry
+                             .AddCounter("k3_attention_generated_tokens_total",
+                                         "Tokens generated and streamed.")
+                             .Get()),
+        active(registry
+                   .AddGauge("k3_attention_active_requests",
+                             "Generation requests submitted and not yet finished.")
+                   .Get()),
+        cached(registry
+                   .AddGauge("k3_attention_cached_sequences",
+                             "Requests holding KV/KDA state.")
+                   .Get()),
+        state_bytes(registry
+                        .AddGauge("k3_attention_request_state_bytes",
+                                  "Bytes of KV/KDA state held for requests.")
+                        .Get()),
+        step_seconds(registry
+                         .AddHistogram("k3_attention_step_seconds",
+                                       "Wall time of one batched model step.",
+                                       ExponentialBuckets(0.0005, 2, 16))
+                         .Get()),
+        step_tokens(registry
+                        .AddHistogram("k3_attention_step_tokens",
+                                      "Tokens (decode tokens plus prefill chunks) per model step.",
+                                      ExponentialBuckets(1, 2, 14))
+                        .Get()) {}
+
+  MetricFamily<Counter>& requests;
+  Counter* rejected;
+  Counter* prompt_tokens;
+  Counter* generated_tokens;
+  Gauge* active;
+  Gauge* cached;
+  Gauge* state_bytes;
+  Histogram* step_seconds;
+  Histogram* step_tokens;
+};
+
+namespace {
+
+// Failures that a later attempt may not meet (a lost worker, a timeout) end calls with
+// UNAVAILABLE so that clients retry; anything else is a bug and says INTERNAL.
+absl::Status StepFailure(const absl::Status& cause) {
+  const bool transient = absl::IsUnavailable(cause) || absl::IsDeadlineExceeded(cause) ||
+                         absl::IsCancelled(cause) || absl::IsAborted(cause) ||
+                         absl::IsResourceExhausted(cause);
+  return absl::Status(transient ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
+                      absl::StrCat("model step failed: ", cause.message()));
+}
+
+}  // namespace
+
+GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe* routed_moe,
+                                         const SchedulerOptions& options,
+                                         MetricsRegistry* metrics)
+    : weights_(weights),
+      options_(options),
+      metrics_(metrics != nullptr ? std::make_unique<Metrics>(*metrics) : nullptr),
+      runner_(weights, routed_moe),
+      actor_("scheduler") {
+  const absl::Status valid = options_.Validate();
+  CHECK(valid.ok()) << valid;
+}
+
+GenerationScheduler::~GenerationScheduler() { Shutdown(); }
+
+absl::Status GenerationScheduler::Validate(const GenerationRequest& request) const {
+  const int64_t vocab = config().vocab_size;
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  if (request.prompt.size() > static_cast<size_t>(options_.max_prompt_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", request.prompt.size(),
+                                                   " tokens; this server takes at most ",
+                                                   options_.max_prompt_tokens));
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ",
+                                                     request.prompt[i],
+                                                     ", outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  for (int32_t stop : request.stop_token_ids) {
+    if (stop < 0 || stop >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop token id ", stop, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (request.max_new_tokens < 1 || request.max_new_tokens > options_.max_new_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens is ", request.max_new_tokens,
+                                                   "; it must lie in [1, ",
+                                                   options_.max_new_tokens_limit, "]"));
+  }
+  return ValidateSamplingOptions(request.sampling);
+}
+
+absl::StatusOr<std::shared_ptr<RequestHandle>> GenerationScheduler::Submit(
+    GenerationRequest request, std::shared_ptr<GenerationSink> sink) {
+  if (absl::Status s = Validate(request); !s.ok()) {
+    if (metrics_) metrics_->rejected->Increment();
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!admitting_) {
+    return absl::UnavailableError(shut_down_ ? "the server is shutting down"
+                                             : "the server is draining");
+  }
+  if (request.id.empty()) {
+    do {
+      request.id = absl::StrCat("req-", next_id_++);
+    } while (in_flight_.count(request.id) > 0);
+  } else if (in_flight_.count(request.id) > 0) {
+    if (metrics_) metrics_->rejected->Increment();
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", request.id, "' is already in flight"));
+  }
+  auto handle = std::make_shared<RequestHandle>(request.id);
+  in_flight_.emplace(request.id, handle);
+  if (metrics_) metrics_->active->Set(static_cast<double>(in_flight_.size()));
+  auto sequence = std::make_shared<Sequence>(handle, std::move(sink), std::move(request));
+  // Posted under mu_: Shutdown's final sweep, posted under mu_ too, then runs after this.
+  if (!actor_.Post([this, sequence] { Admit(sequence); })) {
+    in_flight_.erase(handle->id());
+    return absl::UnavailableError("the server is shutting down");
+  }
+  return handle;
+}
+
+bool GenerationScheduler::Abort(const std::string& id, const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) return false;
+  it->second->Cancel(absl::OkStatus(), message);
+  return true;
+}
+
+SchedulerInfo GenerationScheduler::Info() const {
+  SchedulerInfo info;
+  absl::MutexLock lock(&mu_);
+  info.active_requests = static_cast<int>(in_flight_.size());
+  info.draining = !admitting_;
+  info.cached_sequences = cached_sequences_.load(std::memory_order_acquire);
+  info.state_bytes = state_bytes_.load(std::memory_order_acquire);
+  return info;
+}
+
+void GenerationScheduler::StopAdmitting() {
+  absl::MutexLock lock(&mu_);
+  admitting_ = false;
+}
+
+bool GenerationScheduler::WaitIdle(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_.empty(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void GenerationScheduler::CancelAll(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, handle] : in_flight_) handle->Cancel(status, std::string(status.message()));
+}
+
+void GenerationScheduler::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    admitting_ = false;
+    const absl::Status why = absl::UnavailableError("the server is shutting down");
+    for (auto& [id, handle] : in_flight_) handle->Cancel(why, std::string(why.message()));
+    // The final sweep: every Admit was posted before it (under mu_), so it sees every request.
+    actor_.Post([this] {
+      for (auto& sequence : running_) Finish(*sequence, sequence->handle->CancelResult());
+      for (auto& sequence : waiting_) Finish(*sequence, sequence->handle->CancelResult());
+      running_.clear();
+      waiting_.clear();
+      UpdateCounts();
+    });
+  }
+  actor_.Stop();
+}
+
+void GenerationScheduler::Admit(std::shared_ptr<Sequence> sequence) {
+  waiting_.push_back(std::move(sequence));
+  PostStep();
+}
+
+void GenerationScheduler::PostStep() {
+  if (step_posted_) return;
+  step_posted_ = actor_.Post([this] { RunStep(); });
+}
+
+void GenerationScheduler::Finish(Sequence& sequence, GenerationResult result) {
+  if (sequence.finished) return;
+  sequence.finished = true;
+  sequence.state.reset();
+  UpdateCounts();
+  result.prompt_tokens = static_cast<int>(sequence.request.prompt.size());
+  result.generated_tokens = static_cast<int>(sequence.generated.size());
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_.erase(sequence.request.id);
+    if (metrics_) metrics_->active->Set(static_cast<double>(in_flight_.size()));
+  }
+  if (metrics_) metrics_->requests.WithLabels({FinishReasonName(result.reason)})->Increment();
+  if (result.reason == FinishReason::kError) {
+    LOG(WARNING) << "request " << sequence.request.id << " failed: " << result.status;
+  }
+  sequence.sink->OnFinish(result);
+}
+
+void GenerationScheduler::RemoveFinished() {
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](const std::shared_ptr<Sequence>& s) { return s->finished; }),
+                 running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [](const std::shared_ptr<Sequence>& s) { return s->finished; }),
+                 waiting_.end());
+}
+
+void GenerationScheduler::UpdateCounts() {
+  int cached = 0;
+  int64_t bytes = 0;
+  for (const auto& sequence : running_) {
+    if (sequence->state == nullptr) continue;
+    ++cached;
+    bytes += static_cast<int64_t>(sequence->state->ByteSize());
+  }
+  cached_sequences_.store(cached, std::memory_order_release);
+  state_bytes_.store(bytes, std::memory_order_release);
+  if (metrics_) {
+    metrics_->cached->Set(cached);
+    metrics_->state_bytes->Set(static_cast<double>(bytes));
+  }
+}
+
+void GenerationScheduler::RunStep() {
+  step_posted_ = false;
+  for (auto& sequence : running_) {
+    if (sequence->handle->cancelled()) Finish(*sequence, sequence->handle->CancelResult());
+  }
+  for (auto& sequence : waiting_) {
+    if (sequence->handle->cancelled()) Finish(*sequence, sequence->handle->CancelResult());
+  }
+  RemoveFinished();
+  while (!waiting_.empty() && running_.size() < static_cast<size_t>(options_.max_sequences)) {
+    waiting_.front()->state = runner_.NewSequence();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  if (running_.empty()) {
+    UpdateCounts();
+    return;
+  }
+
+  // Decode tokens first (a rotating window when they exceed the budget), then prefill chunks.
+  std::vector<BatchEntry> batch;
+  std::vector<Sequence*> members;
+  std::vector<bool> samples;  // whether the entry's logits row yields a token
+  int64_t budget = options_.max_batch_tokens;
+  std::vector<Sequence*> decoders;
+  for (auto& sequence : running_) {
+    if (sequence->decoding()) decoders.push_back(sequence.get());
+  }
+  if (!decoders.empty()) {
+    const size_t count = decoders.size();
+    const size_t take = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(count), budget));
+    const size_t start = decode_cursor_ % count;
+    for (size_t i = 0; i < take; ++i) {
+      Sequence* sequence = decoders[(start + i) % count];
+      batch.push_back({sequence->state.get(), absl::MakeConstSpan(&sequence->generated.back(), 1),
+                       false});
+      members.push_back(sequence);
+      samples.push_back(true);
+    }
+    decode_cursor_ = (start + take) % count;
+    budget -= static_cast<int64_t>(take);
+  }
+  int64_t prefill_tokens = 0;
+  for (auto& sequence : running_) {
+    if (budget == 0) break;
+    if (sequence->decoding()) continue;
+    const std::vector<int32_t>& prompt = sequence->request.prompt;
+    const int64_t chunk =
+        std::min<int64_t>(budget, static_cast<int64_t>(prompt.size() - sequence->consumed));
+    batch.push_back({sequence->state.get(),
+                     absl::MakeConstSpan(prompt.data() + sequence->consumed, chunk), false});
+    members.push_back(sequence.get());
+    samples.push_back(sequence->consumed + chunk == prompt.size());
+    budget -= chunk;
+    prefill_tokens += chunk;
+  }
+
+  const absl::Time start = absl::Now();
+  const absl::Status status = runner_.Step(batch, &logits_);
+  if (metrics_) {
+    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->step_tokens->Observe(static_cast<double>(options_.max_batch_tokens - budget));
+  }
+  if (!status.ok()) {
+    GenerationResult result;
+    result.reason = FinishReason::kError;
+    result.status = StepFailure(status);
+    result.message = std::string(result.status.message());
+    for (Sequence* sequence : members) Finish(*sequence, result);
+  } else {
+    if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(prefill_tokens));
+    const int64_t vocab = config().vocab_size;
+    for (size_t i = 0; i < members.size(); ++i) {
+      Sequence& sequence = *members[i];
+      if (!sequence.decoding()) sequence.consumed += batch[i].tokens.size();
+      if (!samples[i]) continue;
+      const int32_t token = sequence.sampler.Next(logits_.data() + i * vocab, vocab);
+      sequence.generated.push_back(token);
+      if (metrics_) metrics_->generated_tokens->Increment();
+      const int generated = static_cast<int>(sequence.generated.size());
+      sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
+      const std::vector<int32_t>& stops = sequence.request.stop_token_ids;
+      if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+        Finish(sequence, GenerationResult{FinishReason::kStop});
+      } else if (generated >= sequence.request.max_new_tokens) {
+        Finish(sequence, GenerationResult{FinishReason::kLength});
+      }
+    }
+  }
+  RemoveFinished();
+  UpdateCounts();
+  if (!running_.empty() || !waiting_.empty()) PostStep();
+}
+
+}  // namespace k3

@@ -1,0 +1,213 @@
+// GenerationScheduler: continuous batching of generation requests over one ModelRunner.
+//
+// One scheduler thread (an Actor) owns the ModelRunner and every request's SequenceState. It runs
+// model steps back to back while there is work; between two steps it admits submitted requests,
+// drops cancelled ones and frees the state of finished ones. Each step packs up to
+// `max_batch_tokens` tokens:
+//   1. one decode token for every sequence that has consumed its prompt (if there are more such
+//      sequences than the budget, a rotating window of them, so none starves);
+//   2. the rest of the budget goes to prompts, as prefill chunks, in admission order; a prompt
+//      longer than what is left is continued in the next steps (chunked prefill).
+// A sequence whose prompt completes in a step samples its first token from that step's logits;
+// a decoding sequence samples one token per step. Each sequence samples with its own Sampler
+// (seeded per request), so its tokens do not depend on what it is batched with, up to the
+// rounding differences of batched matrix products.
+//
+// At most `max_sequences` requests hold state at once; later ones wait (unadmitted, stateless)
+// in submission order.
+//
+// A request ends exactly once, with GenerationSink::OnFinish:
+//   LENGTH    max_new_tokens generated;
+//   STOP      a stop token was generated (it is part of the output);
+//   CANCELLED RequestHandle::Cancel / Abort (status OK) or shutdown (status UNAVAILABLE);
+//   ERROR     the model step failed, e.g. a lost expert worker (status UNAVAILABLE with the
+//             cause; INTERNAL for errors that retrying cannot fix). Every sequence of the failed
+//             step ends so (their states are inconsistent); the others continue.
+// Before OnFinish runs, the request's state is freed and it has left Info()'s counts, so a client
+// that sees the end can observe the freed state.
+//
+// Metrics (when a registry is given): k3_attention_requests_total{finish_reason},
+// k3_attention_rejected_requests_total, k3_attention_prompt_tokens_total,
+// k3_attention_generated_tokens_total, k3_attention_active_requests,
+// k3_attention_cached_sequences, k3_attention_request_state_bytes, k3_attention_step_seconds and
+// k3_attention_step_tokens.
+//
+// Thread-safety: all public methods may be called from any thread. Sinks are called on the
+// scheduler thread and must not block.
+#ifndef K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_
+#define K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attention_nodes/model_runner.h"
+#include "attention_nodes/sampler.h"
+#include "cluster/actor.h"
+#include "cluster/metrics.h"
+#include "model/weights.h"
+#include "router/routed_moe.h"
+
+namespace k3 {
+
+struct SchedulerOptions {
+  int64_t max_batch_tokens = 2048;  // tokens per model step, decode tokens and prefill chunks
+  int max_sequences = 64;           // requests holding KV/KDA state at once
+  int max_new_tokens_limit = 4096;  // requests asking for more are rejected
+  int max_prompt_tokens = 32768;    // longer prompts are rejected
+
+  // INVALID_ARGUMENT naming the first option out of range.
+  absl::Status Validate() const;
+};
+
+struct GenerationRequest {
+  std::string id;  // unique among requests in flight; empty: the scheduler assigns one
+  std::vector<int32_t> prompt;
+  SamplingOptions sampling;
+  int max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kError };
+
+const char* FinishReasonName(FinishReason reason);
+
+struct GenerationResult {
+  FinishReason reason = FinishReason::kLength;
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  // How the call should end: OK for kLength, kStop and a cancelled request; UNAVAILABLE for
+  // shutdown and failed steps (INTERNAL for failures retrying cannot fix).
+  absl::Status status;
+  std::string message;  // why, for kCancelled and kError
+};
+
+// Receives one request's output. Called on the scheduler thread; must not block.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  // A new token; counts are cumulative, this token included.
+  virtual void OnToken(int32_t token, int prompt_tokens, int generated_tokens) = 0;
+  // The end, exactly once, after every OnToken.
+  virtual void OnFinish(const GenerationResult& result) = 0;
+};
+
+// A submitted request, as its submitter sees it.
+class RequestHandle {
+ public:
+  explicit RequestHandle(std::string id) : id_(std::move(id)) {}
+  const std::string& id() const { return id_; }
+
+  // Asks the scheduler to end the request with CANCELLED and `message` at the next step boundary.
+  // `status` is how the call ends (OK for an abort). Only the first call counts. Thread-safe.
+  void Cancel(absl::Status status, std::string message);
+
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // REQUIRES: cancelled().
+  GenerationResult CancelResult() const;
+
+ private:
+  const std::string id_;
+  mutable absl::Mutex mu_;
+  std::atomic<bool> cancelled_{false};
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::string message_ ABSL_GUARDED_BY(mu_);
+};
+
+struct SchedulerInfo {
+  int active_requests = 0;    // submitted and not yet finished
+  int cached_sequences = 0;   // requests holding a SequenceState
+  int64_t state_bytes = 0;    // SequenceState::ByteSize over them
+  bool draining = false;
+};
+
+class GenerationScheduler {
+ public:
+  // `weights` and `routed_moe` must outlive the scheduler; the scheduler thread is their only
+  // user. `metrics` may be null. REQUIRES: options.Validate() is OK (CHECK-fails otherwise).
+  GenerationScheduler(const ModelWeights* weights, RoutedMoe* routed_moe,
+                      const SchedulerOptions& options, MetricsRegistry* metrics);
+  // Shutdown().
+  ~GenerationScheduler();
+
+  GenerationScheduler(const GenerationScheduler&) = delete;
+  GenerationScheduler& operator=(const GenerationScheduler&) = delete;
+
+  const ModelConfig& config() const { return weights_->config; }
+  const SchedulerOptions& options() const { return options_; }
+
+  // INVALID_ARGUMENT naming what is wrong: empty or too long prompt, token ids outside the
+  // vocabulary (prompt or stop tokens), max_new_tokens outside [1, max_new_tokens_limit], bad
+  // sampling options.
+  absl::Status Validate(const GenerationRequest& request) const;
+
+  // Validates and queues `request`; `sink` gets its output. Errors: INVALID_ARGUMENT (Validate),
+  // ALREADY_EXISTS (the id is in flight), UNAVAILABLE (draining or shut down).
+  absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(GenerationRequest request,
+                                                        std::shared_ptr<GenerationSink> sink);
+
+  // Cancels the request in flight with this id (finish reason CANCELLED, call status OK).
+  // False when there is none.
+  bool Abort(const std::string& id, const std::string& message);
+
+  SchedulerInfo Info() const;
+
+  // Stops admitting: later Submits get UNAVAILABLE; requests in flight continue.
+  void StopAdmitting();
+  // Waits until no request is in flight; false at `deadline`.
+  bool WaitIdle(absl::Time deadline) const;
+  // Cancels every request in flight with `status` (CANCELLED finish reason).
+  void CancelAll(const absl::Status& status);
+
+  // Stops admitting, cancels what is in flight with UNAVAILABLE "shutting down" and stops the
+  // scheduler thread. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Sequence;
+  struct Metrics;
+
+  // Scheduler thread only.
+  void Admit(std::shared_ptr<Sequence> sequence);
+  void PostStep();
+  void RunStep();
+  void Finish(Sequence& sequence, GenerationResult result);
+  void RemoveFinished();
+  void UpdateCounts();
+
+  const ModelWeights* const weights_;
+  const SchedulerOptions options_;
+  std::unique_ptr<Metrics> metrics_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<RequestHandle>> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool admitting_ ABSL_GUARDED_BY(mu_) = true;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<int> cached_sequences_{0};
+  std::atomic<int64_t> state_bytes_{0};
+
+  // Scheduler thread only.
+  ModelRunner runner_;
+  std::deque<std::shared_ptr<Sequence>> waiting_;
+  std::vector<std::shared_ptr<Sequence>> running_;  // in admission order
+  size_t decode_cursor_ = 0;
+  bool step_posted_ = false;
+  std::vector<float> logits_;
+
+  Actor actor_;  // last: its thread stops before the members above go away
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_

@@ -1,0 +1,321 @@
+// RemoteRoutedMoe over the in-process transport, against fake routers that compute with
+// LocalRoutedMoe: answers must equal LocalRoutedMoe called directly, bit for bit, and every failure
+// (router error, router death, silence) must end Wait with a clear status instead of a hang.
+#include "attention_nodes/remote_routed_moe.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "attention_nodes/model_runner.h"
+#include "cluster/inproc_transport.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+#include "router/local_routed_moe.h"
+#include "router/moe_wire.h"
+
+namespace k3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr PeerId kAttentionPeer = 100;  // the routers' name for the attention side
+
+std::unique_ptr<ModelWeights> TinyWeights() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(base ? base : "/tmp") / "remote_routed_moe_k3_tiny";
+  fs::remove_all(dir);
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  EXPECT_TRUE(config.ok());
+  EXPECT_TRUE(WriteRandomCheckpoint(*config, 7, dir.string()).ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status();
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
+      LoadWeights(std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  return std::move(*weights);
+}
+
+std::vector<float> RandomRows(int64_t tokens, int width, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> rows(static_cast<size_t>(tokens * width));
+  for (float& v : rows) v = normal(rng);
+  return rows;
+}
+
+// A router in a thread: answers each MoeRequest with LocalRoutedMoe, or as told by `mode`.
+class FakeRouter {
+ public:
+  enum class Mode {
+    kAnswer,          // the right answer
+    kFail,            // status UNAVAILABLE naming a lost worker
+    kSilent,          // never answers
+    kStaleThenAnswer  // first an answer with another step id and garbage rows, then the right one
+  };
+
+  FakeRouter(InProcNetwork* network, const ModelWeights* weights, Mode mode)
+      : transport_(network->CreateTransport()), moe_(weights), weights_(weights), mode_(mode) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeRouter() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  InProcTransport& transport() { return *transport_; }
+  int requests() const { return requests_; }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      absl::StatusOr<Received> received =
+          transport_->Receive(absl::Now() + absl::Milliseconds(20));
+      if (!received.ok() && !absl::IsDeadlineExceeded(received.status())) {
+        absl::SleepFor(absl::Milliseconds(1));  // killed: nothing more will arrive
+      }
+      if (!received.ok() || received->kind != Received::Kind::kMessage) continue;
+      MoeRequest request;
+      ASSERT_TRUE(Decode(received->bytes, &request).ok());
+      ++requests_;
+      MoeResponse response;
+      response.step_id = request.step_id;
+      switch (mode_) {
+        case Mode::kSilent:
+          continue;
+        case Mode::kFail:
+          response.status = absl::UnavailableError("expert worker node 5 (pid 42 on h) lost");
+          break;
+        case Mode::kStaleThenAnswer: {
+          MoeResponse stale;
+          stale.step_id = request.step_id + 1000000;
+          stale.tokens = request.tokens;
+          stale.width = weights_->config.ExpertWidth();
+          stale.rows.assign(static_cast<size_t>(stale.tokens * stale.width), 1e9f);
+          ASSERT_TRUE(transport_->Send(received->from, Encode(stale)).ok());
+          [[fallthrough]];
+        }
+        case Mode::kAnswer:
+          response.tokens = request.tokens;
+          response.width = weights_->config.ExpertWidth();
+          response.rows.resize(static_cast<size_t>(response.tokens * response.width));
+          response.status = moe_.Begin(request.layer, request.rows.data(), request.tokens);
+          if (response.status.ok()) response.status = moe_.Wait(response.rows.data());
+          if (!response.status.ok()) response.rows.clear();
+          break;
+      }
+      ASSERT_TRUE(transport_->Send(received->from, Encode(response)).ok());
+    }
+  }
+
+  std::unique_ptr<InProcTransport> transport_;
+  LocalRoutedMoe moe_;
+  const ModelWeights* weights_;
+  const Mode mode_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+class RemoteRoutedMoeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { weights_ = TinyWeights().release(); }
+  static void TearDownTestSuite() { delete weights_; }
+
+  // Links the attention transport and a router both ways; the attention side calls it `id`.
+  void Link(FakeRouter& router, PeerId id) {
+    ASSERT_TRUE(attention_->Connect(id, router.transport().LocalAddress()).ok());
+    ASSERT_TRUE(router.transport().Connect(kAttentionPeer, attention_->LocalAddress()).ok());
+  }
+
+  const ModelConfig& config() const { return weights_->config; }
+  int FirstMoeLayer() const {
+    for (int l = 0; l < config().num_hidden_layers; ++l) {
+      if (config().IsMoe(l)) return l;
+    }
+    return -1;
+  }
+
+  static const ModelWeights* weights_;
+  InProcNetwork network_;
+  std::unique_ptr<InProcTransport> attention_ = network_.CreateTransport();
+};
+
+const ModelWeights* RemoteRoutedMoeTest::weights_ = nullptr;
+
+TEST_F(RemoteRoutedMoeTest, LayerAnswersEqualLocalRoutedMoe) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  LocalRoutedMoe local(weights_);
+  const int width = config().ExpertWidth();
+  int checked = 0;
+  for (int layer = 0; layer < config().num_hidden_layers; ++layer) {
+    if (!config().IsMoe(layer)) continue;
+    for (int64_t tokens : {1, 5}) {
+      const std::vector<float> x = RandomRows(tokens, config().hidden_size, layer * 10 + tokens);
+      std::vector<float> got(tokens * width), want(tokens * width);
+      ASSERT_TRUE(remote.Begin(layer, x.data(), tokens).ok());
+      ASSERT_TRUE(remote.Wait(got.data()).ok());
+      ASSERT_TRUE(local.Begin(layer, x.data(), tokens).ok());
+      ASSERT_TRUE(local.Wait(want.data()).ok());
+      EXPECT_EQ(got, want) << "layer " << layer << ", " << tokens << " rows";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST_F(RemoteRoutedMoeTest, ModelStepLogitsEqualTheInProcessEngine) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  LocalRoutedMoe local(weights_);
+  ModelRunner remote_runner(weights_, &remote);
+  ModelRunner local_runner(weights_, &local);
+  const std::vector<int32_t> prompt = {3, 17, 250, 9, 511, 0, 42};
+  std::unique_ptr<SequenceState> a = remote_runner.NewSequence();
+  std::unique_ptr<SequenceState> b = local_runner.NewSequence();
+  std::vector<float> got, want;
+  ASSERT_TRUE(remote_runner.Step({{a.get(), prompt, true}}, &got).ok());
+  ASSERT_TRUE(local_runner.Step({{b.get(), prompt, true}}, &want).ok());
+  EXPECT_EQ(got, want);
+  const std::vector<int32_t> next = {77};
+  ASSERT_TRUE(remote_runner.Step({{a.get(), next, false}}, &got).ok());
+  ASSERT_TRUE(local_runner.Step({{b.get(), next, false}}, &want).ok());
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessage) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kFail);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 1);
+  std::vector<float> out(2 * config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  const absl::Status status = remote.Wait(out.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(status.message(), "expert worker node 5")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
+}
+
+TEST_F(RemoteRoutedMoeTest, StaleAnswersAreDropped) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kStaleThenAnswer);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  LocalRoutedMoe local(weights_);
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(3, config().hidden_size, 2);
+  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());
+  ASSERT_TRUE(remote.Wait(got.data()).ok());
+  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
+  ASSERT_TRUE(local.Wait(want.data()).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(remote.stale_answers(), 1u);
+}
+
+TEST_F(RemoteRoutedMoeTest, SilentRouterHitsTheDeadline) {
+  FakeRouter silent(&network_, weights_, FakeRouter::Mode::kSilent);
+  Link(silent, 1);
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(200);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 3);
+  std::vector<float> out(config().ExpertWidth());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
+  const absl::Status status = remote.Wait(out.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(RemoteRoutedMoeTest, DeadRouterFailsTheStepWhenNoOtherIsLeft) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kSilent);
+  Link(router, 1);
+  std::vector<PeerId> failed;
+  RemoteRoutedMoeOptions options;
+  options.on_router_failed = [&failed](PeerId peer, const absl::Status&) { failed.push_back(peer); };
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 4);
+  std::vector<float> out(config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
+  while (router.requests() == 0) absl::SleepFor(absl::Milliseconds(1));
+  router.transport().Kill();
+  const absl::Time start = absl::Now();
+  const absl::Status status = remote.Wait(out.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(failed, std::vector<PeerId>{1});
+  EXPECT_EQ(remote.usable_routers(), 0);
+  // Nothing left to send to: the next layer fails at once.
+  EXPECT_EQ(remote.Begin(FirstMoeLayer(), x.data(), 1).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RemoteRoutedMoeTest, RowsMoveToAnotherRouterWhenTheirRouterDies) {
+  FakeRouter doomed(&network_, weights_, FakeRouter::Mode::kSilent);
+  FakeRouter healthy(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(doomed, 1);
+  Link(healthy, 2);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1, 2});
+  LocalRoutedMoe local(weights_);
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(4, config().hidden_size, 5);
+  std::vector<float> got(4 * config().ExpertWidth()), want(got.size());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 4).ok());  // round-robin starts with router 1
+  while (doomed.requests() == 0) absl::SleepFor(absl::Milliseconds(1));
+  doomed.transport().Kill();
+  ASSERT_TRUE(remote.Wait(got.data()).ok());
+  ASSERT_TRUE(local.Begin(layer, x.data(), 4).ok());
+  ASSERT_TRUE(local.Wait(want.data()).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(healthy.requests(), 1);
+  EXPECT_EQ(remote.usable_routers(), 1);
+}
+
+TEST_F(RemoteRoutedMoeTest, LayersAlternateBetweenRouters) {
+  FakeRouter first(&network_, weights_, FakeRouter::Mode::kAnswer);
+  FakeRouter second(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(first, 1);
+  Link(second, 2);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1, 2});
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 6);
+  std::vector<float> out(config().ExpertWidth());
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
+    ASSERT_TRUE(remote.Wait(out.data()).ok());
+  }
+  EXPECT_EQ(first.requests(), 3);
+  EXPECT_EQ(second.requests(), 3);
+}
+
+TEST_F(RemoteRoutedMoeTest, NoRouterIsUnavailableAtBegin) {
+  RemoteRoutedMoe remote(attention_.get(), config());
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 7);
+  const absl::Status status = remote.Begin(FirstMoeLayer(), x.data(), 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(status.message(), "no router")) << status;
+  std::vector<float> out(config().ExpertWidth());
+  EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace k3
