@@ -1,0 +1,425 @@
+#include "expert_nodes/expert_node.h"
+
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cluster/cluster_placement.h"
+#include "cluster/coordinator_client.h"
+#include "cluster/grpc_server.h"
+#include "cluster/metrics.h"
+#include "cluster/ucx_transport.h"
+#include "expert_nodes/expert_worker.h"
+#include "glog/logging.h"
+#include "model/checkpoint.h"
+#include "model/weights.h"
+#include "proto/cluster.grpc.pb.h"
+#include "router/node_process.h"
+#include "router/peer_links.h"
+#include "tools/cli_flags.h"
+
+namespace k3 {
+
+namespace pb = k3serve::cluster::v1;
+
+namespace {
+
+constexpr char kServiceName[] = "k3serve.cluster.v1.ExpertWorker";
+constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+constexpr absl::Duration kGaugeInterval = absl::Seconds(1);
+// How long a request sent under a placement this node has not seen yet waits for it: a router may
+// learn of a new placement a heartbeat before the node it names does.
+constexpr absl::Duration kDeferLimit = absl::Seconds(2);
+
+// The Status RPC's answer, published by the serving thread.
+class StatusBoard {
+ public:
+  void Set(pb::ExpertStatusResponse status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+  }
+  void SetRows(int64_t rows) {
+    absl::MutexLock lock(&mu_);
+    status_.set_rows_processed(rows);
+  }
+  pb::ExpertStatusResponse Get() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  pb::ExpertStatusResponse status_ ABSL_GUARDED_BY(mu_);
+};
+
+class ExpertWorkerService final : public pb::ExpertWorker::Service {
+ public:
+  explicit ExpertWorkerService(const StatusBoard* board) : board_(board) {}
+
+  ::grpc::Status LoadExperts(::grpc::ServerContext*, const pb::LoadExpertsRequest*,
+                             pb::LoadExpertsResponse*) override {
+    return ::grpc::Status(::grpc::StatusCode::UNIMPLEMENTED,
+                          "LoadExperts is not supported: an expert node hosts what the "
+                          "coordinator's placement gives its worker slot");
+  }
+
+  ::grpc::Status Status(::grpc::ServerContext*, const pb::ExpertStatusRequest*,
+                        pb::ExpertStatusResponse* response) override {
+    *response = board_->Get();
+    return ::grpc::Status::OK;
+  }
+
+ private:
+  const StatusBoard* const board_;
+};
+
+struct NodeMetrics {
+  explicit NodeMetrics(MetricsRegistry* r)
+      : weight_bytes(r->AddGauge("k3_expert_weight_bytes",
+                                 "Bytes of expert weights this node maps or owns").Get()),
+        resident_bytes(r->AddGauge("k3_expert_resident_bytes",
+                                   "Resident set size of the process").Get()),
+        hosted_experts(r->AddGauge("k3_expert_hosted_experts",
+                                   "Experts hosted, summed over MoE layers").Get()),
+        rows(r->AddCounter("k3_expert_rows_total", "Rows computed").Get()),
+        requests(r->AddCounter("k3_expert_requests_total", "ExpertRequests answered, by code",
+                               {"code"})),
+        seconds(r->AddHistogram("k3_expert_request_seconds", "Time to compute one ExpertRequest",
+                                ExponentialBuckets(1e-5, 2, 20))
+                    .Get()) {}
+
+  Gauge* weight_bytes;
+  Gauge* resident_bytes;
+  Gauge* hosted_experts;
+  Counter* rows;
+  MetricFamily<Counter>& requests;
+  Histogram* seconds;
+};
+
+class ExpertNode {
+ public:
+  explicit ExpertNode(ExpertNodeOptions options)
+      : options_(std::move(options)), service_(&board_), metrics_(&DefaultMetrics()) {}
+
+  absl::Status Start();
+  // Serves until a stop signal; an error when a placement's experts cannot be loaded.
+  absl::Status Run(StopSignals* signals);
+  void Shutdown();
+
+ private:
+  // Acts on the newest cluster state: loads the experts of a new placement when they changed.
+  absl::Status MaybeReload();
+  absl::Status Load(ExpertHosting hosting);
+  void PublishStatus(int64_t weight_bytes);
+  // Answers a request (see ExpertWorker::Handle for `may_defer`) and records it in the metrics.
+  void Serve(const Received& received, bool may_defer);
+  // Hands deferred requests to the current worker: all of them, or those past their limit.
+  void ServeDeferred(bool all);
+
+  const ExpertNodeOptions options_;
+  StatusBoard board_;
+  ExpertWorkerService service_;
+  NodeMetrics metrics_;
+  std::shared_ptr<const Checkpoint> checkpoint_;
+  std::unique_ptr<UcxTransport> transport_;
+  std::unique_ptr<PeerLinks> links_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<CoordinatorClient> client_;
+
+  absl::Mutex mu_;
+  pb::ClusterState state_ ABSL_GUARDED_BY(mu_);
+  bool state_changed_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Serving thread only.
+  uint32_t node_id_ = 0;
+  std::string name_ = "expert node (unregistered)";
+  std::unique_ptr<ExpertWorker> worker_;
+  struct Deferred {
+    Received received;
+    absl::Time until;  // answered by whatever worker is current then
+  };
+  std::deque<Deferred> deferred_;
+};
+
+absl::Status ExpertNode::Start() {
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.model);
+  if (!checkpoint.ok()) return checkpoint.status();
+  checkpoint_ = *std::move(checkpoint);
+  const ModelConfig& config = checkpoint_->config();
+  if (config.num_experts == 0 || config.NumMoeLayers() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model in ", options_.model, " has no routed experts"));
+  }
+  worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
+
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create();
+  if (!transport.ok()) return transport.status();
+  transport_ = *std::move(transport);
+  links_ = std::make_unique<PeerLinks>(transport_.get());
+
+  GrpcServerOptions server_options;
+  server_options.address = HostPort(options_.host, options_.port);
+  server_options.health_services = {kServiceName};
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(server_options, {&service_});
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  server_->SetServing("", true);
+
+  const std::string advertised = AdvertisedHost(options_.host);
+  pb::NodeInfo node;
+  node.set_role(pb::ROLE_EXPERT);
+  node.set_grpc_address(HostPort(advertised, server_->port()));
+  node.set_transport_address(transport_->LocalAddress());
+  node.set_expert_slots(options_.slots);
+  if (options_.metrics_port >= 0) {
+    MetricsHttpOptions http_options;
+    http_options.host = options_.host;
+    http_options.port = options_.metrics_port;
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+        MetricsHttpServer::Start(http_options, &DefaultMetrics());
+    if (!http.ok()) return http.status();
+    http_ = *std::move(http);
+    node.set_metrics_address(HostPort(advertised, http_->port()));
+  }
+  PublishStatus(0);
+
+  CoordinatorClientOptions client_options;
+  client_options.coordinator_address = options_.coordinator;
+  client_options.node = node;
+  CoordinatorCallbacks callbacks;
+  callbacks.on_cluster_state = [this](const pb::ClusterState& state) {
+    links_->SetTargets(LinkTargets(state, {pb::ROLE_ROUTER}, /*self=*/0));
+    absl::MutexLock lock(&mu_);
+    state_ = state;
+    state_changed_ = true;
+  };
+  client_ = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  LOG(INFO) << "expert node serving gRPC on " << node.grpc_address()
+            << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "") << ", " << options_.slots
+            << " expert slots; registering with the coordinator at " << options_.coordinator;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertNode::Run(StopSignals* signals) {
+  absl::Time next_gauges = absl::InfinitePast();
+  for (;;) {
+    if (const int signal_number = signals->Poll(); signal_number != 0) {
+      LOG(INFO) << name_ << " got signal " << signal_number << "; shutting down";
+      return absl::OkStatus();
+    }
+    if (absl::Status status = MaybeReload(); !status.ok()) return status;
+    if (!deferred_.empty()) ServeDeferred(/*all=*/false);
+    absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
+    if (received.ok()) {
+      Serve(*received, /*may_defer=*/true);
+    } else if (received.status().code() == absl::StatusCode::kCancelled) {
+      return received.status();
+    }
+    if (absl::Now() >= next_gauges) {
+      next_gauges = absl::Now() + kGaugeInterval;
+      if (absl::StatusOr<int64_t> rss = ResidentBytes(); rss.ok()) {
+        metrics_.resident_bytes->Set(static_cast<double>(*rss));
+      }
+      pb::LoadStats load;
+      load.set_state_bytes(static_cast<int64_t>(metrics_.weight_bytes->Value()));
+      client_->SetLoad(load);
+    }
+  }
+}
+
+void ExpertNode::Serve(const Received& received, bool may_defer) {
+  if (received.kind == Received::Kind::kPeerFailed) {
+    links_->MarkFailed(received.from, received.error);
+    return;
+  }
+  const absl::Time start = absl::Now();
+  const int64_t rows_before = worker_->rows_processed();
+  ExpertWorker::Outcome outcome = worker_->Handle(transport_.get(), received, may_defer);
+  if (outcome.deferred) {
+    deferred_.push_back(Deferred{received, start + kDeferLimit});
+    return;
+  }
+  metrics_.seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_.requests.WithLabels({absl::StatusCodeToString(outcome.answer.code())})->Increment();
+  if (const int64_t rows = worker_->rows_processed() - rows_before; rows > 0) {
+    metrics_.rows->Increment(static_cast<double>(rows));
+    board_.SetRows(worker_->rows_processed());
+  }
+}
+
+void ExpertNode::ServeDeferred(bool all) {
+  const absl::Time now = absl::Now();
+  std::deque<Deferred> waiting;
+  waiting.swap(deferred_);
+  for (Deferred& entry : waiting) {
+    if (all || now >= entry.until) {
+      Serve(entry.received, /*may_defer=*/now < entry.until);
+    } else {
+      deferred_.push_back(std::move(entry));
+    }
+  }
+}
+
+absl::Status ExpertNode::MaybeReload() {
+  pb::ClusterState state;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!state_changed_) return absl::OkStatus();
+    state_changed_ = false;
+    state = state_;
+  }
+  absl::StatusOr<uint32_t> id = client_->WaitRegistered(absl::InfinitePast());
+  if (!id.ok()) return absl::OkStatus();  // the state of an earlier registration; wait for the next
+  if (*id != node_id_) {
+    node_id_ = *id;
+    name_ = absl::StrCat("expert node ", node_id_);
+  }
+  if (state.placement().version() <= worker_->hosting().placement_version) return absl::OkStatus();
+  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state.placement());
+  const ModelConfig& config = checkpoint_->config();
+  if (placement.ok() && (placement->experts.num_experts != config.num_experts ||
+                         placement->experts.num_layers() != config.NumMoeLayers())) {
+    placement = absl::InvalidArgumentError(absl::StrCat(
+        "it places ", placement->experts.num_experts, " experts in ",
+        placement->experts.num_layers(), " MoE layers; the model has ", config.num_experts,
+        " in ", config.NumMoeLayers()));
+  }
+  if (!placement.ok()) {
+    LOG(ERROR) << name_ << ": ignoring placement version " << state.placement().version() << ": "
+               << placement.status().message();
+    return absl::OkStatus();
+  }
+  return Load(HostingFor(*placement, node_id_));
+}
+
+absl::Status ExpertNode::Load(ExpertHosting hosting) {
+  const ExpertHosting& current = worker_->hosting();
+  std::shared_ptr<const ModelWeights> weights;
+  if (hosting.worker >= 0 && hosting.worker == current.worker && hosting.experts == current.experts) {
+    // Same slice under a newer version (the coordinator moved another slot): keep the weights.
+    weights = worker_->weights();
+  } else if (hosting.worker >= 0) {
+    const absl::Time start = absl::Now();
+    const std::vector<int> experts = hosting.Union();
+    absl::StatusOr<std::unique_ptr<ModelWeights>> loaded =
+        LoadWeights(checkpoint_, WeightSelection::Experts(experts));
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("loading the experts of worker ", hosting.worker,
+                                       " of placement version ", hosting.placement_version,
+                                       ": ", loaded.status().message()));
+    }
+    weights = *std::move(loaded);
+    absl::StatusOr<int64_t> rss = ResidentBytes();
+    LOG(INFO) << name_ << " is worker " << hosting.worker << " of placement version "
+              << hosting.placement_version << ": " << hosting.TotalExperts() << " experts over "
+              << hosting.experts.size() << " MoE layers (" << experts.size() << " of "
+              << checkpoint_->config().num_experts << " expert ids), selected weights "
+              << weights->selected_bytes << " bytes ("
+              << absl::StrFormat("%.1f", weights->selected_bytes / 1048576.0)
+              << " MiB), process RSS "
+              << (rss.ok() ? absl::StrFormat("%.1f MiB", *rss / 1048576.0) : "unknown")
+              << ", loaded in " << absl::FormatDuration(absl::Now() - start);
+  } else {
+    LOG(INFO) << name_ << " holds no worker slot in placement version "
+              << hosting.placement_version << " (a spare)";
+  }
+  const int64_t weight_bytes = weights ? static_cast<int64_t>(weights->selected_bytes) : 0;
+  const bool serving = weights != nullptr;
+  worker_ = std::make_unique<ExpertWorker>(std::move(weights), std::move(hosting), name_);
+  PublishStatus(weight_bytes);
+  server_->SetServing(kServiceName, serving);
+  ServeDeferred(/*all=*/true);  // the requests that waited for this placement
+  return absl::OkStatus();
+}
+
+void ExpertNode::PublishStatus(int64_t weight_bytes) {
+  const ExpertHosting& hosting = worker_->hosting();
+  pb::ExpertStatusResponse status;
+  status.set_placement_version(hosting.placement_version);
+  for (size_t layer = 0; layer < hosting.experts.size(); ++layer) {
+    pb::LayerExperts* hosted = status.add_hosted();
+    hosted->set_layer(static_cast<int>(layer));
+    for (int e : hosting.experts[layer]) hosted->add_expert_ids(e);
+  }
+  status.set_weight_bytes(weight_bytes);
+  status.set_rows_processed(worker_->rows_processed());
+  board_.Set(std::move(status));
+  metrics_.weight_bytes->Set(static_cast<double>(weight_bytes));
+  metrics_.hosted_experts->Set(static_cast<double>(hosting.TotalExperts()));
+}
+
+void ExpertNode::Shutdown() {
+  if (server_) server_->SetServing(kServiceName, false);
+  if (client_) client_->Stop();  // Leave: routers stop sending here
+  if (links_) links_->Stop();
+  if (transport_) transport_->Close();
+  if (http_) http_->Stop();
+  if (server_) server_->Shutdown(absl::Seconds(1));
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "k3serve expert: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags =
+      CliFlags::Parse(args, {"coordinator", "model", "slots", "port", "metrics-port", "host"});
+  if (!flags.ok()) return flags.status();
+  ExpertNodeOptions options;
+  absl::StatusOr<std::string> coordinator = flags->String("coordinator");
+  if (!coordinator.ok()) return coordinator.status();
+  options.coordinator = *coordinator;
+  absl::StatusOr<std::string> model = flags->String("model");
+  if (!model.ok()) return model.status();
+  options.model = *model;
+  if (!flags->Has("slots")) return absl::InvalidArgumentError("--slots is required");
+  absl::StatusOr<int64_t> slots = flags->Int("slots", 0);
+  if (!slots.ok()) return slots.status();
+  if (*slots < 1 || *slots > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("--slots is ", *slots, "; must be >= 1"));
+  }
+  options.slots = static_cast<int>(*slots);
+  options.host = flags->StringOr("host", options.host);
+  absl::StatusOr<int64_t> port = flags->Int("port", 0);
+  if (!port.ok()) return port.status();
+  absl::StatusOr<int> checked = CheckPort("port", *port, 0);
+  if (!checked.ok()) return checked.status();
+  options.port = *checked;
+  absl::StatusOr<int64_t> metrics_port = flags->Int("metrics-port", -1);
+  if (!metrics_port.ok()) return metrics_port.status();
+  if (*metrics_port != -1) {
+    checked = CheckPort("metrics-port", *metrics_port, 0);
+    if (!checked.ok()) return checked.status();
+  }
+  options.metrics_port = static_cast<int>(*metrics_port);
+  return options;
+}
+
+int RunExpertNode(const std::vector<std::string>& args) {
+  absl::StatusOr<ExpertNodeOptions> options = ParseExpertNodeArgs(args);
+  if (!options.ok()) return Fail(options.status());
+  StopSignals signals;  // before any thread starts
+  ExpertNode node(*std::move(options));
+  absl::Status status = node.Start();
+  if (status.ok()) status = node.Run(&signals);
+  node.Shutdown();
+  if (!status.ok()) {
+    LOG(ERROR) << "expert node: " << status;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace k3

@@ -1,0 +1,49 @@
+// The expert node process: `k3serve expert --coordinator HOST:PORT --model DIR --slots N
+//   [--port P] [--metrics-port P] [--host H]`.
+//
+// It registers with the coordinator as ROLE_EXPERT offering N expert slots (experts per MoE layer),
+// waits for a placement, maps ONLY the experts its worker slot hosts (WeightSelection::Experts of
+// their union over the layers, so its memory scales with its slice), connects the routers of the
+// cluster state and answers their ExpertRequests (expert_nodes/expert_worker.h) on one thread. A
+// node the placement does not use yet is a spare: the coordinator hands it a dead node's slot, and
+// it then loads that slot's experts.
+//
+// gRPC (one port): k3serve.cluster.v1.ExpertWorker (Status; LoadExperts answers UNIMPLEMENTED: the
+// coordinator's placement decides what a node hosts) and grpc.health.v1, where "" is SERVING while
+// the process runs (liveness) and "k3serve.cluster.v1.ExpertWorker" once its experts are loaded
+// (readiness). With --metrics-port, HTTP /metrics and /healthz:
+//   k3_expert_weight_bytes, k3_expert_resident_bytes, k3_expert_hosted_experts (summed over
+//   layers), k3_expert_rows_total, k3_expert_requests_total{code}, k3_expert_request_seconds.
+//
+// SIGINT/SIGTERM: reports NOT_SERVING, leaves the cluster, closes the transport, exits 0.
+// The data plane is UCX (cluster/ucx_transport.h); UCX_TLS / UCX_NET_DEVICES in the environment
+// choose its transports and devices.
+#ifndef K3SERVE_EXPERT_NODES_EXPERT_NODE_H_
+#define K3SERVE_EXPERT_NODES_EXPERT_NODE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace k3 {
+
+struct ExpertNodeOptions {
+  std::string coordinator;  // host:port
+  std::string model;        // checkpoint folder
+  int slots = 0;            // experts per MoE layer it can host, >= 1
+  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
+  int port = 0;             // gRPC; 0 picks one
+  int metrics_port = -1;    // -1: no HTTP metrics; 0 picks one
+};
+
+// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
+absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args);
+
+// Parses `args` (after the subcommand) and runs the node until SIGINT/SIGTERM. Returns the exit
+// status: 0 after a clean shutdown, 2 for bad flags, 1 when it could not start or load.
+int RunExpertNode(const std::vector<std::string>& args);
+
+}  // namespace k3
+
+#endif  // K3SERVE_EXPERT_NODES_EXPERT_NODE_H_

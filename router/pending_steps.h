@@ -1,0 +1,80 @@
+// PendingSteps: the router's table of MoE layer steps in flight. Several attention workers may have
+// steps of several layers in flight at once; each step waits for one ExpertResponse from every
+// expert worker it sent rows to, matched by the router's own step id and the answering node.
+//
+// Pure bookkeeping (no transport, no clock): the router feeds it answers, failures and the time, and
+// sends what comes out. Thread-compatible (the router's loop thread owns it).
+#ifndef K3SERVE_ROUTER_PENDING_STEPS_H_
+#define K3SERVE_ROUTER_PENDING_STEPS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cluster/transport.h"
+#include "router/moe_wire.h"
+#include "router/router_step.h"
+
+namespace k3 {
+
+struct PendingStep {
+  uint64_t id = 0;           // the router's step id, carried by its ExpertRequests
+  PeerId origin = 0;         // the attention peer that asked
+  uint64_t origin_step = 0;  // its MoeRequest's step id, echoed in the MoeResponse
+  int model_layer = 0;
+  absl::Time start;
+  absl::Time deadline;
+  RouterStep step;
+  // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer.
+  std::vector<PeerId> nodes;
+  std::vector<std::vector<float>> partials;
+  std::vector<bool> answered;
+  int outstanding = 0;  // slots with rows and no answer yet
+};
+
+class PendingSteps {
+ public:
+  enum class Outcome {
+    kDropped,   // no step waits for this answer (it ended already, or the node owes it nothing)
+    kWaiting,   // recorded; other workers still owe answers
+    kComplete,  // every answer is in: the step left the table
+    kFailed,    // the worker reported an error or sent a malformed answer: the step left the table
+  };
+  struct Answer {
+    Outcome outcome = Outcome::kDropped;
+    std::unique_ptr<PendingStep> step;  // set for kComplete and kFailed
+    absl::Status error;                 // kFailed: why
+  };
+
+  // REQUIRES: no step with the same id is pending; step->outstanding > 0.
+  void Add(std::unique_ptr<PendingStep> step);
+
+  // Records `node`'s answer to one of its steps. A kFailed error keeps the worker's status code.
+  Answer OnAnswer(PeerId node, ExpertResponse response);
+
+  // Removes and returns the steps still owed an answer by `node`, in id order.
+  std::vector<std::unique_ptr<PendingStep>> TakeWaitingOn(PeerId node);
+  // Removes and returns the steps whose deadline is at or before `now`, in id order.
+  std::vector<std::unique_ptr<PendingStep>> TakeExpired(absl::Time now);
+  // Removes and returns every step.
+  std::vector<std::unique_ptr<PendingStep>> TakeAll();
+
+  // The nodes that still owe `step` an answer, ascending.
+  static std::vector<PeerId> Unanswered(const PendingStep& step);
+
+  // Every node some pending step waits for, ascending.
+  std::vector<PeerId> AwaitedNodes() const;
+  // The earliest deadline; InfiniteFuture when nothing is pending.
+  absl::Time NextDeadline() const;
+  size_t size() const { return steps_.size(); }
+
+ private:
+  std::map<uint64_t, std::unique_ptr<PendingStep>> steps_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ROUTER_PENDING_STEPS_H_

@@ -1,0 +1,122 @@
+#include "router/pending_steps.h"
+
+#include <memory>
+
+#include "gtest/gtest.h"
+
+namespace k3 {
+namespace {
+
+constexpr int64_t kWidth = 3;
+
+// A step of `id` that sent rows[w] rows to nodes[w] (node 0: no rows for that slot).
+std::unique_ptr<PendingStep> MakeStep(uint64_t id, std::vector<PeerId> nodes,
+                                      std::vector<int> rows, absl::Time deadline) {
+  auto step = std::make_unique<PendingStep>();
+  step->id = id;
+  step->origin = 100;
+  step->origin_step = id * 10;
+  step->deadline = deadline;
+  step->step.width = kWidth;
+  step->step.plan.workers.resize(nodes.size());
+  for (size_t w = 0; w < nodes.size(); ++w) {
+    step->step.plan.workers[w].tokens.assign(rows[w], 0);
+    if (nodes[w] != 0) ++step->outstanding;
+  }
+  step->nodes = nodes;
+  step->partials.resize(nodes.size());
+  step->answered.assign(nodes.size(), false);
+  return step;
+}
+
+ExpertResponse Answer(uint64_t step, int64_t rows, float value) {
+  ExpertResponse response;
+  response.step_id = step;
+  response.rows_count = rows;
+  response.width = kWidth;
+  response.rows.assign(rows * kWidth, value);
+  return response;
+}
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(PendingStepsTest, CompletesWhenEveryWorkerAnsweredInAnyOrder) {
+  PendingSteps table;
+  table.Add(MakeStep(1, {7, 0, 9}, {2, 0, 1}, kT0));
+  EXPECT_EQ(table.size(), 1u);
+  PendingSteps::Answer first = table.OnAnswer(9, Answer(1, 1, 2.5f));
+  EXPECT_EQ(first.outcome, PendingSteps::Outcome::kWaiting);
+  EXPECT_EQ(first.step, nullptr);
+  PendingSteps::Answer second = table.OnAnswer(7, Answer(1, 2, -1.f));
+  ASSERT_EQ(second.outcome, PendingSteps::Outcome::kComplete);
+  ASSERT_NE(second.step, nullptr);
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(second.step->origin_step, 10u);
+  EXPECT_EQ(second.step->partials[0], std::vector<float>(2 * kWidth, -1.f));
+  EXPECT_TRUE(second.step->partials[1].empty());
+  EXPECT_EQ(second.step->partials[2], std::vector<float>(kWidth, 2.5f));
+}
+
+TEST(PendingStepsTest, DropsLateDuplicateAndForeignAnswers) {
+  PendingSteps table;
+  table.Add(MakeStep(1, {7, 9}, {1, 1}, kT0));
+  EXPECT_EQ(table.OnAnswer(7, Answer(2, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(8, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.size(), 1u);
+}
+
+TEST(PendingStepsTest, WorkerErrorsAndBadShapesFailTheStep) {
+  PendingSteps table;
+  table.Add(MakeStep(1, {7, 9}, {2, 1}, kT0));
+  table.Add(MakeStep(2, {7, 9}, {2, 1}, kT0));
+  ExpertResponse error;
+  error.step_id = 1;
+  error.status = absl::FailedPreconditionError("expert 3 is not hosted");
+  PendingSteps::Answer failed = table.OnAnswer(9, error);
+  ASSERT_EQ(failed.outcome, PendingSteps::Outcome::kFailed);
+  EXPECT_EQ(failed.error.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(failed.step->id, 1u);
+  PendingSteps::Answer malformed = table.OnAnswer(7, Answer(2, 1, 0.f));  // owes 2 rows
+  ASSERT_EQ(malformed.outcome, PendingSteps::Outcome::kFailed);
+  EXPECT_EQ(malformed.error.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST(PendingStepsTest, TakeWaitingOnTakesOnlyStepsTheNodeStillOwes) {
+  PendingSteps table;
+  table.Add(MakeStep(1, {7, 9}, {1, 1}, kT0));
+  table.Add(MakeStep(2, {7, 9}, {1, 1}, kT0));
+  table.Add(MakeStep(3, {0, 9}, {0, 1}, kT0));
+  ASSERT_EQ(table.OnAnswer(7, Answer(2, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
+  EXPECT_EQ(table.AwaitedNodes(), (std::vector<PeerId>{7, 9}));
+  std::vector<std::unique_ptr<PendingStep>> lost = table.TakeWaitingOn(7);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0]->id, 1u);
+  EXPECT_EQ(PendingSteps::Unanswered(*lost[0]), (std::vector<PeerId>{7, 9}));
+  EXPECT_EQ(table.size(), 2u);
+  EXPECT_EQ(table.AwaitedNodes(), (std::vector<PeerId>{9}));
+  EXPECT_EQ(table.TakeWaitingOn(9).size(), 2u);
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST(PendingStepsTest, ExpiresByDeadline) {
+  PendingSteps table;
+  EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
+  table.Add(MakeStep(1, {7}, {1}, kT0 + absl::Seconds(2)));
+  table.Add(MakeStep(2, {7}, {1}, kT0 + absl::Seconds(1)));
+  table.Add(MakeStep(3, {7}, {1}, kT0 + absl::Seconds(3)));
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(1));
+  EXPECT_TRUE(table.TakeExpired(kT0).empty());
+  std::vector<std::unique_ptr<PendingStep>> expired = table.TakeExpired(kT0 + absl::Seconds(2));
+  ASSERT_EQ(expired.size(), 2u);
+  EXPECT_EQ(expired[0]->id, 1u);
+  EXPECT_EQ(expired[1]->id, 2u);
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(3));
+  EXPECT_EQ(table.TakeAll().size(), 1u);
+  EXPECT_EQ(table.size(), 0u);
+}
+
+}  // namespace
+}  // namespace k3

@@ -1,0 +1,419 @@
+#include "router/router_core.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+#include "router/moe_layer_map.h"
+#include "router/moe_wire.h"
+#include "router/router_step.h"
+
+namespace k3 {
+
+namespace pb = k3serve::cluster::v1;
+
+struct RouterCore::Metrics {
+  explicit Metrics(MetricsRegistry* registry)
+      : steps(registry->AddCounter("k3_router_steps_total",
+                                   "MoE layer steps answered, by status code", {"code"})),
+        step_seconds(registry
+                         ->AddHistogram("k3_router_step_seconds",
+                                        "Time from a MoeRequest's arrival to its MoeResponse",
+                                        ExponentialBuckets(1e-4, 2, 18))
+                         .Get()),
+        pending(registry->AddGauge("k3_router_pending_steps", "MoE layer steps in flight").Get()),
+        tokens(registry->AddCounter("k3_router_routed_tokens_total",
+                                    "Tokens routed, by MoE layer index", {"layer"})),
+        max_vio(registry->AddGauge(
+            "k3_router_expert_load_max_vio",
+            "(max - mean) / mean tokens per expert over the load-statistics window, by MoE layer",
+            {"layer"})) {}
+
+  MetricFamily<Counter>& steps;
+  Histogram* step_seconds;
+  Gauge* pending;
+  MetricFamily<Counter>& tokens;
+  MetricFamily<Gauge>& max_vio;
+};
+
+absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeights* weights,
+                                                               Transport* transport,
+                                                               PeerLinks* links,
+                                                               const RouterCoreOptions& options,
+                                                               MetricsRegistry* metrics) {
+  const ModelConfig& config = weights->config;
+  if (config.num_experts == 0 || config.NumMoeLayers() == 0) {
+    return absl::InvalidArgumentError("the model has no routed experts: it needs no router");
+  }
+  if (options.step_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step timeout must be positive, not ", absl::FormatDuration(options.step_timeout)));
+  }
+  std::vector<std::vector<float>> bias;
+  for (int moe = 0; moe < config.NumMoeLayers(); ++moe) {
+    const int layer = *ModelLayerOfMoe(config, moe);
+    const RouterWeights& router = weights->layers[layer].moe.router;
+    if (router.gate.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the router weights of layer ", layer, " are not loaded"));
+    }
+    bias.push_back(router.score_bias);
+  }
+  absl::StatusOr<std::unique_ptr<RouterLoadStats>> stats = RouterLoadStats::Create(
+      config.num_experts, config.num_experts_per_token, bias, options.qb_bins);
+  if (!stats.ok()) return stats.status();
+  return std::unique_ptr<RouterCore>(
+      new RouterCore(weights, transport, links, options, *std::move(stats), metrics));
+}
+
+RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLinks* links,
+                       const RouterCoreOptions& options, std::unique_ptr<RouterLoadStats> stats,
+                       MetricsRegistry* metrics)
+    : weights_(weights),
+      config_(weights->config),
+      transport_(transport),
+      links_(links),
+      options_(options),
+      stats_(std::move(stats)),
+      metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
+      placement_problem_("no cluster state from the coordinator yet") {}
+
+RouterCore::~RouterCore() = default;
+
+void RouterCore::UpdateClusterState(const pb::ClusterState& state) {
+  absl::MutexLock lock(&state_mu_);
+  new_state_ = state;
+}
+
+absl::Status RouterCore::Poll(absl::Time deadline) {
+  ApplyClusterState();
+  absl::StatusOr<Received> received =
+      transport_->Receive(std::min(deadline, pending_.NextDeadline()));
+  if (received.ok()) {
+    // A state that came while waiting may be what let the message through (its sender was just
+    // connected): act on it first.
+    ApplyClusterState();
+    if (received->kind == Received::Kind::kPeerFailed) {
+      links_->MarkFailed(received->from, received->error);
+      FailWaitingOn(received->from, NodeStatus(received->from));
+    } else {
+      absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received->bytes);
+      if (kind.ok() && *kind == MoeMessageKind::kMoeRequest) {
+        HandleMoeRequest(received->from, received->bytes);
+      } else if (kind.ok() && *kind == MoeMessageKind::kExpertResponse) {
+        HandleExpertResponse(received->from, received->bytes);
+      } else {
+        LOG_EVERY_N(WARNING, 100) << "dropping a message from peer " << received->from
+                                  << " that a router does not take"
+                                  << (kind.ok() ? "" : absl::StrCat(": ", kind.status().message()));
+      }
+    }
+  } else if (received.status().code() == absl::StatusCode::kCancelled) {
+    return received.status();
+  }
+  ExpireSteps(absl::Now());
+  UpdateReadiness();
+  if (metrics_ != nullptr) metrics_->pending->Set(static_cast<double>(pending_.size()));
+  return absl::OkStatus();
+}
+
+void RouterCore::ApplyClusterState() {
+  std::optional<pb::ClusterState> state;
+  {
+    absl::MutexLock lock(&state_mu_);
+    state.swap(new_state_);
+  }
+  if (!state.has_value()) return;
+  members_.clear();
+  for (const pb::Member& member : state->members()) members_[member.node().node_id()] = member;
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    auto member = members_.find(it->first);
+    const bool same_process =
+        member != members_.end() && member->second.node().incarnation() == it->second.incarnation;
+    it = same_process ? std::next(it) : suspects_.erase(it);
+  }
+
+  const pb::ExpertPlacement& proto = state->placement();
+  if (proto.version() == 0) {
+    if (!placement_.placed()) {
+      placement_problem_ = absl::StrCat("no expert placement yet (coordinator: ",
+                                        state->not_ready_reason(), ")");
+    }
+  } else if (proto.version() > placement_.version() || !placement_problem_.empty()) {
+    absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(proto);
+    if (placement.ok() && (placement->experts.num_experts != config_.num_experts ||
+                           placement->experts.num_layers() != config_.NumMoeLayers())) {
+      placement = absl::InvalidArgumentError(absl::StrCat(
+          "it places ", placement->experts.num_experts, " experts in ",
+          placement->experts.num_layers(), " MoE layers; the model has ", config_.num_experts,
+          " in ", config_.NumMoeLayers()));
+    }
+    if (placement.ok()) {
+      if (placement->version() != placement_.version()) {
+        LOG(INFO) << "placement version " << placement->version() << ": workers on nodes "
+                  << absl::StrJoin(placement->worker_nodes, ",");
+      }
+      placement_ = *std::move(placement);
+      placement_problem_.clear();
+    } else {
+      // Acting on an older placement would send rows to the wrong workers.
+      placement_ = ClusterPlacement();
+      placement_problem_ = absl::StrCat("cannot use placement version ", proto.version(), ": ",
+                                        placement.status().message());
+      LOG(ERROR) << placement_problem_;
+    }
+  }
+  // Steps waiting for nodes that died or left end now.
+  for (PeerId node : pending_.AwaitedNodes()) {
+    absl::Status status = NodeStatus(node);
+    if (!status.ok()) FailWaitingOn(node, status);
+  }
+}
+
+std::string RouterCore::WorkerName(PeerId node) const {
+  auto it = members_.find(static_cast<uint32_t>(node));
+  if (it == members_.end()) return absl::StrCat("expert worker node ", node);
+  const pb::NodeInfo& info = it->second.node();
+  return absl::StrCat("expert worker node ", node, " (pid ", info.pid(), " on ",
+                      info.host().empty() ? "?" : info.host(), ")");
+}
+
+absl::Status RouterCore::NodeStatus(PeerId node) const {
+  auto member = members_.find(static_cast<uint32_t>(node));
+  if (member == members_.end()) {
+    return absl::UnavailableError(
+        absl::StrCat(WorkerName(node), " lost: it is not a member of the cluster"));
+  }
+  if (member->second.state() == pb::LEFT) {
+    return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: it left the cluster"));
+  }
+  if (member->second.state() == pb::DEAD) {
+    return absl::UnavailableError(absl::StrCat(
+        WorkerName(node), " lost: the coordinator marked it DEAD (its heartbeats stopped)"));
+  }
+  if (auto suspect = suspects_.find(node); suspect != suspects_.end()) {
+    return absl::UnavailableError(
+        absl::StrCat(WorkerName(node), " lost: ", suspect->second.reason));
+  }
+  absl::Status link = links_->LinkStatus(node);
+  if (link.ok()) return link;
+  if (link.code() == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", link.message()));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(WorkerName(node), " is not connected: ", link.message()));
+}
+
+absl::Status RouterCore::WorkerStatus(int worker) const {
+  return NodeStatus(placement_.worker_nodes[worker]);
+}
+
+void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
+  const absl::Time start = absl::Now();
+  MoeRequest request;
+  if (absl::Status decoded = Decode(bytes, &request); !decoded.ok()) {
+    // Decode reads the step id first: the attention worker can match the answer if it got there.
+    Reply(from, request.step_id, start, decoded);
+    return;
+  }
+  absl::StatusOr<int> moe_layer = MoeLayerIndex(config_, request.layer);
+  if (!moe_layer.ok()) {
+    Reply(from, request.step_id, start, moe_layer.status());
+    return;
+  }
+  if (request.width != config_.hidden_size) {
+    Reply(from, request.step_id, start,
+          absl::InvalidArgumentError(absl::StrCat("MoeRequest rows have width ", request.width,
+                                                  "; the router takes hidden_size ",
+                                                  config_.hidden_size)));
+    return;
+  }
+  if (!placement_problem_.empty()) {
+    Reply(from, request.step_id, start, absl::UnavailableError(placement_problem_));
+    return;
+  }
+  if (request.tokens == 0) {
+    Reply(from, request.step_id, start, absl::OkStatus());
+    return;
+  }
+
+  auto step = std::make_unique<PendingStep>();
+  step->id = next_step_id_++;
+  step->origin = from;
+  step->origin_step = request.step_id;
+  step->model_layer = request.layer;
+  step->start = start;
+  step->deadline = start + options_.step_timeout;
+  const ExpertPlacement& placement = placement_.experts;
+  const int layer = *moe_layer;
+  PrepareRouterStep(weights_->layers[request.layer].moe.router, config_, request.rows.data(),
+                    request.tokens, placement.num_workers,
+                    [&placement, layer](int32_t expert, int64_t token) {
+                      return placement.WorkerForToken(layer, expert, token);
+                    },
+                    &step->step);
+  stats_->Record(layer, step->step.routing);
+  if (metrics_ != nullptr) {
+    const std::string label = absl::StrCat(layer);
+    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
+    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
+  }
+
+  const int workers = placement.num_workers;
+  const std::vector<WorkerDispatch>& dispatch = step->step.plan.workers;
+  // Fail fast, before sending anything, when a worker the tokens need is gone.
+  for (int w = 0; w < workers; ++w) {
+    if (dispatch[w].tokens.empty()) continue;
+    if (absl::Status status = WorkerStatus(w); !status.ok()) {
+      Reply(from, request.step_id, start, status);
+      return;
+    }
+  }
+  step->nodes.assign(workers, 0);
+  step->partials.resize(workers);
+  step->answered.assign(workers, false);
+  for (int w = 0; w < workers; ++w) {
+    if (dispatch[w].tokens.empty()) continue;
+    ExpertRequest expert_request;
+    expert_request.step_id = step->id;
+    expert_request.layer = request.layer;
+    expert_request.placement_version = static_cast<uint64_t>(placement_.version());
+    expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
+    expert_request.width = static_cast<int32_t>(step->step.width);
+    expert_request.assignments = dispatch[w].assignments;
+    expert_request.rows = std::move(step->step.worker_rows[w]);
+    const PeerId node = placement_.worker_nodes[w];
+    if (absl::Status sent = transport_->Send(node, Encode(expert_request)); !sent.ok()) {
+      // Answers to what was already sent arrive for a step no longer pending and are dropped.
+      Reply(from, request.step_id, start,
+            absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message())));
+      return;
+    }
+    step->nodes[w] = node;
+    ++step->outstanding;
+  }
+  pending_.Add(std::move(step));
+}
+
+void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
+  if (auto suspect = suspects_.find(from); suspect != suspects_.end()) {
+    LOG(INFO) << WorkerName(from) << " answers again; it no longer counts as lost";
+    suspects_.erase(suspect);
+  }
+  ExpertResponse response;
+  if (absl::Status decoded = Decode(bytes, &response); !decoded.ok()) {
+    response.status = absl::InternalError(absl::StrCat("malformed answer: ", decoded.message()));
+    response.rows.clear();
+  }
+  PendingSteps::Answer answer = pending_.OnAnswer(from, std::move(response));
+  switch (answer.outcome) {
+    case PendingSteps::Outcome::kDropped:
+      VLOG(1) << "dropping a late or unexpected answer from " << WorkerName(from);
+      return;
+    case PendingSteps::Outcome::kWaiting:
+      return;
+    case PendingSteps::Outcome::kComplete:
+      Finish(std::move(answer.step));
+      return;
+    case PendingSteps::Outcome::kFailed:
+      Reply(answer.step->origin, answer.step->origin_step, answer.step->start,
+            absl::Status(answer.error.code(),
+                         absl::StrCat(WorkerName(from), ": ", answer.error.message())));
+      return;
+  }
+}
+
+void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
+  std::vector<const float*> partials;
+  for (const std::vector<float>& partial : step->partials) partials.push_back(partial.data());
+  std::vector<float> out(static_cast<size_t>(step->step.tokens * step->step.width));
+  FinishRouterStep(weights_->layers[step->model_layer].moe.router, config_, step->step, partials,
+                   out.data());
+  Reply(step->origin, step->origin_step, step->start, absl::OkStatus(), step->step.tokens,
+        std::move(out));
+}
+
+void RouterCore::ExpireSteps(absl::Time now) {
+  for (std::unique_ptr<PendingStep>& step : pending_.TakeExpired(now)) {
+    const std::vector<PeerId> late = PendingSteps::Unanswered(*step);
+    std::vector<std::string> messages;
+    for (PeerId node : late) {
+      auto member = members_.find(static_cast<uint32_t>(node));
+      Suspect& suspect = suspects_[node];
+      suspect.incarnation = member == members_.end() ? 0 : member->second.node().incarnation();
+      suspect.reason = absl::StrCat("no answer to a step of layer ", step->model_layer, " within ",
+                                    absl::FormatDuration(options_.step_timeout));
+      LOG(WARNING) << WorkerName(node) << ": " << suspect.reason
+                   << "; it counts as lost until it answers again";
+      messages.push_back(std::string(NodeStatus(node).message()));
+    }
+    Reply(step->origin, step->origin_step, step->start,
+          absl::UnavailableError(absl::StrJoin(messages, "; ")));
+    for (PeerId node : late) FailWaitingOn(node, NodeStatus(node));
+  }
+}
+
+void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
+  for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
+    Reply(step->origin, step->origin_step, step->start, status);
+  }
+}
+
+void RouterCore::FailAll(const absl::Status& status) {
+  for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) {
+    Reply(step->origin, step->origin_step, step->start, status);
+  }
+}
+
+void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
+                       int64_t tokens, std::vector<float> rows) {
+  MoeResponse response;
+  response.step_id = origin_step;
+  if (status.ok()) {
+    response.tokens = tokens;
+    response.width = config_.ExpertWidth();
+    response.rows = std::move(rows);
+  } else {
+    LOG_EVERY_N(WARNING, 100) << "step " << origin_step << " of attention peer " << origin
+                              << " failed (failure " << google::COUNTER
+                              << ", every 100th logged): " << status;
+  }
+  if (metrics_ != nullptr) {
+    metrics_->steps.WithLabels({absl::StatusCodeToString(status.code())})->Increment();
+    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  response.status = std::move(status);
+  if (absl::Status sent = transport_->Send(origin, Encode(response)); !sent.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "cannot answer step " << origin_step << " of attention peer "
+                              << origin << ": " << sent;
+  }
+}
+
+void RouterCore::UpdateReadiness() {
+  absl::Status ready;
+  if (!placement_problem_.empty()) {
+    ready = absl::UnavailableError(placement_problem_);
+  } else {
+    for (int w = 0; w < placement_.experts.num_workers && ready.ok(); ++w) ready = WorkerStatus(w);
+  }
+  absl::MutexLock lock(&ready_mu_);
+  readiness_ = std::move(ready);
+  placement_version_ = placement_.version();
+}
+
+absl::Status RouterCore::Readiness() const {
+  absl::MutexLock lock(&ready_mu_);
+  return readiness_;
+}
+
+pb::LoadStatsResponse RouterCore::LoadStats(bool reset) {
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&ready_mu_);
+    version = placement_version_;
+  }
+  return stats_->Snapshot(reset, version);
+}
+
+}  // namespace k3

@@ -1,0 +1,146 @@
+// RouterCore: the router tier's data-plane loop. For each MoeRequest an attention worker sends:
+//
+//   PrepareRouterStep (scores, top-k, latent down projection, dispatch plan; the same math as the
+//   single-process engine) -> one ExpertRequest per expert worker with rows -> collect their
+//   ExpertResponses -> FinishRouterStep (sum of partials, routed_expert_norm) -> MoeResponse.
+//
+// Expert workers are the worker slots of the coordinator's placement; the node behind a slot is
+// reached as PeerId = node id through PeerLinks. Steps from several attention workers and layers may
+// be in flight at once (PendingSteps), each with a deadline.
+//
+// Failures never hang a step; the attention worker gets UNAVAILABLE naming the worker, as in
+// "expert worker node 5 (pid 1234 on host-a) lost: <why>", when
+//   - the transport reports the node failed (its process died),
+//   - the coordinator marks it DEAD or it leaves,
+//   - it does not answer within step_timeout (it then counts as lost until it answers anything).
+// Every pending step waiting for that node fails at once, and later steps whose tokens need its
+// slot fail fast, until the coordinator's state puts a live, connected node behind the slot again
+// (a restarted expert node registers anew and the coordinator hands it the dead node's slot).
+//
+// Malformed requests, layers without routed experts and rows of the wrong width are answered with
+// INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
+//
+// Metrics (when a registry is given): k3_router_steps_total{code}, k3_router_step_seconds,
+// k3_router_pending_steps, k3_router_routed_tokens_total{layer} and k3_router_expert_load_max_vio
+// {layer} (MoE layer index; the window of GetLoadStats).
+//
+// Thread-safety: Poll and FailAll from one loop thread; UpdateClusterState, Readiness and LoadStats
+// from any thread.
+#ifndef K3SERVE_ROUTER_ROUTER_CORE_H_
+#define K3SERVE_ROUTER_ROUTER_CORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cluster/cluster_placement.h"
+#include "cluster/metrics.h"
+#include "cluster/transport.h"
+#include "model/weights.h"
+#include "proto/cluster.pb.h"
+#include "router/pending_steps.h"
+#include "router/peer_links.h"
+#include "router/router_load_stats.h"
+
+namespace k3 {
+
+struct RouterCoreOptions {
+  absl::Duration step_timeout = absl::Seconds(5);
+  int qb_bins = 100;  // QB histogram bins per expert (router/router_load_stats.h); 0: none
+};
+
+class RouterCore {
+ public:
+  // `weights` needs the router tensors of every MoE layer (WeightSelection::RouterOnly()).
+  // `weights`, `transport`, `links` and `metrics` (may be null) must outlive the core.
+  // INVALID_ARGUMENT for a model without routed experts or bad options.
+  static absl::StatusOr<std::unique_ptr<RouterCore>> Create(const ModelWeights* weights,
+                                                            Transport* transport,
+                                                            PeerLinks* links,
+                                                            const RouterCoreOptions& options,
+                                                            MetricsRegistry* metrics);
+  ~RouterCore();
+  RouterCore(const RouterCore&) = delete;
+  RouterCore& operator=(const RouterCore&) = delete;
+
+  // The coordinator's newest cluster state (members and placement); applied by the next Poll.
+  void UpdateClusterState(const k3serve::cluster::v1::ClusterState& state);
+
+  // Applies a new cluster state, then handles what arrives until `deadline` (at most one message)
+  // and ends the steps whose deadline passed. Returns CANCELLED once the transport is closed.
+  absl::Status Poll(absl::Time deadline);
+
+  // Answers every pending step with `status` (shutdown).
+  void FailAll(const absl::Status& status);
+
+  // OK once a placement is in force and every worker slot has a live, connected node; else why not.
+  absl::Status Readiness() const;
+
+  // Tokens per expert and QB statistics per MoE layer (see router_load_stats.h).
+  k3serve::cluster::v1::LoadStatsResponse LoadStats(bool reset);
+
+  size_t pending_steps() const { return pending_.size(); }
+
+ private:
+  struct Metrics;
+  struct Suspect {
+    uint64_t incarnation = 0;
+    std::string reason;
+  };
+
+  RouterCore(const ModelWeights* weights, Transport* transport, PeerLinks* links,
+             const RouterCoreOptions& options, std::unique_ptr<RouterLoadStats> stats,
+             MetricsRegistry* metrics);
+
+  void ApplyClusterState();
+  void HandleMoeRequest(PeerId from, const std::string& bytes);
+  void HandleExpertResponse(PeerId from, const std::string& bytes);
+  void ExpireSteps(absl::Time now);
+  void Finish(std::unique_ptr<PendingStep> step);
+  // Fails every pending step waiting for `node`.
+  void FailWaitingOn(PeerId node, const absl::Status& status);
+  void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
+             int64_t tokens = 0, std::vector<float> rows = {});
+  // OK when worker slot `worker` of the placement can take rows now; else UNAVAILABLE naming it.
+  absl::Status WorkerStatus(int worker) const;
+  // UNAVAILABLE for `node` when it is lost or unreachable; OK otherwise.
+  absl::Status NodeStatus(PeerId node) const;
+  std::string WorkerName(PeerId node) const;
+  void UpdateReadiness();
+
+  const ModelWeights* const weights_;
+  const ModelConfig& config_;
+  Transport* const transport_;
+  PeerLinks* const links_;
+  const RouterCoreOptions options_;
+  const std::unique_ptr<RouterLoadStats> stats_;
+  std::unique_ptr<Metrics> metrics_;  // null without a registry
+
+  absl::Mutex state_mu_;
+  std::optional<k3serve::cluster::v1::ClusterState> new_state_ ABSL_GUARDED_BY(state_mu_);
+
+  // Loop thread only.
+  ClusterPlacement placement_;
+  std::string placement_problem_;  // why no placement is in force; empty when one is
+  std::map<uint32_t, k3serve::cluster::v1::Member> members_;
+  std::map<PeerId, Suspect> suspects_;  // timed out, by node
+  PendingSteps pending_;
+  uint64_t next_step_id_ = 1;
+
+  mutable absl::Mutex ready_mu_;
+  absl::Status readiness_ ABSL_GUARDED_BY(ready_mu_) =
+      absl::UnavailableError("no cluster state yet");
+  int64_t placement_version_ ABSL_GUARDED_BY(ready_mu_) = 0;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ROUTER_ROUTER_CORE_H_

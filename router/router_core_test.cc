@@ -1,0 +1,460 @@
+// RouterCore with fake expert nodes (ExpertWorker on threads) over the in-process transport: the
+// answers must equal LocalRoutedMoe's, and every failure must end the steps it touches with
+// UNAVAILABLE naming the worker.
+#include "router/router_core.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "cluster/expert_placement.h"
+#include "cluster/inproc_transport.h"
+#include "expert_nodes/expert_worker.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+#include "model/random_checkpoint.h"
+#include "router/local_routed_moe.h"
+#include "router/moe_layer_map.h"
+
+namespace k3 {
+namespace {
+
+namespace pb = k3serve::cluster::v1;
+
+constexpr uint32_t kAttention = 1;
+constexpr uint32_t kRouter = 2;
+constexpr uint32_t kExpertA = 4;
+constexpr uint32_t kExpertB = 9;
+constexpr uint32_t kExpertC = 10;  // B's replacement
+constexpr absl::Duration kWait = absl::Seconds(5);
+
+// An expert node: an ExpertWorker answering on its own thread.
+class FakeExpert {
+ public:
+  FakeExpert(InProcNetwork* network, uint32_t node, std::shared_ptr<const ModelWeights> weights,
+             ExpertHosting hosting)
+      : node_(node),
+        transport_(network->CreateTransport()),
+        worker_(std::move(weights), std::move(hosting), "expert node " + std::to_string(node)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeExpert() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  uint32_t node() const { return node_; }
+  std::string address() const { return transport_->LocalAddress(); }
+  void ConnectRouter(const std::string& address) {
+    ASSERT_TRUE(transport_->Connect(kRouter, address).ok());
+  }
+  // Stops or resumes serving; returns once the serving thread has seen it.
+  void Pause(bool paused) {
+    absl::MutexLock lock(&mu_);
+    paused_ = paused;
+    mu_.Await(absl::Condition(
+        +[](FakeExpert* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->seen_paused_ == e->paused_; },
+        this));
+  }
+  void Kill() { transport_->Kill(); }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      {
+        absl::MutexLock lock(&mu_);
+        seen_paused_ = paused_;
+        if (paused_) {
+          mu_.AwaitWithTimeout(absl::Condition(
+              +[](FakeExpert* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return !e->paused_; }, this),
+              absl::Milliseconds(10));
+          continue;
+        }
+      }
+      absl::StatusOr<Received> received = transport_->Receive(absl::Now() + absl::Milliseconds(10));
+      if (received.ok()) {
+        worker_.Handle(transport_.get(), *received, /*may_defer=*/false);
+      } else if (received.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        return;  // killed or closed
+      }
+    }
+  }
+
+  const uint32_t node_;
+  std::unique_ptr<InProcTransport> transport_;
+  ExpertWorker worker_;
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool seen_paused_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+class RouterCoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+    ASSERT_TRUE(config.ok()) << config.status();
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/router_core_ckpt";
+    ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir).ok());
+    absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    checkpoint_ = new std::shared_ptr<const Checkpoint>(*std::move(checkpoint));
+    all_ = Load(WeightSelection::All()).release();
+    router_only_ = Load(WeightSelection::RouterOnly()).release();
+  }
+  static void TearDownTestSuite() {
+    delete all_;
+    delete router_only_;
+    delete checkpoint_;
+  }
+  static std::unique_ptr<ModelWeights> Load(const WeightSelection& selection) {
+    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(*checkpoint_, selection);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    return weights.ok() ? *std::move(weights) : nullptr;
+  }
+  static const ModelConfig& config() { return all_->config; }
+
+  void TearDown() override {
+    experts_.clear();
+    StopRouter();
+  }
+
+  void StartRouter(absl::Duration step_timeout) {
+    router_transport_ = network_.CreateTransport();
+    attention_ = network_.CreateTransport();
+    links_ = std::make_unique<PeerLinks>(router_transport_.get(), absl::Milliseconds(20));
+    RouterCoreOptions options;
+    options.step_timeout = step_timeout;
+    options.qb_bins = 20;
+    absl::StatusOr<std::unique_ptr<RouterCore>> core =
+        RouterCore::Create(router_only_, router_transport_.get(), links_.get(), options, &metrics_);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+    ASSERT_TRUE(attention_->Connect(kRouter, router_transport_->LocalAddress()).ok());
+    loop_ = std::thread([this] {
+      while (!stop_) {
+        if (!core_->Poll(absl::Now() + absl::Milliseconds(10)).ok()) return;
+      }
+    });
+  }
+
+  void StopRouter() {
+    if (!loop_.joinable()) return;
+    stop_ = true;
+    loop_.join();
+  }
+
+  // An expert node hosting what `placement` gives `node`.
+  FakeExpert* AddExpert(uint32_t node, const ClusterPlacement& placement) {
+    ExpertHosting hosting = HostingFor(placement, node);
+    auto weights = std::shared_ptr<const ModelWeights>(
+        Load(WeightSelection::Experts(hosting.Union())).release());
+    experts_[node] = std::make_unique<FakeExpert>(&network_, node, weights, hosting);
+    experts_[node]->ConnectRouter(router_transport_->LocalAddress());
+    return experts_[node].get();
+  }
+
+  // Two workers of 12 and 20 experts on nodes `a` and `b`.
+  ClusterPlacement Placement(int64_t version, uint32_t a, uint32_t b) {
+    absl::StatusOr<ExpertPlacement> experts =
+        ContiguousPlacement(config().NumMoeLayers(), config().num_experts, {12, 20}, version);
+    EXPECT_TRUE(experts.ok()) << experts.status();
+    return ClusterPlacement{*experts, {a, b}};
+  }
+
+  // Publishes a cluster state of the attention node, the router and `experts` (node -> state).
+  void Publish(const ClusterPlacement& placement, const std::map<uint32_t, pb::MemberState>& experts) {
+    pb::ClusterState state;
+    auto add = [&](uint32_t id, pb::Role role, pb::MemberState member_state,
+                   const std::string& address) {
+      pb::Member* member = state.add_members();
+      pb::NodeInfo* node = member->mutable_node();
+      node->set_node_id(id);
+      node->set_role(role);
+      node->set_pid(1000 + id);
+      node->set_host("testhost");
+      node->set_incarnation(500 + id);
+      node->set_transport_address(address);
+      member->set_state(member_state);
+    };
+    add(kAttention, pb::ROLE_ATTENTION, pb::ALIVE, attention_->LocalAddress());
+    add(kRouter, pb::ROLE_ROUTER, pb::ALIVE, router_transport_->LocalAddress());
+    for (const auto& [id, member_state] : experts) {
+      add(id, pb::ROLE_EXPERT, member_state, experts_.at(id)->address());
+    }
+    ClusterPlacementToProto(placement, state.mutable_placement());
+    core_->UpdateClusterState(state);
+    links_->SetTargets(LinkTargets(state, {pb::ROLE_ATTENTION, pb::ROLE_EXPERT}, kRouter));
+  }
+
+  void WaitReady() {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (!core_->Readiness().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_TRUE(core_->Readiness().ok()) << core_->Readiness();
+  }
+
+  static std::vector<float> RandomRows(int64_t tokens, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> value(0.f, 1.f);
+    std::vector<float> rows(tokens * config().hidden_size);
+    for (float& v : rows) v = value(rng);
+    return rows;
+  }
+
+  void Send(uint64_t step, int layer, const std::vector<float>& rows) {
+    MoeRequest request;
+    request.step_id = step;
+    request.layer = layer;
+    request.width = config().hidden_size;
+    request.tokens = static_cast<int64_t>(rows.size()) / request.width;
+    request.rows = rows;
+    ASSERT_TRUE(attention_->Send(kRouter, Encode(request)).ok());
+  }
+
+  // The answer to `step` (answers to other steps that come first are kept for later).
+  MoeResponse Await(uint64_t step, absl::Duration wait = kWait) {
+    const absl::Time deadline = absl::Now() + wait;
+    while (answers_.count(step) == 0) {
+      absl::StatusOr<Received> received = attention_->Receive(deadline);
+      if (!received.ok()) {
+        MoeResponse none;
+        none.status = received.status();
+        return none;
+      }
+      MoeResponse response;
+      EXPECT_TRUE(Decode(received->bytes, &response).ok());
+      answers_[response.step_id] = response;
+    }
+    MoeResponse response = answers_[step];
+    answers_.erase(step);
+    return response;
+  }
+
+  // Checks `response` against LocalRoutedMoe on the same rows.
+  void ExpectMatchesLocal(const MoeResponse& response, int layer, const std::vector<float>& rows) {
+    ASSERT_TRUE(response.status.ok()) << response.status;
+    const int64_t tokens = static_cast<int64_t>(rows.size()) / config().hidden_size;
+    LocalRoutedMoe local(all_);
+    ASSERT_TRUE(local.Begin(layer, rows.data(), tokens).ok());
+    std::vector<float> expected(tokens * config().ExpertWidth());
+    ASSERT_TRUE(local.Wait(expected.data()).ok());
+    ASSERT_EQ(response.tokens, tokens);
+    ASSERT_EQ(response.width, config().ExpertWidth());
+    ASSERT_EQ(response.rows.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_NEAR(response.rows[i], expected[i], 1e-5 * (1 + std::abs(expected[i]))) << i;
+    }
+  }
+
+  static std::shared_ptr<const Checkpoint>* checkpoint_;
+  static ModelWeights* all_;
+  static ModelWeights* router_only_;
+
+  InProcNetwork network_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<InProcTransport> router_transport_;
+  std::unique_ptr<InProcTransport> attention_;
+  std::unique_ptr<PeerLinks> links_;
+  std::unique_ptr<RouterCore> core_;
+  std::map<uint32_t, std::unique_ptr<FakeExpert>> experts_;
+  std::map<uint64_t, MoeResponse> answers_;
+  std::atomic<bool> stop_{false};
+  std::thread loop_;
+};
+
+std::shared_ptr<const Checkpoint>* RouterCoreTest::checkpoint_ = nullptr;
+ModelWeights* RouterCoreTest::all_ = nullptr;
+ModelWeights* RouterCoreTest::router_only_ = nullptr;
+
+TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+
+  // Three steps in flight at once, answered in whatever order the workers finish.
+  const int layers[] = {1, 4, config().num_hidden_layers - 1};
+  std::vector<std::vector<float>> rows;
+  std::vector<uint64_t> counts(config().num_experts, 0);
+  for (int i = 0; i < 3; ++i) {
+    rows.push_back(RandomRows(5 + 7 * i, 100 + i));
+    Send(10 + i, layers[i], rows[i]);
+  }
+  for (int i = 2; i >= 0; --i) {
+    SCOPED_TRACE(layers[i]);
+    ExpectMatchesLocal(Await(10 + i), layers[i], rows[i]);
+  }
+
+  // Load statistics count the same routing as the local engine.
+  k3serve::cluster::v1::LoadStatsResponse stats = core_->LoadStats(/*reset=*/false);
+  EXPECT_EQ(stats.placement_version(), 1);
+  EXPECT_EQ(stats.window_steps(), 3u);
+  EXPECT_EQ(stats.window_tokens(), 5u + 12u + 19u);
+  ASSERT_EQ(stats.layers_size(), config().NumMoeLayers());
+  for (int i = 0; i < 3; ++i) {
+    LocalRoutedMoe local(all_);
+    ASSERT_TRUE(local.Begin(layers[i], rows[i].data(), 5 + 7 * i).ok());
+    std::vector<uint64_t> expected(config().num_experts, 0);
+    for (int32_t e : local.last_routing().experts) ++expected[e];
+    const int moe = *MoeLayerIndex(config(), layers[i]);
+    const auto& counts_proto = stats.layers(moe).counts();
+    EXPECT_EQ(std::vector<uint64_t>(counts_proto.begin(), counts_proto.end()), expected);
+    EXPECT_EQ(stats.layers(moe).bins_size(), config().num_experts * 20);
+  }
+  EXPECT_NE(metrics_.ExpositionText().find("k3_router_steps_total{code=\"OK\"} 3"),
+            std::string::npos)
+      << metrics_.ExpositionText();
+}
+
+TEST_F(RouterCoreTest, KilledWorkerFailsItsStepsFastUntilItsSlotHasALiveNodeAgain) {
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 7);  // 24 tokens x 4 experts: both workers
+  Send(1, 2, rows);
+  ExpectMatchesLocal(Await(1), 2, rows);
+
+  // A step in flight when B dies, and one after.
+  b->Pause(true);
+  Send(2, 2, rows);
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time killed = absl::Now();
+  b->Kill();
+  MoeResponse lost = Await(2);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost"),
+            absl::string_view::npos)
+      << lost.status;
+  Send(3, 2, rows);
+  MoeResponse fast = Await(3, absl::Milliseconds(500));
+  EXPECT_EQ(fast.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(fast.status.message().find("expert worker node 9"), absl::string_view::npos)
+      << fast.status;
+  EXPECT_FALSE(core_->Readiness().ok());
+
+  // The coordinator declares B dead and gives its slot to a new node.
+  const ClusterPlacement repaired = Placement(2, kExpertA, kExpertC);
+  AddExpert(kExpertC, repaired);
+  Publish(repaired, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}, {kExpertC, pb::ALIVE}});
+  WaitReady();
+  Send(4, 2, rows);
+  ExpectMatchesLocal(Await(4), 2, rows);
+}
+
+TEST_F(RouterCoreTest, CoordinatorMarkingAWorkerDeadEndsItsPendingSteps) {
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  b->Pause(true);
+  const std::vector<float> rows = RandomRows(24, 8);
+  Send(1, 3, rows);
+  absl::SleepFor(absl::Milliseconds(50));
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}});
+  MoeResponse lost = Await(1, absl::Seconds(2));
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost: the "
+                                       "coordinator marked it DEAD"),
+            absl::string_view::npos)
+      << lost.status;
+}
+
+TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
+  StartRouter(absl::Milliseconds(300));
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 9);
+  b->Pause(true);
+  const absl::Time sent = absl::Now();
+  Send(1, 5, rows);
+  MoeResponse late = Await(1, absl::Seconds(3));
+  EXPECT_GE(absl::Now() - sent, absl::Milliseconds(300));
+  EXPECT_EQ(late.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(late.status.message().find("expert worker node 9 (pid 1009 on testhost) lost: no "
+                                       "answer"),
+            absl::string_view::npos)
+      << late.status;
+  Send(2, 5, rows);
+  EXPECT_EQ(Await(2, absl::Milliseconds(200)).status.code(), absl::StatusCode::kUnavailable);
+
+  b->Pause(false);  // it answers step 1 late: alive after all
+  WaitReady();
+  Send(3, 5, rows);
+  ExpectMatchesLocal(Await(3), 5, rows);
+}
+
+TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
+  StartRouter(kWait);
+  EXPECT_EQ(core_->Readiness().code(), absl::StatusCode::kUnavailable);
+  // Members known, no placement yet.
+  Publish(ClusterPlacement(), {});
+  const std::vector<float> rows = RandomRows(3, 10);
+  Send(1, 2, rows);
+  MoeResponse early = Await(1);
+  EXPECT_EQ(early.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(early.status.message().find("no expert placement yet"), absl::string_view::npos)
+      << early.status;
+
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+
+  Send(2, 0, rows);  // the dense layer
+  MoeResponse dense = Await(2);
+  EXPECT_EQ(dense.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dense.status.message().find("not a MoE layer"), absl::string_view::npos) << dense.status;
+
+  MoeRequest narrow;
+  narrow.step_id = 3;
+  narrow.layer = 2;
+  narrow.tokens = 1;
+  narrow.width = 8;
+  narrow.rows.assign(8, 1.f);
+  ASSERT_TRUE(attention_->Send(kRouter, Encode(narrow)).ok());
+  EXPECT_EQ(Await(3).status.code(), absl::StatusCode::kInvalidArgument);
+
+  MoeRequest truncated;
+  truncated.step_id = 4;
+  truncated.layer = 2;
+  truncated.tokens = 3;
+  truncated.width = config().hidden_size;
+  truncated.rows = rows;
+  std::string bytes = Encode(truncated);
+  bytes.resize(bytes.size() - 4);
+  ASSERT_TRUE(attention_->Send(kRouter, bytes).ok());
+  EXPECT_EQ(Await(4).status.code(), absl::StatusCode::kInvalidArgument);
+
+  // Nothing to route: an empty answer.
+  MoeRequest empty = truncated;
+  empty.step_id = 5;
+  empty.tokens = 0;
+  empty.rows.clear();
+  ASSERT_TRUE(attention_->Send(kRouter, Encode(empty)).ok());
+  MoeResponse none = Await(5);
+  EXPECT_TRUE(none.status.ok()) << none.status;
+  EXPECT_EQ(none.tokens, 0);
+
+  // Still serving.
+  Send(6, 2, rows);
+  ExpectMatchesLocal(Await(6), 2, rows);
+}
+
+}  // namespace
+}  // namespace k3

@@ -1,0 +1,48 @@
+// The router process: `k3serve router --coordinator HOST:PORT --model DIR [--port P]
+//   [--metrics-port P] [--host H] [--step-timeout-ms 5000] [--qb-bins 100]`.
+//
+// It maps only the router tensors (WeightSelection::RouterOnly()), registers with the coordinator as
+// ROLE_ROUTER, connects every attention and expert node of the cluster state on its UCX transport
+// (PeerId = node id) and runs RouterCore (router/router_core.h) on one thread: MoeRequests in,
+// ExpertRequests out to the placement's workers, MoeResponses back.
+//
+// gRPC (one port): k3serve.cluster.v1.RouterControl (GetLoadStats: tokens per expert and QB
+// histograms per MoE layer, see router/router_load_stats.h; SetPlacement and SetBias answer
+// UNIMPLEMENTED: the placement comes from the coordinator, the bias from the checkpoint) and
+// grpc.health.v1: "" is SERVING while the process runs, "k3serve.cluster.v1.RouterControl" once a
+// placement is in force and all its workers are connected. With --metrics-port, HTTP /metrics
+// (RouterCore's metrics) and /healthz.
+//
+// SIGINT/SIGTERM: answers the steps in flight with UNAVAILABLE, leaves the cluster, closes the
+// transport, exits 0. UCX_TLS / UCX_NET_DEVICES in the environment choose UCX's transports.
+#ifndef K3SERVE_ROUTER_ROUTER_NODE_H_
+#define K3SERVE_ROUTER_ROUTER_NODE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace k3 {
+
+struct RouterNodeOptions {
+  std::string coordinator;  // host:port
+  std::string model;        // checkpoint folder
+  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
+  int port = 0;             // gRPC; 0 picks one
+  int metrics_port = -1;    // -1: no HTTP metrics; 0 picks one
+  absl::Duration step_timeout = absl::Seconds(5);
+  int qb_bins = 100;
+};
+
+// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
+absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args);
+
+// Parses `args` (after the subcommand) and runs the router until SIGINT/SIGTERM. Returns the exit
+// status: 0 after a clean shutdown, 2 for bad flags, 1 when it could not start.
+int RunRouterNode(const std::vector<std::string>& args);
+
+}  // namespace k3
+
+#endif  // K3SERVE_ROUTER_ROUTER_NODE_H_
