@@ -7,8 +7,9 @@
 // W [N, K] in BF16 and F32, weights cold (each call uses the next of a rotation of copies filling
 // 1 GiB, more than the last-level cache), and (d) oneDNN's matmul on the same shapes and weights:
 // f32, and bf16 weights with bf16 activations (converted before timing, so oneDNN skips that work).
-// Times are per call; "best" is the 10th percentile of calls, "median" the median. The machine is
-// shared and noisy: compare ratios measured in the same run.
+// Times are per call; "best" is the 10th percentile of calls, "median" the median. k3 and oneDNN
+// run in alternating rounds. The machine is shared and noisy: compare ratios measured in the same
+// run, and the limits are taken as the best of a measurement before and one after.
 
 #include <dnnl.hpp>
 
@@ -25,6 +26,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <immintrin.h>
@@ -45,8 +47,9 @@ namespace {
 
 constexpr int kLimitThreads = 2;                  // the brief's machine limits are for 2 threads
 constexpr size_t kStreamBytes = size_t{1} << 30;  // bandwidth buffer and weight rotation set
-constexpr double kSecondsPerConfig = 0.6;
-constexpr int kMinCallsPerConfig = 8;
+constexpr int kRounds = 4;  // per shape, alternating k3 and oneDNN
+constexpr double kSecondsPerRound = 0.12;
+constexpr int kMinCallsPerRound = 2;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -121,7 +124,7 @@ K3_AVX512 float SumStreams(const float* p, size_t n, int streams) {
 
 Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
   std::vector<double> rates;
-  for (int rep = 0; rep < 8; ++rep) {
+  for (int rep = 0; rep < 12; ++rep) {
     const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
       const size_t share = n / kLimitThreads;
       g_sink = SumStreams(buffer + t * share, share, streams);
@@ -134,7 +137,7 @@ Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
 
 // ---- (b) compute peaks ------------------------------------------------------------------------
 
-constexpr int64_t kPeakIterations = 20'000'000;
+constexpr int64_t kPeakIterations = 2'000'000;  // about 5 ms per run
 
 K3_AVX512 float FmaLoop(float seed) {
   __m512 acc[16];
@@ -162,7 +165,7 @@ K3_AVX512_BF16 float Bf16Loop(float seed) {
 // GFLOP/s of `loop` (16 instructions of `flops_per_instruction` per iteration) on 2 threads.
 double Peak(float (*loop)(float), double flops_per_instruction) {
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 20; ++rep) {  // the best of many short runs finds the quiet moments
     const double seconds =
         RunOnThreads(kLimitThreads, [&](int t) { g_sink = loop(static_cast<float>(t)); });
     best = std::max(best, kLimitThreads * kPeakIterations * 16 * flops_per_instruction /
@@ -221,22 +224,29 @@ struct Result {
   bool valid = true;
 };
 
-// Times call(copy) rotating over the copies; one warm-up pass over a few copies first.
-Result Time(const std::string& name, int copies, const std::function<void(int)>& call) {
-  // Let the other library's spinning threads (ours, OpenMP's) go idle first.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  for (int i = 0; i < 2; ++i) call(i % copies);
-  std::vector<double> samples;
-  const double start = Now();
-  int copy = 2 % copies;
-  while (static_cast<int>(samples.size()) < kMinCallsPerConfig ||
-         Now() - start < kSecondsPerConfig) {
-    const double t0 = Now();
-    call(copy);
-    samples.push_back(Now() - t0);
-    copy = (copy + 1) % copies;
+// Times two implementations in alternating rounds, so that both meet the same background load;
+// each call uses the next weight copy. A warm-up call first.
+std::pair<Stats, Stats> TimePair(int copies, const std::function<void(int)>& a,
+                                 const std::function<void(int)>& b) {
+  std::vector<double> samples[2];
+  const std::function<void(int)>* calls[2] = {&a, &b};
+  int copy = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int which = 0; which < 2; ++which) {
+      // Let the other library's spinning threads (ours, OpenMP's) go idle first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (round == 0) (*calls[which])(copy++ % copies);
+      const double start = Now();
+      int calls_made = 0;
+      while (calls_made < kMinCallsPerRound || Now() - start < kSecondsPerRound) {
+        const double t0 = Now();
+        (*calls[which])(copy++ % copies);
+        samples[which].push_back(Now() - t0);
+        ++calls_made;
+      }
+    }
   }
-  return {name, Summarize(samples)};
+  return {Summarize(samples[0]), Summarize(samples[1])};
 }
 
 class DnnlMatMul {
@@ -279,21 +289,6 @@ struct Shape {
   int64_t k, n;
 };
 
-void PrintRow(const char* label, const Result& r, int64_t m, int64_t k, int64_t n,
-              size_t weight_bytes, const Limits& limits, const Result* peer) {
-  const double seconds = r.seconds.best;
-  const double gbs = weight_bytes / seconds / 1e9;
-  const double gflops = 2.0 * m * k * n / seconds / 1e9;
-  std::printf("  %-14s %10.1f %10.1f %8.1f %8.1f %7.0f%% %7.0f%% %7.0f%%", label, seconds * 1e6,
-              r.seconds.median * 1e6, gbs, gflops, 100 * gbs / limits.read_gbs,
-              100 * gflops / limits.bf16_gflops, 100 * gflops / limits.fma_gflops);
-  if (peer != nullptr) {
-    std::printf("   %5.2fx (median %4.2fx)", peer->seconds.best / seconds,
-                peer->seconds.median / r.seconds.median);
-  }
-  std::printf("%s\n", r.valid ? "" : "   RESULT MISMATCH");
-}
-
 // Largest |a - b| relative to the largest |b|.
 double MaxRelativeDifference(const float* a, const float* b, size_t n) {
   double diff = 0, scale = 1e-30;
@@ -304,16 +299,21 @@ double MaxRelativeDifference(const float* a, const float* b, size_t n) {
   return diff / scale;
 }
 
-void BenchShapes(const Limits& limits, uint32_t* weight_pool) {
+// One shape and weight type: k3 and oneDNN.
+struct Row {
+  int64_t m, k, n;
+  bool bf16;
+  Result ours, peer;
+  std::string peer_impl;
+  double difference;  // max relative difference of the outputs
+};
+
+std::vector<Row> BenchShapes(uint32_t* weight_pool) {
   const Shape shapes[] = {{2048, 1536}, {7168, 3584}};
   const int64_t token_counts[] = {1, 8, 64, 256};
-  std::printf("Matrix products, weights cold. Columns: time per call in us (best = 10th percentile,\n"
-              "median); weight GB/s and GFLOP/s at the best time; fraction of read bandwidth, of\n"
-              "bf16 peak and of fp32 FMA peak; k3 speed relative to oneDNN on the same weight type.\n"
-              "Decode (M <= 8) is judged against read bandwidth, prefill (M >= 64) against peak.\n\n");
-  std::printf("  %-14s %10s %10s %8s %8s %8s %8s %8s   %s\n", "impl", "best_us", "median_us",
-              "GB/s", "GFLOP/s", "%readBW", "%bf16pk", "%fp32pk", "k3 vs oneDNN");
-
+  std::vector<Row> rows;
+  std::printf("Timing matrix products");
+  std::fflush(stdout);
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const Shape& shape : shapes) {
@@ -325,40 +325,109 @@ void BenchShapes(const Limits& limits, uint32_t* weight_pool) {
     std::vector<float> y(max_m * shape.n), y_peer(max_m * shape.n);
 
     for (int64_t m : token_counts) {
-      std::printf("\n%lld x %lld x %lld (tokens x in x out)\n", static_cast<long long>(m),
-                  static_cast<long long>(shape.k), static_cast<long long>(shape.n));
       for (WeightType type : {WeightType::kBf16, WeightType::kF32}) {
         const bool bf16 = type == WeightType::kBf16;
         const size_t bytes = shape.k * shape.n * (bf16 ? 2 : 4);
         const int copies = static_cast<int>(std::max<size_t>(2, kStreamBytes / bytes));
         const char* base = reinterpret_cast<const char*>(weight_pool);
         auto weights = [&](int copy) { return base + copy * bytes; };
+        const void* peer_x = bf16 ? static_cast<const void*>(x_bf16.data()) : x.data();
 
-        Result ours = Time(bf16 ? "k3 bf16" : "k3 f32", copies, [&](int copy) {
-          WeightMatrix w{weights(copy), type, shape.n, shape.k};
-          MatMul(w, x.data(), shape.k, m, y.data(), shape.n, false);
-        });
+        Row row{m, shape.k, shape.n, bf16};
         DnnlMatMul peer_op(m, shape.k, shape.n, bf16);
-        Result peer = Time(bf16 ? "oneDNN bf16" : "oneDNN f32", copies, [&](int copy) {
-          peer_op.Run(bf16 ? static_cast<const void*>(x_bf16.data()) : x.data(), weights(copy),
-                      y_peer.data());
-        });
-        // Same inputs once more for a correctness cross-check (oneDNN bf16 rounds x: looser).
+        const auto [ours, peer] = TimePair(
+            copies,
+            [&](int copy) {
+              WeightMatrix w{weights(copy), type, shape.n, shape.k};
+              MatMul(w, x.data(), shape.k, m, y.data(), shape.n, false);
+            },
+            [&](int copy) { peer_op.Run(peer_x, weights(copy), y_peer.data()); });
+        row.ours = {bf16 ? "k3 bf16" : "k3 f32", ours};
+        row.peer = {bf16 ? "oneDNN bf16" : "oneDNN f32", peer};
+        row.peer_impl = peer_op.impl();
+        // Same inputs once more to cross-check the outputs (oneDNN bf16 rounds x: looser).
         WeightMatrix w{weights(0), type, shape.n, shape.k};
         MatMul(w, x.data(), shape.k, m, y.data(), shape.n, false);
-        peer_op.Run(bf16 ? static_cast<const void*>(x_bf16.data()) : x.data(), weights(0),
-                    y_peer.data());
-        const double diff = MaxRelativeDifference(y.data(), y_peer.data(), m * shape.n);
-        ours.valid = diff < (bf16 ? 2e-2 : 1e-4);
-        PrintRow(ours.name.c_str(), ours, m, shape.k, shape.n, bytes, limits, &peer);
-        PrintRow(peer.name.c_str(), peer, m, shape.k, shape.n, bytes, limits, nullptr);
-        if (m == token_counts[0] || m == token_counts[3]) {
-          std::printf("  %-14s impl %s, max rel diff to k3 %.1e\n", "", peer_op.impl().c_str(),
-                      diff);
-        }
+        peer_op.Run(peer_x, weights(0), y_peer.data());
+        row.difference = MaxRelativeDifference(y.data(), y_peer.data(), m * shape.n);
+        row.ours.valid = row.difference < (bf16 ? 2e-2 : 1e-4);
+        rows.push_back(row);
+        std::printf(".");
+        std::fflush(stdout);
       }
     }
   }
+  std::printf("\n");
+  return rows;
+}
+
+void PrintResult(const Result& r, const Row& row, const Limits& limits, const Result* peer) {
+  const double seconds = r.seconds.best;
+  const double gbs = row.k * row.n * (row.bf16 ? 2.0 : 4.0) / seconds / 1e9;
+  const double gflops = 2.0 * row.m * row.k * row.n / seconds / 1e9;
+  std::printf("  %-12s %10.1f %10.1f %8.1f %8.1f %7.0f%% %7.0f%% %7.0f%%", r.name.c_str(),
+              seconds * 1e6, r.seconds.median * 1e6, gbs, gflops, 100 * gbs / limits.read_gbs,
+              100 * gflops / limits.bf16_gflops, 100 * gflops / limits.fma_gflops);
+  if (peer != nullptr) {
+    std::printf("   %5.2fx (median %4.2fx)", peer->seconds.best / seconds,
+                peer->seconds.median / r.seconds.median);
+  }
+  std::printf("%s\n", r.valid ? "" : "   RESULT MISMATCH");
+}
+
+void PrintTable(const std::vector<Row>& rows, const Limits& limits) {
+  std::printf(
+      "Matrix products M x K x N = tokens x in x out, W [N, K], weights cold (rotating over 1 GiB\n"
+      "of copies). Time per call in us (best = 10th percentile, and median); weight GB/s and\n"
+      "GFLOP/s at the best time, as a fraction of read bandwidth, bf16 peak and fp32 FMA peak;\n"
+      "k3 speed relative to oneDNN with the same weight type (>1: k3 faster). oneDNN bf16 gets\n"
+      "its activations in bf16 (converted before timing); k3 keeps them fp32.\n");
+  std::printf("\n  %-12s %10s %10s %8s %8s %8s %8s %8s   %s\n", "impl", "best_us", "median_us",
+              "GB/s", "GFLOP/s", "%readBW", "%bf16pk", "%fp32pk", "k3 vs oneDNN");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    if (i == 0 || rows[i - 1].m != row.m || rows[i - 1].k != row.k) {
+      std::printf("\n%lld x %lld x %lld\n", static_cast<long long>(row.m),
+                  static_cast<long long>(row.k), static_cast<long long>(row.n));
+    }
+    PrintResult(row.ours, row, limits, &row.peer);
+    PrintResult(row.peer, row, limits, nullptr);
+    std::printf("  %-12s oneDNN impl %s; max rel diff %.1e\n", "", row.peer_impl.c_str(),
+                row.difference);
+  }
+
+  std::printf("\nSummary, BF16 weights (decode: share of read bandwidth; prefill: share of bf16 and "
+              "fp32 peak):\n");
+  for (const Row& row : rows) {
+    if (!row.bf16) continue;
+    const double seconds = row.ours.seconds.best;
+    const double gbs = row.k * row.n * 2.0 / seconds / 1e9;
+    const double gflops = 2.0 * row.m * row.k * row.n / seconds / 1e9;
+    std::printf("  %3lld x %4lld x %4lld  ", static_cast<long long>(row.m),
+                static_cast<long long>(row.k), static_cast<long long>(row.n));
+    if (row.m <= 8) {
+      std::printf("%5.1f GB/s = %3.0f%% of read bandwidth", gbs, 100 * gbs / limits.read_gbs);
+    } else {
+      std::printf("%5.0f GFLOP/s = %3.0f%% of bf16 peak, %3.0f%% of fp32 peak", gflops,
+                  100 * gflops / limits.bf16_gflops, 100 * gflops / limits.fma_gflops);
+    }
+    std::printf("; %.2fx oneDNN bf16\n", row.peer.seconds.best / seconds);
+  }
+}
+
+Limits MeasureLimits(const float* buffer, size_t floats) {
+  const Stats bw1 = ReadBandwidth(buffer, floats, 1);
+  const Stats bw4 = ReadBandwidth(buffer, floats, 4);
+  Limits limits;
+  limits.read_gbs = std::max(bw1.best, bw4.best);
+  limits.fma_gflops = Peak(FmaLoop, 32);
+  limits.bf16_gflops = Peak(Bf16Loop, 64);
+  std::printf("Read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
+              "4 streams/thread %.1f GB/s (median %.1f)\n",
+              bw1.best, bw1.median, bw4.best, bw4.median);
+  std::printf("Peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n",
+              limits.fma_gflops, limits.bf16_gflops);
+  return limits;
 }
 
 }  // namespace
@@ -378,20 +447,19 @@ int main() {
   FillWeights(pool.get(), kStreamBytes / 4);
   const float* as_floats = reinterpret_cast<const float*>(pool.get());
   const size_t floats = kStreamBytes / 4;
-  const Stats bw1 = ReadBandwidth(as_floats, floats, 1);
-  const Stats bw4 = ReadBandwidth(as_floats, floats, 4);
-  Limits limits;
-  limits.read_gbs = std::max(bw1.best, bw4.best);
-  std::printf("(a) read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
-              "4 streams/thread %.1f GB/s (median %.1f) -> limit %.1f GB/s\n",
-              bw1.best, bw1.median, bw4.best, bw4.median, limits.read_gbs);
-  limits.fma_gflops = Peak(FmaLoop, 32);
-  limits.bf16_gflops = Peak(Bf16Loop, 64);
-  std::printf("(b) peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n\n",
-              limits.fma_gflops, limits.bf16_gflops);
-
+  // Limits are measured before and after the products and the best kept: on a shared machine a
+  // single measurement may land in a busy moment.
+  Limits limits = MeasureLimits(as_floats, floats);
   ThreadPoolOverhead();
-  BenchShapes(limits, pool.get());
+  std::vector<Row> rows = BenchShapes(pool.get());
+  const Limits after = MeasureLimits(as_floats, floats);
+  limits.read_gbs = std::max(limits.read_gbs, after.read_gbs);
+  limits.fma_gflops = std::max(limits.fma_gflops, after.fma_gflops);
+  limits.bf16_gflops = std::max(limits.bf16_gflops, after.bf16_gflops);
+  std::printf("\nLimits (best of before and after): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 %.0f "
+              "GFLOP/s\n\n",
+              limits.read_gbs, limits.fma_gflops, limits.bf16_gflops);
+  PrintTable(rows, limits);
   std::printf("\ntotal %.0f s\n", Now() - start);
   return 0;
 }

@@ -35,29 +35,51 @@ namespace {
 // Distance, in bytes along each weight row, of the software prefetch.
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int kMaxGroupTokens = 4;
-// Rows per pass over the token groups, and per thread a multiple of this: a multiple of every R.
-constexpr int64_t kRowsAlign = 40;
+// Threads get multiples of kRowsAlign rows (a multiple of every R below); the token groups take
+// turns over spans of kRowsSpan rows, whose weights stay in L2 for the groups after the first.
+constexpr int64_t kRowsAlign = 8;
+constexpr int64_t kRowsSpan = 32;
 
-// Rows per block for a group of T tokens: as many weight streams as registers allow
-// (R * T accumulators, the group's activations and a weight vector or two).
+// Rows per block for a group of T tokens: 8 weight streams for 1-2 tokens, 4 for 3-4 tokens
+// (16 accumulators and 8 activation vectors; 5 rows measured no faster).
 template <int T>
 constexpr int RowsPerBlock() {
-  return T == 1 ? 8 : T == 2 ? 8 : T == 3 ? 6 : 5;
+  return T <= 2 ? 8 : 4;
 }
 
 // Keeps a loaded vector in a register: without this the compiler re-reads activations from memory
 // for every weight row, and the loads, not the multiplies, become the bottleneck.
 K3_AVX512 inline void KeepInRegister(__m512& v) { asm("" : "+v"(v)); }
 
+// The sums of four vectors, in the four lanes of the result (a, b, c, d).
+K3_AVX512 inline __m128 SumsOf4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Halve twice across 128-bit lanes, then once more within each lane twice.
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
+  // Lane i of v holds four partial sums of (a, b, c, d)[i].
+  __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
 // Reduces each accumulator and stores (or adds) it to y[t][row + r].
 template <int T, int R>
 K3_AVX512 inline void StoreSums(const __m512 (&acc)[R][T], float* const* yt, int64_t row,
                                 bool accumulate) {
+  constexpr int kCount = R * T;
+  float sums[kCount + 3];
+  int i = 0;
+  for (; i + 4 <= kCount; i += 4) {
+    _mm_storeu_ps(sums + i, SumsOf4(acc[i / T][i % T], acc[(i + 1) / T][(i + 1) % T],
+                                    acc[(i + 2) / T][(i + 2) % T], acc[(i + 3) / T][(i + 3) % T]));
+  }
+  for (; i < kCount; ++i) sums[i] = _mm512_reduce_add_ps(acc[i / T][i % T]);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
-      const float sum = _mm512_reduce_add_ps(acc[r][t]);
       float& out = yt[t][row + r];
-      out = accumulate ? out + sum : sum;
+      out = accumulate ? out + sums[r * T + t] : sums[r * T + t];
     }
   }
 }
@@ -159,8 +181,8 @@ K3_AVX512 void RowsRange(const WT* w, int64_t cols, const float* const* xp, floa
                          int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
   // Even groups: 8 tokens as 4 + 4, 7 as 4 + 3, 6 as 3 + 3, 5 as 3 + 2.
   const int64_t groups = (tokens + kMaxGroupTokens - 1) / kMaxGroupTokens;
-  for (int64_t row = row_begin; row < row_end; row += kRowsAlign) {
-    const int64_t end = std::min(row_end, row + kRowsAlign);
+  for (int64_t row = row_begin; row < row_end; row += kRowsSpan) {
+    const int64_t end = std::min(row_end, row + kRowsSpan);
     int64_t t0 = 0;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t t1 = tokens * (g + 1) / groups;
@@ -430,6 +452,13 @@ K3_AVX512 void TilesRange(const WT* w, int64_t cols, const float* x, int64_t x_s
             for (int64_t b = 0; b < next_bytes; b += 64) _mm_prefetch(line + b, _MM_HINT_T1);
           }
           const int64_t t0 = tile * kTileTokens;
+          if (add && tile + 1 < tiles) {
+            // The next tile's outputs, read at its end: start fetching them now.
+            for (int64_t t = t0 + kTileTokens; t < std::min(mb, t0 + 2 * kTileTokens); ++t) {
+              const char* out = reinterpret_cast<const char*>(y + (m0 + t) * y_stride + row);
+              for (int64_t b = 0; b < rows * 4; b += 64) _mm_prefetch(out + b, _MM_HINT_T0);
+            }
+          }
           MicroKernel(w, packed_w, packed_x + t0 * padded_kc, padded_kc,
                       y + (m0 + t0) * y_stride + row, y_stride,
                       static_cast<int>(std::min<int64_t>(kTileTokens, mb - t0)), masks, add);

@@ -3,16 +3,18 @@
 //
 // Kernels (all compute y = W x in fp32 with BF16 weights widened exactly, never rounding x):
 // - kPortable: plain C++ the compiler may vectorize; used where the CPU lacks AVX-512.
-// - kAvx512Rows: dot products of a few weight rows with up to 8 tokens at a time, reducing along
-//   the input dimension. Reads W once per 8 tokens straight from memory; for decode (tokens <= 8),
-//   where W streams from DRAM and the arithmetic is cheap.
-// - kAvx512Tiles: blocked GEMM. A panel of 48 weight rows x 128 inputs is widened and transposed
-//   into an L1-resident buffer, then multiplied with every 8-token tile by an outer-product
-//   micro-kernel (24 fp32 accumulators, broadcast activations); for prefill.
+// - kAvx512Rows: dot products of a block of weight rows with groups of up to 4 tokens, reducing
+//   along the input dimension. Reads W once, straight from memory, as a few sequential streams;
+//   for decode (up to 12 tokens), where W streams from DRAM and the arithmetic is cheap.
+// - kAvx512Tiles: blocked GEMM. A panel of 48 weight rows x 384 inputs (192 for F32 weights) is
+//   transposed into an L1-resident buffer, then multiplied with every 8-token tile by an
+//   outer-product micro-kernel (24 fp32 accumulators, broadcast activations); for prefill.
 //
-// Why no vdpbf16ps: exact-enough activations need a hi+lo bf16 split (two dot-product instructions
-// per 32 multiply-adds), which is exactly the fp32 FMA rate on this hardware, so it would only add
-// conversion work and lose the bottom mantissa bits.
+// Why no vdpbf16ps: its bf16 x bf16 products need bf16 activations. Keeping them exact enough
+// takes a hi + lo split of each activation and two dot-product instructions per 32 multiply-adds,
+// the same instruction count as fp32 FMA on this hardware (vdpbf16ps and vfmadd231ps issue at the
+// same rate on Zen 5), so it would add conversion work and still lose the bottom mantissa bits.
+// The fp32 FMA rate is therefore the ceiling: half the bf16 peak.
 #ifndef K3SERVE_KERNELS_MATMUL_INTERNAL_H_
 #define K3SERVE_KERNELS_MATMUL_INTERNAL_H_
 
