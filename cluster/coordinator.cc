@@ -309,10 +309,60 @@ void CoordinatorState::ReplaceDeadWorkers() {
     }
   }
   if (changed) {
-    ++placement_.experts.version;
+    placement_.experts.version = NextVersion();
     LOG(INFO) << "placement version " << placement_.version() << ": workers on nodes "
               << absl::StrJoin(placement_.worker_nodes, ",");
   }
+}
+
+int64_t CoordinatorState::NextVersion() {
+  reserved_version_ = std::max(reserved_version_, placement_.version()) + 1;
+  return reserved_version_;
+}
+
+absl::StatusOr<int64_t> CoordinatorState::ReservePlacementVersion(int64_t base_version) {
+  if (!placement_.placed()) {
+    return absl::FailedPreconditionError("the cluster has no expert placement yet");
+  }
+  if (placement_.version() != base_version) {
+    return absl::FailedPreconditionError(absl::StrCat("the placement is at version ",
+                                                      placement_.version(), ", not ",
+                                                      base_version));
+  }
+  return NextVersion();
+}
+
+absl::Status CoordinatorState::CommitPlacement(const ClusterPlacement& placement,
+                                               int64_t base_version, absl::Time now) {
+  if (absl::Status valid = placement.Validate(); !valid.ok()) return valid;
+  if (!placement.placed() || placement.experts.num_experts != options_.num_experts ||
+      placement.experts.num_layers() != options_.num_moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement version ", placement.version(), " places ", placement.experts.num_experts,
+        " experts in ", placement.experts.num_layers(), " MoE layers; the model has ",
+        options_.num_experts, " in ", options_.num_moe_layers));
+  }
+  if (placement.version() <= base_version || placement.version() > reserved_version_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement version ", placement.version(), " was not reserved"));
+  }
+  if (placement_.version() != base_version) {
+    return absl::AbortedError(absl::StrCat("the placement moved from version ", base_version,
+                                           " to ", placement_.version(), " meanwhile"));
+  }
+  if (placement.worker_nodes != placement_.worker_nodes) {
+    return absl::AbortedError("the placement's worker nodes changed meanwhile");
+  }
+  for (uint32_t node : placement.worker_nodes) {
+    if (!Alive(node)) {
+      return absl::AbortedError(absl::StrCat("worker node ", node, " is not alive"));
+    }
+  }
+  placement_ = placement;
+  LOG(INFO) << "placement version " << placement_.version() << " rebalances the experts over "
+            << "nodes " << absl::StrJoin(placement_.worker_nodes, ",");
+  Update(now);
+  return absl::OkStatus();
 }
 
 void CoordinatorState::ComputeReadiness(absl::Time now) {

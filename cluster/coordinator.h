@@ -95,6 +95,20 @@ class CoordinatorState {
   std::map<std::pair<k3serve::cluster::v1::Role, k3serve::cluster::v1::MemberState>, int>
   CountMembers() const;
 
+  // Rebalancing (cluster/coordinator_balancer.h) rolls a placement out in two steps: it reserves
+  // a version, has the expert nodes load that version's experts, then commits it. Any other
+  // placement change meanwhile (a spare taking over a dead worker) gets a later version, so no
+  // node ever sees two different placements under one number.
+  //
+  // The version after every placement and reservation so far. FAILED_PRECONDITION unless the
+  // current placement has version `base_version`.
+  absl::StatusOr<int64_t> ReservePlacementVersion(int64_t base_version);
+  // Publishes `placement`, whose version must have been reserved. ABORTED when the placement is
+  // no longer at `base_version`, its worker nodes changed or one of them is not alive;
+  // INVALID_ARGUMENT when `placement` does not validate or does not fit the model.
+  absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
+                               absl::Time now);
+
  private:
   struct Member {
     k3serve::cluster::v1::NodeInfo info;
@@ -112,6 +126,8 @@ class CoordinatorState {
   void PlaceInitially();
   void ReplaceDeadWorkers();
   void ComputeReadiness(absl::Time now);
+  // The version for a new placement: above every version used or reserved.
+  int64_t NextVersion();
 
   const CoordinatorOptions options_;
   const absl::Time recovery_end_;
@@ -119,6 +135,7 @@ class CoordinatorState {
   uint32_t next_id_ = 1;
   uint64_t members_version_ = 0;
   ClusterPlacement placement_;
+  int64_t reserved_version_ = 0;  // the highest version handed out by ReservePlacementVersion
   std::string placement_error_;  // why the initial placement failed, if it did
   std::string not_ready_reason_ = "starting";
 };

@@ -35,6 +35,13 @@ absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, 
   return v;
 }
 
+absl::StatusOr<double> ParseFraction(const std::string& flag, const std::string& value) {
+  double v = 0;
+  if (!absl::SimpleAtod(value, &v)) return BadFlag(flag, value, "not a number");
+  if (!(v >= 0 && v < 1)) return BadFlag(flag, value, "must be in [0, 1)");
+  return v;
+}
+
 absl::StatusOr<pb::Role> ParseRole(const std::string& name) {
   if (name == "attention") return pb::ROLE_ATTENTION;
   if (name == "router") return pb::ROLE_ROUTER;
@@ -115,6 +122,25 @@ absl::StatusOr<CoordinatorMainOptions> ParseCoordinatorArgs(const std::vector<st
     } else if (flag == "shutdown-grace-ms") {
       v = ParseInt(flag, value, 0, kMaxMs);
       if (v.ok()) options.shutdown_grace = absl::Milliseconds(*v);
+    } else if (flag == "load-stats-interval-ms") {
+      v = ParseInt(flag, value, 0, kMaxMs);
+      if (v.ok()) options.balancing.gather_interval = absl::Milliseconds(*v);
+    } else if (flag == "rebalance-interval-ms") {
+      v = ParseInt(flag, value, 0, kMaxMs);
+      if (v.ok()) options.balancing.rebalance_interval = absl::Milliseconds(*v);
+    } else if (flag == "spare-slots-per-worker") {
+      v = ParseInt(flag, value, 0, 1 << 20);
+      if (v.ok()) options.balancing.spare_slots_per_worker = *v;
+    } else if (flag == "rebalance-min-improvement") {
+      absl::StatusOr<double> fraction = ParseFraction(flag, value);
+      if (!fraction.ok()) return fraction.status();
+      options.balancing.min_improvement = *fraction;
+    } else if (flag == "retire-delay-ms") {
+      v = ParseInt(flag, value, 0, kMaxMs);
+      if (v.ok()) options.balancing.retire_delay = absl::Milliseconds(*v);
+    } else if (flag == "online-bias-interval-ms") {
+      v = ParseInt(flag, value, 0, kMaxMs);
+      if (v.ok()) options.balancing.online_bias_interval = absl::Milliseconds(*v);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", flag));
     }
@@ -144,6 +170,12 @@ absl::StatusOr<CoordinatorMainOptions> ParseCoordinatorArgs(const std::vector<st
     }
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;
+  if (absl::Status s = options.balancing.Validate(); !s.ok()) return s;
+  if (c.num_experts == 0 && (options.balancing.rebalance_interval > absl::ZeroDuration() ||
+                             options.balancing.online_bias_interval > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(
+        "--rebalance-interval-ms and --online-bias-interval-ms need a model with routed experts");
+  }
   return options;
 }
 
@@ -158,9 +190,11 @@ struct CoordinatorProcess::Parts {
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const CoordinatorMainOptions& options) {
   if (absl::Status s = options.coordinator.Validate(); !s.ok()) return s;
+  if (absl::Status s = options.balancing.Validate(); !s.ok()) return s;
   auto parts = std::make_unique<Parts>();
   parts->grace = options.shutdown_grace;
-  parts->service = std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics());
+  parts->service = std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics(),
+                                                        options.balancing);
   GrpcServerOptions server_options;
   server_options.address = HostPort(options.host, options.port);
   server_options.health_services = {kCoordinatorServiceName};
@@ -188,6 +222,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
             << "; " << options.coordinator.num_experts << " experts in "
             << options.coordinator.num_moe_layers << " MoE layers, waiting for "
             << options.coordinator.expected_expert_nodes << " expert nodes";
+  if (options.balancing.online_bias_interval > absl::ZeroDuration()) {
+    LOG(WARNING) << "online bias is on: the routers' e_score_correction_bias follows the QB "
+                 << "estimate every " << absl::FormatDuration(options.balancing.online_bias_interval)
+                 << ", which changes the model's outputs";
+  }
   return std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess(std::move(parts)));
 }
 
@@ -203,6 +242,7 @@ void CoordinatorProcess::Shutdown() {
   if (parts_->shut_down) return;
   parts_->shut_down = true;
   if (parts_->http) parts_->http->Stop();
+  parts_->service->StopBalancing();  // a rollout in progress must not hold the server up
   parts_->server->Shutdown(parts_->grace);
   parts_->service.reset();
 }

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/coordinator.h"
+#include "cluster/coordinator_balancer.h"
 
 namespace k3 {
 
@@ -24,6 +25,7 @@ struct CoordinatorMainOptions {
   int port = 0;           // gRPC; 0 picks a free port (logged, and CoordinatorProcess::port())
   int metrics_port = -1;  // HTTP /metrics and /healthz; -1: none, 0: pick a free port
   CoordinatorOptions coordinator;
+  LoadBalancerOptions balancing;
   absl::Duration shutdown_grace = absl::Seconds(2);  // for RPCs in flight at shutdown
 };
 
@@ -40,6 +42,19 @@ struct CoordinatorMainOptions {
 //                             expert (default: all three; without experts: attention,router)
 //   --heartbeat-interval-ms, --heartbeat-timeout-ms, --recovery-window-ms
 //   --shutdown-grace-ms
+// Expert load (cluster/coordinator_balancer.h):
+//   --load-stats-interval-ms T  gather the routers' expert load every T ms (default 5000; 0: only
+//                             for GetLoadReport refreshes, rebalancing and bias pushes)
+//   --rebalance-interval-ms T   re-plan the expert placement from the load every T ms and roll it
+//                             out when worth it (default 0: only on a Rebalance RPC)
+//   --spare-slots-per-worker S  experts per MoE layer a worker may hold beyond its share, for
+//                             replicas of hot experts (default 0)
+//   --rebalance-min-improvement F  roll out only when the mean worker MaxVio drops by this
+//                             fraction of its value (default 0.1)
+//   --retire-delay-ms T         after the routers switched, how long the expert nodes keep the
+//                             old placement's experts (default 5000)
+//   --online-bias-interval-ms T  push the routers' QB bias estimate every T ms (default 0: off).
+//                             This CHANGES THE MODEL'S OUTPUTS: the bias selects the experts.
 // INVALID_ARGUMENT naming the flag for unknown flags, malformed values or inconsistent options.
 absl::StatusOr<CoordinatorMainOptions> ParseCoordinatorArgs(const std::vector<std::string>& args);
 

@@ -11,7 +11,8 @@ namespace k3 {
 namespace pb = k3serve::cluster::v1;
 
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
-                                       MetricsRegistry* metrics)
+                                       MetricsRegistry* metrics,
+                                       const LoadBalancerOptions& balancing)
     : tick_interval_(options.heartbeat_interval / 2),
       state_(options, absl::Now()),
       members_gauge_(metrics->AddGauge("k3_coordinator_members",
@@ -30,12 +31,40 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
       actor_("coordinator") {
   actor_.Post([this] { PublishMetrics(); });
   ScheduleTick();
+  if (options.num_experts > 0) {
+    balancer_ = std::make_unique<LoadBalancer>(balancing, options.num_moe_layers,
+                                               options.num_experts, this, metrics);
+  }
 }
 
-CoordinatorService::~CoordinatorService() { actor_.Stop(); }
+CoordinatorService::~CoordinatorService() {
+  StopBalancing();
+  actor_.Stop();
+}
+
+void CoordinatorService::StopBalancing() {
+  if (balancer_ != nullptr) balancer_->Stop();
+}
 
 absl::StatusOr<pb::ClusterState> CoordinatorService::ClusterStateSnapshot(absl::Time deadline) {
   return actor_.Call([this] { return state_.State(); }, deadline);
+}
+
+absl::StatusOr<int64_t> CoordinatorService::ReservePlacementVersion(int64_t base_version,
+                                                                    absl::Time deadline) {
+  return actor_.Call([this, base_version] { return state_.ReservePlacementVersion(base_version); },
+                     deadline);
+}
+
+absl::Status CoordinatorService::CommitPlacement(const ClusterPlacement& placement,
+                                                 int64_t base_version, absl::Time deadline) {
+  return actor_.Call(
+      [this, placement, base_version] {
+        absl::Status status = state_.CommitPlacement(placement, base_version, absl::Now());
+        PublishMetrics();
+        return status;
+      },
+      deadline);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::OnActor(grpc::CallbackServerContext* context,
@@ -100,6 +129,43 @@ grpc::ServerUnaryReactor* CoordinatorService::Drain(grpc::CallbackServerContext*
                                                     pb::DrainResponse*) {
   return OnActor(context, "Drain",
                  [this, request] { return state_.Drain(request->node_id(), absl::Now()); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetLoadReport(
+    grpc::CallbackServerContext* context, const pb::GetLoadReportRequest* request,
+    pb::LoadReport* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (balancer_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::FAILED_PRECONDITION, "the model has no routed experts"));
+    return reactor;
+  }
+  balancer_->GetLoadReport(request->refresh(),
+                           [this, reactor, response](absl::StatusOr<pb::LoadReport> report) {
+                             if (report.ok()) *response = *std::move(report);
+                             rpcs_.WithLabels({"GetLoadReport",
+                                               absl::StatusCodeToString(report.status().code())})
+                                 ->Increment();
+                             reactor->Finish(ToGrpcStatus(report.status()));
+                           });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Rebalance(grpc::CallbackServerContext* context,
+                                                        const pb::RebalanceRequest* request,
+                                                        pb::RebalanceResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (balancer_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::FAILED_PRECONDITION, "the model has no routed experts"));
+    return reactor;
+  }
+  balancer_->Rebalance(request->force(), [this, reactor,
+                                          response](absl::StatusOr<pb::RebalanceResponse> outcome) {
+    if (outcome.ok()) *response = *std::move(outcome);
+    rpcs_.WithLabels({"Rebalance", absl::StatusCodeToString(outcome.status().code())})
+        ->Increment();
+    reactor->Finish(ToGrpcStatus(outcome.status()));
+  });
+  return reactor;
 }
 
 void CoordinatorService::ScheduleTick() {

@@ -140,6 +140,26 @@ TEST(CoordinatorArgsTest, ParsesFlagsInBothSpellings) {
             (std::vector<pb::Role>{pb::ROLE_ROUTER, pb::ROLE_EXPERT}));
 }
 
+TEST(CoordinatorArgsTest, ParsesTheLoadBalancingFlags) {
+  absl::StatusOr<CoordinatorMainOptions> o = ParseCoordinatorArgs(
+      {"--num-experts=8", "--num-moe-layers=2", "--load-stats-interval-ms", "250",
+       "--rebalance-interval-ms=30000", "--spare-slots-per-worker", "2",
+       "--rebalance-min-improvement=0.25", "--retire-delay-ms", "100",
+       "--online-bias-interval-ms", "60000"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->balancing.gather_interval, absl::Milliseconds(250));
+  EXPECT_EQ(o->balancing.rebalance_interval, absl::Seconds(30));
+  EXPECT_EQ(o->balancing.spare_slots_per_worker, 2);
+  EXPECT_DOUBLE_EQ(o->balancing.min_improvement, 0.25);
+  EXPECT_EQ(o->balancing.retire_delay, absl::Milliseconds(100));
+  EXPECT_EQ(o->balancing.online_bias_interval, absl::Minutes(1));
+  // Off by default.
+  o = ParseCoordinatorArgs({"--num-experts=8", "--num-moe-layers=2"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->balancing.rebalance_interval, absl::ZeroDuration());
+  EXPECT_EQ(o->balancing.online_bias_interval, absl::ZeroDuration());
+}
+
 TEST(CoordinatorArgsTest, TakesTheExpertShapeFromAModelConfig) {
   absl::StatusOr<ModelConfig> tiny = NamedConfig("k3-tiny");
   ASSERT_TRUE(tiny.ok()) << tiny.status();
@@ -164,6 +184,10 @@ TEST(CoordinatorArgsTest, RejectsBadArguments) {
       {"--port", "1"},                               // no model shape at all
       {"--model", "/no/such/model/dir"},
       {"--num-experts", "8", "--num-moe-layers", "2", "--heartbeat-interval-ms", "2000"},
+      {"--num-experts", "8", "--num-moe-layers", "2", "--spare-slots-per-worker", "-1"},
+      {"--num-experts", "8", "--num-moe-layers", "2", "--rebalance-min-improvement", "1.5"},
+      {"--num-experts", "8", "--num-moe-layers", "2", "--rebalance-min-improvement", "x"},
+      {"--num-experts", "0", "--num-moe-layers", "0", "--rebalance-interval-ms", "100"},
   };
   for (const auto& args : bad) {
     absl::StatusOr<CoordinatorMainOptions> o = ParseCoordinatorArgs(args);

@@ -225,6 +225,52 @@ TEST(CoordinatorTest, ASilentNodeIsDeadAfterTheTimeoutAndASpareTakesOverItsWorke
   EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{spare, cl.id(3)}));
 }
 
+// A rebalancing rollout reserves its version first; a spare taking over meanwhile gets a later one,
+// and the rollout's commit is then refused.
+TEST(CoordinatorTest, AReservedVersionIsNeverReusedAndAStaleRolloutIsRefused) {
+  Cluster cl(/*experts=*/3);
+  ASSERT_EQ(cl.c.placement().version(), 1);
+  EXPECT_EQ(cl.c.ReservePlacementVersion(2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<int64_t> reserved = cl.c.ReservePlacementVersion(1);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(*reserved, 2);
+
+  // A rebalanced placement: expert 0 of layer 0 replicated on both workers.
+  ClusterPlacement next = cl.c.placement();
+  next.experts.version = *reserved;
+  next.experts.hosts[0][0] = {0, 1};
+  ClusterPlacement unreserved = next;
+  unreserved.experts.version = 3;
+  EXPECT_EQ(cl.c.CommitPlacement(unreserved, 1, cl.now).code(),
+            absl::StatusCode::kInvalidArgument);
+  ClusterPlacement invalid = next;
+  invalid.experts.hosts[0][0] = {};
+  EXPECT_EQ(cl.c.CommitPlacement(invalid, 1, cl.now).code(), absl::StatusCode::kInvalidArgument);
+  ClusterPlacement other_nodes = next;
+  other_nodes.worker_nodes[0] = cl.id(4);
+  EXPECT_EQ(cl.c.CommitPlacement(other_nodes, 1, cl.now).code(), absl::StatusCode::kAborted);
+
+  // Worker 0 dies; the spare takes over under version 3, not the reserved 2.
+  cl.Run(absl::Seconds(2), {cl.id(2)});
+  EXPECT_EQ(cl.c.placement().version(), 3);
+  EXPECT_EQ(cl.c.placement().worker_nodes[0], cl.id(4));
+  EXPECT_EQ(cl.c.CommitPlacement(next, 1, cl.now).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(cl.c.placement().version(), 3);
+
+  // A rollout on top of version 3 commits, and heartbeats report it.
+  reserved = cl.c.ReservePlacementVersion(3);
+  ASSERT_TRUE(reserved.ok());
+  EXPECT_EQ(*reserved, 4);
+  next = cl.c.placement();
+  next.experts.version = 4;
+  next.experts.hosts[1][7] = {0, 1};
+  ASSERT_TRUE(cl.c.CommitPlacement(next, 3, cl.now).ok());
+  EXPECT_EQ(cl.c.placement(), next);
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_EQ(cl.c.Heartbeat(cl.id(0), cl.infos[0].incarnation(), {}, cl.now).placement_version, 4);
+}
+
 TEST(CoordinatorTest, WithoutASpareTheClusterIsNotReadyUntilTheNodeReturns) {
   Cluster cl(/*experts=*/2);
   const uint32_t victim = cl.id(3);  // worker 1
