@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -279,6 +280,7 @@ absl::Status LocalCluster::Launch(Node& node) {
       return absl::FailedPreconditionError(Errno(absl::StrCat("network namespace ", path)));
     }
   }
+  const char* netns_name = site.netns.c_str();
   const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
@@ -295,10 +297,16 @@ absl::Status LocalCluster::Launch(Node& node) {
     dup2(null, 0);
     dup2(log, 1);
     dup2(log, 2);
-    if (netns >= 0 && setns(netns, CLONE_NEWNET) != 0) {
-      static const char kMessage[] = "k3serve local: setns failed\n";
-      (void)!write(2, kMessage, sizeof(kMessage) - 1);
-      _exit(127);
+    if (netns >= 0) {
+      // What `ip netns exec` does: join the network namespace, then mount a sysfs of it in a
+      // private mount namespace, where UCX looks for network devices (/sys/class/net).
+      if (setns(netns, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
+          mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
+          umount2("/sys", MNT_DETACH) != 0 || mount(netns_name, "/sys", "sysfs", 0, nullptr) != 0) {
+        static const char kMessage[] = "k3serve local: entering the network namespace failed\n";
+        (void)!write(2, kMessage, sizeof(kMessage) - 1);
+        _exit(127);
+      }
     }
     execve(argv[0], argv.data(), envp.data());
     static const char kMessage[] = "k3serve local: exec failed\n";

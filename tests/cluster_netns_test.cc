@@ -1,0 +1,114 @@
+// Two "hosts" on one machine: the coordinator and the attention node stay in the test's network
+// namespace, the router and the expert nodes run in a network namespace of their own, joined to it
+// by a veth pair; UCX may use TCP over the veth only. Greedy tokens must still equal the
+// single-process engine's. Needs root and a working `ip netns`; skipped otherwise.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attention_nodes/generate_client.h"
+#include "cluster/local_cluster.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_testing.h"
+
+namespace k3 {
+namespace {
+
+constexpr int kMaxNewTokens = 8;
+
+// Runs a shell command quietly; true when it exits 0.
+bool Shell(const std::string& command) {
+  return std::system(absl::StrCat(command, " >/dev/null 2>&1").c_str()) == 0;
+}
+
+class ClusterNetnsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for ip netns (running as uid " << geteuid() << ")";
+    // Names and a /30 subnet unique to this process, so parallel runs do not collide.
+    const int id = getpid() % 16000;
+    netns_ = absl::StrCat("k3t", id);
+    host_if_ = absl::StrCat("k3h", id);
+    ns_if_ = absl::StrCat("k3n", id);
+    const int block = id * 4;  // 10.200.0.0/16 holds 16384 /30 blocks
+    const std::string prefix = absl::StrCat("10.200.", block / 256, ".");
+    host_ip_ = absl::StrCat(prefix, block % 256 + 1);
+    ns_ip_ = absl::StrCat(prefix, block % 256 + 2);
+    if (!Shell(absl::StrCat("ip netns add ", netns_))) {
+      GTEST_SKIP() << "`ip netns add` does not work here (no ip tool, or no CAP_SYS_ADMIN in this "
+                      "sandbox)";
+    }
+    created_ = true;
+    const std::vector<std::string> setup = {
+        absl::StrCat("ip link add ", host_if_, " type veth peer name ", ns_if_),
+        absl::StrCat("ip link set ", ns_if_, " netns ", netns_),
+        absl::StrCat("ip addr add ", host_ip_, "/30 dev ", host_if_),
+        absl::StrCat("ip link set ", host_if_, " up"),
+        absl::StrCat("ip netns exec ", netns_, " ip addr add ", ns_ip_, "/30 dev ", ns_if_),
+        absl::StrCat("ip netns exec ", netns_, " ip link set ", ns_if_, " up"),
+        absl::StrCat("ip netns exec ", netns_, " ip link set lo up"),
+    };
+    for (const std::string& command : setup) {
+      ASSERT_TRUE(Shell(command)) << "network setup failed: " << command;
+    }
+  }
+
+  void TearDown() override {
+    // Deleting the namespace also deletes the veth pair.
+    if (created_) EXPECT_TRUE(Shell(absl::StrCat("ip netns del ", netns_))) << netns_;
+  }
+
+  // Bytes this namespace's end of the veth pair received so far.
+  int64_t ReceivedBytes() const {
+    std::ifstream file(absl::StrCat("/sys/class/net/", host_if_, "/statistics/rx_bytes"));
+    int64_t bytes = -1;
+    file >> bytes;
+    return bytes;
+  }
+
+  std::string netns_, host_if_, ns_if_, host_ip_, ns_ip_;
+  bool created_ = false;
+};
+
+TEST_F(ClusterNetnsTest, TiersInSeparateNetworkNamespacesGenerateTheSameTokens) {
+  const std::string model = RandomCheckpointDir("k3-tiny", 7);
+  const std::vector<std::vector<int32_t>> prompts = TestPrompts(3, 512, 31);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(model, prompts, kMaxNewTokens);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2);
+  NodeSite here;
+  here.host = host_ip_;
+  here.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", host_if_}};
+  NodeSite there;
+  there.host = ns_ip_;
+  there.netns = netns_;
+  there.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", ns_if_}};
+  options.sites = {{NodeRole::kCoordinator, here},
+                   {NodeRole::kAttention, here},
+                   {NodeRole::kRouter, there},
+                   {NodeRole::kExpert, there}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int64_t received_before = ReceivedBytes();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+        (*cluster)->generate_addresses()[0],
+        GreedyRequest(absl::StrCat("netns-", i), prompts[i], kMaxNewTokens), absl::Seconds(30));
+    ASSERT_TRUE(outcome.ok()) << "prompt " << i << ": " << outcome.status();
+    EXPECT_EQ(outcome->tokens, (*expected)[i]) << "prompt " << i;
+  }
+  // The MoE rows crossed the veth: every token's hidden state went to the router namespace and
+  // back in each MoE layer (8 layers x 24 tokens x 256 floats and more).
+  EXPECT_GT(ReceivedBytes() - received_before, 128 * 1024);
+  const absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+}  // namespace
+}  // namespace k3

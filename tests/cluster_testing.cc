@@ -1,0 +1,101 @@
+#include "tests/cluster_testing.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "attention_nodes/local_engine.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+
+namespace k3 {
+
+namespace {
+
+std::string TestTmpDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+}  // namespace
+
+std::string RandomCheckpointDir(const std::string& config, uint64_t seed) {
+  static std::map<std::pair<std::string, uint64_t>, std::string>* written =
+      new std::map<std::pair<std::string, uint64_t>, std::string>;
+  auto it = written->find({config, seed});
+  if (it != written->end()) return it->second;
+  const std::string dir = absl::StrCat(TestTmpDir(), "/", config, "-", seed);
+  absl::StatusOr<ModelConfig> model = NamedConfig(config);
+  if (!model.ok()) {
+    std::cerr << "config " << config << ": " << model.status() << "\n";
+    std::abort();
+  }
+  if (absl::Status s = WriteRandomCheckpoint(*model, seed, dir); !s.ok()) {
+    std::cerr << "writing " << dir << ": " << s << "\n";
+    std::abort();
+  }
+  written->emplace(std::make_pair(config, seed), dir);
+  return dir;
+}
+
+LocalClusterOptions TestClusterOptions(const std::string& model, int attention, int routers,
+                                       int experts, std::vector<int> expert_slots) {
+  static int clusters = 0;
+  LocalClusterOptions options;
+  // Bazel runs tests in their runfiles folder, where the data dependency //:k3serve lies.
+  options.binary = std::filesystem::absolute("k3serve").string();
+  options.model = model;
+  options.attention = attention;
+  options.routers = routers;
+  options.experts = experts;
+  options.expert_slots = std::move(expert_slots);
+  options.log_dir = absl::StrCat(TestTmpDir(), "/cluster-", clusters++);
+  options.startup_timeout = absl::Seconds(60);
+  options.stop_grace = absl::Seconds(3);
+  options.progress = [](const std::string& line) { std::cerr << line << std::endl; };
+  return options;
+}
+
+k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
+                                           const std::vector<int32_t>& prompt,
+                                           int max_new_tokens) {
+  k3serve::v1::GenerateRequest request;
+  request.set_request_id(request_id);
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+  return request;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
+    const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
+    int max_new_tokens) {
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(model);
+  if (!engine.ok()) return engine.status();
+  GenerateOptions options;
+  options.sampling.temperature = 0.0f;
+  options.max_new_tokens = max_new_tokens;
+  std::vector<std::vector<int32_t>> tokens;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(prompt, options);
+    if (!generated.ok()) return generated.status();
+    tokens.push_back(*std::move(generated));
+  }
+  return tokens;
+}
+
+std::vector<std::vector<int32_t>> TestPrompts(int count, int vocab_size, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> prompt(1 + (3 * i + 2) % 11);
+    for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % vocab_size);
+    prompts.push_back(prompt);
+  }
+  return prompts;
+}
+
+}  // namespace k3

@@ -1,0 +1,41 @@
+// What the multi-process cluster tests share: random checkpoints, a LocalCluster of the k3serve
+// binary the test depends on (data = ["//:k3serve"]), greedy requests, and the single-process
+// answers to compare with. Test-only.
+#ifndef K3SERVE_TESTS_CLUSTER_TESTING_H_
+#define K3SERVE_TESTS_CLUSTER_TESTING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/local_cluster.h"
+#include "proto/generate.pb.h"
+
+namespace k3 {
+
+// A random checkpoint of the named config (k3-tiny, kimi-linear-tiny, ...) under $TEST_TMPDIR,
+// written on the first call for each (config, seed).
+std::string RandomCheckpointDir(const std::string& config, uint64_t seed);
+
+// Options for a cluster of the k3serve binary next to the test (its runfiles), logging into a
+// fresh folder under $TEST_TMPDIR and showing progress on stderr. Bounded: 60 s to start, 3 s
+// per tier to stop.
+LocalClusterOptions TestClusterOptions(const std::string& model, int attention, int routers,
+                                       int experts, std::vector<int> expert_slots = {});
+
+// A greedy request for `max_new_tokens` tokens.
+k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
+                                           const std::vector<int32_t>& prompt, int max_new_tokens);
+
+// The tokens the single-process engine (LocalEngine) generates greedily for each prompt.
+absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
+    const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
+    int max_new_tokens);
+
+// Prompts of different lengths with token ids below `vocab_size`, a function of `seed`.
+std::vector<std::vector<int32_t>> TestPrompts(int count, int vocab_size, uint64_t seed);
+
+}  // namespace k3
+
+#endif  // K3SERVE_TESTS_CLUSTER_TESTING_H_
