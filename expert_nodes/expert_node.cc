@@ -131,7 +131,6 @@ class ExpertNode {
   std::unique_ptr<PeerLinks> links_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<MetricsHttpServer> http_;
-  std::unique_ptr<CoordinatorClient> client_;
 
   absl::Mutex mu_;
   pb::ClusterState state_ ABSL_GUARDED_BY(mu_);
@@ -146,6 +145,9 @@ class ExpertNode {
     absl::Time until;  // answered by whatever worker is current then
   };
   std::deque<Deferred> deferred_;
+
+  // Last: its thread calls back into the members above until it stops.
+  std::unique_ptr<CoordinatorClient> client_;
 };
 
 absl::Status ExpertNode::Start() {
@@ -358,6 +360,16 @@ void ExpertNode::PublishStatus(int64_t weight_bytes) {
 }
 
 void ExpertNode::Shutdown() {
+  // Requests still waiting for a placement get their error now rather than a router's timeout.
+  std::deque<Deferred> deferred;
+  deferred.swap(deferred_);
+  for (const Deferred& entry : deferred) Serve(entry.received, /*may_defer=*/false);
+  if (worker_ != nullptr) {
+    absl::StatusOr<int64_t> rss = ResidentBytes();
+    LOG(INFO) << name_ << " computed " << worker_->rows_processed() << " rows; selected weights "
+              << static_cast<int64_t>(metrics_.weight_bytes->Value()) << " bytes, process RSS "
+              << (rss.ok() ? absl::StrFormat("%.1f MiB", *rss / 1048576.0) : "unknown");
+  }
   if (server_) server_->SetServing(kServiceName, false);
   if (client_) client_->Stop();  // Leave: routers stop sending here
   if (links_) links_->Stop();

@@ -74,10 +74,11 @@ class RouterNode {
   std::unique_ptr<RouterControlService> service_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<MetricsHttpServer> http_;
-  std::unique_ptr<CoordinatorClient> client_;
   // Loop thread only.
   uint32_t node_id_ = 0;
   std::string name_ = "router node (unregistered)";
+  // Last: its thread calls back into the members above until it stops.
+  std::unique_ptr<CoordinatorClient> client_;
 };
 
 absl::Status RouterNode::Start() {

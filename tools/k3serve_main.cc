@@ -10,6 +10,8 @@
 #include "attention_nodes/attention_server.h"
 #include "cluster/coordinator_main.h"
 #include "cluster/local_cluster_main.h"
+#include "expert_nodes/expert_node.h"
+#include "router/router_node.h"
 #include "tools/local_commands.h"
 
 namespace {
@@ -27,6 +29,9 @@ commands:
             [--max-prompt-tokens N --moe-timeout-ms T --drain-timeout-ms T]
   coordinator [--port P --host H --metrics-port P] --model M [--expected-experts E]
             [--required-roles attention,router,expert] (see cluster/coordinator_main.h)
+  router    --coordinator HOST:PORT --model DIR [--port P --host H --metrics-port P]
+            [--step-timeout-ms T --qb-bins B]
+  expert    --coordinator HOST:PORT --model DIR --slots N [--port P --host H --metrics-port P]
   local     --model DIR [--attention A --routers R --experts E --expert-slots 3,5,8]
             [--base-port P --host H --metrics --log-dir DIR] [--prompt 1,2,3 --max-new-tokens N]
   qb        --scores FILE --tokens T --experts N --top-k K [--bias FILE] [--bins B | --exact]
@@ -51,6 +56,8 @@ int main(int argc, char** argv) {
   if (command == "logits") return k3::LogitsCommand(args);
   if (command == "generate") return k3::GenerateCommand(args);
   if (command == "attention") return k3::RunAttentionNode(args);
+  if (command == "router") return k3::RunRouterNode(args);
+  if (command == "expert") return k3::RunExpertNode(args);
   if (command == "coordinator") {
     absl::StatusOr<k3::CoordinatorMainOptions> options = k3::ParseCoordinatorArgs(args);
     if (!options.ok()) {
