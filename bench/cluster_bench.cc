@@ -1,0 +1,219 @@
+// End-to-end decode speed of a local k3serve cluster against the single-process engine on the same
+// checkpoint, in one run:
+//
+//   bazel run -c opt //bench:cluster_bench -- [--configs k3-tiny,k3-perf] [--tokens 48]
+//       [--repeats 3] [--attention 1 --routers 1 --experts 2] [--streams 8]
+//
+// For each config it writes a random checkpoint, then measures greedy decode tokens/s of one
+// stream: (N - 1) / (T(N) - T(1)), where T(n) is the best wall time of a request for n new tokens
+// after the same prompt, so prefill and per-request overhead cancel out. The single-process side
+// is LocalEngine::Generate; the cluster side is Generate over gRPC against `k3serve local`'s
+// processes (LocalCluster). It prints both and their ratio, plus the cluster's aggregate tokens/s
+// with --streams concurrent streams (the attention node batches them; the single-process engine
+// has no batching, so its aggregate equals its one-stream speed).
+#include <malloc.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "attention_nodes/generate_client.h"
+#include "attention_nodes/local_engine.h"
+#include "cluster/local_cluster.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "proto/generate.pb.h"
+#include "tools/cli_flags.h"
+
+namespace k3 {
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> configs = {"k3-tiny", "k3-perf"};
+  int tokens = 48;
+  int repeats = 3;
+  int attention = 1;
+  int routers = 1;
+  int experts = 2;
+  int streams = 8;
+  std::string k3serve = "k3serve";
+  std::string work_dir;
+};
+
+const std::vector<int32_t> kPrompt = {11, 7, 300, 42, 5, 99, 123, 8};
+
+k3serve::v1::GenerateRequest Request(const std::string& id, int max_new_tokens) {
+  k3serve::v1::GenerateRequest request;
+  request.set_request_id(id);
+  request.mutable_prompt_token_ids()->Add(kPrompt.begin(), kPrompt.end());
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+  return request;
+}
+
+// Best wall time of `repeats` runs of `run(n)`.
+template <typename Run>
+absl::StatusOr<absl::Duration> Best(int repeats, int n, Run run) {
+  absl::Duration best = absl::InfiniteDuration();
+  for (int r = 0; r < repeats; ++r) {
+    const absl::Time start = absl::Now();
+    if (absl::Status s = run(n); !s.ok()) return s;
+    best = std::min(best, absl::Now() - start);
+  }
+  return best;
+}
+
+// (N - 1) / (T(N) - T(1)) in tokens per second.
+template <typename Run>
+absl::StatusOr<double> DecodeTokensPerSecond(const BenchOptions& o, Run run) {
+  if (absl::Status s = run(2); !s.ok()) return s;  // warm-up: page in weights, connect
+  absl::StatusOr<absl::Duration> one = Best(o.repeats, 1, run);
+  if (!one.ok()) return one.status();
+  absl::StatusOr<absl::Duration> many = Best(o.repeats, o.tokens, run);
+  if (!many.ok()) return many.status();
+  const double seconds = absl::ToDoubleSeconds(*many - *one);
+  if (seconds <= 0) return absl::InternalError("decode took no measurable time; raise --tokens");
+  return (o.tokens - 1) / seconds;
+}
+
+absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
+  absl::StatusOr<ModelConfig> config = NamedConfig(name);
+  if (!config.ok()) return config.status();
+  const std::string dir = absl::StrCat(o.work_dir, "/", name);
+  std::cerr << "writing a random " << name << " checkpoint to " << dir << "\n";
+  if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
+
+  double single = 0;
+  {
+    absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir);
+    if (!engine.ok()) return engine.status();
+    absl::StatusOr<double> rate = DecodeTokensPerSecond(o, [&](int n) -> absl::Status {
+      GenerateOptions options;
+      options.max_new_tokens = n;
+      return (*engine)->Generate(kPrompt, options).status();
+    });
+    if (!rate.ok()) return rate.status();
+    single = *rate;
+  }  // frees the engine's memory before the cluster maps the checkpoint
+
+  LocalClusterOptions cluster_options;
+  cluster_options.binary = o.k3serve;
+  cluster_options.model = dir;
+  cluster_options.attention = o.attention;
+  cluster_options.routers = o.routers;
+  cluster_options.experts = o.experts;
+  cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs-", name);
+  cluster_options.startup_timeout = absl::Minutes(5);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
+  if (!cluster.ok()) return cluster.status();
+  const std::string address = (*cluster)->generate_addresses()[0];
+  int request = 0;
+  auto generate = [&](int n) -> absl::Status {
+    absl::StatusOr<GenerateOutcome> outcome =
+        GenerateOverGrpc(address, Request(absl::StrCat("bench-", request++), n), absl::Minutes(5));
+    if (!outcome.ok()) return outcome.status();
+    if (static_cast<int>(outcome->tokens.size()) != n) {
+      return absl::InternalError(absl::StrCat("asked for ", n, " tokens, got ",
+                                              outcome->tokens.size(), ": ",
+                                              outcome->complete.message()));
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<double> clustered = DecodeTokensPerSecond(o, generate);
+  if (!clustered.ok()) return clustered.status();
+
+  // Aggregate over concurrent streams: all tokens of all streams over the wall time.
+  absl::Duration best = absl::InfiniteDuration();
+  for (int r = 0; r < o.repeats; ++r) {
+    std::vector<absl::Status> results(o.streams);
+    std::vector<std::thread> threads;
+    const absl::Time start = absl::Now();
+    for (int s = 0; s < o.streams; ++s) {
+      threads.emplace_back([&, s] {
+        absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+            address, Request(absl::StrCat("bench-", r, "-", s), o.tokens), absl::Minutes(5));
+        results[s] = outcome.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    best = std::min(best, absl::Now() - start);
+    for (const absl::Status& s : results) {
+      if (!s.ok()) return s;
+    }
+  }
+  const double aggregate = o.streams * o.tokens / absl::ToDoubleSeconds(best);
+  if (absl::Status s = (*cluster)->Stop(); !s.ok()) std::cerr << s.message() << "\n";
+
+  std::cout << absl::StrFormat(
+      "%-10s single-process %8.1f tok/s | cluster A=%d,R=%d,E=%d %8.1f tok/s | ratio %.3f | "
+      "cluster %d streams %8.1f tok/s (incl. prefill)\n",
+      name, single, o.attention, o.routers, o.experts, *clustered, *clustered / single, o.streams,
+      aggregate);
+  return absl::OkStatus();
+}
+
+int Main(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags =
+      CliFlags::Parse(args, {"configs", "tokens", "repeats", "attention", "routers", "experts",
+                             "streams", "k3serve", "work-dir"});
+  if (!flags.ok()) {
+    std::cerr << flags.status().message() << "\n";
+    return 2;
+  }
+  BenchOptions o;
+  if (flags->Has("configs")) o.configs = absl::StrSplit(*flags->String("configs"), ',');
+  for (auto [name, field] : {std::pair{"tokens", &o.tokens}, {"repeats", &o.repeats},
+                             {"attention", &o.attention}, {"routers", &o.routers},
+                             {"experts", &o.experts}, {"streams", &o.streams}}) {
+    absl::StatusOr<int64_t> value = flags->Int(name, *field);
+    if (!value.ok() || *value < 1) {
+      std::cerr << "--" << name << " wants a positive integer\n";
+      return 2;
+    }
+    *field = static_cast<int>(*value);
+  }
+  if (o.tokens < 2) {
+    std::cerr << "--tokens must be at least 2\n";
+    return 2;
+  }
+  // `bazel run` starts us in our runfiles folder, where the data dependency //:k3serve lies.
+  o.k3serve = std::filesystem::absolute(flags->StringOr("k3serve", o.k3serve)).string();
+  o.work_dir = flags->StringOr("work-dir", "");
+  const bool own_work_dir = o.work_dir.empty();
+  if (own_work_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/k3-cluster-bench-XXXXXX");
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::cerr << "cannot create a work folder\n";
+      return 1;
+    }
+    o.work_dir = pattern;
+  }
+  for (const std::string& config : o.configs) {
+    if (absl::Status s = BenchConfig(o, config); !s.ok()) {
+      std::cerr << config << ": " << s << "\n";
+      return 1;
+    }
+  }
+  if (own_work_dir) std::filesystem::remove_all(o.work_dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace k3
+
+int main(int argc, char** argv) {
+  // The allocator settings k3serve's main uses (tools/k3serve_main.cc), so the in-process engine
+  // runs as `k3serve generate` does: large step buffers stay mapped instead of faulting in anew
+  // on every step.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return k3::Main(std::vector<std::string>(argv + 1, argv + argc));
+}
