@@ -407,13 +407,13 @@ absl::Status RouterCore::Readiness() const {
   return readiness_;
 }
 
+int64_t RouterCore::placement_version() const {
+  absl::MutexLock lock(&ready_mu_);
+  return placement_version_;
+}
+
 pb::LoadStatsResponse RouterCore::LoadStats(bool reset) {
-  int64_t version = 0;
-  {
-    absl::MutexLock lock(&ready_mu_);
-    version = placement_version_;
-  }
-  return stats_->Snapshot(reset, version);
+  return stats_->Snapshot(reset, placement_version());
 }
 
 }  // namespace k3

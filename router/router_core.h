@@ -87,6 +87,9 @@ class RouterCore {
   // Tokens per expert and QB statistics per MoE layer (see router_load_stats.h).
   k3serve::cluster::v1::LoadStatsResponse LoadStats(bool reset);
 
+  // The placement version new steps are planned with (0: none).
+  int64_t placement_version() const;
+
   size_t pending_steps() const { return pending_.size(); }
 
  private:

@@ -73,7 +73,9 @@ pb::LoadStatsResponse RouterLoadStats::Snapshot(bool reset, int64_t placement_ve
   for (int layer = 0; layer < num_layers(); ++layer) {
     pb::LayerLoadStats* out = response.add_layers();
     out->set_layer(layer);
+    out->set_top_k(top_k_);
     for (uint64_t c : counts_[layer]) out->add_counts(c);
+    for (float b : bias_[layer]) out->add_bias(b);
     if (qb_.empty()) continue;
     const QbLayerStatistics& qb = qb_[layer];
     for (uint64_t c : qb.data().counts) out->add_bins(c);

@@ -5,9 +5,10 @@
 //     e_score_correction_bias is estimated from. Histograms of routers with the same bias add up.
 //
 // In the wire form (k3serve.cluster.v1.LoadStatsResponse) each LayerLoadStats carries `counts` =
-// tokens per expert, and, when QB statistics are kept, `bins` = the r histograms expert-major
-// ([num_experts x B]) with `bin_edges` = the B upper bin edges, which all experts share: the bins
-// split [min(bias) − 1, max(bias) + 1] evenly, and every r falls inside, so no bin is unbounded.
+// tokens per expert, `top_k` and `bias` (the routing bias), and, when QB statistics are kept,
+// `bins` = the r histograms expert-major ([num_experts x B]) with `bin_edges` = the B upper bin
+// edges, which all experts share: the bins split [min(bias) − 1, max(bias) + 1] evenly, and every
+// r falls inside, so no bin is unbounded.
 //
 // Thread-safety: all methods may be called from any thread.
 #ifndef K3SERVE_ROUTER_ROUTER_LOAD_STATS_H_

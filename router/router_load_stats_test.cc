@@ -60,6 +60,8 @@ TEST(RouterLoadStatsTest, CountsTokensPerExpertPerLayerAndResets) {
                                   snapshot.layers(1).counts().end()),
             expected);
   EXPECT_EQ(snapshot.layers(1).bins_size(), 0);
+  EXPECT_EQ(snapshot.layers(1).top_k(), kTopK);
+  EXPECT_EQ(snapshot.layers(1).bias_size(), kExperts);
 
   k3serve::cluster::v1::LoadStatsResponse after = (*stats)->Snapshot(false, 7);
   EXPECT_EQ(after.window_steps(), 0u);
@@ -82,6 +84,8 @@ TEST(RouterLoadStatsTest, QbHistogramsBinEveryTokensMargin) {
   k3serve::cluster::v1::LoadStatsResponse snapshot = (*stats)->Snapshot(false, 1);
   const auto& layer = snapshot.layers(0);
   ASSERT_EQ(layer.bin_edges_size(), kBins);
+  EXPECT_EQ(std::vector<float>(layer.bias().begin(), layer.bias().end()), bias);
+  EXPECT_EQ(layer.top_k(), kTopK);
   ASSERT_EQ(layer.bins_size(), kExperts * kBins);
   const float lo = *std::min_element(bias.begin(), bias.end()) - 1.f;
   const float hi = *std::max_element(bias.begin(), bias.end()) + 1.f;

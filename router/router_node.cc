@@ -35,7 +35,11 @@ class RouterControlService final : public pb::RouterControl::Service {
 
   ::grpc::Status GetLoadStats(::grpc::ServerContext*, const pb::GetLoadStatsRequest* request,
                               pb::LoadStatsResponse* response) override {
-    *response = core_->LoadStats(request->reset());
+    if (request->version_only()) {
+      response->set_placement_version(core_->placement_version());
+    } else {
+      *response = core_->LoadStats(request->reset());
+    }
     return ::grpc::Status::OK;
   }
 

@@ -7,7 +7,8 @@
 // ExpertRequests out to the placement's workers, MoeResponses back.
 //
 // gRPC (one port): k3serve.cluster.v1.RouterControl (GetLoadStats: tokens per expert and QB
-// histograms per MoE layer, see router/router_load_stats.h; SetPlacement and SetBias answer
+// histograms per MoE layer, see router/router_load_stats.h, or with version_only just the placement
+// version new steps are planned with; SetPlacement and SetBias answer
 // UNIMPLEMENTED: the placement comes from the coordinator, the bias from the checkpoint) and
 // grpc.health.v1: "" is SERVING while the process runs, "k3serve.cluster.v1.RouterControl" once a
 // placement is in force and all its workers are connected. With --metrics-port, HTTP /metrics

@@ -145,6 +145,8 @@ class RouterExpertTest : public ::testing::Test {
     options.coordinator.heartbeat_timeout = absl::Milliseconds(600);
     options.coordinator.recovery_window = absl::ZeroDuration();
     options.shutdown_grace = absl::Milliseconds(200);
+    // The test reads the router's load window itself before the coordinator gathers (and resets) it.
+    options.balancing.gather_interval = absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<CoordinatorProcess>> coordinator =
         CoordinatorProcess::Start(options);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
@@ -329,6 +331,24 @@ TEST_F(RouterExpertTest, MatchesLocalEngineSurvivesAKilledExpertAndShutsDownClea
       EXPECT_EQ(layer.bins_size(), config.num_experts * 10);
     }
     EXPECT_EQ(counted, static_cast<uint64_t>(routed_tokens * config.num_experts_per_token));
+
+    // The coordinator gathers the same window (and resets it), QB histograms included.
+    auto coordinator = pb::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator_address_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext report_context;
+    report_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    pb::GetLoadReportRequest report_request;
+    report_request.set_refresh(true);
+    pb::LoadReport report;
+    ASSERT_TRUE(coordinator->GetLoadReport(&report_context, report_request, &report).ok());
+    EXPECT_EQ(report.routers(), 1);
+    EXPECT_EQ(report.routers_failed(), 0);
+    ASSERT_EQ(report.layers_size(), config.NumMoeLayers());
+    for (const pb::LayerLoadReport& layer : report.layers()) {
+      const int model_layer = *ModelLayerOfMoe(config, layer.layer());
+      EXPECT_EQ(layer.tokens(), static_cast<uint64_t>(3 + 5 * model_layer));
+      EXPECT_EQ(layer.qb_bias_size(), config.num_experts);
+    }
   }
   std::map<pid_t, int64_t> weight_bytes;
   for (Child* expert : {expert_a, expert_b}) {
