@@ -1,7 +1,6 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "glog/logging.h"
