@@ -71,7 +71,7 @@ class Reader {
     const size_t bytes = static_cast<size_t>(count * width) * sizeof(float);
     if (bytes_.size() - offset_ < bytes) return Truncated();
     values->resize(static_cast<size_t>(count * width));
-    std::memcpy(values->data(), bytes_.data() + offset_, bytes);
+    if (bytes > 0) std::memcpy(values->data(), bytes_.data() + offset_, bytes);  // data() may be null
     offset_ += bytes;
     return true;
   }
@@ -174,7 +174,7 @@ absl::Status Decode(std::string_view bytes, ExpertRequest* m) {
     static_assert(sizeof(ExpertAssignment) == 3 * sizeof(float));
     if (r.GetFloats(count, 3, &raw)) {
       m->assignments.resize(static_cast<size_t>(count));
-      std::memcpy(m->assignments.data(), raw.data(), raw.size() * sizeof(float));
+      if (!raw.empty()) std::memcpy(m->assignments.data(), raw.data(), raw.size() * sizeof(float));
       r.GetFloats(m->rows_count, m->width, &m->rows);
     }
   }
