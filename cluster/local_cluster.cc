@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -37,7 +38,20 @@ namespace pb = k3serve::cluster::v1;
 
 namespace {
 
-constexpr char kAttentionService[] = "k3serve.v1.K3Serve";
+// The readiness health service of each node role (see the role headers).
+const char* ReadinessService(NodeRole role) {
+  switch (role) {
+    case NodeRole::kCoordinator:
+      return "k3serve.cluster.v1.Coordinator";
+    case NodeRole::kAttention:
+      return "k3serve.v1.K3Serve";
+    case NodeRole::kRouter:
+      return "k3serve.cluster.v1.RouterControl";
+    case NodeRole::kExpert:
+      return "k3serve.cluster.v1.ExpertWorker";
+  }
+  return "";
+}
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 
 std::string Errno(const std::string& what) { return absl::StrCat(what, ": ", strerror(errno)); }
@@ -365,21 +379,28 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
     } else {
       coordinator_says = absl::StrCat("unreachable (", state.status().message(), ")");
     }
-    int serving = 0;
+    // The coordinator's readiness only says every role has a live member; each node's own
+    // readiness says it can work (a router's placement is in force, an expert's slice loaded).
+    std::map<NodeRole, int> serving;
     for (const Node& node : nodes_) {
-      if (node.role != NodeRole::kAttention) continue;
-      absl::StatusOr<bool> up =
-          CheckServing(Channel(node.grpc_address), kAttentionService, absl::Seconds(1));
-      if (up.ok() && *up) ++serving;
+      if (node.role == NodeRole::kCoordinator) continue;
+      absl::StatusOr<bool> up = CheckServing(Channel(node.grpc_address),
+                                             ReadinessService(node.role), absl::Seconds(1));
+      if (up.ok() && *up) ++serving[node.role];
     }
-    const std::string line = absl::StrCat("cluster: coordinator ", coordinator_says,
-                                          "; attention nodes serving: ", serving, "/",
-                                          options_.attention);
+    const bool all_serving = serving[NodeRole::kAttention] == options_.attention &&
+                             serving[NodeRole::kRouter] == options_.routers &&
+                             serving[NodeRole::kExpert] == options_.experts;
+    const std::string line = absl::StrCat(
+        "cluster: coordinator ", coordinator_says, "; serving: attention ",
+        serving[NodeRole::kAttention], "/", options_.attention, ", routers ",
+        serving[NodeRole::kRouter], "/", options_.routers, ", experts ",
+        serving[NodeRole::kExpert], "/", options_.experts);
     if (line != last) {
       Progress(line);
       last = line;
     }
-    if (ready && serving == options_.attention) return absl::OkStatus();
+    if (ready && all_serving) return absl::OkStatus();
     if (options_.cancelled && options_.cancelled()) {
       return absl::CancelledError("cancelled while the cluster started");
     }

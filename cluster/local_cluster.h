@@ -95,8 +95,9 @@ class LocalCluster {
   };
 
   // Validates the options, starts every node and waits (up to startup_timeout) until the
-  // coordinator reports the cluster ready and every attention node's readiness
-  // ("k3serve.v1.K3Serve") is SERVING. If a node exits or the deadline passes first, everything
+  // coordinator reports the cluster ready and every node's readiness health service is SERVING
+  // (attention "k3serve.v1.K3Serve", router "k3serve.cluster.v1.RouterControl", expert
+  // "k3serve.cluster.v1.ExpertWorker"), so that the first request finds every tier in place. If a node exits or the deadline passes first, everything
   // is stopped and the error names the node (or what the cluster still waited for) with the tail
   // of its log. INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
@@ -127,7 +128,7 @@ class LocalCluster {
   // Reap(), then an error naming the first node that is not running, with its exit status and
   // log tail.
   absl::Status CheckRunning();
-  // Waits until the coordinator says ready and every attention node is SERVING, as Start does.
+  // Waits until the coordinator says ready and every node is SERVING, as Start does.
   absl::Status WaitReady(absl::Time deadline);
   absl::StatusOr<k3serve::cluster::v1::ClusterState> GetClusterState(absl::Duration timeout) const;
 

@@ -82,6 +82,21 @@ class ClusterFaultTest : public testing::Test {
     EXPECT_EQ(info.request_state_bytes(), 0);
   }
 
+  // Waits up to 2 s until the running request shows up in the node's counters (they are
+  // refreshed between model steps), then returns them.
+  v1::ServerInfo ExpectStateHeld() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    v1::ServerInfo info = ServerInfo();
+    while (info.request_state_bytes() == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+      info = ServerInfo();
+    }
+    EXPECT_EQ(info.active_requests(), 1);
+    EXPECT_EQ(info.cached_sequences(), 1);
+    EXPECT_GT(info.request_state_bytes(), 0);
+    return info;
+  }
+
   struct Stream {
     std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
@@ -111,9 +126,7 @@ LocalCluster* ClusterFaultTest::cluster_ = nullptr;
 
 TEST_F(ClusterFaultTest, CancelledStreamFreesItsState) {
   Stream stream = StartStream("cancelled");
-  const v1::ServerInfo during = ServerInfo();
-  EXPECT_EQ(during.active_requests(), 1);
-  EXPECT_GT(during.request_state_bytes(), 0);
+  ExpectStateHeld();
   stream.context->TryCancel();
   v1::GenerateResponse response;
   while (stream.reader->Read(&response)) {
@@ -124,7 +137,7 @@ TEST_F(ClusterFaultTest, CancelledStreamFreesItsState) {
 
 TEST_F(ClusterFaultTest, AbortedStreamCompletesCancelledAndFreesItsState) {
   Stream stream = StartStream("aborted");
-  EXPECT_GT(ServerInfo().request_state_bytes(), 0);
+  ExpectStateHeld();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   v1::AbortRequest abort;
