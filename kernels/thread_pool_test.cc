@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -172,6 +173,28 @@ TEST(ThreadPoolTest, SinglethreadPoolRunsInline) {
     ++calls;
   });
   EXPECT_EQ(calls, 1);
+}
+
+// The process-wide pool reads K3SERVE_THREADS once, so each case runs in a fresh process (the
+// "threadsafe" death-test style re-executes the test binary).
+TEST(ThreadPoolDeathTest, GlobalPoolSizeComesFromTheEnvironment) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("K3SERVE_THREADS", "3", 1);
+        std::exit(KernelThreadCount() == 3 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const char* bad : {"0", "-2", "two", "3x", "100000"}) {
+    EXPECT_EXIT(
+        {
+          setenv("K3SERVE_THREADS", bad, 1);
+          std::exit(KernelThreadCount() == hardware ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "K3SERVE_THREADS")
+        << bad;
+  }
 }
 
 TEST(ThreadPoolTest, GlobalPoolCoversTheRange) {
