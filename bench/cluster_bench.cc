@@ -169,9 +169,12 @@ int Main(const std::vector<std::string>& args) {
   }
   BenchOptions o;
   if (flags->Has("configs")) o.configs = absl::StrSplit(*flags->String("configs"), ',');
-  for (auto [name, field] : {std::pair{"tokens", &o.tokens}, {"repeats", &o.repeats},
-                             {"attention", &o.attention}, {"routers", &o.routers},
-                             {"experts", &o.experts}, {"streams", &o.streams}}) {
+  for (auto [name, field] : {std::pair{"tokens", &o.tokens},
+                             {"repeats", &o.repeats},
+                             {"attention", &o.attention},
+                             {"routers", &o.routers},
+                             {"experts", &o.experts},
+                             {"streams", &o.streams}}) {
     absl::StatusOr<int64_t> value = flags->Int(name, *field);
     if (!value.ok() || *value < 1) {
       std::cerr << "--" << name << " wants a positive integer\n";

@@ -15,9 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -156,7 +156,9 @@ absl::Status LocalCluster::Plan() {
   std::error_code ec;
   // The real path, so that ps shows k3serve rather than /proc/self/exe.
   const std::string binary = std::filesystem::canonical(o.binary, ec).string();
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("k3serve binary ", o.binary, ": ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(
+        absl::StrCat("k3serve binary ", o.binary, ": ", ec.message()));
   if (o.model.empty()) return absl::InvalidArgumentError("no model folder given");
   const std::string model = std::filesystem::absolute(o.model, ec).string();
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model);
@@ -166,17 +168,17 @@ absl::Status LocalCluster::Plan() {
   }
   const int num_experts = config->num_experts;
   if ((num_experts > 0) != (o.experts > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model has ", num_experts, " routed experts per layer but the cluster ",
-                     o.experts, " expert nodes"));
+    return absl::InvalidArgumentError(absl::StrCat("the model has ", num_experts,
+                                                   " routed experts per layer but the cluster ",
+                                                   o.experts, " expert nodes"));
   }
   std::vector<int> slots = o.expert_slots;
   if (slots.empty() && o.experts > 0) {
     slots.assign(o.experts, (num_experts + o.experts - 1) / o.experts);
   }
   if (static_cast<int>(slots.size()) != o.experts) {
-    return absl::InvalidArgumentError(absl::StrCat(slots.size(), " expert slot counts for ",
-                                                   o.experts, " expert nodes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(slots.size(), " expert slot counts for ", o.experts, " expert nodes"));
   }
   int total_slots = 0;
   for (int s : slots) {
@@ -184,9 +186,8 @@ absl::Status LocalCluster::Plan() {
     total_slots += s;
   }
   if (total_slots < num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("expert slots sum to ", total_slots,
-                                                   ", fewer than the model's ", num_experts,
-                                                   " experts"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert slots sum to ", total_slots, ", fewer than the model's ", num_experts, " experts"));
   }
 
   const int count = 1 + o.attention + o.routers + o.experts;
@@ -198,8 +199,8 @@ absl::Status LocalCluster::Plan() {
   } else {
     const int needed = o.metrics ? 2 * count : count;
     if (o.base_port < 1 || o.base_port + needed - 1 > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("base port ", o.base_port, " leaves no room for ",
-                                                     needed, " ports below 65536"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "base port ", o.base_port, " leaves no room for ", needed, " ports below 65536"));
     }
     for (int i = 0; i < needed; ++i) ports.push_back(o.base_port + i);
   }
@@ -207,8 +208,8 @@ absl::Status LocalCluster::Plan() {
   log_dir_ = o.log_dir;
   if (log_dir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                       "/k3serve-local-XXXXXX");
+    std::string pattern =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/k3serve-local-XXXXXX");
     if (mkdtemp(pattern.data()) == nullptr) return absl::InternalError(Errno(pattern));
     log_dir_ = pattern;
   } else if (std::filesystem::create_directories(log_dir_, ec); ec) {
@@ -219,8 +220,7 @@ absl::Status LocalCluster::Plan() {
     auto it = o.sites.find(role);
     return it == o.sites.end() ? NodeSite() : it->second;
   };
-  const std::string coordinator =
-      HostPort(site(NodeRole::kCoordinator).host, ports[0]);
+  const std::string coordinator = HostPort(site(NodeRole::kCoordinator).host, ports[0]);
   auto add = [&](NodeRole role, int index, std::vector<std::string> args) {
     const int i = static_cast<int>(nodes_.size());
     Node node;
@@ -235,8 +235,8 @@ absl::Status LocalCluster::Plan() {
     if (role != NodeRole::kCoordinator) {
       node.argv.insert(node.argv.end(), {"--coordinator", coordinator});
     }
-    node.argv.insert(node.argv.end(), {"--model", model, "--host", host, "--port",
-                                       absl::StrCat(ports[i])});
+    node.argv.insert(node.argv.end(),
+                     {"--model", model, "--host", host, "--port", absl::StrCat(ports[i])});
     if (o.metrics) {
       node.metrics_address = HostPort(host, ports[count + i]);
       node.argv.insert(node.argv.end(), {"--metrics-port", absl::StrCat(ports[count + i])});
@@ -258,7 +258,8 @@ absl::Status LocalCluster::Plan() {
     add(NodeRole::kAttention, i, {"--drain-timeout-ms", absl::StrCat(drain_ms)});
   }
   for (int i = 0; i < o.routers; ++i) add(NodeRole::kRouter, i, {});
-  for (int i = 0; i < o.experts; ++i) add(NodeRole::kExpert, i, {"--slots", absl::StrCat(slots[i])});
+  for (int i = 0; i < o.experts; ++i)
+    add(NodeRole::kExpert, i, {"--slots", absl::StrCat(slots[i])});
   return absl::OkStatus();
 }
 
@@ -338,8 +339,8 @@ absl::Status LocalCluster::Launch(Node& node) {
   node.pid = pid;
   node.exit_status = 0;
   Progress(absl::StrCat("started ", node.name, " (pid ", pid, ") on ", node.grpc_address,
-                        site.netns.empty() ? "" : absl::StrCat(" in netns ", site.netns),
-                        ", log ", node.log_path));
+                        site.netns.empty() ? "" : absl::StrCat(" in netns ", site.netns), ", log ",
+                        node.log_path));
   return absl::OkStatus();
 }
 
@@ -357,10 +358,9 @@ absl::Status LocalCluster::WaitCoordinatorUp(absl::Time deadline) {
       return absl::CancelledError("cancelled while the coordinator started");
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the coordinator did not answer on ", coordinator.grpc_address,
-                       " in time; the end of ", coordinator.log_path, ":\n",
-                       LogTail(coordinator.log_path)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the coordinator did not answer on ", coordinator.grpc_address, " in time; the end of ",
+          coordinator.log_path, ":\n", LogTail(coordinator.log_path)));
     }
     absl::SleepFor(kPollInterval);
   }
@@ -375,7 +375,8 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
     absl::StatusOr<pb::ClusterState> state = GetClusterState(absl::Seconds(1));
     if (state.ok()) {
       ready = state->ready();
-      coordinator_says = ready ? "ready" : absl::StrCat("waiting (", state->not_ready_reason(), ")");
+      coordinator_says =
+          ready ? "ready" : absl::StrCat("waiting (", state->not_ready_reason(), ")");
     } else {
       coordinator_says = absl::StrCat("unreachable (", state.status().message(), ")");
     }
@@ -384,18 +385,18 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
     std::map<NodeRole, int> serving;
     for (const Node& node : nodes_) {
       if (node.role == NodeRole::kCoordinator) continue;
-      absl::StatusOr<bool> up = CheckServing(Channel(node.grpc_address),
-                                             ReadinessService(node.role), absl::Seconds(1));
+      absl::StatusOr<bool> up =
+          CheckServing(Channel(node.grpc_address), ReadinessService(node.role), absl::Seconds(1));
       if (up.ok() && *up) ++serving[node.role];
     }
     const bool all_serving = serving[NodeRole::kAttention] == options_.attention &&
                              serving[NodeRole::kRouter] == options_.routers &&
                              serving[NodeRole::kExpert] == options_.experts;
-    const std::string line = absl::StrCat(
-        "cluster: coordinator ", coordinator_says, "; serving: attention ",
-        serving[NodeRole::kAttention], "/", options_.attention, ", routers ",
-        serving[NodeRole::kRouter], "/", options_.routers, ", experts ",
-        serving[NodeRole::kExpert], "/", options_.experts);
+    const std::string line =
+        absl::StrCat("cluster: coordinator ", coordinator_says, "; serving: attention ",
+                     serving[NodeRole::kAttention], "/", options_.attention, ", routers ",
+                     serving[NodeRole::kRouter], "/", options_.routers, ", experts ",
+                     serving[NodeRole::kExpert], "/", options_.experts);
     if (line != last) {
       Progress(line);
       last = line;
@@ -405,8 +406,8 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
       return absl::CancelledError("cancelled while the cluster started");
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("the cluster was not ready in time: ", line,
-                                                      "; logs in ", log_dir_));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the cluster was not ready in time: ", line, "; logs in ", log_dir_));
     }
     absl::SleepFor(kPollInterval);
   }
@@ -514,8 +515,8 @@ absl::Status LocalCluster::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
   std::vector<std::string> problems;
-  for (NodeRole tier : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert,
-                        NodeRole::kCoordinator}) {
+  for (NodeRole tier :
+       {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert, NodeRole::kCoordinator}) {
     std::vector<Node*> running;
     for (Node& node : nodes_) {
       Poll(node);

@@ -63,9 +63,9 @@ struct LocalClusterOptions {
   // least the model's num_experts; the coordinator gives each node a contiguous slice of the
   // experts proportional to its slots. Empty: ceil(num_experts / experts) each.
   std::vector<int> expert_slots;
-  int base_port = 0;     // see the file comment; 0 picks free ports
-  bool metrics = false;  // give every node an HTTP /metrics port
-  std::string log_dir;   // empty: a new folder under $TMPDIR (or /tmp)
+  int base_port = 0;                   // see the file comment; 0 picks free ports
+  bool metrics = false;                // give every node an HTTP /metrics port
+  std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
   std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
   // Extra flags for every node of a role, appended after the launcher's own.
   std::map<NodeRole, std::vector<std::string>> extra_args;
@@ -90,16 +90,16 @@ class LocalCluster {
     std::string grpc_address;     // host:port
     std::string metrics_address;  // host:port, empty without metrics
     std::string log_path;
-    pid_t pid = -1;      // -1 once it was reaped
+    pid_t pid = -1;       // -1 once it was reaped
     int exit_status = 0;  // once reaped: the exit code, or 128 + signal
   };
 
   // Validates the options, starts every node and waits (up to startup_timeout) until the
   // coordinator reports the cluster ready and every node's readiness health service is SERVING
   // (attention "k3serve.v1.K3Serve", router "k3serve.cluster.v1.RouterControl", expert
-  // "k3serve.cluster.v1.ExpertWorker"), so that the first request finds every tier in place. If a node exits or the deadline passes first, everything
-  // is stopped and the error names the node (or what the cluster still waited for) with the tail
-  // of its log. INVALID_ARGUMENT for bad options.
+  // "k3serve.cluster.v1.ExpertWorker"), so that the first request finds every tier in place. If a
+  // node exits or the deadline passes first, everything is stopped and the error names the node (or
+  // what the cluster still waited for) with the tail of its log. INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
 
   // Stop().

@@ -58,12 +58,11 @@ class BlockedStopSignals {
 }  // namespace
 
 absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args,
-                      {"model", "attention", "routers", "experts", "expert-slots", "base-port",
-                       "host", "log-dir", "startup-timeout-ms", "stop-grace-ms", "prompt",
-                       "max-new-tokens"},
-                      {"metrics"});
+  absl::StatusOr<CliFlags> flags = CliFlags::Parse(
+      args,
+      {"model", "attention", "routers", "experts", "expert-slots", "base-port", "host", "log-dir",
+       "startup-timeout-ms", "stop-grace-ms", "prompt", "max-new-tokens"},
+      {"metrics"});
   if (!flags.ok()) return flags.status();
   LocalCommandOptions options;
   LocalClusterOptions& c = options.cluster;
@@ -75,9 +74,9 @@ absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string
   absl::StatusOr<int> startup_ms = IntIn(*flags, "startup-timeout-ms", 120000, 1, 86400000);
   absl::StatusOr<int> grace_ms = IntIn(*flags, "stop-grace-ms", 5000, 0, 3600000);
   absl::StatusOr<int> max_new = IntIn(*flags, "max-new-tokens", 16, 1, 1 << 20);
-  for (const absl::Status& s : {model.status(), attention.status(), routers.status(),
-                                experts.status(), base_port.status(), startup_ms.status(),
-                                grace_ms.status(), max_new.status()}) {
+  for (const absl::Status& s :
+       {model.status(), attention.status(), routers.status(), experts.status(), base_port.status(),
+        startup_ms.status(), grace_ms.status(), max_new.status()}) {
     if (!s.ok()) return s;
   }
   c.model = *model;
@@ -100,8 +99,8 @@ absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string
   }
   if (flags->Has("host")) {
     const std::string host = *flags->String("host");
-    for (NodeRole role : {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter,
-                          NodeRole::kExpert}) {
+    for (NodeRole role :
+         {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
       c.sites[role].host = host;
     }
   }

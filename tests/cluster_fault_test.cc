@@ -54,8 +54,8 @@ class ClusterFaultTest : public testing::Test {
 
   void SetUp() override {
     ASSERT_NE(cluster_, nullptr) << *start_error_;
-    stub_ = v1::K3Serve::NewStub(grpc::CreateChannel(cluster_->generate_addresses()[0],
-                                                     grpc::InsecureChannelCredentials()));
+    stub_ = v1::K3Serve::NewStub(
+        grpc::CreateChannel(cluster_->generate_addresses()[0], grpc::InsecureChannelCredentials()));
   }
 
   v1::ServerInfo ServerInfo() {

@@ -67,7 +67,8 @@ TEST_P(ClusterGenerateTest, GreedyTokensEqualTheSingleProcessEngine) {
   ASSERT_TRUE(state.ok()) << state.status();
   std::map<uint32_t, int> declared_slots;
   for (const pb::Member& m : state->members()) {
-    if (m.node().role() == pb::ROLE_EXPERT) declared_slots[m.node().node_id()] = m.node().expert_slots();
+    if (m.node().role() == pb::ROLE_EXPERT)
+      declared_slots[m.node().node_id()] = m.node().expert_slots();
   }
   ASSERT_EQ(state->placement().worker_node_ids_size(), c.topology.experts);
   if (!slots.empty()) {
@@ -83,10 +84,9 @@ TEST_P(ClusterGenerateTest, GreedyTokensEqualTheSingleProcessEngine) {
   const std::vector<std::string> addresses = (*cluster)->generate_addresses();
   ASSERT_EQ(static_cast<int>(addresses.size()), c.topology.attention);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    absl::StatusOr<GenerateOutcome> outcome =
-        GenerateOverGrpc(addresses[i % addresses.size()],
-                         GreedyRequest(absl::StrCat("prompt-", i), prompts[i], kMaxNewTokens),
-                         absl::Seconds(30));
+    absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+        addresses[i % addresses.size()],
+        GreedyRequest(absl::StrCat("prompt-", i), prompts[i], kMaxNewTokens), absl::Seconds(30));
     ASSERT_TRUE(outcome.ok()) << "prompt " << i << ": " << outcome.status();
     EXPECT_EQ(outcome->tokens, (*expected)[i]) << "prompt " << i;
     EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::LENGTH) << "prompt " << i;
@@ -97,15 +97,15 @@ TEST_P(ClusterGenerateTest, GreedyTokensEqualTheSingleProcessEngine) {
   EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Topologies, ClusterGenerateTest,
-    testing::Values(Case{"k3-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
-                    Case{"k3-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
-                    Case{"k3-tiny", {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}},
-                    Case{"kimi-linear-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
-                    Case{"kimi-linear-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
-                    Case{"kimi-linear-tiny", {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Topologies, ClusterGenerateTest,
+                         testing::Values(Case{"k3-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
+                                         Case{"k3-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
+                                         Case{"k3-tiny", {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}},
+                                         Case{"kimi-linear-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
+                                         Case{"kimi-linear-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
+                                         Case{"kimi-linear-tiny",
+                                              {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}}),
+                         CaseName);
 
 // Eight streams at once are batched together by the attention node; each must still get the
 // tokens it gets alone.

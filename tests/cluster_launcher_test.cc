@@ -59,8 +59,8 @@ class LocalCommand {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<std::string> argv = {std::filesystem::absolute("k3serve").string(), "local"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
@@ -176,8 +176,8 @@ TEST(LocalClusterTest, NodeDyingDuringStartupIsNamedWithItsLogAndTheRestIsStoppe
 }
 
 TEST(LocalCommandTest, InterruptStopsEveryProcessCleanly) {
-  LocalCommand local({"--model", RandomCheckpointDir("k3-tiny", 7), "--experts", "2",
-                      "--routers", "2"});
+  LocalCommand local(
+      {"--model", RandomCheckpointDir("k3-tiny", 7), "--experts", "2", "--routers", "2"});
   const std::string line = local.ReadLine(absl::Seconds(60));
   ASSERT_EQ(line.rfind("generate address: 127.0.0.1:", 0), 0u) << line << "\n" << local.Stderr();
   const std::vector<pid_t> nodes = local.NodePids();

@@ -28,7 +28,8 @@ bool Shell(const std::string& command) {
 class ClusterNetnsTest : public testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root for ip netns (running as uid " << geteuid() << ")";
+    if (geteuid() != 0)
+      GTEST_SKIP() << "needs root for ip netns (running as uid " << geteuid() << ")";
     // Names and a /30 subnet unique to this process, so parallel runs do not collide.
     const int id = getpid() % 16000;
     netns_ = absl::StrCat("k3t", id);

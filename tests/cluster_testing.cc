@@ -60,8 +60,7 @@ LocalClusterOptions TestClusterOptions(const std::string& model, int attention, 
 }
 
 k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
-                                           const std::vector<int32_t>& prompt,
-                                           int max_new_tokens) {
+                                           const std::vector<int32_t>& prompt, int max_new_tokens) {
   k3serve::v1::GenerateRequest request;
   request.set_request_id(request_id);
   request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());

@@ -30,8 +30,7 @@ k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
 
 // The tokens the single-process engine (LocalEngine) generates greedily for each prompt.
 absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
-    const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
-    int max_new_tokens);
+    const std::string& model, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens);
 
 // Prompts of different lengths with token ids below `vocab_size`, a function of `seed`.
 std::vector<std::vector<int32_t>> TestPrompts(int count, int vocab_size, uint64_t seed);
