@@ -156,9 +156,10 @@ absl::Status LocalCluster::Plan() {
   std::error_code ec;
   // The real path, so that ps shows k3serve rather than /proc/self/exe.
   const std::string binary = std::filesystem::canonical(o.binary, ec).string();
-  if (ec)
+  if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("k3serve binary ", o.binary, ": ", ec.message()));
+  }
   if (o.model.empty()) return absl::InvalidArgumentError("no model folder given");
   const std::string model = std::filesystem::absolute(o.model, ec).string();
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model);
@@ -258,8 +259,9 @@ absl::Status LocalCluster::Plan() {
     add(NodeRole::kAttention, i, {"--drain-timeout-ms", absl::StrCat(drain_ms)});
   }
   for (int i = 0; i < o.routers; ++i) add(NodeRole::kRouter, i, {});
-  for (int i = 0; i < o.experts; ++i)
+  for (int i = 0; i < o.experts; ++i) {
     add(NodeRole::kExpert, i, {"--slots", absl::StrCat(slots[i])});
+  }
   return absl::OkStatus();
 }
 
