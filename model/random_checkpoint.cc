@@ -393,4 +393,15 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
                                             "},\n  \"weight_map\": {\n", weight_map, "\n  }\n}\n"));
 }
 
+int64_t ActiveParameters(const ModelConfig& config) {
+  int64_t total = 0, routed = 0, embedding = 0;
+  for (const TensorSlot& slot : CheckpointLayout(config)) {
+    total += slot.numel();
+    if (slot.expert >= 0) routed += slot.numel();
+    if (slot.name == "model.embed_tokens.weight") embedding = slot.numel();
+  }
+  const int64_t per_expert = config.num_experts > 0 ? routed / config.num_experts : 0;
+  return total - routed + per_expert * config.num_experts_per_token - embedding;
+}
+
 }  // namespace k3

@@ -47,6 +47,11 @@ struct TensorSlot {
 // Every tensor of the config's checkpoint, in a fixed order (globals, then layer by layer).
 std::vector<TensorSlot> CheckpointLayout(const ModelConfig& config);
 
+// Parameters a decoded token reads: every tensor but the routed experts, plus top-k routed experts
+// per MoE layer, minus the embedding table (a token reads one row of it). Spec §12.6: about 190M
+// for k3-perf.
+int64_t ActiveParameters(const ModelConfig& config);
+
 struct RandomCheckpointOptions {
   int shards = 1;  // > 1: model-0000i-of-0000N.safetensors plus model.safetensors.index.json
   float linear_std = 0.02f;

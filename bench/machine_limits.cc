@@ -1,0 +1,174 @@
+#include "bench/machine_limits.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define K3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define K3_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace k3::bench {
+namespace {
+
+constexpr int kLimitThreads = 2;                  // the brief's machine limits are for 2 threads
+constexpr size_t kStreamBytes = size_t{1} << 30;
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+using Buffer = std::unique_ptr<T[], FreeDeleter>;
+
+template <typename T>
+Buffer<T> Allocate(size_t count) {
+  const size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
+  return Buffer<T>(static_cast<T*>(std::aligned_alloc(4096, bytes)));
+}
+
+// Runs fn(thread) on `threads` threads started together; returns the wall time of the slowest.
+double RunOnThreads(int threads, const std::function<void(int)>& fn) {
+  std::atomic<bool> go{false};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load()) {
+      }
+      fn(t);
+    });
+  }
+  while (ready.load() < threads) {
+  }
+  const double start = Now();
+  go.store(true);
+  for (std::thread& th : pool) th.join();
+  return Now() - start;
+}
+
+struct Stats {
+  double best = 0;
+  double median = 0;
+};
+
+// ---- (a) read bandwidth -----------------------------------------------------------------------
+
+volatile float g_sink;
+
+// Sums n floats read as `streams` interleaved sequential streams.
+K3_AVX512 float SumStreams(const float* p, size_t n, int streams) {
+  const size_t part = n / streams / 64 * 64;
+  __m512 acc[8];
+  for (int s = 0; s < 8; ++s) acc[s] = _mm512_setzero_ps();
+  for (size_t i = 0; i < part; i += 64) {
+    for (int s = 0; s < streams; ++s) {
+      const float* q = p + s * part + i;
+      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q));
+      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 16));
+      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q + 32));
+      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 48));
+    }
+  }
+  for (int s = 1; s < 8; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
+  std::vector<double> rates;
+  for (int rep = 0; rep < 12; ++rep) {
+    const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
+      const size_t share = n / kLimitThreads;
+      g_sink = SumStreams(buffer + t * share, share, streams);
+    });
+    rates.push_back(n * sizeof(float) / seconds / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates.back(), rates[rates.size() / 2]};  // higher is better here
+}
+
+// ---- (b) compute peaks ------------------------------------------------------------------------
+
+constexpr int64_t kPeakIterations = 2'000'000;  // about 5 ms per run
+
+K3_AVX512 float FmaLoop(float seed) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+K3_AVX512_BF16 float Bf16Loop(float seed) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1, 1)
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // (1e-7, 1e-7)
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+// GFLOP/s of `loop` (16 instructions of `flops_per_instruction` per iteration) on 2 threads.
+double Peak(float (*loop)(float), double flops_per_instruction) {
+  double best = 0;
+  for (int rep = 0; rep < 20; ++rep) {  // the best of many short runs finds the quiet moments
+    const double seconds =
+        RunOnThreads(kLimitThreads, [&](int t) { g_sink = loop(static_cast<float>(t)); });
+    best = std::max(best, kLimitThreads * kPeakIterations * 16 * flops_per_instruction /
+                              seconds / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+double NowSeconds() { return Now(); }
+
+bool HasLimitLoops() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+MachineLimits MeasureMachineLimits() {
+  Buffer<float> buffer = Allocate<float>(kStreamBytes / sizeof(float));
+  const size_t floats = kStreamBytes / sizeof(float);
+  for (size_t i = 0; i < floats; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
+  const Stats bw1 = ReadBandwidth(buffer.get(), floats, 1);
+  const Stats bw4 = ReadBandwidth(buffer.get(), floats, 4);
+  MachineLimits limits;
+  limits.read_gbs = std::max(bw1.best, bw4.best);
+  limits.fma_gflops = Peak(FmaLoop, 32);
+  limits.bf16_gflops = Peak(Bf16Loop, 64);
+  std::printf("Read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
+              "4 streams/thread %.1f GB/s (median %.1f)\n",
+              bw1.best, bw1.median, bw4.best, bw4.median);
+  std::printf("Peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n",
+              limits.fma_gflops, limits.bf16_gflops);
+  return limits;
+}
+
+MachineLimits BestOf(const MachineLimits& a, const MachineLimits& b) {
+  return {std::max(a.read_gbs, b.read_gbs), std::max(a.fma_gflops, b.fma_gflops),
+          std::max(a.bf16_gflops, b.bf16_gflops)};
+}
+
+}  // namespace k3::bench
