@@ -224,7 +224,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
             << options.coordinator.expected_expert_nodes << " expert nodes";
   if (options.balancing.online_bias_interval > absl::ZeroDuration()) {
     LOG(WARNING) << "online bias is on: the routers' e_score_correction_bias follows the QB "
-                 << "estimate every " << absl::FormatDuration(options.balancing.online_bias_interval)
+                 << "estimate every "
+                 << absl::FormatDuration(options.balancing.online_bias_interval)
                  << ", which changes the model's outputs";
   }
   return std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess(std::move(parts)));

@@ -1,5 +1,6 @@
 #include "expert_nodes/expert_node.h"
 
+#include <algorithm>
 #include <deque>
 #include <iostream>
 #include <memory>
@@ -8,11 +9,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cluster/cluster_placement.h"
 #include "cluster/coordinator_client.h"
 #include "cluster/grpc_server.h"
+#include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
 #include "cluster/ucx_transport.h"
 #include "expert_nodes/expert_worker.h"
@@ -36,6 +40,8 @@ constexpr absl::Duration kGaugeInterval = absl::Seconds(1);
 // How long a request sent under a placement this node has not seen yet waits for it: a router may
 // learn of a new placement a heartbeat before the node it names does.
 constexpr absl::Duration kDeferLimit = absl::Seconds(2);
+// The longest a LoadExperts call waits for the serving thread (less when its deadline is sooner).
+constexpr absl::Duration kMaxLoadWait = absl::Minutes(10);
 
 // The Status RPC's answer, published by the serving thread.
 class StatusBoard {
@@ -58,15 +64,71 @@ class StatusBoard {
   pb::ExpertStatusResponse status_ ABSL_GUARDED_BY(mu_);
 };
 
+// LoadExperts requests handed from gRPC threads to the serving thread, which alone touches the
+// worker.
+class LoadQueue {
+ public:
+  struct Command {
+    pb::LoadExpertsRequest request;
+    absl::Status status;  // set before `done`
+    absl::Notification done;
+  };
+
+  // Queues `request` and waits for the serving thread to carry it out, up to `deadline`.
+  absl::Status Run(const pb::LoadExpertsRequest& request, absl::Time deadline) {
+    auto command = std::make_shared<Command>();
+    command->request = request;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return absl::UnavailableError("the expert node is shutting down");
+      commands_.push_back(command);
+    }
+    if (!command->done.WaitForNotificationWithDeadline(deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "placement version ", request.placement_version(), " was not loaded in time"));
+    }
+    return command->status;
+  }
+
+  // The commands queued so far (serving thread).
+  std::deque<std::shared_ptr<Command>> Take() {
+    absl::MutexLock lock(&mu_);
+    std::deque<std::shared_ptr<Command>> commands;
+    commands.swap(commands_);
+    return commands;
+  }
+
+  // Answers what is queued, and everything later, with UNAVAILABLE.
+  void Close() {
+    std::deque<std::shared_ptr<Command>> commands;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      commands.swap(commands_);
+    }
+    for (const auto& command : commands) {
+      command->status = absl::UnavailableError("the expert node is shutting down");
+      command->done.Notify();
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<Command>> commands_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class ExpertWorkerService final : public pb::ExpertWorker::Service {
  public:
-  explicit ExpertWorkerService(const StatusBoard* board) : board_(board) {}
+  ExpertWorkerService(const StatusBoard* board, LoadQueue* loads) : board_(board), loads_(loads) {}
 
-  ::grpc::Status LoadExperts(::grpc::ServerContext*, const pb::LoadExpertsRequest*,
-                             pb::LoadExpertsResponse*) override {
-    return ::grpc::Status(::grpc::StatusCode::UNIMPLEMENTED,
-                          "LoadExperts is not supported: an expert node hosts what the "
-                          "coordinator's placement gives its worker slot");
+  ::grpc::Status LoadExperts(::grpc::ServerContext* context, const pb::LoadExpertsRequest* request,
+                             pb::LoadExpertsResponse* response) override {
+    const absl::Time deadline =
+        std::min(absl::FromChrono(context->deadline()), absl::Now() + kMaxLoadWait);
+    const absl::Status status = loads_->Run(*request, deadline);
+    if (status.ok()) response->set_placement_version(request->placement_version());
+    return ToGrpcStatus(status);
   }
 
   ::grpc::Status Status(::grpc::ServerContext*, const pb::ExpertStatusRequest*,
@@ -77,6 +139,7 @@ class ExpertWorkerService final : public pb::ExpertWorker::Service {
 
  private:
   const StatusBoard* const board_;
+  LoadQueue* const loads_;
 };
 
 struct NodeMetrics {
@@ -105,7 +168,7 @@ struct NodeMetrics {
 class ExpertNode {
  public:
   explicit ExpertNode(ExpertNodeOptions options)
-      : options_(std::move(options)), service_(&board_), metrics_(&DefaultMetrics()) {}
+      : options_(std::move(options)), service_(&board_, &loads_), metrics_(&DefaultMetrics()) {}
 
   absl::Status Start();
   // Serves until a stop signal; an error when a placement's experts cannot be loaded.
@@ -115,8 +178,15 @@ class ExpertNode {
  private:
   // Acts on the newest cluster state: loads the experts of a new placement when they changed.
   absl::Status MaybeReload();
+  // Serves `hosting` from now on, with the experts of older versions still held (see Retain).
   absl::Status Load(ExpertHosting hosting);
-  void PublishStatus(int64_t weight_bytes);
+  // Carries out the queued LoadExperts requests.
+  void RunLoadCommands();
+  absl::Status LoadExperts(const pb::LoadExpertsRequest& request);
+  // Drops the versions no router may still use: those below retire_floor_, except the newest at
+  // or below the published placement (the one in force as far as this node knows).
+  void Retain();
+  void PublishStatus();
   // Answers a request (see ExpertWorker::Handle for `may_defer`) and records it in the metrics.
   void Serve(const Received& received, bool may_defer);
   // Hands deferred requests to the current worker: all of them, or those past their limit.
@@ -124,6 +194,7 @@ class ExpertNode {
 
   const ExpertNodeOptions options_;
   StatusBoard board_;
+  LoadQueue loads_;
   ExpertWorkerService service_;
   NodeMetrics metrics_;
   std::shared_ptr<const Checkpoint> checkpoint_;
@@ -139,7 +210,9 @@ class ExpertNode {
   // Serving thread only.
   uint32_t node_id_ = 0;
   std::string name_ = "expert node (unregistered)";
-  std::unique_ptr<ExpertWorker> worker_;
+  std::unique_ptr<ExpertWorker> worker_;  // holds every placement version still in use
+  int64_t published_ = 0;      // the newest placement version of the cluster state
+  int64_t retire_floor_ = 0;   // versions below this one may go (see Retain)
   struct Deferred {
     Received received;
     absl::Time until;  // answered by whatever worker is current then
@@ -191,7 +264,7 @@ absl::Status ExpertNode::Start() {
     http_ = *std::move(http);
     node.set_metrics_address(HostPort(advertised, http_->port()));
   }
-  PublishStatus(0);
+  PublishStatus();
 
   CoordinatorClientOptions client_options;
   client_options.coordinator_address = options_.coordinator;
@@ -218,6 +291,7 @@ absl::Status ExpertNode::Run(StopSignals* signals) {
       return absl::OkStatus();
     }
     if (absl::Status status = MaybeReload(); !status.ok()) return status;
+    RunLoadCommands();
     if (!deferred_.empty()) ServeDeferred(/*all=*/false);
     absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
     if (received.ok()) {
@@ -283,8 +357,10 @@ absl::Status ExpertNode::MaybeReload() {
   if (*id != node_id_) {
     node_id_ = *id;
     name_ = absl::StrCat("expert node ", node_id_);
+    worker_->set_name(name_);
   }
-  if (state.placement().version() <= worker_->hosting().placement_version) return absl::OkStatus();
+  const int64_t version = state.placement().version();
+  if (version <= published_) return absl::OkStatus();
   absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state.placement());
   const ModelConfig& config = checkpoint_->config();
   if (placement.ok() && (placement->experts.num_experts != config.num_experts ||
@@ -295,22 +371,35 @@ absl::Status ExpertNode::MaybeReload() {
         " in ", config.NumMoeLayers()));
   }
   if (!placement.ok()) {
-    LOG(ERROR) << name_ << ": ignoring placement version " << state.placement().version() << ": "
+    LOG(ERROR) << name_ << ": ignoring placement version " << version << ": "
                << placement.status().message();
     return absl::OkStatus();
   }
-  return Load(HostingFor(*placement, node_id_));
+  // Steps planned with the previous placement may still be in flight: keep its experts.
+  retire_floor_ = std::max(retire_floor_, published_);
+  published_ = version;
+  ExpertHosting hosting = HostingFor(*placement, node_id_);
+  const ExpertHosting* held = worker_->FindVersion(version);
+  if (held == nullptr || !(*held == hosting)) {
+    if (held != nullptr) {
+      LOG(WARNING) << name_ << ": placement version " << version << " differs from what "
+                   << "LoadExperts gave this node for it; following the cluster state";
+    }
+    if (absl::Status loaded = Load(std::move(hosting)); !loaded.ok()) return loaded;
+  }
+  // Versions above the published one were loaded for a rollout that was given up.
+  worker_->DropVersions([version](int64_t v) { return v <= version; });
+  Retain();
+  PublishStatus();
+  return absl::OkStatus();
 }
 
 absl::Status ExpertNode::Load(ExpertHosting hosting) {
-  const ExpertHosting& current = worker_->hosting();
   std::shared_ptr<const ModelWeights> weights;
-  if (hosting.worker >= 0 && hosting.worker == current.worker && hosting.experts == current.experts) {
-    // Same slice under a newer version (the coordinator moved another slot): keep the weights.
-    weights = worker_->weights();
-  } else if (hosting.worker >= 0) {
+  const std::vector<int> experts = hosting.Union();
+  if (hosting.worker >= 0) weights = worker_->WeightsWith(experts);
+  if (hosting.worker >= 0 && weights == nullptr) {
     const absl::Time start = absl::Now();
-    const std::vector<int> experts = hosting.Union();
     absl::StatusOr<std::unique_ptr<ModelWeights>> loaded =
         LoadWeights(checkpoint_, WeightSelection::Experts(experts));
     if (!loaded.ok()) {
@@ -330,21 +419,101 @@ absl::Status ExpertNode::Load(ExpertHosting hosting) {
               << " MiB), process RSS "
               << (rss.ok() ? absl::StrFormat("%.1f MiB", *rss / 1048576.0) : "unknown")
               << ", loaded in " << absl::FormatDuration(absl::Now() - start);
+  } else if (hosting.worker >= 0) {
+    LOG(INFO) << name_ << " is worker " << hosting.worker << " of placement version "
+              << hosting.placement_version << " with experts it maps already";
   } else {
     LOG(INFO) << name_ << " holds no worker slot in placement version "
               << hosting.placement_version << " (a spare)";
   }
-  const int64_t weight_bytes = weights ? static_cast<int64_t>(weights->selected_bytes) : 0;
-  const bool serving = weights != nullptr;
-  worker_ = std::make_unique<ExpertWorker>(std::move(weights), std::move(hosting), name_);
-  PublishStatus(weight_bytes);
-  server_->SetServing(kServiceName, serving);
+  worker_->AddVersion(std::move(weights), std::move(hosting));
+  Retain();
+  PublishStatus();
   ServeDeferred(/*all=*/true);  // the requests that waited for this placement
   return absl::OkStatus();
 }
 
-void ExpertNode::PublishStatus(int64_t weight_bytes) {
+void ExpertNode::RunLoadCommands() {
+  for (const std::shared_ptr<LoadQueue::Command>& command : loads_.Take()) {
+    command->status = LoadExperts(command->request);
+    if (!command->status.ok()) {
+      LOG(WARNING) << name_ << ": LoadExperts of placement version "
+                   << command->request.placement_version() << ": " << command->status;
+    }
+    command->done.Notify();
+  }
+}
+
+absl::Status ExpertNode::LoadExperts(const pb::LoadExpertsRequest& request) {
+  const ModelConfig& config = checkpoint_->config();
+  const int64_t version = request.placement_version();
+  if (version < 1 || request.worker() < 0 || request.retire_below_version() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoadExperts needs placement_version >= 1 (", version, "), worker >= 0 (",
+        request.worker(), ") and retire_below_version >= 0 (", request.retire_below_version(),
+        ")"));
+  }
+  ExpertHosting hosting;
+  hosting.placement_version = version;
+  hosting.worker = request.worker();
+  hosting.experts.resize(config.NumMoeLayers());
+  std::vector<bool> listed(config.NumMoeLayers(), false);
+  for (const pb::LayerExperts& layer : request.experts()) {
+    if (layer.layer() < 0 || layer.layer() >= config.NumMoeLayers() || listed[layer.layer()]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoE layer ", layer.layer(), " is out of range [0, ", config.NumMoeLayers(),
+          ") or listed twice"));
+    }
+    listed[layer.layer()] = true;
+    std::vector<int>& ids = hosting.experts[layer.layer()];
+    ids.assign(layer.expert_ids().begin(), layer.expert_ids().end());
+    std::sort(ids.begin(), ids.end());
+    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end() ||
+        (!ids.empty() && (ids.front() < 0 || ids.back() >= config.num_experts))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoE layer ", layer.layer(), ": expert ids must be distinct and in [0, ",
+          config.num_experts, ")"));
+    }
+  }
+
+  const int64_t newest = worker_->hosting().placement_version;
+  if (const ExpertHosting* held = worker_->FindVersion(version); held != nullptr) {
+    if (!(*held == hosting)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name_, " already holds other experts under placement version ", version));
+    }
+  } else if (version < newest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "placement version ", version, " is older than version ", newest, " ", name_,
+        " holds"));
+  } else {
+    // Versions loaded for a rollout that was given up (never published) go.
+    worker_->DropVersions([this](int64_t v) { return v <= published_; });
+    if (absl::Status loaded = Load(std::move(hosting)); !loaded.ok()) return loaded;
+  }
+  retire_floor_ = std::max(retire_floor_, request.retire_below_version());
+  Retain();
+  PublishStatus();
+  return absl::OkStatus();
+}
+
+void ExpertNode::Retain() {
+  int64_t in_force = -1;  // the newest held version at or below the published one
+  for (int64_t v : worker_->versions()) {
+    if (v <= published_) in_force = v;
+  }
+  const std::vector<int64_t> before = worker_->versions();
+  worker_->DropVersions(
+      [this, in_force](int64_t v) { return v >= retire_floor_ || v == in_force; });
+  if (worker_->versions() != before) {
+    LOG(INFO) << name_ << " retired placement versions below " << retire_floor_
+              << "; it holds versions " << absl::StrJoin(worker_->versions(), ",");
+  }
+}
+
+void ExpertNode::PublishStatus() {
   const ExpertHosting& hosting = worker_->hosting();
+  const int64_t weight_bytes = worker_->weight_bytes();
   pb::ExpertStatusResponse status;
   status.set_placement_version(hosting.placement_version);
   for (size_t layer = 0; layer < hosting.experts.size(); ++layer) {
@@ -357,9 +526,11 @@ void ExpertNode::PublishStatus(int64_t weight_bytes) {
   board_.Set(std::move(status));
   metrics_.weight_bytes->Set(static_cast<double>(weight_bytes));
   metrics_.hosted_experts->Set(static_cast<double>(hosting.TotalExperts()));
+  server_->SetServing(kServiceName, worker_->weights() != nullptr);
 }
 
 void ExpertNode::Shutdown() {
+  loads_.Close();
   // Requests still waiting for a placement get their error now rather than a router's timeout.
   std::deque<Deferred> deferred;
   deferred.swap(deferred_);

@@ -8,10 +8,15 @@
 // node the placement does not use yet is a spare: the coordinator hands it a dead node's slot, and
 // it then loads that slot's experts.
 //
-// gRPC (one port): k3serve.cluster.v1.ExpertWorker (Status; LoadExperts answers UNIMPLEMENTED: the
-// coordinator's placement decides what a node hosts) and grpc.health.v1, where "" is SERVING while
-// the process runs (liveness) and "k3serve.cluster.v1.ExpertWorker" once its experts are loaded
-// (readiness). With --metrics-port, HTTP /metrics and /healthz:
+// Rebalancing (cluster/coordinator_balancer.h): LoadExperts maps the experts of a placement version
+// before the coordinator publishes it, and the node keeps serving older versions' requests with
+// their experts (each ExpertRequest names the version it was planned with) until they retire:
+// when a LoadExperts call says so (retire_below_version), and otherwise for all but the previous
+// published version once a newer one is published.
+//
+// gRPC (one port): k3serve.cluster.v1.ExpertWorker (LoadExperts, Status: the newest version held)
+// and grpc.health.v1, where "" is SERVING while the process runs (liveness) and
+// "k3serve.cluster.v1.ExpertWorker" once its experts are loaded (readiness). With --metrics-port, HTTP /metrics and /healthz:
 //   k3_expert_weight_bytes, k3_expert_resident_bytes, k3_expert_hosted_experts (summed over
 //   layers), k3_expert_rows_total, k3_expert_requests_total{code}, k3_expert_request_seconds.
 //

@@ -1,5 +1,7 @@
 #include "expert_nodes/expert_worker.h"
 
+#include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -36,26 +38,96 @@ ExpertHosting HostingFor(const ClusterPlacement& placement, uint32_t node) {
 
 ExpertWorker::ExpertWorker(std::shared_ptr<const ModelWeights> weights, ExpertHosting hosting,
                            std::string name)
-    : weights_(std::move(weights)), hosting_(std::move(hosting)), name_(std::move(name)) {
-  if (weights_ == nullptr) return;
-  glu_ = GluParamsFor(weights_->config);
-  hosted_.resize(hosting_.experts.size());
-  for (size_t layer = 0; layer < hosting_.experts.size(); ++layer) {
-    hosted_[layer].assign(weights_->config.num_experts, false);
-    for (int e : hosting_.experts[layer]) hosted_[layer][e] = true;
+    : name_(std::move(name)) {
+  AddVersion(std::move(weights), std::move(hosting));
+}
+
+void ExpertWorker::AddVersion(std::shared_ptr<const ModelWeights> weights, ExpertHosting hosting) {
+  Version version;
+  version.weights = std::move(weights);
+  version.hosting = std::move(hosting);
+  if (version.weights != nullptr) {
+    glu_ = GluParamsFor(version.weights->config);
+    version.hosted.resize(version.hosting.experts.size());
+    for (size_t layer = 0; layer < version.hosting.experts.size(); ++layer) {
+      version.hosted[layer].assign(version.weights->config.num_experts, false);
+      for (int e : version.hosting.experts[layer]) version.hosted[layer][e] = true;
+    }
+  }
+  const int64_t key = version.hosting.placement_version;
+  versions_[key] = std::move(version);
+}
+
+void ExpertWorker::DropVersions(const std::function<bool(int64_t)>& keep) {
+  const int64_t newest = versions_.rbegin()->first;
+  const bool any_kept = std::any_of(versions_.begin(), versions_.end(),
+                                    [&keep](const auto& entry) { return keep(entry.first); });
+  for (auto it = versions_.begin(); it != versions_.end();) {
+    const bool stays = keep(it->first) || (!any_kept && it->first == newest);
+    it = stays ? std::next(it) : versions_.erase(it);
   }
 }
 
-absl::Status ExpertWorker::Check(const ExpertRequest& request) const {
-  if (weights_ == nullptr || hosting_.worker < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name_, " hosts no experts (placement version ", hosting_.placement_version,
-                     " gives it no worker slot)"));
+std::vector<int64_t> ExpertWorker::versions() const {
+  std::vector<int64_t> held;
+  for (const auto& [version, unused] : versions_) held.push_back(version);
+  return held;
+}
+
+const ExpertHosting* ExpertWorker::FindVersion(int64_t version) const {
+  auto it = versions_.find(version);
+  return it == versions_.end() ? nullptr : &it->second.hosting;
+}
+
+std::shared_ptr<const ModelWeights> ExpertWorker::WeightsWith(
+    const std::vector<int>& experts) const {
+  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+    const std::shared_ptr<const ModelWeights>& weights = it->second.weights;
+    if (weights == nullptr) continue;
+    const bool all = std::all_of(experts.begin(), experts.end(), [&](int e) {
+      for (const LayerWeights& layer : weights->layers) {
+        if (!layer.is_moe) continue;
+        if (e < 0 || e >= static_cast<int>(layer.moe.experts.size()) ||
+            layer.moe.experts[e].gate.empty()) {
+          return false;
+        }
+      }
+      return true;
+    });
+    if (all) return weights;
   }
-  const ModelConfig& config = weights_->config;
+  return nullptr;
+}
+
+int64_t ExpertWorker::weight_bytes() const {
+  std::set<const ModelWeights*> distinct;
+  int64_t bytes = 0;
+  for (const auto& [unused, version] : versions_) {
+    if (version.weights != nullptr && distinct.insert(version.weights.get()).second) {
+      bytes += static_cast<int64_t>(version.weights->selected_bytes);
+    }
+  }
+  return bytes;
+}
+
+const ExpertWorker::Version& ExpertWorker::VersionFor(uint64_t requested) const {
+  auto it = versions_.upper_bound(static_cast<int64_t>(std::min<uint64_t>(
+      requested, static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))));
+  return it == versions_.begin() ? it->second : std::prev(it)->second;
+}
+
+absl::Status ExpertWorker::Check(const ExpertRequest& request, const Version& version) const {
+  const ExpertHosting& hosting = version.hosting;
+  if (version.weights == nullptr || hosting.worker < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, " hosts no experts (placement version ", hosting.placement_version,
+                     " gives it no worker slot; the router used version ",
+                     request.placement_version, ")"));
+  }
+  const ModelConfig& config = version.weights->config;
   absl::StatusOr<int> moe_layer = MoeLayerIndex(config, request.layer);
   if (!moe_layer.ok()) return moe_layer.status();
-  if (*moe_layer >= static_cast<int>(hosted_.size())) {
+  if (*moe_layer >= static_cast<int>(version.hosted.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         name_, " has no placement for MoE layer ", *moe_layer, " (model layer ", request.layer,
         ")"));
@@ -64,13 +136,13 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request) const {
     return absl::InvalidArgumentError(absl::StrCat("ExpertRequest rows have width ", request.width,
                                                    "; the experts take ", config.ExpertWidth()));
   }
-  const std::vector<bool>& hosted = hosted_[*moe_layer];
+  const std::vector<bool>& hosted = version.hosted[*moe_layer];
   for (const ExpertAssignment& a : request.assignments) {
     if (a.expert < 0 || a.expert >= config.num_experts || !hosted[a.expert]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "expert ", a.expert, " of MoE layer ", *moe_layer, " (model layer ", request.layer,
-          ") is not hosted by ", name_, " (worker ", hosting_.worker, " of placement version ",
-          hosting_.placement_version, "; the router used version ", request.placement_version,
+          ") is not hosted by ", name_, " (worker ", hosting.worker, " of placement version ",
+          hosting.placement_version, "; the router used version ", request.placement_version,
           ")"));
     }
   }
@@ -80,10 +152,11 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request) const {
 ExpertResponse ExpertWorker::Serve(const ExpertRequest& request) {
   ExpertResponse response;
   response.step_id = request.step_id;
-  response.status = Check(request);
+  const Version& version = VersionFor(request.placement_version);
+  response.status = Check(request, version);
   if (response.status.ok()) {
     response.rows.resize(request.rows.size());
-    response.status = RunExperts(weights_->layers[request.layer].moe.experts, glu_,
+    response.status = RunExperts(version.weights->layers[request.layer].moe.experts, glu_,
                                  request.rows.data(), request.rows_count, request.width,
                                  request.assignments, response.rows.data(), &scratch_);
   }
@@ -114,8 +187,9 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     // Decode reads the step id first, so the router can still match the answer when it got that far.
     response.step_id = request.step_id;
     response.status = decoded;
-  } else if (may_defer && request.placement_version > static_cast<uint64_t>(hosting_.placement_version) &&
-             !Check(request).ok()) {
+  } else if (may_defer &&
+             request.placement_version > static_cast<uint64_t>(versions_.rbegin()->first) &&
+             !Check(request, VersionFor(request.placement_version)).ok()) {
     outcome.deferred = true;
     return outcome;
   } else {

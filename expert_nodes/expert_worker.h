@@ -2,16 +2,25 @@
 // (router/moe_wire.h) for the experts its worker slot hosts, with RunExperts, the same computation
 // the single-process engine runs.
 //
+// While a new placement rolls out (proto/cluster.proto, LoadExpertsRequest) a node holds the
+// experts of several placement versions at once: routers switch between steps, and a step planned
+// with the old version still sends its rows under that version. Each request is served with the
+// experts of the version it names, or, when that one is not held, of the newest older version held
+// (or the oldest held, for a request older than all of them); placement moves no math, so any
+// version that hosts the request's experts gives the same answer.
+//
 // The placement names workers per MoE layer; an ExpertRequest names the MODEL layer. A request
 // fails (with the status in its ExpertResponse, never by dropping it) when its layer has no routed
-// experts, its width is not the config's ExpertWidth(), or it assigns a row to an expert this worker
-// does not host in that layer.
+// experts, its width is not the config's ExpertWidth(), or it assigns a row to an expert the
+// serving version does not host in that layer.
 //
 // Thread-compatible: one thread serves (the kernels inside use the thread pool).
 #ifndef K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
 #define K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,14 +52,35 @@ ExpertHosting HostingFor(const ClusterPlacement& placement, uint32_t node);
 
 class ExpertWorker {
  public:
-  // `weights` must hold every expert of `hosting` in every MoE layer (null when hosting nothing).
+  // Holds one version: `hosting` (of placement version hosting.placement_version) with `weights`,
+  // which must hold every expert of `hosting` in every MoE layer (null when hosting nothing).
   // `name` says who answers in error messages ("expert node 4").
   ExpertWorker(std::shared_ptr<const ModelWeights> weights, ExpertHosting hosting,
                std::string name);
 
-  const ExpertHosting& hosting() const { return hosting_; }
-  const std::shared_ptr<const ModelWeights>& weights() const { return weights_; }
+  // The newest (highest) version held, and its weights.
+  const ExpertHosting& hosting() const { return versions_.rbegin()->second.hosting; }
+  const std::shared_ptr<const ModelWeights>& weights() const {
+    return versions_.rbegin()->second.weights;
+  }
   int64_t rows_processed() const { return rows_processed_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+
+  // Adds the experts of another placement version (weights as for the constructor); a version
+  // already held is replaced.
+  void AddVersion(std::shared_ptr<const ModelWeights> weights, ExpertHosting hosting);
+  // Drops every version held for which keep(version) is false; when that would be all of them,
+  // the newest stays.
+  void DropVersions(const std::function<bool(int64_t version)>& keep);
+  // The placement versions held, ascending.
+  std::vector<int64_t> versions() const;
+  // The hosting of a held version; null when not held.
+  const ExpertHosting* FindVersion(int64_t version) const;
+  // Weights of a held version that hold every expert in `experts` (in every MoE layer); null if
+  // none does. Lets a node reuse its mappings for a new version.
+  std::shared_ptr<const ModelWeights> WeightsWith(const std::vector<int>& experts) const;
+  // Bytes of the distinct weights the held versions use.
+  int64_t weight_bytes() const;
 
   // Computes the partial sums of `request`; errors travel in the response's status.
   ExpertResponse Serve(const ExpertRequest& request);
@@ -61,18 +91,24 @@ class ExpertWorker {
   };
   // Handles one received data-plane message: an ExpertRequest is answered to its sender (a
   // malformed one with INVALID_ARGUMENT); anything else is logged and dropped. With `may_defer`, a
-  // request this worker cannot serve but that was sent under a newer placement than the worker's
-  // is not answered (deferred): the node has not seen that placement yet, and the worker built
-  // for it will answer. A failed Send is logged.
+  // request this worker cannot serve but that was sent under a newer placement than any it holds
+  // is not answered (deferred): the node has not seen that placement yet, and will serve it once
+  // it holds it. A failed Send is logged.
   Outcome Handle(Transport* transport, const Received& received, bool may_defer);
 
  private:
-  absl::Status Check(const ExpertRequest& request) const;
+  struct Version {
+    std::shared_ptr<const ModelWeights> weights;
+    ExpertHosting hosting;
+    std::vector<std::vector<bool>> hosted;  // [MoE layer][expert]
+  };
 
-  const std::shared_ptr<const ModelWeights> weights_;
-  const ExpertHosting hosting_;
-  const std::string name_;
-  std::vector<std::vector<bool>> hosted_;  // [MoE layer][expert]
+  // The version that serves a request sent under `requested` (see the file comment).
+  const Version& VersionFor(uint64_t requested) const;
+  absl::Status Check(const ExpertRequest& request, const Version& version) const;
+
+  std::string name_;
+  std::map<int64_t, Version> versions_;  // by placement version; never empty
   GluParams glu_;
   ExpertScratch scratch_;
   int64_t rows_processed_ = 0;

@@ -234,5 +234,68 @@ TEST_F(ExpertWorkerTest, HandleAnswersOverTheTransportAndDefersNewerPlacements) 
   EXPECT_TRUE(response.status.ok()) << response.status;
 }
 
+// During a rollout a node holds two placement versions: each request is served with the experts
+// of the version it was planned with, and what only the old version hosted goes with it.
+TEST_F(ExpertWorkerTest, ServesEachRequestWithTheExpertsOfItsPlacementVersion) {
+  ExpertWorker a = MakeWorker(kNodeA);  // version 3: experts 0-11
+  ExpertHosting next = HostingFor(*placement_, kNodeA);
+  next.placement_version = 5;
+  for (std::vector<int>& layer : next.experts) layer = {10, 11, 12, 13};
+  a.AddVersion(Load(WeightSelection::Experts(next.Union())), next);
+  EXPECT_EQ(a.versions(), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(a.hosting().placement_version, 5);
+  ASSERT_NE(a.FindVersion(3), nullptr);
+  EXPECT_EQ(a.FindVersion(3)->experts[0].size(), 12u);
+  EXPECT_EQ(a.FindVersion(4), nullptr);
+  EXPECT_NE(a.WeightsWith({0, 11}), nullptr);
+  EXPECT_EQ(a.WeightsWith({0, 12}), nullptr);
+  EXPECT_EQ(a.WeightsWith({12, 13}), a.weights());
+
+  ExpertRequest old_request = RandomRequest(4, 21);
+  old_request.assignments = {{0, 2, 1.f}, {1, 11, 0.5f}, {3, 7, 0.25f}};
+  ExpertRequest new_request = old_request;
+  new_request.placement_version = 5;
+  new_request.assignments = {{0, 12, 1.f}, {2, 11, 0.5f}};
+  const ExpertResponse served_old = a.Serve(old_request);
+  ASSERT_TRUE(served_old.status.ok()) << served_old.status;
+  const ExpertResponse served_new = a.Serve(new_request);
+  ASSERT_TRUE(served_new.status.ok()) << served_new.status;
+  // Between the two, version 4 (never held) is served as 3, the newest below it.
+  ExpertRequest between = old_request;
+  between.placement_version = 4;
+  EXPECT_TRUE(a.Serve(between).status.ok());
+  ExpertRequest newer = new_request;
+  newer.placement_version = 6;
+  EXPECT_TRUE(a.Serve(newer).status.ok());  // the newest held, 5, hosts expert 12
+
+  // The same sums as one worker holding every expert.
+  std::vector<int> every(config().num_experts);
+  for (int e = 0; e < config().num_experts; ++e) every[e] = e;
+  std::shared_ptr<const ModelWeights> full = Load(WeightSelection::Experts(every));
+  for (const auto& [request, answer] :
+       {std::make_pair(&old_request, &served_old), std::make_pair(&new_request, &served_new)}) {
+    std::vector<float> expected(request->rows.size());
+    ExpertScratch scratch;
+    ASSERT_TRUE(RunExperts(full->layers[kModelLayer].moe.experts, GluParamsFor(config()),
+                           request->rows.data(), request->rows_count, request->width,
+                           request->assignments, expected.data(), &scratch)
+                    .ok());
+    EXPECT_EQ(answer->rows, expected);
+  }
+
+  // Version 3 retires: its requests for experts 0-9 now fail, naming both versions.
+  a.DropVersions([](int64_t v) { return v >= 5; });
+  EXPECT_EQ(a.versions(), std::vector<int64_t>{5});
+  const ExpertResponse refused = a.Serve(old_request);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status.message().find("placement version 5; the router used version 3"),
+            absl::string_view::npos)
+      << refused.status;
+  // The newest version always stays.
+  a.DropVersions([](int64_t) { return false; });
+  EXPECT_EQ(a.versions(), std::vector<int64_t>{5});
+  EXPECT_EQ(a.rows_processed(), 4 * 4);
+}
+
 }  // namespace
 }  // namespace k3

@@ -1,5 +1,6 @@
 #include "router/router_core.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +78,12 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       options_(options),
       stats_(std::move(stats)),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
-      placement_problem_("no cluster state from the coordinator yet") {}
+      placement_problem_("no cluster state from the coordinator yet") {
+  routers_.resize(weights_->layers.size());
+  for (size_t layer = 0; layer < weights_->layers.size(); ++layer) {
+    if (weights_->layers[layer].is_moe) routers_[layer] = weights_->layers[layer].moe.router;
+  }
+}
 
 RouterCore::~RouterCore() = default;
 
@@ -88,12 +94,14 @@ void RouterCore::UpdateClusterState(const pb::ClusterState& state) {
 
 absl::Status RouterCore::Poll(absl::Time deadline) {
   ApplyClusterState();
+  ApplyBias();
   absl::StatusOr<Received> received =
       transport_->Receive(std::min(deadline, pending_.NextDeadline()));
   if (received.ok()) {
     // A state that came while waiting may be what let the message through (its sender was just
-    // connected): act on it first.
+    // connected): act on it first. A bias set meanwhile applies to this step already.
     ApplyClusterState();
+    ApplyBias();
     if (received->kind == Received::Kind::kPeerFailed) {
       links_->MarkFailed(received->from, received->error);
       FailWaitingOn(received->from, NodeStatus(received->from));
@@ -116,6 +124,35 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
   UpdateReadiness();
   if (metrics_ != nullptr) metrics_->pending->Set(static_cast<double>(pending_.size()));
   return absl::OkStatus();
+}
+
+absl::Status RouterCore::SetBias(int moe_layer, std::vector<float> bias) {
+  absl::StatusOr<int> layer = ModelLayerOfMoe(config_, moe_layer);
+  if (!layer.ok()) return layer.status();
+  if (static_cast<int>(bias.size()) != config_.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("a bias of ", bias.size(), " values for ",
+                                                   config_.num_experts, " experts"));
+  }
+  for (float b : bias) {
+    if (!std::isfinite(b)) return absl::InvalidArgumentError("the bias is not finite");
+  }
+  absl::MutexLock lock(&state_mu_);
+  new_bias_[moe_layer] = std::move(bias);
+  return absl::OkStatus();
+}
+
+void RouterCore::ApplyBias() {
+  std::map<int, std::vector<float>> biases;
+  {
+    absl::MutexLock lock(&state_mu_);
+    biases.swap(new_bias_);
+  }
+  for (auto& [moe_layer, bias] : biases) {
+    LOG(INFO) << "MoE layer " << moe_layer << " routes with a new e_score_correction_bias "
+              << "(online bias: the model's outputs change)";
+    routers_[*ModelLayerOfMoe(config_, moe_layer)].score_bias = bias;
+    stats_->SetBias(moe_layer, std::move(bias));
+  }
 }
 
 void RouterCore::ApplyClusterState() {
@@ -247,7 +284,7 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->deadline = start + options_.step_timeout;
   const ExpertPlacement& placement = placement_.experts;
   const int layer = *moe_layer;
-  PrepareRouterStep(weights_->layers[request.layer].moe.router, config_, request.rows.data(),
+  PrepareRouterStep(routers_[request.layer], config_, request.rows.data(),
                     request.tokens, placement.num_workers,
                     [&placement, layer](int32_t expert, int64_t token) {
                       return placement.WorkerForToken(layer, expert, token);
@@ -328,7 +365,7 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
   std::vector<const float*> partials;
   for (const std::vector<float>& partial : step->partials) partials.push_back(partial.data());
   std::vector<float> out(static_cast<size_t>(step->step.tokens * step->step.width));
-  FinishRouterStep(weights_->layers[step->model_layer].moe.router, config_, step->step, partials,
+  FinishRouterStep(routers_[step->model_layer], config_, step->step, partials,
                    out.data());
   Reply(step->origin, step->origin_step, step->start, absl::OkStatus(), step->step.tokens,
         std::move(out));

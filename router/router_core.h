@@ -90,6 +90,12 @@ class RouterCore {
   // The placement version new steps are planned with (0: none).
   int64_t placement_version() const;
 
+  // Online bias (the coordinator's QB estimate; CHANGES THE MODEL'S OUTPUTS): MoE layer
+  // `moe_layer` routes with `bias` instead of the checkpoint's e_score_correction_bias from the
+  // next step the loop starts on; steps already routed are not touched. Its load window starts
+  // anew. INVALID_ARGUMENT for a layer out of range or not one finite value per expert.
+  absl::Status SetBias(int moe_layer, std::vector<float> bias);
+
   size_t pending_steps() const { return pending_.size(); }
 
  private:
@@ -104,6 +110,7 @@ class RouterCore {
              MetricsRegistry* metrics);
 
   void ApplyClusterState();
+  void ApplyBias();
   void HandleMoeRequest(PeerId from, const std::string& bytes);
   void HandleExpertResponse(PeerId from, const std::string& bytes);
   void ExpireSteps(absl::Time now);
@@ -129,6 +136,11 @@ class RouterCore {
 
   absl::Mutex state_mu_;
   std::optional<k3serve::cluster::v1::ClusterState> new_state_ ABSL_GUARDED_BY(state_mu_);
+  std::map<int, std::vector<float>> new_bias_ ABSL_GUARDED_BY(state_mu_);  // by MoE layer
+
+  // Loop thread only. The router weights of each model layer (empty for layers without routed
+  // experts): views of `weights_`, but the bias may be replaced by SetBias.
+  std::vector<RouterWeights> routers_;
 
   // Loop thread only.
   ClusterPlacement placement_;

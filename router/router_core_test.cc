@@ -312,6 +312,49 @@ TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
       << metrics_.ExpositionText();
 }
 
+// Online bias: after SetBias the layer routes with the new bias, exactly as the single-process
+// engine does with that bias in its weights; other layers keep the checkpoint's.
+TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+
+  const int layer = 2;
+  const int moe = *MoeLayerIndex(config(), layer);
+  std::vector<float> bias(config().num_experts, 0.f);
+  bias[5] = 10.f;  // expert 5 wins every token
+  EXPECT_EQ(core_->SetBias(moe, std::vector<float>(3, 0.f)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->SetBias(config().NumMoeLayers(), bias).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(core_->SetBias(moe, bias).ok());
+
+  const std::vector<float> rows = RandomRows(9, 77);
+  Send(1, layer, rows);
+  const MoeResponse response = Await(1);
+  ASSERT_TRUE(response.status.ok()) << response.status;
+  ModelWeights biased = *all_;
+  biased.layers[layer].moe.router.score_bias = bias;
+  LocalRoutedMoe local(&biased);
+  ASSERT_TRUE(local.Begin(layer, rows.data(), 9).ok());
+  std::vector<float> expected(9 * config().ExpertWidth());
+  ASSERT_TRUE(local.Wait(expected.data()).ok());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_NEAR(response.rows[i], expected[i], 1e-5 * (1 + std::abs(expected[i]))) << i;
+  }
+  k3serve::cluster::v1::LoadStatsResponse stats = core_->LoadStats(false);
+  EXPECT_EQ(stats.layers(moe).counts(5), 9u);
+  EXPECT_EQ(stats.layers(moe).bias(5), 10.f);
+  EXPECT_EQ(stats.layers(moe + 1).bias(5), all_->layers[layer + 1].moe.router.score_bias[5]);
+
+  // The other layers still route with the checkpoint's bias.
+  Send(2, layer + 1, rows);
+  ExpectMatchesLocal(Await(2), layer + 1, rows);
+}
+
 TEST_F(RouterCoreTest, KilledWorkerFailsItsStepsFastUntilItsSlotHasALiveNodeAgain) {
   StartRouter(kWait);
   const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);

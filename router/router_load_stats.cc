@@ -37,8 +37,8 @@ absl::StatusOr<std::unique_ptr<RouterLoadStats>> RouterLoadStats::Create(
 RouterLoadStats::RouterLoadStats(int num_experts, int top_k, std::vector<std::vector<float>> bias,
                                  int qb_bins)
     : top_k_(top_k),
-      bias_(std::move(bias)),
       qb_bins_(qb_bins),
+      bias_(std::move(bias)),
       counts_(bias_.size(), std::vector<uint64_t>(num_experts, 0)),
       qb_(FreshQb()) {}
 
@@ -88,6 +88,17 @@ pb::LoadStatsResponse RouterLoadStats::Snapshot(bool reset, int64_t placement_ve
     qb_ = FreshQb();
   }
   return response;
+}
+
+void RouterLoadStats::SetBias(int moe_layer, std::vector<float> bias) {
+  CHECK(moe_layer >= 0 && moe_layer < num_layers()) << "MoE layer " << moe_layer;
+  absl::MutexLock lock(&mu_);
+  CHECK_EQ(bias.size(), bias_[moe_layer].size());
+  bias_[moe_layer] = std::move(bias);
+  std::fill(counts_[moe_layer].begin(), counts_[moe_layer].end(), 0);
+  if (!qb_.empty()) {
+    qb_[moe_layer] = *QbLayerStatistics::Create(moe_layer, top_k_, bias_[moe_layer], qb_bins_);
+  }
 }
 
 double RouterLoadStats::MaxVio(int moe_layer) const {

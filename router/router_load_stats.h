@@ -46,15 +46,20 @@ class RouterLoadStats {
   // (max load − mean load) / mean load of the layer's window so far; 0 before any token.
   double MaxVio(int moe_layer) const;
 
+  // The layer's tokens are routed with `bias` from now on (online bias): its window starts anew,
+  // since r = α − s has another distribution under another bias. REQUIRES: moe_layer in range,
+  // one value per expert.
+  void SetBias(int moe_layer, std::vector<float> bias);
+
  private:
   RouterLoadStats(int num_experts, int top_k, std::vector<std::vector<float>> bias, int qb_bins);
   // Empty QB statistics for every layer; none without QB.
   std::vector<QbLayerStatistics> FreshQb() const;
 
   const int top_k_;
-  const std::vector<std::vector<float>> bias_;
   const int qb_bins_;
   mutable absl::Mutex mu_;
+  std::vector<std::vector<float>> bias_ ABSL_GUARDED_BY(mu_);  // [layer]
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::vector<uint64_t>> counts_ ABSL_GUARDED_BY(mu_);  // [layer][expert]

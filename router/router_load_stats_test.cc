@@ -115,6 +115,37 @@ TEST(RouterLoadStatsTest, QbHistogramsBinEveryTokensMargin) {
   }
 }
 
+// A new bias (online bias) restarts the layer's window under it; the other layers keep theirs.
+TEST(RouterLoadStatsTest, ANewBiasRestartsTheLayersWindowUnderThatBias) {
+  const std::vector<std::vector<float>> bias(2, std::vector<float>(kExperts, 0.f));
+  absl::StatusOr<std::unique_ptr<RouterLoadStats>> stats =
+      RouterLoadStats::Create(kExperts, kTopK, bias, /*qb_bins=*/10);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  (*stats)->Record(0, RandomRouting(40, bias[0], 4));
+  (*stats)->Record(1, RandomRouting(40, bias[1], 5));
+
+  std::vector<float> pushed(kExperts, 0.f);
+  pushed[2] = 0.5f;
+  pushed[6] = -0.5f;
+  (*stats)->SetBias(1, pushed);
+  const Routing routing = RandomRouting(30, pushed, 6);
+  (*stats)->Record(1, routing);
+  std::vector<uint64_t> expected(kExperts, 0);
+  for (int32_t e : routing.experts) ++expected[e];
+
+  k3serve::cluster::v1::LoadStatsResponse snapshot = (*stats)->Snapshot(false, 1);
+  const auto& layer = snapshot.layers(1);
+  EXPECT_EQ(std::vector<float>(layer.bias().begin(), layer.bias().end()), pushed);
+  EXPECT_EQ(std::vector<uint64_t>(layer.counts().begin(), layer.counts().end()), expected);
+  uint64_t binned = 0;
+  for (int b = 0; b < 10; ++b) binned += layer.bins(b);  // expert 0's histogram
+  EXPECT_EQ(binned, 30u);
+  EXPECT_NEAR(layer.bin_edges(9), 0.5 + 1, 1e-6);  // the range follows the new bias
+  uint64_t kept = 0;
+  for (uint64_t c : snapshot.layers(0).counts()) kept += c;
+  EXPECT_EQ(kept, 40u * kTopK);
+}
+
 TEST(RouterLoadStatsTest, RejectsInconsistentShapes) {
   EXPECT_FALSE(RouterLoadStats::Create(kExperts, kTopK, {std::vector<float>(3)}, 0).ok());
   EXPECT_FALSE(RouterLoadStats::Create(kExperts, kExperts + 1, {}, 0).ok());

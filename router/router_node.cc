@@ -50,11 +50,10 @@ class RouterControlService final : public pb::RouterControl::Service {
                           "placement");
   }
 
-  ::grpc::Status SetBias(::grpc::ServerContext*, const pb::SetBiasRequest*,
+  ::grpc::Status SetBias(::grpc::ServerContext*, const pb::SetBiasRequest* request,
                          pb::SetBiasResponse*) override {
-    return ::grpc::Status(::grpc::StatusCode::UNIMPLEMENTED,
-                          "SetBias is not supported: the router routes with the checkpoint's "
-                          "e_score_correction_bias");
+    return ToGrpcStatus(core_->SetBias(
+        request->layer(), std::vector<float>(request->values().begin(), request->values().end())));
   }
 
  private:

@@ -366,8 +366,9 @@ TEST_F(RouterExpertTest, MatchesLocalEngineSurvivesAKilledExpertAndShutsDownClea
     grpc::ClientContext load_context;
     load_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     pb::LoadExpertsResponse loaded;
+    // An empty request names no placement version.
     EXPECT_EQ(stub->LoadExperts(&load_context, pb::LoadExpertsRequest(), &loaded).error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
+              grpc::StatusCode::INVALID_ARGUMENT);
   }
   EXPECT_GT(weight_bytes[expert_a->pid()], 0);
   EXPECT_EQ(weight_bytes[expert_a->pid()] * kSlotsB, weight_bytes[expert_b->pid()] * kSlotsA);

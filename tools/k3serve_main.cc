@@ -28,7 +28,9 @@ commands:
             [--max-batch-tokens N --max-sequences N --max-new-tokens-limit N]
             [--max-prompt-tokens N --moe-timeout-ms T --drain-timeout-ms T]
   coordinator [--port P --host H --metrics-port P] --model M [--expected-experts E]
-            [--required-roles attention,router,expert] (see cluster/coordinator_main.h)
+            [--required-roles attention,router,expert] [--load-stats-interval-ms T]
+            [--rebalance-interval-ms T --spare-slots-per-worker S]
+            [--online-bias-interval-ms T (changes outputs)] (see cluster/coordinator_main.h)
   router    --coordinator HOST:PORT --model DIR [--port P --host H --metrics-port P]
             [--step-timeout-ms T --qb-bins B]
   expert    --coordinator HOST:PORT --model DIR --slots N [--port P --host H --metrics-port P]

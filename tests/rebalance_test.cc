@@ -1,0 +1,272 @@
+// Expert rebalancing in a real multi-process cluster (coordinator, attention, two routers and three
+// expert nodes of //:k3serve over UCX) serving a checkpoint whose gate rows of experts 0-2 (all
+// on expert worker 0 at first) are scaled up, so those experts get most of the tokens:
+//  - the coordinator's Rebalance, issued while streams are generating, rolls out a placement with
+//    replicas of the hot experts in the workers' spare slots;
+//  - the per-worker load spread (MaxVio over workers) shrinks, both as the coordinator computes it
+//    from the routers' expert loads and as measured by the rows each expert node computed;
+//  - every stream completes, the ones running across the switch included, with exactly the
+//    tokens of a run without rebalancing (the single-process engine).
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "cluster/grpc_status.h"
+#include "cluster/local_cluster.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/generate.grpc.pb.h"
+#include "tests/cluster_testing.h"
+
+namespace k3 {
+namespace {
+
+namespace pb = k3serve::cluster::v1;
+namespace v1 = k3serve::v1;
+
+constexpr int kStreams = 4;
+constexpr int kMaxNewTokens = 48;
+constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
+
+std::string SkewedCheckpoint() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/k3-tiny-skewed");
+  RandomCheckpointOptions options;
+  options.hot_experts = {0, 1, 2};
+  options.hot_gate_scale = 4.0f;
+  const absl::Status written =
+      WriteRandomCheckpoint(NamedConfig("k3-tiny").value(), 7, dir, options);
+  EXPECT_TRUE(written.ok()) << written;
+  return dir;
+}
+
+// One Generate stream read chunk by chunk, so the test can tell how far it got.
+class Stream {
+ public:
+  Stream(const std::string& address, v1::GenerateRequest request)
+      : thread_([this, address, request = std::move(request)] { Run(address, request); }) {}
+  ~Stream() { Join(); }
+
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  int tokens() const { return tokens_.load(); }
+  bool done() const { return done_.load(); }
+  // After Join.
+  const absl::Status& status() const { return status_; }
+  const std::vector<int32_t>& received() const { return received_; }
+  const v1::Complete& complete() const { return complete_; }
+
+ private:
+  void Run(const std::string& address, const v1::GenerateRequest& request) {
+    auto stub =
+        v1::K3Serve::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub->Generate(&context, request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_chunk()) {
+        received_.insert(received_.end(), response.chunk().token_ids().begin(),
+                         response.chunk().token_ids().end());
+        tokens_ = static_cast<int>(received_.size());
+      } else if (response.has_complete()) {
+        complete_ = response.complete();
+      }
+    }
+    status_ = FromGrpcStatus(reader->Finish());
+    done_ = true;
+  }
+
+  std::atomic<int> tokens_{0};
+  std::atomic<bool> done_{false};
+  absl::Status status_;
+  std::vector<int32_t> received_;
+  v1::Complete complete_;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+double MaxVioOf(const std::vector<double>& loads) {
+  double sum = 0, max = 0;
+  for (double x : loads) {
+    sum += x;
+    max = std::max(max, x);
+  }
+  const double mean = sum / static_cast<double>(loads.size());
+  return mean > 0 ? (max - mean) / mean : 0;
+}
+
+class RebalanceTest : public testing::Test {
+ protected:
+  pb::LoadReport Report() {
+    auto stub = pb::Coordinator::NewStub(
+        grpc::CreateChannel(cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    pb::GetLoadReportRequest request;
+    request.set_refresh(true);
+    pb::LoadReport report;
+    const grpc::Status status = stub->GetLoadReport(&context, request, &report);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return report;
+  }
+
+  // Rows each expert node computed since it started, in worker order of the placement, and the
+  // placement version each serves.
+  std::vector<double> Rows(std::vector<int64_t>* versions = nullptr) {
+    absl::StatusOr<pb::ClusterState> state = cluster_->GetClusterState(absl::Seconds(5));
+    EXPECT_TRUE(state.ok()) << state.status();
+    std::vector<double> rows;
+    for (uint32_t node : state->placement().worker_node_ids()) {
+      std::string address;
+      for (const pb::Member& m : state->members()) {
+        if (m.node().node_id() == node) address = m.node().grpc_address();
+      }
+      auto stub = pb::ExpertWorker::NewStub(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+      pb::ExpertStatusResponse status;
+      const grpc::Status rpc = stub->Status(&context, {}, &status);
+      EXPECT_TRUE(rpc.ok()) << "expert node " << node << ": " << rpc.error_message();
+      rows.push_back(static_cast<double>(status.rows_processed()));
+      if (versions != nullptr) versions->push_back(status.placement_version());
+    }
+    return rows;
+  }
+
+  // Runs every prompt at once to completion and checks the tokens.
+  void Wave(const std::string& name) {
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (int i = 0; i < kStreams; ++i) {
+      streams.push_back(std::make_unique<Stream>(
+          address_, GreedyRequest(absl::StrCat(name, "-", i), prompts_[i], kMaxNewTokens)));
+    }
+    for (int i = 0; i < kStreams; ++i) {
+      streams[i]->Join();
+      ASSERT_TRUE(streams[i]->status().ok()) << name << " " << i << ": " << streams[i]->status();
+      EXPECT_EQ(streams[i]->received(), expected_[i]) << name << " " << i;
+    }
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::string address_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<std::vector<int32_t>> expected_;
+};
+
+std::vector<double> Minus(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> d;
+  for (size_t i = 0; i < a.size(); ++i) d.push_back(a[i] - b[i]);
+  return d;
+}
+
+TEST_F(RebalanceTest, SpreadShrinksAndStreamsAcrossTheSwitchKeepTheirTokens) {
+  const std::string model = SkewedCheckpoint();
+  prompts_ = TestPrompts(kStreams, 512, 31);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(model, prompts_, kMaxNewTokens);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  expected_ = *std::move(expected);
+
+  LocalClusterOptions options = TestClusterOptions(model, /*attention=*/1, /*routers=*/2,
+                                                   /*experts=*/3);
+  options.extra_args[NodeRole::kCoordinator] = {
+      "--spare-slots-per-worker", "2", "--load-stats-interval-ms", "0", "--retire-delay-ms", "200"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = *std::move(cluster);
+  address_ = cluster_->generate_addresses()[0];
+
+  // Before: the initial contiguous placement.
+  const std::vector<double> rows_start = Rows();
+  ASSERT_NO_FATAL_FAILURE(Wave("before"));
+  const std::vector<double> rows_before = Minus(Rows(), rows_start);
+  const pb::LoadReport before = Report();
+  ASSERT_EQ(before.placement_version(), 1);
+  ASSERT_EQ(before.routers(), 2);
+  ASSERT_GT(before.layers(0).tokens(), 0u);
+
+  // The switch, while streams generate.
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(std::make_unique<Stream>(
+        address_, GreedyRequest(absl::StrCat("across-", i), prompts_[i], kMaxNewTokens)));
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    for (int wait = 0; wait < 1000 && streams[i]->tokens() == 0 && !streams[i]->done(); ++wait) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  auto stub = pb::Coordinator::NewStub(
+      grpc::CreateChannel(cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+  pb::RebalanceResponse rebalanced;
+  const grpc::Status status = stub->Rebalance(&context, pb::RebalanceRequest(), &rebalanced);
+  std::vector<int> tokens_at_switch;
+  for (const auto& stream : streams)
+    tokens_at_switch.push_back(stream->done() ? -1 : stream->tokens());
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(rebalanced.rolled_out()) << rebalanced.reason();
+  EXPECT_EQ(rebalanced.placement_version(), 2);
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_GE(tokens_at_switch[i], 1) << "stream " << i << " did not run across the switch";
+    EXPECT_LT(tokens_at_switch[i], kMaxNewTokens) << "stream " << i;
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    streams[i]->Join();
+    ASSERT_TRUE(streams[i]->status().ok()) << "stream " << i << ": " << streams[i]->status();
+    EXPECT_EQ(streams[i]->complete().finish_reason(), v1::Complete::LENGTH);
+    EXPECT_EQ(streams[i]->received(), expected_[i]) << "stream " << i;
+  }
+
+  // After: the new placement only.
+  const std::vector<double> rows_after_switch = Rows();
+  ASSERT_NO_FATAL_FAILURE(Wave("after"));
+  std::vector<int64_t> served;
+  const std::vector<double> rows_after = Minus(Rows(&served), rows_after_switch);
+  const pb::LoadReport after = Report();
+  EXPECT_EQ(after.placement_version(), 2);
+  for (int64_t version : served) EXPECT_EQ(version, 2);
+
+  std::string per_layer;
+  for (int l = 0; l < before.layers_size(); ++l) {
+    absl::StrAppendFormat(&per_layer, " layer %d: %.3f -> %.3f;", l,
+                          before.layers(l).worker_max_vio(), after.layers(l).worker_max_vio());
+  }
+  const std::string summary = absl::StrFormat(
+      "MaxVio over expert workers, mean over MoE layers (coordinator, from expert loads): "
+      "before %.3f, after %.3f (planned %.3f -> %.3f on %d tokens).%s\n"
+      "Measured rows per expert worker: before [%s] MaxVio %.3f; after [%s] MaxVio %.3f; streams "
+      "had %s tokens when the routers switched",
+      before.worker_max_vio(), after.worker_max_vio(), rebalanced.worker_max_vio_before(),
+      rebalanced.worker_max_vio_after(), rebalanced.window_tokens(), per_layer,
+      absl::StrJoin(rows_before, ","), MaxVioOf(rows_before), absl::StrJoin(rows_after, ","),
+      MaxVioOf(rows_after), absl::StrJoin(tokens_at_switch, ","));
+  std::cout << summary << std::endl;
+  RecordProperty("summary", summary);
+  EXPECT_LT(after.worker_max_vio(), 0.5 * before.worker_max_vio()) << summary;
+  EXPECT_LT(MaxVioOf(rows_after), MaxVioOf(rows_before)) << summary;
+
+  const absl::Status stopped = cluster_->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+}  // namespace
+}  // namespace k3
