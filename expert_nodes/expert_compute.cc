@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/thread_pool.h"
 
 namespace k3 {
 
@@ -31,27 +32,46 @@ absl::Status RunExperts(const std::vector<GatedMlpWeights>& experts, const GluPa
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return assignments[a].expert < assignments[b].expert;
   });
-  for (size_t begin = 0; begin < order.size();) {
+  std::vector<ExpertScratch::Group>& groups = scratch->groups;
+  size_t count = 0;
+  for (size_t begin = 0; begin < order.size(); ++count) {
     const int32_t expert = assignments[order[begin]].expert;
     size_t end = begin;
     while (end < order.size() && assignments[order[end]].expert == expert) ++end;
-    const int64_t count = static_cast<int64_t>(end - begin);
-    scratch->gathered.resize(static_cast<size_t>(count * width));
-    scratch->answer.resize(static_cast<size_t>(count * width));
-    for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(scratch->gathered.data() + i * width, z + assignments[order[begin + i]].row * width,
-                  sizeof(float) * width);
+    if (groups.size() <= count) groups.emplace_back();
+    groups[count].expert = expert;
+    groups[count].begin = begin;
+    groups[count].end = end;
+    begin = end;
+  }
+  auto run_group = [&](ExpertScratch::Group& group) {
+    const int64_t rows_in = static_cast<int64_t>(group.end - group.begin);
+    group.gathered.resize(static_cast<size_t>(rows_in * width));
+    group.answer.resize(static_cast<size_t>(rows_in * width));
+    for (int64_t i = 0; i < rows_in; ++i) {
+      std::memcpy(group.gathered.data() + i * width,
+                  z + assignments[order[group.begin + i]].row * width, sizeof(float) * width);
     }
-    const GatedMlpWeights& w = experts[expert];
-    GatedMlp(GatedMlpMatrices{w.gate, w.up, w.down}, params, scratch->gathered.data(), count,
-             scratch->answer.data(), false, &scratch->mlp);
-    for (int64_t i = 0; i < count; ++i) {
-      const ExpertAssignment& a = assignments[order[begin + i]];
+    const GatedMlpWeights& w = experts[group.expert];
+    GatedMlp(GatedMlpMatrices{w.gate, w.up, w.down}, params, group.gathered.data(), rows_in,
+             group.answer.data(), false, &group.mlp);
+  };
+  if (static_cast<int>(count) >= KernelThreadCount()) {
+    // Nested ParallelFor calls inside run inline, so each expert runs on one thread.
+    ParallelFor(static_cast<int64_t>(count), 1, [&](int64_t first, int64_t last) {
+      for (int64_t g = first; g < last; ++g) run_group(groups[g]);
+    });
+  } else {
+    for (size_t g = 0; g < count; ++g) run_group(groups[g]);
+  }
+  for (size_t g = 0; g < count; ++g) {
+    const ExpertScratch::Group& group = groups[g];
+    for (size_t i = 0; i < group.end - group.begin; ++i) {
+      const ExpertAssignment& a = assignments[order[group.begin + i]];
       float* dst = out + a.row * width;
-      const float* src = scratch->answer.data() + i * width;
+      const float* src = group.answer.data() + i * width;
       for (int64_t j = 0; j < width; ++j) dst[j] += a.weight * src[j];
     }
-    begin = end;
   }
   return absl::OkStatus();
 }
