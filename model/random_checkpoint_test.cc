@@ -121,7 +121,8 @@ TEST(CheckpointLayoutTest, K3PerfParameterCounts) {
   }
   EXPECT_GE(total, 678'500'000);
   EXPECT_LT(total, 679'500'000);
-  const int64_t active = total - routed + routed / c.num_experts * c.num_experts_per_token - embedding;
+  const int64_t active = ActiveParameters(c);
+  EXPECT_EQ(active, total - routed + routed / c.num_experts * c.num_experts_per_token - embedding);
   EXPECT_GE(active, 190'000'000);
   EXPECT_LT(active, 191'000'000);
   EXPECT_NEAR(active * 2 / 1e6, 381, 1);
