@@ -16,8 +16,8 @@
 #include "glog/logging.h"
 #include "model/checkpoint.h"
 #include "proto/cluster.pb.h"
-#include "router/node_process.h"
-#include "router/peer_links.h"
+#include "cluster/node_process.h"
+#include "cluster/peer_links.h"
 #include "tools/cli_flags.h"
 
 namespace k3 {
@@ -270,31 +270,18 @@ void AttentionServer::Shutdown() {
 
 absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {
   absl::StatusOr<CliFlags> flags = CliFlags::Parse(
-      args, {"coordinator", "model", "host", "port", "metrics-port", "max-batch-tokens",
-             "max-sequences", "max-new-tokens-limit", "max-prompt-tokens", "moe-timeout-ms",
-             "drain-timeout-ms"});
+      args, CliFlags::WithNodeFlags({"max-batch-tokens", "max-sequences", "max-new-tokens-limit",
+                                     "max-prompt-tokens", "moe-timeout-ms", "drain-timeout-ms"}));
   if (!flags.ok()) return flags.status();
   AttentionServerOptions options;
-  absl::StatusOr<std::string> coordinator = flags->String("coordinator");
-  if (!coordinator.ok()) return coordinator.status();
-  options.coordinator = *coordinator;
-  absl::StatusOr<std::string> model = flags->String("model");
-  if (!model.ok()) return model.status();
-  options.model = *model;
-  options.host = flags->StringOr("host", options.host);
-
-  absl::StatusOr<int64_t> port = flags->Int("port", 0);
-  if (!port.ok()) return port.status();
-  absl::StatusOr<int> checked = CheckPort("port", *port, 0);
-  if (!checked.ok()) return checked.status();
-  options.port = *checked;
-  absl::StatusOr<int64_t> metrics_port = flags->Int("metrics-port", -1);
-  if (!metrics_port.ok()) return metrics_port.status();
-  if (*metrics_port != -1) {
-    checked = CheckPort("metrics-port", *metrics_port, 0);
-    if (!checked.ok()) return checked.status();
-  }
-  options.metrics_port = static_cast<int>(*metrics_port);
+  NodeFlags node;
+  node.host = options.host;
+  if (absl::Status s = flags->ReadNodeFlags(&node); !s.ok()) return s;
+  options.coordinator = node.coordinator;
+  options.model = node.model;
+  options.host = node.host;
+  options.port = node.port;
+  options.metrics_port = node.metrics_port;
 
   // Integer flags with their ranges; the values land in `options`.
   struct Bounded {

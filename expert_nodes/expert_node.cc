@@ -24,8 +24,8 @@
 #include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
-#include "router/node_process.h"
-#include "router/peer_links.h"
+#include "cluster/node_process.h"
+#include "cluster/peer_links.h"
 #include "tools/cli_flags.h"
 
 namespace k3 {
@@ -558,15 +558,17 @@ int Fail(const absl::Status& status) {
 
 absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {
   absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args, {"coordinator", "model", "slots", "port", "metrics-port", "host"});
+      CliFlags::Parse(args, CliFlags::WithNodeFlags({"slots"}));
   if (!flags.ok()) return flags.status();
   ExpertNodeOptions options;
-  absl::StatusOr<std::string> coordinator = flags->String("coordinator");
-  if (!coordinator.ok()) return coordinator.status();
-  options.coordinator = *coordinator;
-  absl::StatusOr<std::string> model = flags->String("model");
-  if (!model.ok()) return model.status();
-  options.model = *model;
+  NodeFlags node;
+  node.host = options.host;
+  if (absl::Status s = flags->ReadNodeFlags(&node); !s.ok()) return s;
+  options.coordinator = node.coordinator;
+  options.model = node.model;
+  options.host = node.host;
+  options.port = node.port;
+  options.metrics_port = node.metrics_port;
   if (!flags->Has("slots")) return absl::InvalidArgumentError("--slots is required");
   absl::StatusOr<int64_t> slots = flags->Int("slots", 0);
   if (!slots.ok()) return slots.status();
@@ -574,19 +576,6 @@ absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::str
     return absl::InvalidArgumentError(absl::StrCat("--slots is ", *slots, "; must be >= 1"));
   }
   options.slots = static_cast<int>(*slots);
-  options.host = flags->StringOr("host", options.host);
-  absl::StatusOr<int64_t> port = flags->Int("port", 0);
-  if (!port.ok()) return port.status();
-  absl::StatusOr<int> checked = CheckPort("port", *port, 0);
-  if (!checked.ok()) return checked.status();
-  options.port = *checked;
-  absl::StatusOr<int64_t> metrics_port = flags->Int("metrics-port", -1);
-  if (!metrics_port.ok()) return metrics_port.status();
-  if (*metrics_port != -1) {
-    checked = CheckPort("metrics-port", *metrics_port, 0);
-    if (!checked.ok()) return checked.status();
-  }
-  options.metrics_port = static_cast<int>(*metrics_port);
   return options;
 }
 

@@ -47,7 +47,7 @@
 #include "model/weights.h"
 #include "proto/cluster.pb.h"
 #include "router/pending_steps.h"
-#include "router/peer_links.h"
+#include "cluster/peer_links.h"
 #include "router/router_load_stats.h"
 
 namespace k3 {

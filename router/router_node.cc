@@ -15,8 +15,8 @@
 #include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
-#include "router/node_process.h"
-#include "router/peer_links.h"
+#include "cluster/node_process.h"
+#include "cluster/peer_links.h"
 #include "router/router_core.h"
 #include "tools/cli_flags.h"
 
@@ -191,28 +191,17 @@ int Fail(const absl::Status& status) {
 
 absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args) {
   absl::StatusOr<CliFlags> flags = CliFlags::Parse(
-      args, {"coordinator", "model", "port", "metrics-port", "host", "step-timeout-ms", "qb-bins"});
+      args, CliFlags::WithNodeFlags({"step-timeout-ms", "qb-bins"}));
   if (!flags.ok()) return flags.status();
   RouterNodeOptions options;
-  absl::StatusOr<std::string> coordinator = flags->String("coordinator");
-  if (!coordinator.ok()) return coordinator.status();
-  options.coordinator = *coordinator;
-  absl::StatusOr<std::string> model = flags->String("model");
-  if (!model.ok()) return model.status();
-  options.model = *model;
-  options.host = flags->StringOr("host", options.host);
-  absl::StatusOr<int64_t> port = flags->Int("port", 0);
-  if (!port.ok()) return port.status();
-  absl::StatusOr<int> checked = CheckPort("port", *port, 0);
-  if (!checked.ok()) return checked.status();
-  options.port = *checked;
-  absl::StatusOr<int64_t> metrics_port = flags->Int("metrics-port", -1);
-  if (!metrics_port.ok()) return metrics_port.status();
-  if (*metrics_port != -1) {
-    checked = CheckPort("metrics-port", *metrics_port, 0);
-    if (!checked.ok()) return checked.status();
-  }
-  options.metrics_port = static_cast<int>(*metrics_port);
+  NodeFlags node;
+  node.host = options.host;
+  if (absl::Status s = flags->ReadNodeFlags(&node); !s.ok()) return s;
+  options.coordinator = node.coordinator;
+  options.model = node.model;
+  options.host = node.host;
+  options.port = node.port;
+  options.metrics_port = node.metrics_port;
   absl::StatusOr<int64_t> timeout_ms = flags->Int("step-timeout-ms", 5000);
   if (!timeout_ms.ok()) return timeout_ms.status();
   if (*timeout_ms < 1 || *timeout_ms > 3600 * 1000) {

@@ -84,4 +84,33 @@ absl::StatusOr<std::vector<int32_t>> CliFlags::IntList(const std::string& name) 
   return values;
 }
 
+std::set<std::string> CliFlags::WithNodeFlags(std::set<std::string> valued) {
+  valued.insert({"coordinator", "model", "host", "port", "metrics-port"});
+  return valued;
+}
+
+absl::Status CliFlags::ReadNodeFlags(NodeFlags* node) const {
+  absl::StatusOr<std::string> coordinator = String("coordinator");
+  if (!coordinator.ok()) return coordinator.status();
+  absl::StatusOr<std::string> model = String("model");
+  if (!model.ok()) return model.status();
+  absl::StatusOr<int64_t> port = Int("port", 0);
+  if (!port.ok()) return port.status();
+  absl::StatusOr<int64_t> metrics_port = Int("metrics-port", -1);
+  if (!metrics_port.ok()) return metrics_port.status();
+  if (*port < 0 || *port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port is ", *port, "; must be in [0, 65535]"));
+  }
+  if (*metrics_port < -1 || *metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port is ", *metrics_port, "; must be -1 (none) or in [0, 65535]"));
+  }
+  node->coordinator = *coordinator;
+  node->model = *model;
+  node->host = StringOr("host", node->host);
+  node->port = static_cast<int>(*port);
+  node->metrics_port = static_cast<int>(*metrics_port);
+  return absl::OkStatus();
+}
+
 }  // namespace k3

@@ -14,8 +14,20 @@
 
 namespace k3 {
 
+// The flags every tier's node process takes: --coordinator HOST:PORT and --model DIR (required),
+// --host, --port (0 picks a free one) and --metrics-port (-1: no metrics endpoint).
+struct NodeFlags {
+  std::string coordinator;
+  std::string model;
+  std::string host;
+  int port = 0;
+  int metrics_port = -1;
+};
+
 class CliFlags {
  public:
+  // The names ReadNodeFlags reads, to add to a node subcommand's accepted flags.
+  static std::set<std::string> WithNodeFlags(std::set<std::string> valued);
   // `valued` flags take a value; `switches` take none. args excludes the program and subcommand.
   static absl::StatusOr<CliFlags> Parse(const std::vector<std::string>& args,
                                         const std::set<std::string>& valued,
@@ -28,6 +40,8 @@ class CliFlags {
   absl::StatusOr<double> Double(const std::string& name, double fallback) const;
   // Comma-separated integers, e.g. "1,2,3".
   absl::StatusOr<std::vector<int32_t>> IntList(const std::string& name) const;
+  // Fills `node` from the node flags; `node->host` keeps its value when --host is absent.
+  absl::Status ReadNodeFlags(NodeFlags* node) const;
 
  private:
   std::map<std::string, std::string> values_;

@@ -11,8 +11,8 @@
 // Members that left or vanished from the state are disconnected.
 //
 // Thread-safety: all methods may be called from any thread.
-#ifndef K3SERVE_ROUTER_PEER_LINKS_H_
-#define K3SERVE_ROUTER_PEER_LINKS_H_
+#ifndef K3SERVE_CLUSTER_PEER_LINKS_H_
+#define K3SERVE_CLUSTER_PEER_LINKS_H_
 
 #include <cstdint>
 #include <map>
@@ -112,4 +112,4 @@ class PeerLinks {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ROUTER_PEER_LINKS_H_
+#endif  // K3SERVE_CLUSTER_PEER_LINKS_H_

@@ -1,4 +1,4 @@
-#include "router/node_process.h"
+#include "cluster/node_process.h"
 
 #include <pthread.h>
 #include <time.h>
@@ -46,14 +46,6 @@ absl::StatusOr<int64_t> ResidentBytes() {
   std::fclose(file);
   if (read != 2) return absl::UnavailableError("cannot parse /proc/self/statm");
   return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
-}
-
-absl::StatusOr<int> CheckPort(const std::string& flag, int64_t value, int min) {
-  if (value < min || value > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " is ", value, "; must be in [", min, ", 65535]"));
-  }
-  return static_cast<int>(value);
 }
 
 }  // namespace k3

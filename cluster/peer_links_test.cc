@@ -1,4 +1,4 @@
-#include "router/peer_links.h"
+#include "cluster/peer_links.h"
 
 #include <memory>
 

@@ -1,7 +1,7 @@
-// What the router and expert node processes share besides the data plane: stopping on SIGINT /
+// What the node processes of every tier share besides the data plane: stopping on SIGINT /
 // SIGTERM, the addresses they advertise, and their memory footprint.
-#ifndef K3SERVE_ROUTER_NODE_PROCESS_H_
-#define K3SERVE_ROUTER_NODE_PROCESS_H_
+#ifndef K3SERVE_CLUSTER_NODE_PROCESS_H_
+#define K3SERVE_CLUSTER_NODE_PROCESS_H_
 
 #include <signal.h>
 
@@ -40,9 +40,6 @@ std::string AdvertisedHost(const std::string& bind_host);
 // The process's resident set size in bytes (/proc/self/statm).
 absl::StatusOr<int64_t> ResidentBytes();
 
-// A port flag's value: INVALID_ARGUMENT naming `flag` unless in [min, 65535].
-absl::StatusOr<int> CheckPort(const std::string& flag, int64_t value, int min);
-
 }  // namespace k3
 
-#endif  // K3SERVE_ROUTER_NODE_PROCESS_H_
+#endif  // K3SERVE_CLUSTER_NODE_PROCESS_H_
