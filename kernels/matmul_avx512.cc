@@ -134,10 +134,8 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
   for (int64_t k = 0; k < cols; k += 16) {
     const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
-    if (k % 64 == 0) {
-      for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchBytes, _MM_HINT_T0);
-      }
+    for (int r = 0; r < R; ++r) {  // one 64-byte line per row per step
+      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchBytes, _MM_HINT_T0);
     }
     __m512 xv[T];
     for (int t = 0; t < T; ++t) {
