@@ -38,9 +38,8 @@
 #include "kernels/matmul.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/thread_pool.h"
+#include "bench/machine_limits.h"
 
-#define K3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#define K3_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace k3::bench {
 namespace {
@@ -68,27 +67,6 @@ Buffer<T> Allocate(size_t count) {
   return Buffer<T>(static_cast<T*>(std::aligned_alloc(4096, bytes)));
 }
 
-// Runs fn(thread) on `threads` threads started together; returns the wall time of the slowest.
-double RunOnThreads(int threads, const std::function<void(int)>& fn) {
-  std::atomic<bool> go{false};
-  std::atomic<int> ready{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      ready.fetch_add(1);
-      while (!go.load()) {
-      }
-      fn(t);
-    });
-  }
-  while (ready.load() < threads) {
-  }
-  const double start = Now();
-  go.store(true);
-  for (std::thread& th : pool) th.join();
-  return Now() - start;
-}
-
 struct Stats {
   double best = 0;
   double median = 0;
@@ -98,86 +76,6 @@ struct Stats {
 Stats Summarize(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   return {samples[samples.size() / 10], samples[samples.size() / 2]};
-}
-
-// ---- (a) read bandwidth -----------------------------------------------------------------------
-
-volatile float g_sink;
-
-// Sums n floats read as kStreams interleaved sequential streams (two accumulators each, in
-// registers).
-template <int kStreams>
-K3_AVX512 float SumStreams(const float* p, size_t n) {
-  const size_t part = n / kStreams / 64 * 64;
-  __m512 acc[2 * kStreams];
-  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = _mm512_setzero_ps();
-  for (size_t i = 0; i < part; i += 64) {
-#pragma GCC unroll 4
-    for (int s = 0; s < kStreams; ++s) {
-      const float* q = p + s * part + i;
-      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q));
-      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 16));
-      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q + 32));
-      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 48));
-    }
-  }
-  for (int s = 1; s < 2 * kStreams; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
-  return _mm512_reduce_add_ps(acc[0]);
-}
-
-Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
-  std::vector<double> rates;
-  for (int rep = 0; rep < 12; ++rep) {
-    const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
-      const size_t share = n / kLimitThreads;
-      g_sink = streams == 1 ? SumStreams<1>(buffer + t * share, share)
-                            : SumStreams<4>(buffer + t * share, share);
-    });
-    rates.push_back(n * sizeof(float) / seconds / 1e9);
-  }
-  std::sort(rates.begin(), rates.end());
-  return {rates.back(), rates[rates.size() / 2]};  // higher is better here
-}
-
-// ---- (b) compute peaks ------------------------------------------------------------------------
-
-constexpr int64_t kPeakIterations = 2'000'000;  // about 5 ms per run
-
-K3_AVX512 float FmaLoop(float seed) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kPeakIterations; ++it) {
-#pragma GCC unroll 16  // keeps the accumulators in registers (at -O2 they would live in memory)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  return _mm512_reduce_add_ps(acc[0]);
-}
-
-K3_AVX512_BF16 float Bf16Loop(float seed) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
-  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1, 1)
-  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // (1e-7, 1e-7)
-  for (int64_t it = 0; it < kPeakIterations; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  }
-  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  return _mm512_reduce_add_ps(acc[0]);
-}
-
-// GFLOP/s of `loop` (16 instructions of `flops_per_instruction` per iteration) on 2 threads.
-double Peak(float (*loop)(float), double flops_per_instruction) {
-  double best = 0;
-  for (int rep = 0; rep < 20; ++rep) {  // the best of many short runs finds the quiet moments
-    const double seconds =
-        RunOnThreads(kLimitThreads, [&](int t) { g_sink = loop(static_cast<float>(t)); });
-    best = std::max(best, kLimitThreads * kPeakIterations * 16 * flops_per_instruction /
-                              seconds / 1e9);
-  }
-  return best;
 }
 
 // ---- thread pool overhead ---------------------------------------------------------------------
@@ -205,11 +103,7 @@ void ThreadPoolOverhead() {
 
 // ---- (c, d) matrix products -------------------------------------------------------------------
 
-struct Limits {
-  double read_gbs;
-  double fma_gflops;
-  double bf16_gflops;
-};
+using Limits = MachineLimits;
 
 // Fills `words` 32-bit words so that both views are sane: as f32 every word is a normal number in
 // [-1, 1]; as bf16 both halves are.
@@ -421,21 +315,6 @@ void PrintTable(const std::vector<Row>& rows, const Limits& limits) {
   }
 }
 
-Limits MeasureLimits(const float* buffer, size_t floats) {
-  const Stats bw1 = ReadBandwidth(buffer, floats, 1);
-  const Stats bw4 = ReadBandwidth(buffer, floats, 4);
-  Limits limits;
-  limits.read_gbs = std::max(bw1.best, bw4.best);
-  limits.fma_gflops = Peak(FmaLoop, 32);
-  limits.bf16_gflops = Peak(Bf16Loop, 64);
-  std::printf("Read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
-              "4 streams/thread %.1f GB/s (median %.1f)\n",
-              bw1.best, bw1.median, bw4.best, bw4.median);
-  std::printf("Peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n",
-              limits.fma_gflops, limits.bf16_gflops);
-  return limits;
-}
-
 }  // namespace
 }  // namespace k3::bench
 
@@ -451,17 +330,12 @@ int main() {
 
   Buffer<uint32_t> pool = Allocate<uint32_t>(kStreamBytes / 4);
   FillWeights(pool.get(), kStreamBytes / 4);
-  const float* as_floats = reinterpret_cast<const float*>(pool.get());
-  const size_t floats = kStreamBytes / 4;
   // Limits are measured before and after the products and the best kept: on a shared machine a
   // single measurement may land in a busy moment.
-  Limits limits = MeasureLimits(as_floats, floats);
+  Limits limits = MeasureMachineLimits();
   ThreadPoolOverhead();
   std::vector<Row> rows = BenchShapes(pool.get());
-  const Limits after = MeasureLimits(as_floats, floats);
-  limits.read_gbs = std::max(limits.read_gbs, after.read_gbs);
-  limits.fma_gflops = std::max(limits.fma_gflops, after.fma_gflops);
-  limits.bf16_gflops = std::max(limits.bf16_gflops, after.bf16_gflops);
+  limits = BestOf(limits, MeasureMachineLimits());
   std::printf("\nLimits (best of before and after): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 %.0f "
               "GFLOP/s\n\n",
               limits.read_gbs, limits.fma_gflops, limits.bf16_gflops);

@@ -69,21 +69,24 @@ struct Stats {
 
 volatile float g_sink;
 
-// Sums n floats read as `streams` interleaved sequential streams.
-K3_AVX512 float SumStreams(const float* p, size_t n, int streams) {
-  const size_t part = n / streams / 64 * 64;
-  __m512 acc[8];
-  for (int s = 0; s < 8; ++s) acc[s] = _mm512_setzero_ps();
+// Sums n floats read as kStreams interleaved sequential streams (two accumulators each, in
+// registers).
+template <int kStreams>
+K3_AVX512 float SumStreams(const float* p, size_t n) {
+  const size_t part = n / kStreams / 64 * 64;
+  __m512 acc[2 * kStreams];
+  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = _mm512_setzero_ps();
   for (size_t i = 0; i < part; i += 64) {
-    for (int s = 0; s < streams; ++s) {
+#pragma GCC unroll 4
+    for (int s = 0; s < kStreams; ++s) {
       const float* q = p + s * part + i;
-      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q));
-      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 16));
-      acc[2 * s % 8] = _mm512_add_ps(acc[2 * s % 8], _mm512_load_ps(q + 32));
-      acc[(2 * s + 1) % 8] = _mm512_add_ps(acc[(2 * s + 1) % 8], _mm512_load_ps(q + 48));
+      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q));
+      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 16));
+      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q + 32));
+      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 48));
     }
   }
-  for (int s = 1; s < 8; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
+  for (int s = 1; s < 2 * kStreams; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
   return _mm512_reduce_add_ps(acc[0]);
 }
 
@@ -92,7 +95,8 @@ Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
   for (int rep = 0; rep < 12; ++rep) {
     const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
       const size_t share = n / kLimitThreads;
-      g_sink = SumStreams(buffer + t * share, share, streams);
+      g_sink = streams == 1 ? SumStreams<1>(buffer + t * share, share)
+                            : SumStreams<4>(buffer + t * share, share);
     });
     rates.push_back(n * sizeof(float) / seconds / 1e9);
   }
@@ -109,6 +113,7 @@ K3_AVX512 float FmaLoop(float seed) {
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
   for (int64_t it = 0; it < kPeakIterations; ++it) {
+#pragma GCC unroll 16  // keeps the accumulators in registers (at -O2 they would live in memory)
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
   }
   for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
@@ -121,6 +126,7 @@ K3_AVX512_BF16 float Bf16Loop(float seed) {
   const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1, 1)
   const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // (1e-7, 1e-7)
   for (int64_t it = 0; it < kPeakIterations; ++it) {
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
   for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
