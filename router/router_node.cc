@@ -43,13 +43,6 @@ class RouterControlService final : public pb::RouterControl::Service {
     return ::grpc::Status::OK;
   }
 
-  ::grpc::Status SetPlacement(::grpc::ServerContext*, const pb::SetPlacementRequest*,
-                              pb::SetPlacementResponse*) override {
-    return ::grpc::Status(::grpc::StatusCode::UNIMPLEMENTED,
-                          "SetPlacement is not supported: the router follows the coordinator's "
-                          "placement");
-  }
-
   ::grpc::Status SetBias(::grpc::ServerContext*, const pb::SetBiasRequest* request,
                          pb::SetBiasResponse*) override {
     return ToGrpcStatus(core_->SetBias(
