@@ -75,7 +75,9 @@ K3_AVX512 inline void StoreSums(const __m512 (&acc)[R][T], float* const* yt, int
     _mm_storeu_ps(sums + i, SumsOf4(acc[i / T][i % T], acc[(i + 1) / T][(i + 1) % T],
                                     acc[(i + 2) / T][(i + 2) % T], acc[(i + 3) / T][(i + 3) % T]));
   }
-  for (; i < kCount; ++i) sums[i] = _mm512_reduce_add_ps(acc[i / T][i % T]);
+  if constexpr (kCount % 4 != 0) {  // a tail only where the groups of four leave one
+    for (; i < kCount; ++i) sums[i] = _mm512_reduce_add_ps(acc[i / T][i % T]);
+  }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       float& out = yt[t][row + r];
