@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/simd.h"
 #include "kernels/thread_pool.h"
+#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -32,33 +33,12 @@ enum Slot {
 };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
-  if (m.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("KDA weight ", name, " is missing"));
-  }
-  if (rows >= 0 && m.rows != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KDA weight ", name, " has ", m.rows, " rows, expected ", rows));
-  }
-  if (m.cols != cols) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KDA weight ", name, " has ", m.cols, " columns, expected ", cols));
-  }
-  return absl::OkStatus();
+  return CheckWeightMatrix("KDA", m, rows, cols, name);
 }
 
 absl::Status CheckVector(const std::vector<float>& v, size_t size, const char* name) {
-  if (v.size() != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KDA weight ", name, " has ", v.size(), " values, expected ", size));
-  }
-  return absl::OkStatus();
+  return CheckWeightVector("KDA", v, size, name);
 }
-
-#define K3_RETURN_IF_ERROR(expr)       \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (false)
 
 absl::Status Validate(const ModelConfig& config, const KdaWeights& w, const KdaState& state) {
   const LinearAttnConfig& la = config.linear_attn;

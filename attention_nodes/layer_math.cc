@@ -1,5 +1,7 @@
 #include "attention_nodes/layer_math.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -8,6 +10,27 @@
 #include "kernels/thread_pool.h"
 
 namespace k3 {
+
+absl::Status CheckWeightMatrix(const char* mixer, const WeightMatrix& m, int64_t rows,
+                               int64_t cols, const char* name) {
+  if (m.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(mixer, " weight ", name, " is missing"));
+  }
+  if ((rows >= 0 && m.rows != rows) || (cols >= 0 && m.cols != cols)) {
+    return absl::InvalidArgumentError(absl::StrCat(mixer, " weight ", name, " is [", m.rows, ", ",
+                                                   m.cols, "], expected [", rows, ", ", cols, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWeightVector(const char* mixer, const std::vector<float>& v, size_t size,
+                               const char* name) {
+  if (v.size() != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(mixer, " weight ", name, " has ", v.size(), " values, expected ", size));
+  }
+  return absl::OkStatus();
+}
 
 using simd::kWidth;
 using simd::Load;

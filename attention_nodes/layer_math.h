@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 
@@ -41,6 +42,13 @@ class Scratch {
   std::vector<std::vector<float>> buffers_;
   std::vector<std::vector<int64_t>> ints_;
 };
+
+// Shape checks of a mixer's weights: InvalidArgument naming `mixer` ("KDA", "MLA") and the
+// weight. A negative rows or cols leaves that dimension unchecked.
+absl::Status CheckWeightMatrix(const char* mixer, const WeightMatrix& m, int64_t rows,
+                               int64_t cols, const char* name);
+absl::Status CheckWeightVector(const char* mixer, const std::vector<float>& v, size_t size,
+                               const char* name);
 
 // y[r, :] = gamma ⊙ x[r, :] / sqrt(mean(x[r, :]²) + eps) for r in [0, rows) (spec §3.1).
 // `x` and `y` have row strides x_stride, y_stride (>= dim); y may equal x (in place).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/thread_pool.h"
+#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -26,29 +27,12 @@ enum Slot {
 enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
-  if (m.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("MLA weight ", name, " is missing"));
-  }
-  if (m.rows != rows || m.cols != cols) {
-    return absl::InvalidArgumentError(absl::StrCat("MLA weight ", name, " is [", m.rows, ", ",
-                                                   m.cols, "], expected [", rows, ", ", cols, "]"));
-  }
-  return absl::OkStatus();
+  return CheckWeightMatrix("MLA", m, rows, cols, name);
 }
 
 absl::Status CheckVector(const std::vector<float>& v, size_t size, const char* name) {
-  if (v.size() != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MLA weight ", name, " has ", v.size(), " values, expected ", size));
-  }
-  return absl::OkStatus();
+  return CheckWeightVector("MLA", v, size, name);
 }
-
-#define K3_RETURN_IF_ERROR(expr)       \
-  do {                                 \
-    absl::Status status_ = (expr);     \
-    if (!status_.ok()) return status_; \
-  } while (false)
 
 absl::Status Validate(const ModelConfig& config, const MlaWeights& w, const MlaCache& cache) {
   const int64_t h = config.num_attention_heads, d = config.hidden_size;

@@ -1,4 +1,4 @@
-// Status propagation and message building for model/ sources (internal).
+// Status propagation (K3_RETURN_IF_ERROR, K3_ASSIGN_OR_RETURN) and message building.
 #ifndef K3SERVE_MODEL_STATUS_MACROS_H_
 #define K3SERVE_MODEL_STATUS_MACROS_H_
 
