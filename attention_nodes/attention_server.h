@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "model/weights.h"
-#include "router/routed_moe.h"
+#include "moe/routed_moe.h"
 
 namespace k3 {
 

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/generate_client.h"
-#include "attention_nodes/local_engine.h"
+#include "engine/local_engine.h"
 #include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
 #include "grpcpp/client_context.h"
@@ -32,7 +32,7 @@
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
-#include "router/local_routed_moe.h"
+#include "engine/local_routed_moe.h"
 
 namespace k3 {
 namespace {

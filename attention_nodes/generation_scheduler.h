@@ -55,7 +55,7 @@
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "model/weights.h"
-#include "router/routed_moe.h"
+#include "moe/routed_moe.h"
 
 namespace k3 {
 

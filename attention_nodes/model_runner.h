@@ -22,7 +22,7 @@
 #include "attention_nodes/mla.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
-#include "router/routed_moe.h"
+#include "moe/routed_moe.h"
 
 namespace k3 {
 

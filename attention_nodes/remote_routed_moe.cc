@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "router/moe_wire.h"
+#include "moe/moe_wire.h"
 
 namespace k3 {
 namespace {

@@ -35,7 +35,7 @@
 #include "absl/time/time.h"
 #include "cluster/transport.h"
 #include "model/config.h"
-#include "router/routed_moe.h"
+#include "moe/routed_moe.h"
 
 namespace k3 {
 

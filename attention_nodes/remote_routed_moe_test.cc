@@ -20,8 +20,8 @@
 #include "model/checkpoint.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
-#include "router/local_routed_moe.h"
-#include "router/moe_wire.h"
+#include "engine/local_routed_moe.h"
+#include "moe/moe_wire.h"
 
 namespace k3 {
 namespace {

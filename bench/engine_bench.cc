@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "attention_nodes/local_engine.h"
+#include "engine/local_engine.h"
 #include "bench/machine_limits.h"
 #include "kernels/thread_pool.h"
 #include "model/config.h"

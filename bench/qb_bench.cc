@@ -27,7 +27,7 @@
 #include "kernels/matmul.h"
 #include "kernels/thread_pool.h"
 #include "router/gate.h"
-#include "router/qb_statistics.h"
+#include "moe/qb_statistics.h"
 
 namespace k3 {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "expert_nodes/expert_assignment.h"
+#include "moe/expert_assignment.h"
 #include "kernels/gated_mlp.h"
 #include "model/glu_params.h"
 #include "model/weights.h"

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "cluster/cluster_placement.h"
+#include "moe/cluster_placement.h"
 #include "cluster/coordinator_client.h"
 #include "cluster/grpc_server.h"
 #include "cluster/grpc_status.h"

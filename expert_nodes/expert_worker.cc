@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "router/moe_layer_map.h"
+#include "moe/moe_layer_map.h"
 
 namespace k3 {
 

@@ -26,12 +26,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cluster/cluster_placement.h"
+#include "moe/cluster_placement.h"
 #include "cluster/transport.h"
 #include "expert_nodes/expert_compute.h"
 #include "model/glu_params.h"
 #include "model/weights.h"
-#include "router/moe_wire.h"
+#include "moe/moe_wire.h"
 
 namespace k3 {
 

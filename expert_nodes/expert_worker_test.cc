@@ -4,7 +4,7 @@
 #include <memory>
 #include <random>
 
-#include "cluster/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "cluster/inproc_transport.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"

@@ -18,7 +18,7 @@ const repo = path.resolve(here, "..");
 
 // The health service each role's readiness reports (see the role headers below).
 const roles = {
-  coordinator: { header: "cluster/coordinator_main.h", readiness: "k3serve.cluster.v1.Coordinator" },
+  coordinator: { header: "coordinator/coordinator_main.h", readiness: "k3serve.cluster.v1.Coordinator" },
   attention: { header: "attention_nodes/attention_server.h", readiness: "k3serve.v1.K3Serve" },
   router: { header: "router/router_node.h", readiness: "k3serve.cluster.v1.RouterControl" },
   expert: { header: "expert_nodes/expert_node.h", readiness: "k3serve.cluster.v1.ExpertWorker" },

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cluster/transport.h"
-#include "router/moe_wire.h"
+#include "moe/moe_wire.h"
 #include "router/router_step.h"
 
 namespace k3 {

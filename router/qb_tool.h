@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "router/qb_statistics.h"
+#include "moe/qb_statistics.h"
 
 namespace k3 {
 

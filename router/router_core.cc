@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
-#include "router/moe_layer_map.h"
-#include "router/moe_wire.h"
+#include "moe/moe_layer_map.h"
+#include "moe/moe_wire.h"
 #include "router/router_step.h"
 
 namespace k3 {

@@ -41,7 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cluster/cluster_placement.h"
+#include "moe/cluster_placement.h"
 #include "cluster/metrics.h"
 #include "cluster/transport.h"
 #include "model/weights.h"

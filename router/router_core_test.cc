@@ -10,14 +10,14 @@
 #include <random>
 #include <thread>
 
-#include "cluster/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "cluster/inproc_transport.h"
 #include "expert_nodes/expert_worker.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/random_checkpoint.h"
-#include "router/local_routed_moe.h"
-#include "router/moe_layer_map.h"
+#include "engine/local_routed_moe.h"
+#include "moe/moe_layer_map.h"
 
 namespace k3 {
 namespace {

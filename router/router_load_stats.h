@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/cluster.pb.h"
 #include "router/gate.h"
-#include "router/qb_statistics.h"
+#include "moe/qb_statistics.h"
 
 namespace k3 {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
-#include "cluster/local_cluster.h"
+#include "launcher/local_cluster.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"

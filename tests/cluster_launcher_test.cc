@@ -20,7 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cluster/local_cluster.h"
+#include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/generate_client.h"
-#include "cluster/local_cluster.h"
+#include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "attention_nodes/local_engine.h"
+#include "engine/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 

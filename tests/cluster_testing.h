@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cluster/local_cluster.h"
+#include "launcher/local_cluster.h"
 #include "proto/generate.pb.h"
 
 namespace k3 {

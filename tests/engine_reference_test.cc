@@ -16,7 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "attention_nodes/local_engine.h"
+#include "engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "model/checkpoint.h"

@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/grpc_status.h"
-#include "cluster/local_cluster.h"
+#include "launcher/local_cluster.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"

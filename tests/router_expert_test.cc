@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cluster/coordinator_client.h"
-#include "cluster/coordinator_main.h"
+#include "coordinator/coordinator_main.h"
 #include "cluster/grpc_server.h"
 #include "cluster/ucx_transport.h"
 #include "grpcpp/client_context.h"
@@ -34,9 +34,9 @@
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
-#include "router/local_routed_moe.h"
-#include "router/moe_layer_map.h"
-#include "router/moe_wire.h"
+#include "engine/local_routed_moe.h"
+#include "moe/moe_layer_map.h"
+#include "moe/moe_wire.h"
 
 extern char** environ;
 

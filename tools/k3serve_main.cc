@@ -8,8 +8,8 @@
 #include <glog/logging.h>
 
 #include "attention_nodes/attention_server.h"
-#include "cluster/coordinator_main.h"
-#include "cluster/local_cluster_main.h"
+#include "coordinator/coordinator_main.h"
+#include "launcher/local_cluster_main.h"
 #include "expert_nodes/expert_node.h"
 #include "router/router_node.h"
 #include "tools/local_commands.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
-#include "attention_nodes/local_engine.h"
+#include "engine/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"

@@ -1,0 +1,417 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+
+namespace k3 {
+
+namespace pb = k3serve::cluster::v1;
+
+absl::Status CoordinatorOptions::Validate() const {
+  if (num_experts < 0 || num_moe_layers < 0) {
+    return absl::InvalidArgumentError("num_experts and num_moe_layers must not be negative");
+  }
+  if ((num_experts == 0) != (num_moe_layers == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_experts (", num_experts, ") and num_moe_layers (", num_moe_layers,
+        ") must be both zero (dense model) or both positive"));
+  }
+  if (num_experts > 0 && expected_expert_nodes < 1) {
+    return absl::InvalidArgumentError("expected_expert_nodes must be at least 1 with experts");
+  }
+  std::set<pb::Role> roles;
+  for (pb::Role role : required_roles) {
+    if (role != pb::ROLE_ATTENTION && role != pb::ROLE_ROUTER && role != pb::ROLE_EXPERT) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("required role ", pb::Role_Name(role), " is not a node role"));
+    }
+    if (!roles.insert(role).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("required role ", pb::Role_Name(role), " listed twice"));
+    }
+  }
+  if (num_experts == 0 && roles.count(pb::ROLE_EXPERT) > 0) {
+    return absl::InvalidArgumentError("ROLE_EXPERT is required but the model has no experts");
+  }
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_interval must be positive");
+  }
+  if (heartbeat_timeout <= heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_timeout (", absl::FormatDuration(heartbeat_timeout),
+        ") must exceed heartbeat_interval (", absl::FormatDuration(heartbeat_interval), ")"));
+  }
+  if (recovery_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("recovery_window must not be negative");
+  }
+  return absl::OkStatus();
+}
+
+CoordinatorState::CoordinatorState(const CoordinatorOptions& options, absl::Time start)
+    : options_(options), recovery_end_(start + options.recovery_window) {
+  const absl::Status valid = options_.Validate();
+  CHECK(valid.ok()) << valid;
+  Update(start);
+}
+
+absl::StatusOr<pb::RegisterResponse> CoordinatorState::Register(const pb::RegisterRequest& request,
+                                                                absl::Time now) {
+  const pb::NodeInfo& info = request.node();
+  const pb::Role role = info.role();
+  if (role != pb::ROLE_ATTENTION && role != pb::ROLE_ROUTER && role != pb::ROLE_EXPERT) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot register a node with role ", pb::Role_Name(role)));
+  }
+  if (info.grpc_address().empty()) {
+    return absl::InvalidArgumentError("NodeInfo.grpc_address is empty");
+  }
+  if (info.incarnation() == 0) {
+    return absl::InvalidArgumentError("NodeInfo.incarnation must be a nonzero random number");
+  }
+  if (info.expert_slots() < 0 || (role == pb::ROLE_EXPERT && info.expert_slots() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NodeInfo.expert_slots is ", info.expert_slots(), "; an expert node needs at least 1"));
+  }
+
+  uint32_t id = info.node_id();
+  if (id == 0) {
+    if (InRecovery(now)) {
+      // Ids handed out now could collide with those of live nodes that have not re-registered
+      // yet (see the file comment).
+      return absl::UnavailableError(absl::StrCat(
+          "coordinator is relearning its members for another ",
+          absl::FormatDuration(recovery_end_ - now), "; retry then"));
+    }
+    id = next_id_;
+  } else {
+    auto it = members_.find(id);
+    if (it != members_.end()) {
+      const Member& old = it->second;
+      if (old.info.role() != role) {
+        return absl::AlreadyExistsError(absl::StrCat("node id ", id, " is registered as ",
+                                                     pb::Role_Name(old.info.role())));
+      }
+      if (old.info.incarnation() != info.incarnation() && old.state == pb::ALIVE) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "node id ", id, " belongs to a live process (pid ", old.info.pid(), " on ",
+            old.info.host(), ", ", old.info.grpc_address(), "); register with node_id 0"));
+      }
+    }
+  }
+  next_id_ = std::max(next_id_, id + 1);
+
+  Member& m = members_[id];
+  const bool same_process = m.info.incarnation() == info.incarnation();
+  m.info = info;
+  m.info.set_node_id(id);
+  m.state = pb::ALIVE;
+  m.last_heartbeat = now;
+  if (!same_process) m.draining = false;  // a drain request was for the previous process
+  ++members_version_;
+  LOG(INFO) << "registered node " << id << " (" << pb::Role_Name(role) << ", "
+            << info.grpc_address() << ", pid " << info.pid() << ")";
+
+  MaybeAdoptPlacement(request.known_placement());
+  Update(now);
+
+  pb::RegisterResponse response;
+  response.set_node_id(id);
+  ClusterPlacementToProto(placement_, response.mutable_placement());
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  response.set_members_version(members_version_);
+  return response;
+}
+
+HeartbeatReply CoordinatorState::Heartbeat(uint32_t node_id, uint64_t incarnation,
+                                           const pb::LoadStats& load, absl::Time now) {
+  HeartbeatReply reply;
+  auto it = members_.find(node_id);
+  if (it == members_.end() || it->second.info.incarnation() != incarnation ||
+      it->second.state == pb::LEFT) {
+    reply.unknown_node = true;
+  } else {
+    Member& m = it->second;
+    m.last_heartbeat = now;
+    m.load = load;
+    if (m.state == pb::DEAD) {
+      LOG(INFO) << "node " << node_id << " is alive again";
+      m.state = pb::ALIVE;
+      ++members_version_;
+      Update(now);
+    }
+    reply.drain = m.draining;
+  }
+  reply.placement_version = placement_.version();
+  reply.members_version = members_version_;
+  reply.cluster_ready = ready();
+  return reply;
+}
+
+absl::Status CoordinatorState::Leave(uint32_t node_id, uint64_t incarnation, absl::Time now) {
+  auto it = members_.find(node_id);
+  if (it == members_.end() || it->second.info.incarnation() != incarnation) {
+    return absl::NotFoundError(absl::StrCat("no node ", node_id, " with that incarnation"));
+  }
+  if (it->second.state != pb::LEFT) {
+    LOG(INFO) << "node " << node_id << " left";
+    it->second.state = pb::LEFT;
+    ++members_version_;
+    Update(now);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::Drain(uint32_t node_id, absl::Time now) {
+  auto it = members_.find(node_id);
+  if (it == members_.end()) return absl::NotFoundError(absl::StrCat("no node ", node_id));
+  if (!it->second.draining) {
+    LOG(INFO) << "draining node " << node_id;
+    it->second.draining = true;
+    ++members_version_;
+    Update(now);
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorState::Tick(absl::Time now) {
+  for (auto& [id, m] : members_) {
+    if (m.state == pb::ALIVE && now - m.last_heartbeat > options_.heartbeat_timeout) {
+      LOG(WARNING) << "node " << id << " (" << pb::Role_Name(m.info.role()) << ", "
+                   << m.info.grpc_address() << ") missed heartbeats for "
+                   << absl::FormatDuration(now - m.last_heartbeat) << ": DEAD";
+      m.state = pb::DEAD;
+      ++members_version_;
+    }
+  }
+  Update(now);
+}
+
+pb::ClusterState CoordinatorState::State() const {
+  pb::ClusterState state;
+  for (const auto& [id, m] : members_) {
+    pb::Member* out = state.add_members();
+    *out->mutable_node() = m.info;
+    out->set_state(m.state);
+    out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(m.last_heartbeat));
+    out->set_draining(m.draining);
+    *out->mutable_load() = m.load;
+  }
+  ClusterPlacementToProto(placement_, state.mutable_placement());
+  state.set_ready(ready());
+  state.set_not_ready_reason(not_ready_reason_);
+  state.set_members_version(members_version_);
+  return state;
+}
+
+std::map<std::pair<pb::Role, pb::MemberState>, int> CoordinatorState::CountMembers() const {
+  std::map<std::pair<pb::Role, pb::MemberState>, int> counts;
+  for (const auto& [id, m] : members_) ++counts[{m.info.role(), m.state}];
+  return counts;
+}
+
+bool CoordinatorState::Alive(uint32_t node_id) const {
+  auto it = members_.find(node_id);
+  return it != members_.end() && it->second.state == pb::ALIVE;
+}
+
+void CoordinatorState::MaybeAdoptPlacement(const pb::ExpertPlacement& proto) {
+  if (proto.version() <= placement_.version()) return;
+  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(proto);
+  if (!placement.ok()) {
+    LOG(WARNING) << "ignoring a node's placement: " << placement.status();
+    return;
+  }
+  if (placement->experts.num_experts != options_.num_experts ||
+      placement->experts.num_layers() != options_.num_moe_layers) {
+    LOG(WARNING) << "ignoring a node's placement version " << proto.version() << ": it places "
+                 << placement->experts.num_experts << " experts in "
+                 << placement->experts.num_layers() << " layers, the model has "
+                 << options_.num_experts << " in " << options_.num_moe_layers;
+    return;
+  }
+  LOG(INFO) << "adopting placement version " << proto.version() << " from a registering node";
+  placement_ = *std::move(placement);
+  placement_error_.clear();
+  // Ids in the placement may belong to nodes that have not re-registered yet.
+  for (uint32_t node : placement_.worker_nodes) next_id_ = std::max(next_id_, node + 1);
+}
+
+void CoordinatorState::Update(absl::Time now) {
+  if (options_.num_experts > 0 && !InRecovery(now)) {
+    if (!placement_.placed()) {
+      PlaceInitially();
+    } else {
+      ReplaceDeadWorkers();
+    }
+  }
+  ComputeReadiness(now);
+}
+
+void CoordinatorState::PlaceInitially() {
+  std::vector<uint32_t> nodes;
+  std::vector<int> slots;
+  for (const auto& [id, m] : members_) {
+    if (m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining &&
+        static_cast<int>(nodes.size()) < options_.expected_expert_nodes) {
+      nodes.push_back(id);
+      slots.push_back(m.info.expert_slots());
+    }
+  }
+  if (static_cast<int>(nodes.size()) < options_.expected_expert_nodes) return;
+  absl::StatusOr<ExpertPlacement> experts =
+      ContiguousPlacement(options_.num_moe_layers, options_.num_experts, slots, /*version=*/1);
+  if (!experts.ok()) {
+    if (placement_error_.empty()) LOG(ERROR) << "initial placement: " << experts.status();
+    placement_error_ = std::string(experts.status().message());
+    return;
+  }
+  placement_.experts = *std::move(experts);
+  placement_.worker_nodes = nodes;
+  placement_error_.clear();
+  LOG(INFO) << "initial placement version 1 on expert nodes " << absl::StrJoin(nodes, ",");
+}
+
+void CoordinatorState::ReplaceDeadWorkers() {
+  const ExpertPlacement& experts = placement_.experts;
+  std::set<uint32_t> used(placement_.worker_nodes.begin(), placement_.worker_nodes.end());
+  bool changed = false;
+  for (int w = 0; w < experts.num_workers; ++w) {
+    const uint32_t node = placement_.worker_nodes[w];
+    if (Alive(node)) continue;
+    int needed_slots = 0;
+    bool sole_host = false;  // some expert of w has no other live replica
+    for (int layer = 0; layer < experts.num_layers(); ++layer) {
+      const std::vector<int> hosted = experts.ExpertsOn(w, layer);
+      needed_slots = std::max(needed_slots, static_cast<int>(hosted.size()));
+      for (int e : hosted) {
+        const std::vector<int>& hosts = experts.WorkersFor(layer, e);
+        sole_host |= std::none_of(hosts.begin(), hosts.end(), [&](int h) {
+          return h != w && Alive(placement_.worker_nodes[h]);
+        });
+      }
+    }
+    if (!sole_host) continue;
+    for (const auto& [id, m] : members_) {
+      if (m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining &&
+          used.count(id) == 0 && m.info.expert_slots() >= needed_slots) {
+        LOG(WARNING) << "expert node " << node << " is gone; spare node " << id
+                     << " takes over worker " << w;
+        placement_.worker_nodes[w] = id;
+        used.insert(id);
+        changed = true;
+        break;
+      }
+    }
+  }
+  if (changed) {
+    placement_.experts.version = NextVersion();
+    LOG(INFO) << "placement version " << placement_.version() << ": workers on nodes "
+              << absl::StrJoin(placement_.worker_nodes, ",");
+  }
+}
+
+int64_t CoordinatorState::NextVersion() {
+  reserved_version_ = std::max(reserved_version_, placement_.version()) + 1;
+  return reserved_version_;
+}
+
+absl::StatusOr<int64_t> CoordinatorState::ReservePlacementVersion(int64_t base_version) {
+  if (!placement_.placed()) {
+    return absl::FailedPreconditionError("the cluster has no expert placement yet");
+  }
+  if (placement_.version() != base_version) {
+    return absl::FailedPreconditionError(absl::StrCat("the placement is at version ",
+                                                      placement_.version(), ", not ",
+                                                      base_version));
+  }
+  return NextVersion();
+}
+
+absl::Status CoordinatorState::CommitPlacement(const ClusterPlacement& placement,
+                                               int64_t base_version, absl::Time now) {
+  if (absl::Status valid = placement.Validate(); !valid.ok()) return valid;
+  if (!placement.placed() || placement.experts.num_experts != options_.num_experts ||
+      placement.experts.num_layers() != options_.num_moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement version ", placement.version(), " places ", placement.experts.num_experts,
+        " experts in ", placement.experts.num_layers(), " MoE layers; the model has ",
+        options_.num_experts, " in ", options_.num_moe_layers));
+  }
+  if (placement.version() <= base_version || placement.version() > reserved_version_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement version ", placement.version(), " was not reserved"));
+  }
+  if (placement_.version() != base_version) {
+    return absl::AbortedError(absl::StrCat("the placement moved from version ", base_version,
+                                           " to ", placement_.version(), " meanwhile"));
+  }
+  if (placement.worker_nodes != placement_.worker_nodes) {
+    return absl::AbortedError("the placement's worker nodes changed meanwhile");
+  }
+  for (uint32_t node : placement.worker_nodes) {
+    if (!Alive(node)) {
+      return absl::AbortedError(absl::StrCat("worker node ", node, " is not alive"));
+    }
+  }
+  placement_ = placement;
+  LOG(INFO) << "placement version " << placement_.version() << " rebalances the experts over "
+            << "nodes " << absl::StrJoin(placement_.worker_nodes, ",");
+  Update(now);
+  return absl::OkStatus();
+}
+
+void CoordinatorState::ComputeReadiness(absl::Time now) {
+  not_ready_reason_.clear();
+  if (InRecovery(now)) {
+    not_ready_reason_ = absl::StrCat("relearning members for another ",
+                                     absl::FormatDuration(recovery_end_ - now));
+    return;
+  }
+  for (pb::Role role : options_.required_roles) {
+    const bool have = std::any_of(members_.begin(), members_.end(), [role](const auto& entry) {
+      const Member& m = entry.second;
+      return m.info.role() == role && m.state == pb::ALIVE && !m.draining;
+    });
+    if (!have) {
+      not_ready_reason_ = absl::StrCat("no live, non-draining ", pb::Role_Name(role), " node");
+      return;
+    }
+  }
+  if (options_.num_experts == 0) return;
+  if (!placement_.placed()) {
+    if (!placement_error_.empty()) {
+      not_ready_reason_ = absl::StrCat("cannot place the experts: ", placement_error_);
+    } else {
+      int alive = 0;
+      for (const auto& [id, m] : members_) {
+        alive += m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining;
+      }
+      not_ready_reason_ = absl::StrCat("waiting for expert nodes: ", alive, " of ",
+                                       options_.expected_expert_nodes, " alive");
+    }
+    return;
+  }
+  const ExpertPlacement& experts = placement_.experts;
+  std::vector<bool> worker_alive(experts.num_workers);
+  for (int w = 0; w < experts.num_workers; ++w) {
+    worker_alive[w] = Alive(placement_.worker_nodes[w]);
+  }
+  for (int layer = 0; layer < experts.num_layers(); ++layer) {
+    for (int e = 0; e < experts.num_experts; ++e) {
+      const std::vector<int>& hosts = experts.WorkersFor(layer, e);
+      if (std::none_of(hosts.begin(), hosts.end(), [&](int w) { return worker_alive[w]; })) {
+        not_ready_reason_ = absl::StrCat(
+            "expert ", e, " of MoE layer ", layer, " has no live host (worker ", hosts[0],
+            " on node ", placement_.worker_nodes[hosts[0]], ") and no spare can take over");
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace k3

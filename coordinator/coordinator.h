@@ -1,0 +1,145 @@
+// CoordinatorState: the coordinator's membership and placement state machine.
+//
+// Members register, heartbeat and leave; a member whose heartbeats stop for `heartbeat_timeout`
+// is DEAD (a later heartbeat revives it). The expert placement is computed once the expected
+// number of expert nodes is alive: contiguous slices of the expert ids over the lowest-id expert
+// nodes, each slice proportional to the node's declared slots (ContiguousPlacement). Expert nodes
+// beyond those are spares: when a placed node is dead or gone and some of its experts have no
+// other live replica, the lowest-id spare with enough slots takes over its worker index (a new
+// placement version; the spare loads the experts when it sees it).
+//
+// The cluster is ready when each required role has an alive, non-draining member and every
+// expert of every MoE layer has a live host.
+//
+// Nothing here is persisted. A restarted coordinator rebuilds itself from the nodes: during the
+// first `recovery_window` it assigns no new ids and computes no placement; live nodes, told
+// "unknown node" by their next heartbeat, register again with their old ids and their current
+// placement, which is adopted when newer than what the coordinator has.
+//
+// Time is an argument of every call, so tests drive it. Thread-safety: none; CoordinatorService
+// confines an instance to one actor.
+#ifndef K3SERVE_COORDINATOR_COORDINATOR_H_
+#define K3SERVE_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "moe/cluster_placement.h"
+#include "proto/cluster.pb.h"
+
+namespace k3 {
+
+struct CoordinatorOptions {
+  int num_moe_layers = 0;  // layers with routed experts; 0 with num_experts 0: a dense model
+  int num_experts = 0;     // routed experts per MoE layer
+  int expected_expert_nodes = 1;  // the initial placement waits for this many expert nodes
+  std::vector<k3serve::cluster::v1::Role> required_roles = {
+      k3serve::cluster::v1::ROLE_ATTENTION, k3serve::cluster::v1::ROLE_ROUTER,
+      k3serve::cluster::v1::ROLE_EXPERT};
+  // A killed node is DEAD within heartbeat_timeout plus one tick (heartbeat_interval / 2).
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);  // told to nodes
+  absl::Duration heartbeat_timeout = absl::Milliseconds(1500);
+  absl::Duration recovery_window = absl::Milliseconds(1500);
+
+  // INVALID_ARGUMENT naming the field for inconsistent values.
+  absl::Status Validate() const;
+};
+
+struct HeartbeatReply {
+  bool unknown_node = false;
+  int64_t placement_version = 0;
+  uint64_t members_version = 0;
+  bool drain = false;
+  bool cluster_ready = false;
+};
+
+class CoordinatorState {
+ public:
+  // REQUIRES: options.Validate().ok(). `start` begins the recovery window.
+  CoordinatorState(const CoordinatorOptions& options, absl::Time start);
+
+  // Admits a node, or re-admits one that registers with its id. Errors: INVALID_ARGUMENT (bad
+  // NodeInfo), UNAVAILABLE (a new node during the recovery window; retry later),
+  // ALREADY_EXISTS (the id belongs to a live process or to another role).
+  absl::StatusOr<k3serve::cluster::v1::RegisterResponse> Register(
+      const k3serve::cluster::v1::RegisterRequest& request, absl::Time now);
+
+  // Records a heartbeat. Never fails: an unknown node, a wrong incarnation or a node that left
+  // gets unknown_node (register again).
+  HeartbeatReply Heartbeat(uint32_t node_id, uint64_t incarnation,
+                           const k3serve::cluster::v1::LoadStats& load, absl::Time now);
+
+  // Marks the node LEFT. NOT_FOUND for an unknown id or another incarnation.
+  absl::Status Leave(uint32_t node_id, uint64_t incarnation, absl::Time now);
+
+  // Asks a node to drain. NOT_FOUND for an unknown id.
+  absl::Status Drain(uint32_t node_id, absl::Time now);
+
+  // Declares members whose heartbeats stopped DEAD and repairs the placement. Call it at least
+  // every heartbeat_interval / 2.
+  void Tick(absl::Time now);
+
+  k3serve::cluster::v1::ClusterState State() const;
+
+  bool ready() const { return not_ready_reason_.empty(); }
+  // Why the cluster is not ready; empty when it is.
+  const std::string& not_ready_reason() const { return not_ready_reason_; }
+  const ClusterPlacement& placement() const { return placement_; }
+  uint64_t members_version() const { return members_version_; }
+  // Members per (role, state), for metrics.
+  std::map<std::pair<k3serve::cluster::v1::Role, k3serve::cluster::v1::MemberState>, int>
+  CountMembers() const;
+
+  // Rebalancing (cluster/coordinator_balancer.h) rolls a placement out in two steps: it reserves
+  // a version, has the expert nodes load that version's experts, then commits it. Any other
+  // placement change meanwhile (a spare taking over a dead worker) gets a later version, so no
+  // node ever sees two different placements under one number.
+  //
+  // The version after every placement and reservation so far. FAILED_PRECONDITION unless the
+  // current placement has version `base_version`.
+  absl::StatusOr<int64_t> ReservePlacementVersion(int64_t base_version);
+  // Publishes `placement`, whose version must have been reserved. ABORTED when the placement is
+  // no longer at `base_version`, its worker nodes changed or one of them is not alive;
+  // INVALID_ARGUMENT when `placement` does not validate or does not fit the model.
+  absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
+                               absl::Time now);
+
+ private:
+  struct Member {
+    k3serve::cluster::v1::NodeInfo info;
+    k3serve::cluster::v1::MemberState state = k3serve::cluster::v1::ALIVE;
+    absl::Time last_heartbeat;
+    bool draining = false;
+    k3serve::cluster::v1::LoadStats load;
+  };
+
+  bool Alive(uint32_t node_id) const;
+  bool InRecovery(absl::Time now) const { return now < recovery_end_; }
+  void MaybeAdoptPlacement(const k3serve::cluster::v1::ExpertPlacement& proto);
+  // Computes the initial placement or hands dead workers' shares to spares, then readiness.
+  void Update(absl::Time now);
+  void PlaceInitially();
+  void ReplaceDeadWorkers();
+  void ComputeReadiness(absl::Time now);
+  // The version for a new placement: above every version used or reserved.
+  int64_t NextVersion();
+
+  const CoordinatorOptions options_;
+  const absl::Time recovery_end_;
+  std::map<uint32_t, Member> members_;  // by node id
+  uint32_t next_id_ = 1;
+  uint64_t members_version_ = 0;
+  ClusterPlacement placement_;
+  int64_t reserved_version_ = 0;  // the highest version handed out by ReservePlacementVersion
+  std::string placement_error_;  // why the initial placement failed, if it did
+  std::string not_ready_reason_ = "starting";
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_COORDINATOR_COORDINATOR_H_

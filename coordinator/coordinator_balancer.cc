@@ -1,0 +1,636 @@
+#include "coordinator/coordinator_balancer.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/expert_placement_planner.h"
+#include "cluster/grpc_status.h"
+#include "glog/logging.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace k3 {
+
+namespace pb = k3serve::cluster::v1;
+
+namespace {
+
+// How often RoutersUse asks the routers, and how often retirement waits for slow ones.
+constexpr absl::Duration kSwitchPoll = absl::Milliseconds(50);
+constexpr int kRetireAttempts = 10;
+
+struct Target {
+  uint32_t node = 0;
+  std::string address;
+};
+
+std::vector<Target> AliveMembers(const pb::ClusterState& state, pb::Role role) {
+  std::vector<Target> targets;
+  for (const pb::Member& m : state.members()) {
+    if (m.node().role() == role && m.state() == pb::ALIVE) {
+      targets.push_back({m.node().node_id(), m.node().grpc_address()});
+    }
+  }
+  return targets;
+}
+
+std::vector<std::string> Addresses(const std::vector<Target>& targets) {
+  std::vector<std::string> addresses;
+  for (const Target& t : targets) addresses.push_back(t.address);
+  return addresses;
+}
+
+double Mean(const std::vector<double>& values) {
+  if (values.empty()) return 0;
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
+}
+
+// Experts per layer each worker may hold: its share of a contiguous placement over the nodes'
+// declared slots (what it held before any rebalancing), plus the spare slots.
+std::vector<int> WorkerSlots(const ExpertPlacement& current, const std::vector<int>& declared,
+                             int spare) {
+  absl::StatusOr<ExpertPlacement> shares = ContiguousPlacement(1, current.num_experts, declared);
+  std::vector<int> slots;
+  for (int w = 0; w < current.num_workers; ++w) {
+    int share = 0;
+    if (shares.ok()) {
+      share = static_cast<int>(shares->ExpertsOn(w, 0).size());
+    } else {
+      for (int l = 0; l < current.num_layers(); ++l) {
+        share = std::max(share, static_cast<int>(current.ExpertsOn(w, l).size()));
+      }
+    }
+    slots.push_back(share + spare);
+  }
+  return slots;
+}
+
+pb::LoadExpertsRequest LoadRequest(const ClusterPlacement& placement, int worker,
+                                   int64_t retire_below) {
+  pb::LoadExpertsRequest request;
+  request.set_placement_version(placement.version());
+  request.set_worker(worker);
+  request.set_retire_below_version(retire_below);
+  for (int l = 0; l < placement.experts.num_layers(); ++l) {
+    pb::LayerExperts* layer = request.add_experts();
+    layer->set_layer(l);
+    for (int e : placement.experts.ExpertsOn(worker, l)) layer->add_expert_ids(e);
+  }
+  return request;
+}
+
+}  // namespace
+
+absl::Status LoadBalancerOptions::Validate() const {
+  const std::pair<const char*, absl::Duration> intervals[] = {
+      {"gather_interval", gather_interval},
+      {"rebalance_interval", rebalance_interval},
+      {"online_bias_interval", online_bias_interval},
+      {"retire_delay", retire_delay}};
+  for (const auto& [name, value] : intervals) {
+    if (value < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must not be negative"));
+    }
+  }
+  const std::pair<const char*, absl::Duration> timeouts[] = {{"rpc_timeout", rpc_timeout},
+                                                             {"load_timeout", load_timeout},
+                                                             {"switch_timeout", switch_timeout}};
+  for (const auto& [name, value] : timeouts) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be positive"));
+    }
+  }
+  if (spare_slots_per_worker < 0) {
+    return absl::InvalidArgumentError("spare_slots_per_worker must not be negative");
+  }
+  if (!(min_improvement >= 0 && min_improvement < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_improvement is ", min_improvement, "; must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+struct LoadBalancer::Metrics {
+  explicit Metrics(MetricsRegistry* r)
+      : expert_max_vio(r->AddGauge("k3_coordinator_expert_load_max_vio",
+                                   "(max - mean) / mean tokens per expert over the coordinator's "
+                                   "load window, by MoE layer",
+                                   {"layer"})),
+        worker_max_vio(r->AddGauge("k3_coordinator_worker_load_max_vio",
+                                   "(max - mean) / mean expected tokens per expert worker under "
+                                   "the current placement, by MoE layer",
+                                   {"layer"})),
+        window_tokens(r->AddGauge("k3_coordinator_window_tokens",
+                                  "Tokens routed in the load window, summed over MoE layers")
+                          .Get()),
+        gathers(r->AddCounter("k3_coordinator_load_gathers_total",
+                              "RouterControl.GetLoadStats calls, by status code", {"code"})),
+        rebalances(r->AddCounter("k3_coordinator_rebalances_total",
+                                 "Rebalancing decisions: rolled_out, unchanged or failed",
+                                 {"outcome"})),
+        bias_pushes(r->AddCounter("k3_coordinator_bias_pushes_total",
+                                  "RouterControl.SetBias calls (online bias), by status code",
+                                  {"code"})) {}
+
+  MetricFamily<Gauge>& expert_max_vio;
+  MetricFamily<Gauge>& worker_max_vio;
+  Gauge* window_tokens;
+  MetricFamily<Counter>& gathers;
+  MetricFamily<Counter>& rebalances;
+  MetricFamily<Counter>& bias_pushes;
+};
+
+LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, int num_experts,
+                           PlacementControl* control, MetricsRegistry* metrics)
+    : options_(options),
+      control_(control),
+      metrics_(std::make_unique<Metrics>(metrics)),
+      window_(num_layers, num_experts, absl::Now()),
+      actor_("balancer") {
+  const absl::Status valid = options_.Validate();
+  CHECK(valid.ok()) << valid;
+  ScheduleGather();
+  ScheduleRebalance();
+  ScheduleBias();
+}
+
+LoadBalancer::~LoadBalancer() { Stop(); }
+
+void LoadBalancer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  }
+  actor_.Stop();
+}
+
+void LoadBalancer::ScheduleGather() {
+  if (options_.gather_interval == absl::ZeroDuration()) return;
+  actor_.PostAfter(options_.gather_interval, [this] {
+    if (stopping_) return;
+    if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "gathering expert load: " << gathered;
+    }
+    ScheduleGather();
+  });
+}
+
+void LoadBalancer::ScheduleRebalance() {
+  if (options_.rebalance_interval == absl::ZeroDuration()) return;
+  actor_.PostAfter(options_.rebalance_interval, [this] {
+    if (stopping_) return;
+    absl::StatusOr<pb::RebalanceResponse> outcome = DoRebalance(/*force=*/false);
+    if (!outcome.ok()) {
+      LOG(WARNING) << "rebalancing: " << outcome.status();
+    } else if (!outcome->rolled_out()) {
+      VLOG(1) << "rebalancing: nothing rolled out: " << outcome->reason();
+    }
+    ScheduleRebalance();
+  });
+}
+
+void LoadBalancer::ScheduleBias() {
+  if (options_.online_bias_interval == absl::ZeroDuration()) return;
+  actor_.PostAfter(options_.online_bias_interval, [this] {
+    if (stopping_) return;
+    PushBias();
+    ScheduleBias();
+  });
+}
+
+std::shared_ptr<grpc::Channel> LoadBalancer::ChannelTo(const std::string& address) {
+  auto it = channels_.find(address);
+  if (it != channels_.end()) return it->second;
+  grpc::ChannelArguments args;
+  // A layer's QB histograms are num_experts x bins x 8 bytes: far beyond gRPC's 4 MB default.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  channels_.emplace(address, channel);
+  return channel;
+}
+
+// Starts one call per address with start(channel, index, context, response, done), which returns
+// whatever must live until the call ends (its stub), and waits until every call ended: answered,
+// failed, past `timeout`, or cancelled by Stop.
+template <typename Response, typename Start>
+std::vector<absl::StatusOr<Response>> LoadBalancer::CallAll(
+    const std::vector<std::string>& addresses, absl::Duration timeout, Start start) {
+  struct Call {
+    grpc::ClientContext context;
+    Response response;
+    absl::Status status;
+    std::shared_ptr<void> keep;
+  };
+  // Shared with the callbacks, which may still be returning when the last one woke us.
+  struct Shared {
+    absl::Mutex mu;
+    size_t remaining ABSL_GUARDED_BY(mu) = 0;
+    std::vector<std::unique_ptr<Call>> calls;
+  };
+  auto shared = std::make_shared<Shared>();
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    shared->calls.push_back(std::make_unique<Call>());
+    shared->calls.back()->context.set_deadline(absl::ToChronoTime(deadline));
+  }
+  std::vector<absl::StatusOr<Response>> results;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      results.assign(addresses.size(), absl::UnavailableError("the coordinator is stopping"));
+      return results;
+    }
+    for (auto& call : shared->calls) in_flight_.insert(&call->context);
+  }
+  {
+    absl::MutexLock lock(&shared->mu);
+    shared->remaining = addresses.size();
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    Call* call = shared->calls[i].get();
+    call->keep = start(ChannelTo(addresses[i]), i, &call->context, &call->response,
+                       [shared, call](grpc::Status status) {
+                         call->status = FromGrpcStatus(status);
+                         absl::MutexLock lock(&shared->mu);
+                         --shared->remaining;
+                       });
+  }
+  {
+    absl::MutexLock lock(&shared->mu);
+    auto done = [&shared]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared->mu) { return shared->remaining == 0; };
+    shared->mu.Await(absl::Condition(&done));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& call : shared->calls) in_flight_.erase(&call->context);
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    Call& call = *shared->calls[i];
+    if (call.status.ok()) {
+      results.push_back(std::move(call.response));
+    } else {
+      results.push_back(absl::Status(call.status.code(),
+                                     absl::StrCat(addresses[i], ": ", call.status.message())));
+    }
+  }
+  return results;
+}
+
+absl::Status LoadBalancer::Gather(pb::ClusterState* state_out) {
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
+  if (!state.ok()) return state.status();
+  const std::vector<Target> routers = AliveMembers(*state, pb::ROLE_ROUTER);
+  pb::GetLoadStatsRequest request;
+  request.set_reset(true);
+  std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = CallAll<pb::LoadStatsResponse>(
+      Addresses(routers), options_.rpc_timeout,
+      [&request](const std::shared_ptr<grpc::Channel>& channel, size_t,
+                 grpc::ClientContext* context, pb::LoadStatsResponse* response,
+                 std::function<void(grpc::Status)> done) {
+        std::shared_ptr<pb::RouterControl::Stub> stub = pb::RouterControl::NewStub(channel);
+        stub->async()->GetLoadStats(context, &request, response, std::move(done));
+        return std::shared_ptr<void>(stub);
+      });
+  int answered = 0;
+  int failed = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    absl::Status status = answers[i].status();
+    if (status.ok()) status = window_.Add(*answers[i]);
+    metrics_->gathers.WithLabels({absl::StatusCodeToString(answers[i].status().code())})
+        ->Increment();
+    if (status.ok()) {
+      ++answered;
+    } else {
+      ++failed;
+      LOG_EVERY_N(WARNING, 10) << "load statistics of router node " << routers[i].node << ": "
+                               << status;
+    }
+  }
+  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state->placement());
+  PublishReport(placement.ok() ? *placement : ClusterPlacement(), answered, failed);
+  if (state_out != nullptr) *state_out = *std::move(state);
+  return absl::OkStatus();
+}
+
+void LoadBalancer::PublishReport(const ClusterPlacement& placement, int answered, int failed) {
+  pb::LoadReport report = window_.Report(placement);
+  report.set_gathered_unix_ms(absl::ToUnixMillis(absl::Now()));
+  report.set_routers(answered);
+  report.set_routers_failed(failed);
+  report.set_rebalances(rebalances_);
+  uint64_t tokens = 0;
+  for (const pb::LayerLoadReport& layer : report.layers()) {
+    const std::string label = absl::StrCat(layer.layer());
+    metrics_->expert_max_vio.WithLabels({label})->Set(layer.expert_max_vio());
+    metrics_->worker_max_vio.WithLabels({label})->Set(layer.worker_max_vio());
+    tokens += layer.tokens();
+  }
+  metrics_->window_tokens->Set(static_cast<double>(tokens));
+  absl::MutexLock lock(&mu_);
+  report_ = std::move(report);
+}
+
+void LoadBalancer::GetLoadReport(bool refresh,
+                                 std::function<void(absl::StatusOr<pb::LoadReport>)> done) {
+  if (!refresh) {
+    std::optional<pb::LoadReport> report;
+    {
+      absl::MutexLock lock(&mu_);
+      if (report_.gathered_unix_ms() != 0) report = report_;  // else nothing gathered yet
+    }
+    if (report.has_value()) {
+      done(*std::move(report));
+      return;
+    }
+  }
+  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
+  const bool posted = actor_.Post([this, shared_done] {
+    if (stopping_) {
+      (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
+      return;
+    }
+    if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
+      (*shared_done)(gathered);
+      return;
+    }
+    pb::LoadReport report;
+    {
+      absl::MutexLock lock(&mu_);
+      report = report_;
+    }
+    (*shared_done)(std::move(report));
+  });
+  if (!posted) (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
+}
+
+void LoadBalancer::Rebalance(bool force,
+                             std::function<void(absl::StatusOr<pb::RebalanceResponse>)> done) {
+  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
+  const bool posted = actor_.Post([this, force, shared_done] {
+    if (stopping_) {
+      (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
+      return;
+    }
+    (*shared_done)(DoRebalance(force));
+  });
+  if (!posted) (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
+}
+
+absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
+  pb::ClusterState state;
+  if (absl::Status gathered = Gather(&state); !gathered.ok()) return gathered;
+  absl::StatusOr<ClusterPlacement> current = ClusterPlacementFromProto(state.placement());
+  if (!current.ok()) return current.status();
+  if (!current->placed()) {
+    return absl::FailedPreconditionError("the cluster has no expert placement yet");
+  }
+  const ExpertPlacement& experts = current->experts;
+  if (experts.num_layers() != window_.num_layers()) {
+    return absl::FailedPreconditionError(absl::StrCat("the placement has ", experts.num_layers(),
+                                                      " MoE layers; the model ",
+                                                      window_.num_layers()));
+  }
+  std::map<uint32_t, const pb::Member*> members;
+  for (const pb::Member& m : state.members()) members[m.node().node_id()] = &m;
+  std::vector<std::string> workers;
+  std::vector<int> declared;
+  for (uint32_t node : current->worker_nodes) {
+    auto it = members.find(node);
+    if (it == members.end() || it->second->state() != pb::ALIVE) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker node ", node, " of placement version ", current->version(), " is not alive"));
+    }
+    workers.push_back(it->second->node().grpc_address());
+    declared.push_back(it->second->node().expert_slots());
+  }
+
+  pb::RebalanceResponse response;
+  response.set_placement_version(current->version());
+  response.set_window_tokens(window_.total_tokens());
+  auto unchanged = [&](std::string reason) {
+    metrics_->rebalances.WithLabels({"unchanged"})->Increment();
+    response.set_reason(std::move(reason));
+    return response;
+  };
+  if (window_.total_tokens() == 0) return unchanged("no tokens were routed in the load window");
+
+  const std::vector<std::vector<double>> loads = window_.ExpertLoads();
+  absl::StatusOr<PlacementPlan> plan = PlanExpertPlacement(
+      loads, WorkerSlots(experts, declared, options_.spare_slots_per_worker), 0);
+  if (!plan.ok()) return plan.status();
+  std::vector<double> before;
+  for (int l = 0; l < experts.num_layers(); ++l) {
+    before.push_back(WorkerMaxVio(ExpectedWorkerLoad(experts, l, loads[l])));
+  }
+  response.set_worker_max_vio_before(Mean(before));
+  response.set_worker_max_vio_after(Mean(plan->max_vio));
+  const double gain = response.worker_max_vio_before() - response.worker_max_vio_after();
+  if (plan->placement.hosts == experts.hosts) {
+    return unchanged("the plan equals the current placement");
+  }
+  if (!force && (gain <= 0 || gain < options_.min_improvement * response.worker_max_vio_before())) {
+    return unchanged(
+        absl::StrFormat("the plan would move the mean worker MaxVio only from %.4f to %.4f",
+                        response.worker_max_vio_before(), response.worker_max_vio_after()));
+  }
+
+  const absl::Time reserve_deadline = absl::Now() + options_.rpc_timeout;
+  absl::StatusOr<int64_t> version =
+      control_->ReservePlacementVersion(current->version(), reserve_deadline);
+  if (!version.ok()) {
+    metrics_->rebalances.WithLabels({"failed"})->Increment();
+    return version.status();
+  }
+  ClusterPlacement next;
+  next.experts = plan->placement;
+  next.experts.version = *version;
+  next.worker_nodes = current->worker_nodes;
+  LOG(INFO) << "rebalancing: placement version " << *version << " lowers the mean worker MaxVio "
+            << "from " << response.worker_max_vio_before() << " to "
+            << response.worker_max_vio_after() << " (" << window_.total_tokens()
+            << " tokens in the window); loading its experts";
+
+  // 1. Every worker loads its experts of the new version (and keeps the old ones).
+  std::vector<pb::LoadExpertsRequest> requests;
+  for (int w = 0; w < next.experts.num_workers; ++w) requests.push_back(LoadRequest(next, w, 0));
+  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded = CallAll<pb::LoadExpertsResponse>(
+      workers, options_.load_timeout,
+      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
+                  grpc::ClientContext* context, pb::LoadExpertsResponse* out,
+                  std::function<void(grpc::Status)> done) {
+        std::shared_ptr<pb::ExpertWorker::Stub> stub = pb::ExpertWorker::NewStub(channel);
+        stub->async()->LoadExperts(context, &requests[i], out, std::move(done));
+        return std::shared_ptr<void>(stub);
+      });
+  std::vector<std::string> failures;
+  for (size_t w = 0; w < loaded.size(); ++w) {
+    if (!loaded[w].ok()) {
+      failures.push_back(absl::StrCat("expert node ", next.worker_nodes[w], " (worker ", w,
+                                      "): ", loaded[w].status().message()));
+    }
+  }
+  if (!failures.empty()) {
+    metrics_->rebalances.WithLabels({"failed"})->Increment();
+    return absl::UnavailableError(absl::StrCat("rollout of placement version ", *version,
+                                               " abandoned: ", absl::StrJoin(failures, "; ")));
+  }
+
+  // 2. Publish: routers switch between steps.
+  if (absl::Status committed =
+          control_->CommitPlacement(next, current->version(), absl::Now() + options_.rpc_timeout);
+      !committed.ok()) {
+    metrics_->rebalances.WithLabels({"failed"})->Increment();
+    return committed;
+  }
+  ++rebalances_;
+  metrics_->rebalances.WithLabels({"rolled_out"})->Increment();
+  window_.Reset(absl::Now());
+  PublishReport(next, 0, 0);
+  response.set_rolled_out(true);
+  response.set_placement_version(*version);
+
+  // 3. Wait for the routers, then let the workers drop what only old versions needed.
+  if (!RoutersUse(*version, absl::Now() + options_.switch_timeout)) {
+    LOG(WARNING) << "not every router uses placement version " << *version << " after "
+                 << absl::FormatDuration(options_.switch_timeout)
+                 << "; the workers keep the old experts until they do";
+  } else {
+    LOG(INFO) << "every router uses placement version " << *version;
+  }
+  actor_.PostAfter(options_.retire_delay, [this] { Retire(kRetireAttempts); });
+  return response;
+}
+
+bool LoadBalancer::RoutersUse(int64_t version, absl::Time deadline) {
+  pb::GetLoadStatsRequest request;
+  request.set_version_only(true);
+  for (;;) {
+    absl::StatusOr<pb::ClusterState> state =
+        control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
+    if (state.ok()) {
+      std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = CallAll<pb::LoadStatsResponse>(
+          Addresses(AliveMembers(*state, pb::ROLE_ROUTER)), options_.rpc_timeout,
+          [&request](const std::shared_ptr<grpc::Channel>& channel, size_t,
+                     grpc::ClientContext* context, pb::LoadStatsResponse* response,
+                     std::function<void(grpc::Status)> done) {
+            std::shared_ptr<pb::RouterControl::Stub> stub = pb::RouterControl::NewStub(channel);
+            stub->async()->GetLoadStats(context, &request, response, std::move(done));
+            return std::shared_ptr<void>(stub);
+          });
+      if (std::all_of(answers.begin(), answers.end(), [version](const auto& answer) {
+            return answer.ok() && answer->placement_version() >= version;
+          })) {
+        return true;
+      }
+    }
+    if (stopping_ || absl::Now() + kSwitchPoll > deadline) return false;
+    absl::SleepFor(kSwitchPoll);
+  }
+}
+
+void LoadBalancer::Retire(int attempts_left) {
+  if (stopping_) return;
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
+  absl::StatusOr<ClusterPlacement> placement =
+      state.ok() ? ClusterPlacementFromProto(state->placement()) : state.status();
+  if (!placement.ok() || !placement->placed()) return;
+  if (!RoutersUse(placement->version(), absl::Now())) {
+    if (attempts_left > 1) {
+      actor_.PostAfter(options_.retire_delay, [this, attempts_left] { Retire(attempts_left - 1); });
+    } else {
+      LOG(WARNING) << "routers still use placements older than version " << placement->version()
+                   << "; the expert nodes keep the old experts";
+    }
+    return;
+  }
+  std::map<uint32_t, std::string> addresses;
+  for (const Target& t : AliveMembers(*state, pb::ROLE_EXPERT)) addresses[t.node] = t.address;
+  std::vector<std::string> workers;
+  std::vector<pb::LoadExpertsRequest> requests;
+  for (int w = 0; w < placement->experts.num_workers; ++w) {
+    auto it = addresses.find(placement->worker_nodes[w]);
+    if (it == addresses.end()) continue;
+    workers.push_back(it->second);
+    requests.push_back(LoadRequest(*placement, w, placement->version()));
+  }
+  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> retired = CallAll<pb::LoadExpertsResponse>(
+      workers, options_.load_timeout,
+      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
+                  grpc::ClientContext* context, pb::LoadExpertsResponse* out,
+                  std::function<void(grpc::Status)> done) {
+        std::shared_ptr<pb::ExpertWorker::Stub> stub = pb::ExpertWorker::NewStub(channel);
+        stub->async()->LoadExperts(context, &requests[i], out, std::move(done));
+        return std::shared_ptr<void>(stub);
+      });
+  for (size_t i = 0; i < retired.size(); ++i) {
+    if (!retired[i].ok()) {
+      LOG(WARNING) << "retiring placements before version " << placement->version() << ": "
+                   << retired[i].status();
+    }
+  }
+}
+
+void LoadBalancer::PushBias() {
+  if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
+    LOG_EVERY_N(WARNING, 10) << "online bias: gathering expert load: " << gathered;
+    return;
+  }
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
+  if (!state.ok()) return;
+  const std::vector<Target> routers = AliveMembers(*state, pb::ROLE_ROUTER);
+  std::vector<pb::SetBiasRequest> requests;
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const pb::LayerLoadReport& layer : report_.layers()) {
+      if (layer.qb_bias().empty()) continue;
+      for (const Target& router : routers) {
+        pb::SetBiasRequest request;
+        request.set_layer(layer.layer());
+        *request.mutable_values() = layer.qb_bias();
+        requests.push_back(std::move(request));
+        addresses.push_back(router.address);
+      }
+    }
+  }
+  if (requests.empty()) return;
+  std::vector<absl::StatusOr<pb::SetBiasResponse>> answers = CallAll<pb::SetBiasResponse>(
+      addresses, options_.rpc_timeout,
+      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
+                  grpc::ClientContext* context, pb::SetBiasResponse* out,
+                  std::function<void(grpc::Status)> done) {
+        std::shared_ptr<pb::RouterControl::Stub> stub = pb::RouterControl::NewStub(channel);
+        stub->async()->SetBias(context, &requests[i], out, std::move(done));
+        return std::shared_ptr<void>(stub);
+      });
+  for (const auto& answer : answers) {
+    metrics_->bias_pushes.WithLabels({absl::StatusCodeToString(answer.status().code())})
+        ->Increment();
+    if (!answer.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "online bias: SetBias: " << answer.status();
+    }
+  }
+  // The routers restart their windows under the new bias; histograms of two biases never merge.
+  window_.Reset(absl::Now());
+}
+
+}  // namespace k3

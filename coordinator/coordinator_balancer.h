@@ -1,0 +1,163 @@
+// LoadBalancer: the coordinator's expert-load loop. It gathers the routers' load windows, merges
+// them (cluster/coordinator_load.h), and optionally acts on them:
+//
+//  - Gathering: every `gather_interval` (and before every decision) it calls
+//    RouterControl.GetLoadStats(reset) on every ALIVE router, all at once, each with a deadline.
+//    The merged window yields the LoadReport (GetLoadReport RPC) and these metrics:
+//      k3_coordinator_expert_load_max_vio{layer}  (max - mean) / mean tokens per expert
+//      k3_coordinator_worker_load_max_vio{layer}  the same over workers, current placement
+//      k3_coordinator_window_tokens               tokens in the window, summed over layers
+//      k3_coordinator_load_gathers_total{code}    GetLoadStats calls by status
+//      k3_coordinator_rebalances_total{outcome}   rolled_out, unchanged, failed
+//      k3_coordinator_bias_pushes_total{code}     SetBias calls by status
+//    Per-expert numbers stay out of the metrics (layers x experts series); GetLoadReport has them.
+//
+//  - Rebalancing (every `rebalance_interval`, or on a Rebalance RPC): plans a placement from the
+//    window's per-expert loads (cluster/expert_placement_planner.h) with each worker's share of
+//    the experts plus `spare_slots_per_worker` slots, and rolls it out when it lowers the mean
+//    worker MaxVio by `min_improvement` of its value (always, if forced and different):
+//      1. reserve the next placement version;
+//      2. LoadExperts(version, worker, experts) on every worker node, all at once; the nodes keep
+//         the experts older versions use. Any failure abandons the rollout (nothing published);
+//      3. commit the version: routers learn it from the cluster state and switch between steps;
+//         steps already planned finish on the old experts (requests carry their version);
+//      4. once every live router reports the new version, after `retire_delay`, LoadExperts with
+//         retire_below_version lets the nodes drop experts only older versions needed.
+//    The window restarts after every rollout. Placement moves no math: tokens do not change
+//    (up to fp32 summation order across workers).
+//
+//  - Online bias (every `online_bias_interval`; off by default). CHANGES THE MODEL'S OUTPUTS:
+//    pushes each layer's centred QB estimate (spec §8) as the routers' new
+//    e_score_correction_bias (RouterControl.SetBias), then restarts the window.
+//
+// Everything runs on one thread of the balancer's own; the RPC-facing methods hand work to it.
+// Thread-safety: all public methods may be called from any thread.
+#ifndef K3SERVE_COORDINATOR_COORDINATOR_BALANCER_H_
+#define K3SERVE_COORDINATOR_COORDINATOR_BALANCER_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cluster/actor.h"
+#include "moe/cluster_placement.h"
+#include "coordinator/coordinator_load.h"
+#include "cluster/metrics.h"
+#include "proto/cluster.pb.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace k3 {
+
+struct LoadBalancerOptions {
+  absl::Duration gather_interval = absl::Seconds(5);         // zero: gather only when needed
+  absl::Duration rebalance_interval = absl::ZeroDuration();  // zero: no periodic rebalancing
+  int spare_slots_per_worker = 0;  // experts per layer a worker may hold beyond its share
+  double min_improvement = 0.1;    // relative drop of the mean worker MaxVio that is worth it
+  absl::Duration online_bias_interval = absl::ZeroDuration();  // zero: off (the default)
+  absl::Duration rpc_timeout = absl::Seconds(2);               // GetLoadStats, SetBias, retirement
+  absl::Duration load_timeout = absl::Seconds(60);             // LoadExperts of a rollout
+  absl::Duration switch_timeout = absl::Seconds(10);           // routers taking up a new placement
+  absl::Duration retire_delay = absl::Seconds(5);              // then, before old experts may go
+
+  // INVALID_ARGUMENT naming the field for negative durations or counts, non-positive timeouts,
+  // or min_improvement outside [0, 1).
+  absl::Status Validate() const;
+};
+
+// What the balancer needs from the coordinator's state (CoordinatorService provides it).
+class PlacementControl {
+ public:
+  virtual ~PlacementControl() = default;
+  virtual absl::StatusOr<k3serve::cluster::v1::ClusterState> ClusterStateSnapshot(
+      absl::Time deadline) = 0;
+  // CoordinatorState::ReservePlacementVersion / CommitPlacement, with a deadline.
+  virtual absl::StatusOr<int64_t> ReservePlacementVersion(int64_t base_version,
+                                                          absl::Time deadline) = 0;
+  virtual absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
+                                       absl::Time deadline) = 0;
+};
+
+class LoadBalancer {
+ public:
+  // REQUIRES: options.Validate().ok(), num_layers >= 1, num_experts >= 1. `control` and
+  // `metrics` must outlive the balancer.
+  LoadBalancer(const LoadBalancerOptions& options, int num_layers, int num_experts,
+               PlacementControl* control, MetricsRegistry* metrics);
+  // Stop().
+  ~LoadBalancer();
+  LoadBalancer(const LoadBalancer&) = delete;
+  LoadBalancer& operator=(const LoadBalancer&) = delete;
+
+  // The report of the last gathering round, or (refresh) of a new one. `done` runs once, on the
+  // balancer's thread or (no refresh, or stopped) the caller's; UNAVAILABLE after Stop.
+  void GetLoadReport(bool refresh,
+                     std::function<void(absl::StatusOr<k3serve::cluster::v1::LoadReport>)> done);
+
+  // Gathers, plans and, if worth it (or `force`d and different), rolls a placement out; `done`
+  // gets the outcome once the routers switched (or the rollout gave up). Errors as documented for
+  // the Rebalance RPC in proto/cluster.proto.
+  void Rebalance(bool force,
+                 std::function<void(absl::StatusOr<k3serve::cluster::v1::RebalanceResponse>)> done);
+
+  // Cancels the RPCs in flight, answers queued requests with UNAVAILABLE and joins the thread.
+  // Idempotent.
+  void Stop();
+
+ private:
+  struct Metrics;
+  struct Round;  // the answers of one call to every target
+
+  // All on the balancer's thread.
+  void ScheduleGather();
+  void ScheduleRebalance();
+  void ScheduleBias();
+  // GetLoadStats on every alive router into the window; refreshes the report and the metrics.
+  // The cluster state it used goes to *state when not null.
+  absl::Status Gather(k3serve::cluster::v1::ClusterState* state);
+  void PublishReport(const ClusterPlacement& placement, int answered, int failed);
+  absl::StatusOr<k3serve::cluster::v1::RebalanceResponse> DoRebalance(bool force);
+  // Polls the routers until each reports `version` (or later); false at the deadline.
+  bool RoutersUse(int64_t version, absl::Time deadline);
+  // Once every router uses the current placement, tells its workers to drop the experts only
+  // older versions needed; otherwise tries again after retire_delay, up to attempts_left times.
+  void Retire(int attempts_left);
+  void PushBias();
+
+  // Calls fn(stub index) for every address at once and waits for them all; see the .cc.
+  template <typename Response, typename Start>
+  std::vector<absl::StatusOr<Response>> CallAll(const std::vector<std::string>& addresses,
+                                                absl::Duration timeout, Start start);
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+
+  const LoadBalancerOptions options_;
+  PlacementControl* const control_;
+  std::unique_ptr<Metrics> metrics_;
+  std::atomic<bool> stopping_{false};
+
+  // Balancer thread only.
+  LoadWindow window_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  int64_t rebalances_ = 0;
+
+  mutable absl::Mutex mu_;
+  k3serve::cluster::v1::LoadReport report_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Stop
+
+  Actor actor_;  // last: stops (in Stop) before the rest goes away
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_COORDINATOR_COORDINATOR_BALANCER_H_

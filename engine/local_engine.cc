@@ -1,0 +1,68 @@
+#include "engine/local_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
+
+namespace k3 {
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(
+    const std::string& model_dir, const std::function<void(size_t, size_t)>& progress) {
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(model_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
+      LoadWeights(std::shared_ptr<const Checkpoint>(std::move(*checkpoint)),
+                  WeightSelection::All(), progress);
+  if (!weights.ok()) return weights.status();
+  std::unique_ptr<LocalEngine> engine(new LocalEngine);
+  engine->weights_ = std::move(*weights);
+  engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get());
+  engine->runner_ = std::make_unique<ModelRunner>(engine->weights_.get(), engine->moe_.get());
+  return engine;
+}
+
+absl::StatusOr<std::vector<float>> LocalEngine::Logits(const std::vector<int32_t>& tokens,
+                                                       bool decode) {
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens");
+  std::unique_ptr<SequenceState> state = runner_->NewSequence();
+  if (!decode) {
+    std::vector<float> logits;
+    BatchEntry entry{state.get(), absl::MakeConstSpan(tokens), /*all_logits=*/true};
+    if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    return logits;
+  }
+  const int64_t vocab = config().vocab_size;
+  std::vector<float> all(tokens.size() * vocab), step;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    BatchEntry entry{state.get(), absl::MakeConstSpan(&tokens[t], 1), true};
+    if (absl::Status s = runner_->Step({entry}, &step); !s.ok()) return s;
+    std::copy(step.begin(), step.end(), all.begin() + t * vocab);
+  }
+  return all;
+}
+
+absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int32_t>& prompt,
+                                                           const GenerateOptions& options) {
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  if (absl::Status s = ValidateSamplingOptions(options.sampling); !s.ok()) return s;
+  std::unique_ptr<SequenceState> state = runner_->NewSequence();
+  Sampler sampler(options.sampling);
+  std::vector<int32_t> generated;
+  std::vector<float> logits;
+  std::vector<int32_t> feed = prompt;
+  while (static_cast<int>(generated.size()) < options.max_new_tokens) {
+    BatchEntry entry{state.get(), absl::MakeConstSpan(feed), false};
+    if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    const int32_t next = sampler.Next(logits.data(), config().vocab_size);
+    generated.push_back(next);
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
+        options.stop_token_ids.end()) {
+      break;
+    }
+    feed.assign(1, next);
+  }
+  return generated;
+}
+
+}  // namespace k3

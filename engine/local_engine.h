@@ -1,0 +1,52 @@
+// LocalEngine: the whole model in one process: weights, the in-process routed experts and a
+// ModelRunner. Backs the CLI's `logits` and local `generate`, and the single-process side of the
+// cross-tier tests. Not thread-safe.
+#ifndef K3SERVE_ENGINE_LOCAL_ENGINE_H_
+#define K3SERVE_ENGINE_LOCAL_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attention_nodes/model_runner.h"
+#include "attention_nodes/sampler.h"
+#include "model/weights.h"
+#include "engine/local_routed_moe.h"
+
+namespace k3 {
+
+struct GenerateOptions {
+  SamplingOptions sampling;
+  int max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+};
+
+class LocalEngine {
+ public:
+  // `progress` (optional) sees (done, total) tensor counts while the checkpoint loads.
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Open(
+      const std::string& model_dir, const std::function<void(size_t, size_t)>& progress = nullptr);
+
+  const ModelConfig& config() const { return weights_->config; }
+  ModelRunner& runner() { return *runner_; }
+
+  // Logits of every position, [tokens, vocab]: one prefill, or (decode) one token per step through
+  // the caches.
+  absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
+
+  // New tokens after `prompt`; stops at max_new_tokens or after emitting a stop token.
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
+                                                const GenerateOptions& options);
+
+ private:
+  LocalEngine() = default;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<LocalRoutedMoe> moe_;
+  std::unique_ptr<ModelRunner> runner_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ENGINE_LOCAL_ENGINE_H_

@@ -1,0 +1,38 @@
+// LocalRoutedMoe: RoutedMoe computed in this process (router math and every routed expert), for the
+// single-process engine and the reference tests. Runs synchronously in Begin.
+#ifndef K3SERVE_ENGINE_LOCAL_ROUTED_MOE_H_
+#define K3SERVE_ENGINE_LOCAL_ROUTED_MOE_H_
+
+#include <vector>
+
+#include "expert_nodes/expert_compute.h"
+#include "model/weights.h"
+#include "moe/routed_moe.h"
+#include "router/router_step.h"
+
+namespace k3 {
+
+class LocalRoutedMoe : public RoutedMoe {
+ public:
+  // `weights` must hold the router and all expert tensors, and outlive this object.
+  explicit LocalRoutedMoe(const ModelWeights* weights);
+
+  absl::Status Begin(int layer, const float* x, int64_t tokens) override;
+  absl::Status Wait(float* out) override;
+
+  // The routing of the last step (for tests and statistics).
+  const Routing& last_routing() const { return step_.routing; }
+
+ private:
+  const ModelWeights* weights_;
+  GluParams glu_;
+  int layer_ = -1;
+  absl::Status status_;
+  RouterStep step_;
+  std::vector<float> partial_;
+  ExpertScratch scratch_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ENGINE_LOCAL_ROUTED_MOE_H_

@@ -1,0 +1,163 @@
+// LocalCluster: a real k3serve cluster of separate processes on this host, started from one
+// k3serve binary's subcommands: the coordinator first, then the expert, router and attention
+// nodes. Backs `k3serve local` (cluster/local_cluster_main.h), the multi-process tests and the
+// cluster benchmark.
+//
+// Each node runs as `BINARY <role> --coordinator HOST:PORT --model DIR --host H --port P ...`
+// with stdout and stderr in LOG_DIR/<node>.log. A child dies with the thread that started it
+// (PR_SET_PDEATHSIG, SIGKILL), so even a crashed or SIGKILLed launcher leaves no orphans; start and
+// restart nodes from one long-lived thread. Children run in their own process group (a terminal's
+// Ctrl-C reaches only the launcher, which then stops the tiers in order) with the signal mask
+// cleared.
+//
+// Ports: with base_port P the coordinator listens on P, attention node i on P+1+i, then routers,
+// then experts (metrics ports, if asked for, follow the last gRPC port in the same order); with
+// base_port 0 the launcher picks free ports.
+//
+// A node can run in another network namespace (NodeSite::netns, a name under /run/netns as
+// `ip netns add` creates), which is how tests put tiers on separate "hosts" joined by veth pairs.
+//
+// Thread-safety: not thread-safe; one thread owns a LocalCluster.
+#ifndef K3SERVE_LAUNCHER_LOCAL_CLUSTER_H_
+#define K3SERVE_LAUNCHER_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+
+namespace k3 {
+
+enum class NodeRole { kCoordinator, kAttention, kRouter, kExpert };
+
+// "coordinator", "attention", "router", "expert": the subcommand of the role.
+const char* NodeRoleName(NodeRole role);
+
+// Where the nodes of one role run.
+struct NodeSite {
+  // Address the nodes listen on and advertise; the launcher reaches the coordinator and the
+  // attention nodes here.
+  std::string host = "127.0.0.1";
+  // Network namespace (ip netns) to run in; empty: the launcher's.
+  std::string netns;
+  // Added to (or replacing in) the launcher's environment, e.g. UCX_TLS, UCX_NET_DEVICES.
+  std::map<std::string, std::string> env;
+};
+
+struct LocalClusterOptions {
+  std::string binary = "/proc/self/exe";  // the k3serve executable
+  std::string model;                      // checkpoint folder with config.json
+  int attention = 1;
+  int routers = 1;
+  int experts = 1;
+  // Expert slots (experts per MoE layer) of each expert node, `experts` of them, summing to at
+  // least the model's num_experts; the coordinator gives each node a contiguous slice of the
+  // experts proportional to its slots. Empty: ceil(num_experts / experts) each.
+  std::vector<int> expert_slots;
+  int base_port = 0;                   // see the file comment; 0 picks free ports
+  bool metrics = false;                // give every node an HTTP /metrics port
+  std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
+  std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
+  // Extra flags for every node of a role, appended after the launcher's own.
+  std::map<NodeRole, std::vector<std::string>> extra_args;
+  absl::Duration startup_timeout = absl::Seconds(60);
+  // Per tier at Stop: SIGTERM, then SIGKILL for nodes still running after this long.
+  absl::Duration stop_grace = absl::Seconds(5);
+  // Startup progress lines (which nodes are up, what the coordinator still waits for). Null:
+  // silent.
+  std::function<void(const std::string&)> progress;
+  // Polled while waiting for the cluster; true gives up (Start and WaitReady answer CANCELLED),
+  // e.g. when the user pressed Ctrl-C. Null: never.
+  std::function<bool()> cancelled;
+};
+
+class LocalCluster {
+ public:
+  struct Node {
+    std::string name;  // "coordinator", "attention-0", "router-1", "expert-2", ...
+    NodeRole role;
+    int index = 0;  // within its role
+    std::vector<std::string> argv;
+    std::string grpc_address;     // host:port
+    std::string metrics_address;  // host:port, empty without metrics
+    std::string log_path;
+    pid_t pid = -1;       // -1 once it was reaped
+    int exit_status = 0;  // once reaped: the exit code, or 128 + signal
+  };
+
+  // Validates the options, starts every node and waits (up to startup_timeout) until the
+  // coordinator reports the cluster ready and every node's readiness health service is SERVING
+  // (attention "k3serve.v1.K3Serve", router "k3serve.cluster.v1.RouterControl", expert
+  // "k3serve.cluster.v1.ExpertWorker"), so that the first request finds every tier in place. If a
+  // node exits or the deadline passes first, everything is stopped and the error names the node (or
+  // what the cluster still waited for) with the tail of its log. INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+
+  // Stop().
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  // The node called `name`; NOT_FOUND otherwise.
+  absl::StatusOr<const Node*> node(const std::string& name) const;
+  const std::string& coordinator_address() const { return nodes_[0].grpc_address; }
+  // The attention nodes' gRPC addresses, where clients call k3serve.v1.K3Serve.
+  std::vector<std::string> generate_addresses() const;
+  const std::string& log_dir() const { return log_dir_; }
+
+  // Sends `signal` to the node. FAILED_PRECONDITION when it is not running.
+  absl::Status Signal(const std::string& name, int signal);
+  // Waits until the node exits and returns its exit status (128 + signal when killed);
+  // DEADLINE_EXCEEDED if it still runs after `timeout`.
+  absl::StatusOr<int> WaitExit(const std::string& name, absl::Duration timeout);
+  // Starts a node that exited again with the same flags (same ports).
+  absl::Status Restart(const std::string& name);
+
+  // Reaps nodes that exited (without blocking) and returns those that did since the last call.
+  std::vector<const Node*> Reap();
+  // Reap(), then an error naming the first node that is not running, with its exit status and
+  // log tail.
+  absl::Status CheckRunning();
+  // Waits until the coordinator says ready and every node is SERVING, as Start does.
+  absl::Status WaitReady(absl::Time deadline);
+  absl::StatusOr<k3serve::cluster::v1::ClusterState> GetClusterState(absl::Duration timeout) const;
+
+  // Stops the tiers in order (attention, routers, experts, coordinator): SIGTERM, then SIGKILL
+  // after stop_grace. OK when every node had exited or exited 0 on SIGTERM; otherwise an error
+  // listing the nodes that needed SIGKILL or exited with another status. Idempotent.
+  absl::Status Stop();
+
+  // The last `lines` lines of a log file ("" if unreadable).
+  static std::string LogTail(const std::string& path, int lines = 20);
+
+ private:
+  explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+
+  absl::Status Plan();
+  absl::Status Launch(Node& node);
+  absl::Status WaitCoordinatorUp(absl::Time deadline);
+  // Reaps `node` if it exited (without blocking); true if it just did.
+  bool Poll(Node& node);
+  absl::Status ExitedError(const Node& node) const;
+  void Progress(const std::string& line) const;
+  Node* Find(const std::string& name);
+
+  const LocalClusterOptions options_;
+  std::string log_dir_;
+  std::vector<Node> nodes_;  // coordinator first, then attention, routers, experts
+  bool stopped_ = false;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_LAUNCHER_LOCAL_CLUSTER_H_

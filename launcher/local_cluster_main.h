@@ -1,0 +1,41 @@
+// `k3serve local`: a whole cluster on this host (cluster/local_cluster.h) from one command.
+//
+//   k3serve local --model DIR [--attention A] [--routers R] [--experts E] [--expert-slots 3,5,8]
+//       [--base-port P] [--host H] [--metrics] [--log-dir DIR] [--startup-timeout-ms T]
+//       [--stop-grace-ms T] [--prompt 1,2,3 [--max-new-tokens N]]
+//
+// Starts the coordinator and A attention, R router and E expert processes (default 1 each;
+// --expert-slots gives each expert node its share, default an even split), shows startup progress
+// on stderr, and once the cluster is ready prints one line `generate address: HOST:PORT` per
+// attention node on stdout. Then it serves until SIGINT/SIGTERM, reporting nodes that exit, and
+// stops the tiers in order. With --prompt it instead runs one greedy generation through the first
+// attention node, prints the new tokens (space-separated, like `k3serve generate`) and stops.
+#ifndef K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
+#define K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/local_cluster.h"
+
+namespace k3 {
+
+struct LocalCommandOptions {
+  LocalClusterOptions cluster;
+  std::vector<int32_t> prompt;  // empty: serve until a signal
+  int max_new_tokens = 16;
+};
+
+// Parses the arguments after `local`. INVALID_ARGUMENT naming the flag for unknown flags, missing
+// or malformed values. `cluster.binary` stays /proc/self/exe.
+absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args);
+
+// Runs `k3serve local`; returns the exit status (0 after a clean stop or a successful --prompt
+// run, 2 for bad flags, 1 when the cluster failed to start or the generation failed, 130 when
+// interrupted during startup).
+int LocalClusterCommand(const std::vector<std::string>& args);
+
+}  // namespace k3
+
+#endif  // K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
