@@ -1,7 +1,6 @@
 #include "attention_nodes/attention_server.h"
 
 #include <atomic>
-#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,16 +8,14 @@
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/remote_routed_moe.h"
 #include "cluster/actor.h"
-#include "cluster/coordinator_client.h"
-#include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
+#include "cluster/node_runtime.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
 #include "model/checkpoint.h"
 #include "proto/cluster.pb.h"
 #include "cluster/node_process.h"
 #include "cluster/peer_links.h"
-#include "tools/cli_flags.h"
 
 namespace k3 {
 
@@ -27,12 +24,6 @@ namespace pb = k3serve::cluster::v1;
 namespace {
 
 constexpr absl::Duration kTickInterval = absl::Milliseconds(200);
-constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
-
-int Fail(const absl::Status& status) {
-  std::cerr << "k3serve attention: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
 
 }  // namespace
 
@@ -48,9 +39,7 @@ struct AttentionServer::Parts {
   std::unique_ptr<GenerationScheduler> scheduler;
   std::unique_ptr<grpc::Service> k3serve_service;
   std::unique_ptr<grpc::Service> control_service;
-  std::unique_ptr<GrpcServer> server;
-  std::unique_ptr<MetricsHttpServer> http;
-  std::unique_ptr<CoordinatorClient> client;
+  std::unique_ptr<NodeEndpoints> endpoints;
   std::unique_ptr<Actor> watcher;
 
   std::atomic<bool> draining{false};
@@ -71,11 +60,12 @@ AttentionServer::AttentionServer(std::unique_ptr<Parts> parts) : parts_(std::mov
 
 AttentionServer::~AttentionServer() { Shutdown(); }
 
-int AttentionServer::port() const { return parts_->server->port(); }
+int AttentionServer::port() const { return parts_->endpoints->port(); }
 
-int AttentionServer::metrics_port() const { return parts_->http ? parts_->http->port() : -1; }
+int AttentionServer::metrics_port() const { return parts_->endpoints->metrics_port(); }
 
-absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMoe* routed_moe) {
+absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMoe* routed_moe,
+                                          pb::Role role) {
   Parts& p = *parts_;
   p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, p.options.scheduler,
                                                       &DefaultMetrics());
@@ -83,23 +73,15 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   p.control_service = NewAttentionControlService([this](absl::Time deadline) {
     return Drain(deadline);
   });
-  GrpcServerOptions server_options;
-  server_options.address = HostPort(p.options.host, p.options.port);
-  server_options.health_services = {kK3ServeServiceName};
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(server_options, {p.k3serve_service.get(), p.control_service.get()});
-  if (!server.ok()) return server.status();
-  p.server = *std::move(server);
-  p.server->SetServing("", true);
-  if (p.options.metrics_port >= 0) {
-    MetricsHttpOptions http_options;
-    http_options.host = p.options.host;
-    http_options.port = p.options.metrics_port;
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-        MetricsHttpServer::Start(http_options, &DefaultMetrics());
-    if (!http.ok()) return http.status();
-    p.http = *std::move(http);
-  }
+  NodeEndpointsOptions endpoint_options;
+  endpoint_options.flags = p.options.node;
+  endpoint_options.role = role;
+  endpoint_options.readiness_service = kK3ServeServiceName;
+  endpoint_options.services = {p.k3serve_service.get(), p.control_service.get()};
+  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
+      NodeEndpoints::Start(std::move(endpoint_options));
+  if (!endpoints.ok()) return endpoints.status();
+  p.endpoints = *std::move(endpoints);
   p.ready_gauge =
       DefaultMetrics()
           .AddGauge("k3_attention_ready", "1 while the node admits Generate calls, else 0.")
@@ -115,9 +97,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalon
     const AttentionServerOptions& options, const ModelWeights* weights, RoutedMoe* routed_moe) {
   if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
-  if (absl::Status s = node->StartServing(weights, routed_moe); !s.ok()) return s;
+  if (absl::Status s = node->StartServing(weights, routed_moe, pb::ROLE_UNSPECIFIED); !s.ok()) return s;
   node->parts_->serving = true;
-  node->parts_->server->SetServing(kK3ServeServiceName, true);
+  node->parts_->endpoints->SetReady(true);
   node->parts_->ready_gauge->Set(1);
   LOG(INFO) << "standalone attention server on port " << node->port();
   return node;
@@ -129,14 +111,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   Parts& p = *node->parts_;
 
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.model);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.node.model);
   if (!checkpoint.ok()) return checkpoint.status();
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
       LoadWeights(std::move(*checkpoint), WeightSelection::AttentionOnly());
   if (!weights.ok()) return weights.status();
   p.weights = *std::move(weights);
-  LOG(INFO) << "attention weights of " << options.model << ": " << p.weights->selected_bytes
+  LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create();
@@ -151,18 +133,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   };
   p.remote_moe =
       std::make_unique<RemoteRoutedMoe>(p.transport.get(), p.weights->config, moe_options);
-  if (absl::Status s = node->StartServing(p.weights.get(), p.remote_moe.get()); !s.ok()) return s;
+  if (absl::Status s = node->StartServing(p.weights.get(), p.remote_moe.get(), pb::ROLE_ATTENTION); !s.ok()) return s;
 
-  const std::string advertised = AdvertisedHost(options.host);
   pb::NodeInfo info;
-  info.set_role(pb::ROLE_ATTENTION);
-  info.set_grpc_address(HostPort(advertised, p.server->port()));
   info.set_transport_address(p.transport->LocalAddress());
-  if (p.http) info.set_metrics_address(HostPort(advertised, p.http->port()));
   p.watcher = std::make_unique<Actor>("attn-watcher");
-  CoordinatorClientOptions client_options;
-  client_options.coordinator_address = options.coordinator;
-  client_options.node = info;
   CoordinatorCallbacks callbacks;
   AttentionServer* self = node.get();
   Actor* watcher = p.watcher.get();
@@ -177,18 +152,15 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       self->Tick();
     });
   };
-  p.client = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  p.endpoints->Register(std::move(info), std::move(callbacks));
   node->ScheduleTick();
-  LOG(INFO) << "attention node serving gRPC on " << info.grpc_address()
-            << (p.http ? absl::StrCat(", metrics on port ", p.http->port()) : "")
-            << "; registering with the coordinator at " << options.coordinator;
   return node;
 }
 
 void AttentionServer::Tick() {
   Parts& p = *parts_;
-  const absl::StatusOr<uint32_t> self = p.client->WaitRegistered(absl::InfinitePast());
-  const pb::ClusterState state = p.client->cluster_state();
+  const absl::StatusOr<uint32_t> self = p.endpoints->client()->WaitRegistered(absl::InfinitePast());
+  const pb::ClusterState state = p.endpoints->client()->cluster_state();
   if (p.first_tick || state.members_version() != p.seen_members_version) {
     p.first_tick = false;
     p.seen_members_version = state.members_version();
@@ -216,7 +188,7 @@ void AttentionServer::Tick() {
   if (serving != p.serving || reason != p.not_ready_reason) {
     p.serving = serving;
     p.not_ready_reason = reason;
-    p.server->SetServing(kK3ServeServiceName, serving);
+    p.endpoints->SetReady(serving);
     p.ready_gauge->Set(serving ? 1 : 0);
     LOG(INFO) << "attention node " << (self.ok() ? absl::StrCat(*self) : "?")
               << (serving ? absl::StrCat(" is ready with ", usable.size(), " router(s)")
@@ -228,7 +200,7 @@ void AttentionServer::Tick() {
   load.set_active_requests(info.active_requests);
   load.set_queued_items(info.active_requests - info.cached_sequences);
   load.set_state_bytes(info.state_bytes);
-  p.client->SetLoad(load);
+  p.endpoints->client()->SetLoad(load);
 }
 
 void AttentionServer::ScheduleTick() {
@@ -242,7 +214,7 @@ int AttentionServer::Drain(absl::Time deadline) {
   Parts& p = *parts_;
   if (!p.draining.exchange(true)) LOG(INFO) << "draining: no new requests are admitted";
   p.scheduler->StopAdmitting();
-  p.server->SetServing(kK3ServeServiceName, false);
+  p.endpoints->SetReady(false);
   p.ready_gauge->Set(0);
   if (p.scheduler->WaitIdle(deadline)) return 0;
   const int left = p.scheduler->Info().active_requests;
@@ -255,83 +227,65 @@ void AttentionServer::Shutdown() {
   Parts& p = *parts_;
   if (p.shut_down) return;
   p.shut_down = true;
-  if (p.server != nullptr && p.scheduler != nullptr) {
+  if (p.endpoints != nullptr && p.scheduler != nullptr) {
     Drain(absl::Now() + p.options.drain_timeout);
   }
   // The watcher first: it uses everything below.
   if (p.watcher) p.watcher->Stop();
   if (p.scheduler) p.scheduler->Shutdown();
-  if (p.client) p.client->Stop();
+  if (p.endpoints) p.endpoints->Leave();
   if (p.links) p.links->Stop();
   if (p.transport) p.transport->Close();
-  if (p.http) p.http->Stop();
-  if (p.server) p.server->Shutdown(kShutdownGrace);
+  if (p.endpoints) p.endpoints->Stop();
+}
+
+void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
+  AddNodeFlags(app, &options->node);
+  SchedulerOptions& s = options->scheduler;
+  constexpr int64_t kMaxMs = 24 * 3600 * 1000;
+  AddBoundedInt(app, "--max-batch-tokens", &s.max_batch_tokens, 1, 1 << 20,
+                "tokens one step computes at most");
+  AddBoundedInt(app, "--max-sequences", &s.max_sequences, 1, 1 << 16,
+                "requests held at once (state in memory)");
+  AddBoundedInt(app, "--max-new-tokens-limit", &s.max_new_tokens_limit, 1, 1 << 24,
+                "the most new tokens a request may ask for");
+  AddBoundedInt(app, "--max-prompt-tokens", &s.max_prompt_tokens, 1, 1 << 24,
+                "the longest prompt admitted");
+  AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
+                  "how long a MoE layer waits for its router");
+  AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, kMaxMs,
+                  "at shutdown, how long requests in flight may finish");
 }
 
 absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(
-      args, CliFlags::WithNodeFlags({"max-batch-tokens", "max-sequences", "max-new-tokens-limit",
-                                     "max-prompt-tokens", "moe-timeout-ms", "drain-timeout-ms"}));
-  if (!flags.ok()) return flags.status();
-  AttentionServerOptions options;
-  NodeFlags node;
-  node.host = options.host;
-  if (absl::Status s = flags->ReadNodeFlags(&node); !s.ok()) return s;
-  options.coordinator = node.coordinator;
-  options.model = node.model;
-  options.host = node.host;
-  options.port = node.port;
-  options.metrics_port = node.metrics_port;
-
-  // Integer flags with their ranges; the values land in `options`.
-  struct Bounded {
-    const char* flag;
-    int64_t fallback, min, max;
-    int64_t* out;
-  };
-  SchedulerOptions& s = options.scheduler;
-  int64_t batch = s.max_batch_tokens, sequences = s.max_sequences,
-          new_tokens = s.max_new_tokens_limit, prompt = s.max_prompt_tokens,
-          moe_ms = absl::ToInt64Milliseconds(options.moe_timeout),
-          drain_ms = absl::ToInt64Milliseconds(options.drain_timeout);
-  constexpr int64_t kMaxMs = 24 * 3600 * 1000;
-  for (const Bounded& b : {Bounded{"max-batch-tokens", batch, 1, 1 << 20, &batch},
-                           Bounded{"max-sequences", sequences, 1, 1 << 16, &sequences},
-                           Bounded{"max-new-tokens-limit", new_tokens, 1, 1 << 24, &new_tokens},
-                           Bounded{"max-prompt-tokens", prompt, 1, 1 << 24, &prompt},
-                           Bounded{"moe-timeout-ms", moe_ms, 1, kMaxMs, &moe_ms},
-                           Bounded{"drain-timeout-ms", drain_ms, 0, kMaxMs, &drain_ms}}) {
-    absl::StatusOr<int64_t> value = flags->Int(b.flag, b.fallback);
-    if (!value.ok()) return value.status();
-    if (*value < b.min || *value > b.max) {
-      return absl::InvalidArgumentError(absl::StrCat("--", b.flag, " is ", *value,
-                                                     "; must be in [", b.min, ", ", b.max, "]"));
-    }
-    *b.out = *value;
-  }
-  s.max_batch_tokens = batch;
-  s.max_sequences = static_cast<int>(sequences);
-  s.max_new_tokens_limit = static_cast<int>(new_tokens);
-  s.max_prompt_tokens = static_cast<int>(prompt);
-  options.moe_timeout = absl::Milliseconds(moe_ms);
-  options.drain_timeout = absl::Milliseconds(drain_ms);
-  return options;
+  return ParseFlags<AttentionServerOptions>(AddAttentionFlags, args);
 }
 
-int RunAttentionNode(const std::vector<std::string>& args) {
-  absl::StatusOr<AttentionServerOptions> options = ParseAttentionArgs(args);
-  if (!options.ok()) return Fail(options.status());
-  StopSignals signals;  // before any thread starts
-  absl::StatusOr<std::unique_ptr<AttentionServer>> server = AttentionServer::Start(*options);
-  if (!server.ok()) {
-    LOG(ERROR) << "attention node did not start: " << server.status();
-    return 1;
+namespace {
+
+// The attention server as the process's node role.
+class AttentionNode final : public RoleHooks {
+ public:
+  explicit AttentionNode(AttentionServerOptions options) : options_(std::move(options)) {}
+  absl::Status Start() override {
+    absl::StatusOr<std::unique_ptr<AttentionServer>> server = AttentionServer::Start(options_);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    return absl::OkStatus();
   }
-  int signal_number = 0;
-  while ((signal_number = signals.Poll()) == 0) absl::SleepFor(absl::Milliseconds(100));
-  LOG(INFO) << "attention node got signal " << signal_number << "; draining and shutting down";
-  (*server)->Shutdown();
-  return 0;
+  void Shutdown() override {
+    if (server_) server_->Shutdown();  // drains first
+  }
+
+ private:
+  const AttentionServerOptions options_;
+  std::unique_ptr<AttentionServer> server_;
+};
+
+}  // namespace
+
+int RunAttentionNode(const AttentionServerOptions& options) {
+  return RunNode("attention node", std::make_unique<AttentionNode>(options));
 }
 
 }  // namespace k3

@@ -32,17 +32,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "cluster/command_line.h"
 #include "model/weights.h"
+#include "proto/cluster.pb.h"
 #include "moe/routed_moe.h"
 
 namespace k3 {
 
 struct AttentionServerOptions {
-  std::string coordinator;       // host:port
-  std::string model;             // checkpoint folder
-  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
-  int port = 0;                  // gRPC; 0 picks one
-  int metrics_port = -1;         // -1: no HTTP metrics; 0 picks one
+  NodeFlags node;  // coordinator and model are ignored by StartStandalone
   SchedulerOptions scheduler;
   absl::Duration moe_timeout = absl::Seconds(10);    // RemoteRoutedMoeOptions::timeout
   absl::Duration drain_timeout = absl::Seconds(30);  // at shutdown, for requests in flight
@@ -51,9 +49,11 @@ struct AttentionServerOptions {
 // INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
 absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args);
 
-// Parses `args` (after the subcommand) and serves until SIGINT/SIGTERM. Returns the exit status:
-// 0 after a clean shutdown, 2 for bad flags, 1 when it could not start.
-int RunAttentionNode(const std::vector<std::string>& args);
+// Declares the attention node's flags on `app`; parsing fills `options`.
+void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options);
+
+// Serves until SIGINT/SIGTERM (draining first); the exit status (0 clean, 1 failed).
+int RunAttentionNode(const AttentionServerOptions& options);
 
 class AttentionServer {
  public:
@@ -89,7 +89,9 @@ class AttentionServer {
   struct Parts;
   explicit AttentionServer(std::unique_ptr<Parts> parts);
   // Creates the scheduler, the services, the gRPC server and the metrics endpoint.
-  absl::Status StartServing(const ModelWeights* weights, RoutedMoe* routed_moe);
+  // Starts the endpoints; `role` ROLE_UNSPECIFIED for a standalone server (no registration).
+  absl::Status StartServing(const ModelWeights* weights, RoutedMoe* routed_moe,
+                            k3serve::cluster::v1::Role role);
   // The cluster watcher's look at membership, router links and readiness; runs on the watcher
   // every 200 ms and whenever the cluster state changes.
   void Tick();

@@ -119,7 +119,7 @@ class AttentionServerTest : public ::testing::Test {
     server_.reset();
     moe_ = std::make_unique<FlakyMoe>(weights_);
     AttentionServerOptions options;
-    options.host = "127.0.0.1";
+    options.node.host = "127.0.0.1";
     options.scheduler = scheduler;
     absl::StatusOr<std::unique_ptr<AttentionServer>> server =
         AttentionServer::StartStandalone(options, weights_, moe_.get());

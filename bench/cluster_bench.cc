@@ -30,7 +30,7 @@
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"
-#include "tools/cli_flags.h"
+#include "cluster/command_line.h"
 
 namespace k3 {
 namespace {
@@ -160,35 +160,25 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
 }
 
 int Main(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args, {"configs", "tokens", "repeats", "attention", "routers", "experts",
-                             "streams", "k3serve", "work-dir"});
-  if (!flags.ok()) {
-    std::cerr << flags.status().message() << "\n";
-    return 2;
-  }
   BenchOptions o;
-  if (flags->Has("configs")) o.configs = absl::StrSplit(*flags->String("configs"), ',');
-  for (auto [name, field] : {std::pair{"tokens", &o.tokens},
-                             {"repeats", &o.repeats},
-                             {"attention", &o.attention},
-                             {"routers", &o.routers},
-                             {"experts", &o.experts},
-                             {"streams", &o.streams}}) {
-    absl::StatusOr<int64_t> value = flags->Int(name, *field);
-    if (!value.ok() || *value < 1) {
-      std::cerr << "--" << name << " wants a positive integer\n";
-      return 2;
-    }
-    *field = static_cast<int>(*value);
+  std::string configs, k3serve = o.k3serve;
+  CLI::App app{"cluster_bench: local cluster decode tokens/s against the single-process engine"};
+  app.add_option("--configs", configs, "comma-separated named configs");
+  AddBoundedInt(&app, "--tokens", &o.tokens, 2, 1 << 20, "new tokens per stream");
+  AddBoundedInt(&app, "--repeats", &o.repeats, 1, 1000, "rounds (the best counts)");
+  AddBoundedInt(&app, "--attention", &o.attention, 1, 64, "attention workers");
+  AddBoundedInt(&app, "--routers", &o.routers, 1, 64, "routers");
+  AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
+  AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams");
+  app.add_option("--k3serve", k3serve, "the k3serve binary");
+  app.add_option("--work-dir", o.work_dir, "checkpoints and logs (default: a new folder)");
+  if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
   }
-  if (o.tokens < 2) {
-    std::cerr << "--tokens must be at least 2\n";
-    return 2;
-  }
+  if (!configs.empty()) o.configs = absl::StrSplit(configs, ',');
   // `bazel run` starts us in our runfiles folder, where the data dependency //:k3serve lies.
-  o.k3serve = std::filesystem::absolute(flags->StringOr("k3serve", o.k3serve)).string();
-  o.work_dir = flags->StringOr("work-dir", "");
+  o.k3serve = std::filesystem::absolute(k3serve).string();
   const bool own_work_dir = o.work_dir.empty();
   if (own_work_dir) {
     const char* tmp = std::getenv("TMPDIR");

@@ -156,7 +156,7 @@ class BalancerTest : public testing::Test {
  protected:
   void Start(LoadBalancerOptions balancing, int routers = 2, bool dead_router = false) {
     CoordinatorMainOptions options;
-    options.host = "127.0.0.1";
+    options.node.host = "127.0.0.1";
     options.shutdown_grace = absl::Milliseconds(200);
     options.coordinator.num_moe_layers = kLayers;
     options.coordinator.num_experts = kExperts;

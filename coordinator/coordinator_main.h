@@ -15,15 +15,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/command_line.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_balancer.h"
 
 namespace k3 {
 
 struct CoordinatorMainOptions {
-  std::string host = "0.0.0.0";
-  int port = 0;           // gRPC; 0 picks a free port (logged, and CoordinatorProcess::port())
-  int metrics_port = -1;  // HTTP /metrics and /healthz; -1: none, 0: pick a free port
+  // --host, --port (gRPC; 0 picks a free port, see CoordinatorProcess::port()) and
+  // --metrics-port (HTTP /metrics and /healthz); coordinator and model are unused.
+  NodeFlags node;
   CoordinatorOptions coordinator;
   LoadBalancerOptions balancing;
   absl::Duration shutdown_grace = absl::Seconds(2);  // for RPCs in flight at shutdown
@@ -56,6 +57,10 @@ struct CoordinatorMainOptions {
 //   --online-bias-interval-ms T  push the routers' QB bias estimate every T ms (default 0: off).
 //                             This CHANGES THE MODEL'S OUTPUTS: the bias selects the experts.
 // INVALID_ARGUMENT naming the flag for unknown flags, malformed values or inconsistent options.
+// Declares the coordinator's flags on `app`; parsing fills `options` (the model's expert counts
+// and the required roles are resolved once parsing ends).
+void AddCoordinatorFlags(CLI::App* app, CoordinatorMainOptions* options);
+
 absl::StatusOr<CoordinatorMainOptions> ParseCoordinatorArgs(const std::vector<std::string>& args);
 
 // A running coordinator: gRPC server, service and optional metrics endpoint.

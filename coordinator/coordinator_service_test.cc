@@ -33,8 +33,8 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(2);
 
 CoordinatorMainOptions TestOptions() {
   CoordinatorMainOptions options;
-  options.host = "127.0.0.1";
-  options.metrics_port = 0;
+  options.node.host = "127.0.0.1";
+  options.node.metrics_port = 0;
   options.shutdown_grace = absl::Milliseconds(200);
   CoordinatorOptions& c = options.coordinator;
   c.num_moe_layers = 2;
@@ -130,8 +130,8 @@ TEST(CoordinatorArgsTest, ParsesFlagsInBothSpellings) {
       {"--port", "7000", "--num-experts=8", "--num-moe-layers", "3", "--expected-experts", "2",
        "--metrics-port=9100", "--heartbeat-timeout-ms", "900", "--required-roles=router,expert"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->port, 7000);
-  EXPECT_EQ(o->metrics_port, 9100);
+  EXPECT_EQ(o->node.port, 7000);
+  EXPECT_EQ(o->node.metrics_port, 9100);
   EXPECT_EQ(o->coordinator.num_experts, 8);
   EXPECT_EQ(o->coordinator.num_moe_layers, 3);
   EXPECT_EQ(o->coordinator.expected_expert_nodes, 2);
@@ -362,7 +362,7 @@ TEST(CoordinatorProcessTest, ARestartedCoordinatorRelearnsTheClusterFromItsNodes
   (*first)->Shutdown();
   first->reset();
 
-  options.port = port;
+  options.node.port = port;
   options.coordinator.recovery_window = absl::Milliseconds(400);
   auto second = CoordinatorProcess::Start(options);
   ASSERT_TRUE(second.ok()) << second.status();

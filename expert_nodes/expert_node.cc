@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <iostream>
 #include <memory>
 #include <utility>
 
@@ -11,12 +10,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "moe/cluster_placement.h"
-#include "cluster/coordinator_client.h"
-#include "cluster/grpc_server.h"
+#include "cluster/actor.h"
 #include "cluster/grpc_status.h"
+#include "cluster/node_process.h"
+#include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
 #include "cluster/ucx_transport.h"
 #include "expert_nodes/expert_worker.h"
@@ -24,9 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
-#include "cluster/node_process.h"
 #include "cluster/peer_links.h"
-#include "tools/cli_flags.h"
 
 namespace k3 {
 
@@ -42,105 +39,6 @@ constexpr absl::Duration kGaugeInterval = absl::Seconds(1);
 constexpr absl::Duration kDeferLimit = absl::Seconds(2);
 // The longest a LoadExperts call waits for the serving thread (less when its deadline is sooner).
 constexpr absl::Duration kMaxLoadWait = absl::Minutes(10);
-
-// The Status RPC's answer, published by the serving thread.
-class StatusBoard {
- public:
-  void Set(pb::ExpertStatusResponse status) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-  }
-  void SetRows(int64_t rows) {
-    absl::MutexLock lock(&mu_);
-    status_.set_rows_processed(rows);
-  }
-  pb::ExpertStatusResponse Get() const {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  pb::ExpertStatusResponse status_ ABSL_GUARDED_BY(mu_);
-};
-
-// LoadExperts requests handed from gRPC threads to the serving thread, which alone touches the
-// worker.
-class LoadQueue {
- public:
-  struct Command {
-    pb::LoadExpertsRequest request;
-    absl::Status status;  // set before `done`
-    absl::Notification done;
-  };
-
-  // Queues `request` and waits for the serving thread to carry it out, up to `deadline`.
-  absl::Status Run(const pb::LoadExpertsRequest& request, absl::Time deadline) {
-    auto command = std::make_shared<Command>();
-    command->request = request;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_) return absl::UnavailableError("the expert node is shutting down");
-      commands_.push_back(command);
-    }
-    if (!command->done.WaitForNotificationWithDeadline(deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "placement version ", request.placement_version(), " was not loaded in time"));
-    }
-    return command->status;
-  }
-
-  // The commands queued so far (serving thread).
-  std::deque<std::shared_ptr<Command>> Take() {
-    absl::MutexLock lock(&mu_);
-    std::deque<std::shared_ptr<Command>> commands;
-    commands.swap(commands_);
-    return commands;
-  }
-
-  // Answers what is queued, and everything later, with UNAVAILABLE.
-  void Close() {
-    std::deque<std::shared_ptr<Command>> commands;
-    {
-      absl::MutexLock lock(&mu_);
-      closed_ = true;
-      commands.swap(commands_);
-    }
-    for (const auto& command : commands) {
-      command->status = absl::UnavailableError("the expert node is shutting down");
-      command->done.Notify();
-    }
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::shared_ptr<Command>> commands_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-class ExpertWorkerService final : public pb::ExpertWorker::Service {
- public:
-  ExpertWorkerService(const StatusBoard* board, LoadQueue* loads) : board_(board), loads_(loads) {}
-
-  ::grpc::Status LoadExperts(::grpc::ServerContext* context, const pb::LoadExpertsRequest* request,
-                             pb::LoadExpertsResponse* response) override {
-    const absl::Time deadline =
-        std::min(absl::FromChrono(context->deadline()), absl::Now() + kMaxLoadWait);
-    const absl::Status status = loads_->Run(*request, deadline);
-    if (status.ok()) response->set_placement_version(request->placement_version());
-    return ToGrpcStatus(status);
-  }
-
-  ::grpc::Status Status(::grpc::ServerContext*, const pb::ExpertStatusRequest*,
-                        pb::ExpertStatusResponse* response) override {
-    *response = board_->Get();
-    return ::grpc::Status::OK;
-  }
-
- private:
-  const StatusBoard* const board_;
-  LoadQueue* const loads_;
-};
 
 struct NodeMetrics {
   explicit NodeMetrics(MetricsRegistry* r)
@@ -165,24 +63,33 @@ struct NodeMetrics {
   Histogram* seconds;
 };
 
-class ExpertNode {
+class ExpertNode final : public RoleHooks {
  public:
   explicit ExpertNode(ExpertNodeOptions options)
-      : options_(std::move(options)), service_(&board_, &loads_), metrics_(&DefaultMetrics()) {}
+      : options_(std::move(options)), metrics_(&DefaultMetrics()) {}
 
-  absl::Status Start();
-  // Serves until a stop signal; an error when a placement's experts cannot be loaded.
-  absl::Status Run(StopSignals* signals);
-  void Shutdown();
+  absl::Status Start() override;
+  // An error once a placement's experts could not be loaded or the transport is gone.
+  absl::Status Failure() override {
+    absl::MutexLock lock(&failure_mu_);
+    return failure_;
+  }
+  void Shutdown() override;
+
+  // The ExpertWorker RPCs, run on the actor.
+  absl::Status LoadExperts(const pb::LoadExpertsRequest& request);
+  const pb::ExpertStatusResponse& status() const { return status_; }
+  Actor* actor() const { return actor_.get(); }
 
  private:
-  // Acts on the newest cluster state: loads the experts of a new placement when they changed.
-  absl::Status MaybeReload();
+  // One turn of the data plane on the actor; posts itself again so that the mailbox's other
+  // messages (cluster states, RPCs) run between turns.
+  void Pump();
+  void Fail(absl::Status status);
+  // Acts on a new cluster state: loads the experts of a new placement when they changed.
+  absl::Status OnClusterState(const pb::ClusterState& state);
   // Serves `hosting` from now on, with the experts of older versions still held (see Retain).
   absl::Status Load(ExpertHosting hosting);
-  // Carries out the queued LoadExperts requests.
-  void RunLoadCommands();
-  absl::Status LoadExperts(const pb::LoadExpertsRequest& request);
   // Drops the versions no router may still use: those below retire_floor_, except the newest at
   // or below the published placement (the one in force as far as this node knows).
   void Retain();
@@ -193,21 +100,20 @@ class ExpertNode {
   void ServeDeferred(bool all);
 
   const ExpertNodeOptions options_;
-  StatusBoard board_;
-  LoadQueue loads_;
-  ExpertWorkerService service_;
   NodeMetrics metrics_;
   std::shared_ptr<const Checkpoint> checkpoint_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<PeerLinks> links_;
-  std::unique_ptr<GrpcServer> server_;
-  std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<Actor> actor_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<NodeEndpoints> endpoints_;
 
-  absl::Mutex mu_;
-  pb::ClusterState state_ ABSL_GUARDED_BY(mu_);
-  bool state_changed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex failure_mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
 
-  // Serving thread only.
+  // Actor thread only.
+  pb::ExpertStatusResponse status_;  // the Status RPC's answer
+  absl::Time next_gauges_ = absl::InfinitePast();
   uint32_t node_id_ = 0;
   std::string name_ = "expert node (unregistered)";
   std::unique_ptr<ExpertWorker> worker_;  // holds every placement version still in use
@@ -218,19 +124,47 @@ class ExpertNode {
     absl::Time until;  // answered by whatever worker is current then
   };
   std::deque<Deferred> deferred_;
+};
 
-  // Last: its thread calls back into the members above until it stops.
-  std::unique_ptr<CoordinatorClient> client_;
+// The ExpertWorker RPCs, carried out by the node's actor.
+class ExpertWorkerService final : public pb::ExpertWorker::Service {
+ public:
+  explicit ExpertWorkerService(ExpertNode* node) : node_(node) {}
+
+  ::grpc::Status LoadExperts(::grpc::ServerContext* context, const pb::LoadExpertsRequest* request,
+                             pb::LoadExpertsResponse* response) override {
+    const absl::Time deadline =
+        std::min(absl::FromChrono(context->deadline()), absl::Now() + kMaxLoadWait);
+    ExpertNode* node = node_;
+    const absl::Status status = node_->actor()->Call(
+        [node, request = *request] { return node->LoadExperts(request); }, deadline);
+    if (status.ok()) response->set_placement_version(request->placement_version());
+    return ToGrpcStatus(status);
+  }
+
+  ::grpc::Status Status(::grpc::ServerContext* context, const pb::ExpertStatusRequest*,
+                        pb::ExpertStatusResponse* response) override {
+    ExpertNode* node = node_;
+    absl::StatusOr<pb::ExpertStatusResponse> status =
+        node_->actor()->Call([node] { return node->status(); },
+                             absl::FromChrono(context->deadline()));
+    if (!status.ok()) return ToGrpcStatus(status.status());
+    *response = *std::move(status);
+    return ::grpc::Status::OK;
+  }
+
+ private:
+  ExpertNode* const node_;
 };
 
 absl::Status ExpertNode::Start() {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.model);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.node.model);
   if (!checkpoint.ok()) return checkpoint.status();
   checkpoint_ = *std::move(checkpoint);
   const ModelConfig& config = checkpoint_->config();
   if (config.num_experts == 0 || config.NumMoeLayers() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the model in ", options_.model, " has no routed experts"));
+        absl::StrCat("the model in ", options_.node.model, " has no routed experts"));
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
 
@@ -238,77 +172,62 @@ absl::Status ExpertNode::Start() {
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
+  actor_ = std::make_unique<Actor>("expert");
+  service_ = std::make_unique<ExpertWorkerService>(this);
 
-  GrpcServerOptions server_options;
-  server_options.address = HostPort(options_.host, options_.port);
-  server_options.health_services = {kServiceName};
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(server_options, {&service_});
-  if (!server.ok()) return server.status();
-  server_ = *std::move(server);
-  server_->SetServing("", true);
+  NodeEndpointsOptions endpoint_options;
+  endpoint_options.flags = options_.node;
+  endpoint_options.role = pb::ROLE_EXPERT;
+  endpoint_options.readiness_service = kServiceName;
+  endpoint_options.services = {service_.get()};
+  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
+      NodeEndpoints::Start(std::move(endpoint_options));
+  if (!endpoints.ok()) return endpoints.status();
+  endpoints_ = *std::move(endpoints);
+  if (absl::Status s = actor_->Call([this] { PublishStatus(); }, absl::InfiniteFuture()); !s.ok()) {
+    return s;
+  }
 
-  const std::string advertised = AdvertisedHost(options_.host);
   pb::NodeInfo node;
-  node.set_role(pb::ROLE_EXPERT);
-  node.set_grpc_address(HostPort(advertised, server_->port()));
   node.set_transport_address(transport_->LocalAddress());
   node.set_expert_slots(options_.slots);
-  if (options_.metrics_port >= 0) {
-    MetricsHttpOptions http_options;
-    http_options.host = options_.host;
-    http_options.port = options_.metrics_port;
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-        MetricsHttpServer::Start(http_options, &DefaultMetrics());
-    if (!http.ok()) return http.status();
-    http_ = *std::move(http);
-    node.set_metrics_address(HostPort(advertised, http_->port()));
-  }
-  PublishStatus();
-
-  CoordinatorClientOptions client_options;
-  client_options.coordinator_address = options_.coordinator;
-  client_options.node = node;
   CoordinatorCallbacks callbacks;
   callbacks.on_cluster_state = [this](const pb::ClusterState& state) {
-    links_->SetTargets(LinkTargets(state, {pb::ROLE_ROUTER}, /*self=*/0));
-    absl::MutexLock lock(&mu_);
-    state_ = state;
-    state_changed_ = true;
+    actor_->Post([this, state] {
+      links_->SetTargets(LinkTargets(state, {pb::ROLE_ROUTER}, /*self=*/0));
+      if (absl::Status s = OnClusterState(state); !s.ok()) Fail(s);
+    });
   };
-  client_ = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
-  LOG(INFO) << "expert node serving gRPC on " << node.grpc_address()
-            << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "") << ", " << options_.slots
-            << " expert slots; registering with the coordinator at " << options_.coordinator;
+  LOG(INFO) << "expert node with " << options_.slots << " expert slots";
+  endpoints_->Register(std::move(node), std::move(callbacks));
+  actor_->Post([this] { Pump(); });
   return absl::OkStatus();
 }
 
-absl::Status ExpertNode::Run(StopSignals* signals) {
-  absl::Time next_gauges = absl::InfinitePast();
-  for (;;) {
-    if (const int signal_number = signals->Poll(); signal_number != 0) {
-      LOG(INFO) << name_ << " got signal " << signal_number << "; shutting down";
-      return absl::OkStatus();
-    }
-    if (absl::Status status = MaybeReload(); !status.ok()) return status;
-    RunLoadCommands();
-    if (!deferred_.empty()) ServeDeferred(/*all=*/false);
-    absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
-    if (received.ok()) {
-      Serve(*received, /*may_defer=*/true);
-    } else if (received.status().code() == absl::StatusCode::kCancelled) {
-      return received.status();
-    }
-    if (absl::Now() >= next_gauges) {
-      next_gauges = absl::Now() + kGaugeInterval;
-      if (absl::StatusOr<int64_t> rss = ResidentBytes(); rss.ok()) {
-        metrics_.resident_bytes->Set(static_cast<double>(*rss));
-      }
-      pb::LoadStats load;
-      load.set_state_bytes(static_cast<int64_t>(metrics_.weight_bytes->Value()));
-      client_->SetLoad(load);
-    }
+void ExpertNode::Fail(absl::Status status) {
+  absl::MutexLock lock(&failure_mu_);
+  if (failure_.ok()) failure_ = std::move(status);
+}
+
+void ExpertNode::Pump() {
+  if (!deferred_.empty()) ServeDeferred(/*all=*/false);
+  absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
+  if (received.ok()) {
+    Serve(*received, /*may_defer=*/true);
+  } else if (received.status().code() == absl::StatusCode::kCancelled) {
+    Fail(received.status());
+    return;  // the transport is gone: no more turns
   }
+  if (absl::Now() >= next_gauges_) {
+    next_gauges_ = absl::Now() + kGaugeInterval;
+    if (absl::StatusOr<int64_t> rss = ResidentBytes(); rss.ok()) {
+      metrics_.resident_bytes->Set(static_cast<double>(*rss));
+    }
+    pb::LoadStats load;
+    load.set_state_bytes(static_cast<int64_t>(metrics_.weight_bytes->Value()));
+    endpoints_->client()->SetLoad(load);
+  }
+  actor_->Post([this] { Pump(); });
 }
 
 void ExpertNode::Serve(const Received& received, bool may_defer) {
@@ -327,7 +246,7 @@ void ExpertNode::Serve(const Received& received, bool may_defer) {
   metrics_.requests.WithLabels({absl::StatusCodeToString(outcome.answer.code())})->Increment();
   if (const int64_t rows = worker_->rows_processed() - rows_before; rows > 0) {
     metrics_.rows->Increment(static_cast<double>(rows));
-    board_.SetRows(worker_->rows_processed());
+    status_.set_rows_processed(worker_->rows_processed());
   }
 }
 
@@ -344,15 +263,8 @@ void ExpertNode::ServeDeferred(bool all) {
   }
 }
 
-absl::Status ExpertNode::MaybeReload() {
-  pb::ClusterState state;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!state_changed_) return absl::OkStatus();
-    state_changed_ = false;
-    state = state_;
-  }
-  absl::StatusOr<uint32_t> id = client_->WaitRegistered(absl::InfinitePast());
+absl::Status ExpertNode::OnClusterState(const pb::ClusterState& state) {
+  absl::StatusOr<uint32_t> id = endpoints_->client()->WaitRegistered(absl::InfinitePast());
   if (!id.ok()) return absl::OkStatus();  // the state of an earlier registration; wait for the next
   if (*id != node_id_) {
     node_id_ = *id;
@@ -431,17 +343,6 @@ absl::Status ExpertNode::Load(ExpertHosting hosting) {
   PublishStatus();
   ServeDeferred(/*all=*/true);  // the requests that waited for this placement
   return absl::OkStatus();
-}
-
-void ExpertNode::RunLoadCommands() {
-  for (const std::shared_ptr<LoadQueue::Command>& command : loads_.Take()) {
-    command->status = LoadExperts(command->request);
-    if (!command->status.ok()) {
-      LOG(WARNING) << name_ << ": LoadExperts of placement version "
-                   << command->request.placement_version() << ": " << command->status;
-    }
-    command->done.Notify();
-  }
 }
 
 absl::Status ExpertNode::LoadExperts(const pb::LoadExpertsRequest& request) {
@@ -523,75 +424,54 @@ void ExpertNode::PublishStatus() {
   }
   status.set_weight_bytes(weight_bytes);
   status.set_rows_processed(worker_->rows_processed());
-  board_.Set(std::move(status));
+  status_ = std::move(status);
   metrics_.weight_bytes->Set(static_cast<double>(weight_bytes));
   metrics_.hosted_experts->Set(static_cast<double>(hosting.TotalExperts()));
-  server_->SetServing(kServiceName, worker_->weights() != nullptr);
+  endpoints_->SetReady(worker_->weights() != nullptr);
 }
 
 void ExpertNode::Shutdown() {
-  loads_.Close();
-  // Requests still waiting for a placement get their error now rather than a router's timeout.
-  std::deque<Deferred> deferred;
-  deferred.swap(deferred_);
-  for (const Deferred& entry : deferred) Serve(entry.received, /*may_defer=*/false);
-  if (worker_ != nullptr) {
-    absl::StatusOr<int64_t> rss = ResidentBytes();
-    LOG(INFO) << name_ << " computed " << worker_->rows_processed() << " rows; selected weights "
-              << static_cast<int64_t>(metrics_.weight_bytes->Value()) << " bytes, process RSS "
-              << (rss.ok() ? absl::StrFormat("%.1f MiB", *rss / 1048576.0) : "unknown");
+  if (endpoints_) endpoints_->SetReady(false);
+  if (actor_) {
+    actor_->Call(
+        [this] {
+          // Requests still waiting for a placement get their error now rather than a router's
+          // timeout.
+          std::deque<Deferred> deferred;
+          deferred.swap(deferred_);
+          for (const Deferred& entry : deferred) Serve(entry.received, /*may_defer=*/false);
+          absl::StatusOr<int64_t> rss = ResidentBytes();
+          LOG(INFO) << name_ << " computed " << worker_->rows_processed()
+                    << " rows; selected weights "
+                    << static_cast<int64_t>(metrics_.weight_bytes->Value())
+                    << " bytes, process RSS "
+                    << (rss.ok() ? absl::StrFormat("%.1f MiB", *rss / 1048576.0) : "unknown");
+        },
+        absl::Now() + absl::Seconds(2))
+        .IgnoreError();
+    actor_->Stop();  // later LoadExperts / Status calls get UNAVAILABLE
   }
-  if (server_) server_->SetServing(kServiceName, false);
-  if (client_) client_->Stop();  // Leave: routers stop sending here
+  if (endpoints_) endpoints_->Leave();  // routers stop sending here
   if (links_) links_->Stop();
   if (transport_) transport_->Close();
-  if (http_) http_->Stop();
-  if (server_) server_->Shutdown(absl::Seconds(1));
-}
-
-int Fail(const absl::Status& status) {
-  std::cerr << "k3serve expert: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  if (endpoints_) endpoints_->Stop();
 }
 
 }  // namespace
 
-absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args, CliFlags::WithNodeFlags({"slots"}));
-  if (!flags.ok()) return flags.status();
-  ExpertNodeOptions options;
-  NodeFlags node;
-  node.host = options.host;
-  if (absl::Status s = flags->ReadNodeFlags(&node); !s.ok()) return s;
-  options.coordinator = node.coordinator;
-  options.model = node.model;
-  options.host = node.host;
-  options.port = node.port;
-  options.metrics_port = node.metrics_port;
-  if (!flags->Has("slots")) return absl::InvalidArgumentError("--slots is required");
-  absl::StatusOr<int64_t> slots = flags->Int("slots", 0);
-  if (!slots.ok()) return slots.status();
-  if (*slots < 1 || *slots > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("--slots is ", *slots, "; must be >= 1"));
-  }
-  options.slots = static_cast<int>(*slots);
-  return options;
+void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
+  AddNodeFlags(app, &options->node);
+  AddBoundedInt(app, "--slots", &options->slots, 1, 1 << 20,
+                "experts per MoE layer this node can host")
+      ->required();
 }
 
-int RunExpertNode(const std::vector<std::string>& args) {
-  absl::StatusOr<ExpertNodeOptions> options = ParseExpertNodeArgs(args);
-  if (!options.ok()) return Fail(options.status());
-  StopSignals signals;  // before any thread starts
-  ExpertNode node(*std::move(options));
-  absl::Status status = node.Start();
-  if (status.ok()) status = node.Run(&signals);
-  node.Shutdown();
-  if (!status.ok()) {
-    LOG(ERROR) << "expert node: " << status;
-    return 1;
-  }
-  return 0;
+absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {
+  return ParseFlags<ExpertNodeOptions>(AddExpertNodeFlags, args);
+}
+
+int RunExpertNode(const ExpertNodeOptions& options) {
+  return RunNode("expert node", std::make_unique<ExpertNode>(options));
 }
 
 }  // namespace k3

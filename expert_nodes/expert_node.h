@@ -20,6 +20,10 @@
 //   k3_expert_weight_bytes, k3_expert_resident_bytes, k3_expert_hosted_experts (summed over
 //   layers), k3_expert_rows_total, k3_expert_requests_total{code}, k3_expert_request_seconds.
 //
+// The node is one actor (cluster/actor.h): the data plane's turns, cluster states and the
+// ExpertWorker RPCs are messages of its one mailbox, so the worker needs no lock. Start-up,
+// endpoints and shutdown are the node runtime's (cluster/node_runtime.h).
+//
 // SIGINT/SIGTERM: reports NOT_SERVING, leaves the cluster, closes the transport, exits 0.
 // The data plane is UCX (cluster/ucx_transport.h); UCX_TLS / UCX_NET_DEVICES in the environment
 // choose its transports and devices.
@@ -30,24 +34,23 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster/command_line.h"
 
 namespace k3 {
 
 struct ExpertNodeOptions {
-  std::string coordinator;  // host:port
-  std::string model;        // checkpoint folder
-  int slots = 0;            // experts per MoE layer it can host, >= 1
-  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
-  int port = 0;             // gRPC; 0 picks one
-  int metrics_port = -1;    // -1: no HTTP metrics; 0 picks one
+  NodeFlags node;
+  int slots = 0;  // experts per MoE layer it can host, >= 1
 };
+
+// Declares the expert node's flags on `app`; parsing fills `options`.
+void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options);
 
 // INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
 absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args);
 
-// Parses `args` (after the subcommand) and runs the node until SIGINT/SIGTERM. Returns the exit
-// status: 0 after a clean shutdown, 2 for bad flags, 1 when it could not start or load.
-int RunExpertNode(const std::vector<std::string>& args);
+// Runs the expert node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
+int RunExpertNode(const ExpertNodeOptions& options);
 
 }  // namespace k3
 

@@ -10,27 +10,13 @@
 #include "absl/strings/str_join.h"
 #include "attention_nodes/generate_client.h"
 #include "proto/generate.pb.h"
-#include "tools/cli_flags.h"
+#include "cluster/command_line.h"
 
 namespace k3 {
 
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::cerr << "k3serve local: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-absl::StatusOr<int> IntIn(const CliFlags& flags, const std::string& name, int64_t fallback,
-                          int64_t min, int64_t max) {
-  absl::StatusOr<int64_t> value = flags.Int(name, fallback);
-  if (!value.ok()) return value.status();
-  if (*value < min || *value > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be in [", min, ", ", max, "], got ", *value));
-  }
-  return static_cast<int>(*value);
-}
+int Fail(const absl::Status& status) { return ReportError("local", status); }
 
 // SIGINT and SIGTERM stay blocked in every thread; the command takes them with sigtimedwait.
 class BlockedStopSignals {
@@ -57,71 +43,56 @@ class BlockedStopSignals {
 
 }  // namespace
 
-absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(
-      args,
-      {"model", "attention", "routers", "experts", "expert-slots", "base-port", "host", "log-dir",
-       "startup-timeout-ms", "stop-grace-ms", "prompt", "max-new-tokens"},
-      {"metrics"});
-  if (!flags.ok()) return flags.status();
-  LocalCommandOptions options;
-  LocalClusterOptions& c = options.cluster;
-  absl::StatusOr<std::string> model = flags->String("model");
-  absl::StatusOr<int> attention = IntIn(*flags, "attention", 1, 1, 64);
-  absl::StatusOr<int> routers = IntIn(*flags, "routers", 1, 1, 64);
-  absl::StatusOr<int> experts = IntIn(*flags, "experts", 1, 0, 256);
-  absl::StatusOr<int> base_port = IntIn(*flags, "base-port", 0, 0, 65535);
-  absl::StatusOr<int> startup_ms = IntIn(*flags, "startup-timeout-ms", 120000, 1, 86400000);
-  absl::StatusOr<int> grace_ms = IntIn(*flags, "stop-grace-ms", 5000, 0, 3600000);
-  absl::StatusOr<int> max_new = IntIn(*flags, "max-new-tokens", 16, 1, 1 << 20);
-  for (const absl::Status& s :
-       {model.status(), attention.status(), routers.status(), experts.status(), base_port.status(),
-        startup_ms.status(), grace_ms.status(), max_new.status()}) {
-    if (!s.ok()) return s;
-  }
-  c.model = *model;
-  c.attention = *attention;
-  c.routers = *routers;
-  c.experts = *experts;
-  c.base_port = *base_port;
-  c.metrics = flags->Has("metrics");
-  c.log_dir = flags->StringOr("log-dir", "");
-  c.startup_timeout = absl::Milliseconds(*startup_ms);
-  c.stop_grace = absl::Milliseconds(*grace_ms);
-  if (flags->Has("expert-slots")) {
-    absl::StatusOr<std::vector<int32_t>> slots = flags->IntList("expert-slots");
-    if (!slots.ok()) return slots.status();
-    if (static_cast<int>(slots->size()) != c.experts) {
-      return absl::InvalidArgumentError(absl::StrCat("--expert-slots lists ", slots->size(),
-                                                     " nodes but --experts is ", c.experts));
+void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
+  LocalClusterOptions& c = options->cluster;
+  auto host = std::make_shared<std::string>();
+  auto slots = std::make_shared<std::vector<int32_t>>();
+  app->add_option("--model", c.model, "checkpoint folder")->required();
+  AddBoundedInt(app, "--attention", &c.attention, 1, 64, "attention workers");
+  AddBoundedInt(app, "--routers", &c.routers, 1, 64, "routers");
+  AddBoundedInt(app, "--experts", &c.experts, 0, 256, "expert workers");
+  CLI::Option* expert_slots =
+      AddIntList(app, "--expert-slots", slots.get(), 1, 1 << 20, "slots of each expert worker");
+  AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
+                "first port of a consecutive range (0: free ports)");
+  CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");
+  app->add_flag("--metrics", c.metrics, "every process serves HTTP /metrics");
+  app->add_option("--log-dir", c.log_dir, "where each process's log goes (default: a new folder)");
+  AddMilliseconds(app, "--startup-timeout-ms", &c.startup_timeout, 1, 86400000,
+                  "how long the cluster may take to become ready");
+  AddMilliseconds(app, "--stop-grace-ms", &c.stop_grace, 0, 3600000,
+                  "how long a process may take to stop after SIGTERM");
+  CLI::Option* prompt = AddIntList(app, "--prompt", &options->prompt, 0, INT32_MAX,
+                                   "generate from these token ids, print them and stop");
+  AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 20,
+                "new tokens for --prompt")
+      ->needs(prompt);
+  app->final_callback([options, host, slots, expert_slots, host_flag] {
+    LocalClusterOptions& c = options->cluster;
+    if (expert_slots->count() > 0) {
+      if (static_cast<int>(slots->size()) != c.experts) {
+        throw CLI::ValidationError(absl::StrCat("--expert-slots lists ", slots->size(),
+                                                " nodes but --experts is ", c.experts));
+      }
+      c.expert_slots.assign(slots->begin(), slots->end());
     }
-    c.expert_slots.assign(slots->begin(), slots->end());
-  }
-  if (flags->Has("host")) {
-    const std::string host = *flags->String("host");
-    for (NodeRole role :
-         {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
-      c.sites[role].host = host;
+    if (host_flag->count() > 0) {
+      for (NodeRole role :
+           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+        c.sites[role].host = *host;
+      }
     }
-  }
-  if (flags->Has("prompt")) {
-    absl::StatusOr<std::vector<int32_t>> prompt = flags->IntList("prompt");
-    if (!prompt.ok()) return prompt.status();
-    if (prompt->empty()) return absl::InvalidArgumentError("--prompt is empty");
-    options.prompt = *std::move(prompt);
-  } else if (flags->Has("max-new-tokens")) {
-    return absl::InvalidArgumentError("--max-new-tokens needs --prompt");
-  }
-  options.max_new_tokens = *max_new;
-  return options;
+  });
 }
 
-int LocalClusterCommand(const std::vector<std::string>& args) {
+absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args) {
+  return ParseFlags<LocalCommandOptions>(AddLocalFlags, args);
+}
+
+int LocalClusterCommand(LocalCommandOptions options) {
   // Before any thread exists, so that every thread inherits the mask.
   BlockedStopSignals signals;
-  absl::StatusOr<LocalCommandOptions> options = ParseLocalArgs(args);
-  if (!options.ok()) return Fail(options.status());
-  LocalClusterOptions& c = options->cluster;
+  LocalClusterOptions& c = options.cluster;
   c.progress = [](const std::string& line) { std::cerr << line << std::endl; };
   int interrupted_by = 0;
   c.cancelled = [&] {
@@ -143,12 +114,12 @@ int LocalClusterCommand(const std::vector<std::string>& args) {
   }
 
   int exit_status = 0;
-  if (!options->prompt.empty()) {
+  if (!options.prompt.empty()) {
     k3serve::v1::GenerateRequest request;
     request.set_request_id("k3serve-local-prompt");
-    request.mutable_prompt_token_ids()->Add(options->prompt.begin(), options->prompt.end());
+    request.mutable_prompt_token_ids()->Add(options.prompt.begin(), options.prompt.end());
     request.mutable_sampling()->set_temperature(0.0f);
-    request.mutable_sampling()->set_max_new_tokens(options->max_new_tokens);
+    request.mutable_sampling()->set_max_new_tokens(options.max_new_tokens);
     absl::StatusOr<GenerateOutcome> outcome =
         GenerateOverGrpc((*cluster)->generate_addresses()[0], request, absl::Minutes(10));
     if (!outcome.ok()) {

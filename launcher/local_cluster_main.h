@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster/command_line.h"
 #include "launcher/local_cluster.h"
 
 namespace k3 {
@@ -27,14 +28,17 @@ struct LocalCommandOptions {
   int max_new_tokens = 16;
 };
 
+// Declares `local`'s flags on `app`; parsing fills `options`.
+void AddLocalFlags(CLI::App* app, LocalCommandOptions* options);
+
 // Parses the arguments after `local`. INVALID_ARGUMENT naming the flag for unknown flags, missing
 // or malformed values. `cluster.binary` stays /proc/self/exe.
 absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args);
 
 // Runs `k3serve local`; returns the exit status (0 after a clean stop or a successful --prompt
-// run, 2 for bad flags, 1 when the cluster failed to start or the generation failed, 130 when
+// run, 1 when the cluster failed to start or the generation failed, 130 when
 // interrupted during startup).
-int LocalClusterCommand(const std::vector<std::string>& args);
+int LocalClusterCommand(LocalCommandOptions options);
 
 }  // namespace k3
 

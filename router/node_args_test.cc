@@ -11,19 +11,19 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
       {"--coordinator", "c:1", "--model=/m", "--slots", "12", "--port", "7000", "--metrics-port",
        "0", "--host", "127.0.0.1"});
   ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->coordinator, "c:1");
-  EXPECT_EQ(options->model, "/m");
+  EXPECT_EQ(options->node.coordinator, "c:1");
+  EXPECT_EQ(options->node.model, "/m");
   EXPECT_EQ(options->slots, 12);
-  EXPECT_EQ(options->port, 7000);
-  EXPECT_EQ(options->metrics_port, 0);
-  EXPECT_EQ(options->host, "127.0.0.1");
+  EXPECT_EQ(options->node.port, 7000);
+  EXPECT_EQ(options->node.metrics_port, 0);
+  EXPECT_EQ(options->node.host, "127.0.0.1");
 
   absl::StatusOr<ExpertNodeOptions> defaults =
       ParseExpertNodeArgs({"--coordinator", "c:1", "--model", "/m", "--slots", "1"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();
-  EXPECT_EQ(defaults->port, 0);
-  EXPECT_EQ(defaults->metrics_port, -1);
-  EXPECT_EQ(defaults->host, "0.0.0.0");
+  EXPECT_EQ(defaults->node.port, 0);
+  EXPECT_EQ(defaults->node.metrics_port, -1);
+  EXPECT_EQ(defaults->node.host, "0.0.0.0");
 
   struct Bad {
     std::vector<std::string> args;
@@ -57,8 +57,8 @@ TEST(NodeArgsTest, RouterNodeFlags) {
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->step_timeout, absl::Milliseconds(250));
   EXPECT_EQ(options->qb_bins, 0);
-  EXPECT_EQ(options->metrics_port, 9100);
-  EXPECT_EQ(options->port, 0);
+  EXPECT_EQ(options->node.metrics_port, 9100);
+  EXPECT_EQ(options->node.port, 0);
 
   absl::StatusOr<RouterNodeOptions> defaults =
       ParseRouterNodeArgs({"--coordinator", "c:1", "--model", "/m"});

@@ -16,6 +16,10 @@
 // placement is in force and all its workers are connected. With --metrics-port, HTTP /metrics
 // (RouterCore's metrics) and /healthz.
 //
+// The node is one actor (cluster/actor.h): its mailbox takes the data plane's polling, the
+// cluster states and the RouterControl calls, so RouterCore is only ever used from that thread.
+// Start-up, endpoints and shutdown are the node runtime's (cluster/node_runtime.h).
+//
 // SIGINT/SIGTERM: answers the steps in flight with UNAVAILABLE, leaves the cluster, closes the
 // transport, exits 0. UCX_TLS / UCX_NET_DEVICES in the environment choose UCX's transports.
 #ifndef K3SERVE_ROUTER_ROUTER_NODE_H_
@@ -26,25 +30,26 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/command_line.h"
 
 namespace k3 {
 
 struct RouterNodeOptions {
-  std::string coordinator;  // host:port
-  std::string model;        // checkpoint folder
-  std::string host = "0.0.0.0";  // gRPC and metrics listen here; advertised unless a wildcard
-  int port = 0;             // gRPC; 0 picks one
-  int metrics_port = -1;    // -1: no HTTP metrics; 0 picks one
+  NodeFlags node;
   absl::Duration step_timeout = absl::Seconds(5);
   int qb_bins = 100;
 };
+
+// Declares the router's flags on `app`; parsing fills `options`.
+void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options);
 
 // INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
 absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args);
 
 // Parses `args` (after the subcommand) and runs the router until SIGINT/SIGTERM. Returns the exit
 // status: 0 after a clean shutdown, 2 for bad flags, 1 when it could not start.
-int RunRouterNode(const std::vector<std::string>& args);
+// Runs the router node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
+int RunRouterNode(const RouterNodeOptions& options);
 
 }  // namespace k3
 

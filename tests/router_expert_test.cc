@@ -137,7 +137,7 @@ class RouterExpertTest : public ::testing::Test {
     weights_ = *std::move(weights);
 
     CoordinatorMainOptions options;
-    options.host = kHost;
+    options.node.host = kHost;
     options.coordinator.num_experts = config->num_experts;
     options.coordinator.num_moe_layers = config->NumMoeLayers();
     options.coordinator.expected_expert_nodes = 2;

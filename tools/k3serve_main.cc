@@ -1,43 +1,40 @@
-// k3serve: one binary for every role and tool; the first argument picks the subcommand.
+// k3serve: one binary for every role and tool; the first argument picks the subcommand, and
+// `k3serve <command> --help` lists its flags.
 #include <malloc.h>
 
+#include <algorithm>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <glog/logging.h>
 
 #include "attention_nodes/attention_server.h"
+#include "cluster/command_line.h"
 #include "coordinator/coordinator_main.h"
-#include "launcher/local_cluster_main.h"
 #include "expert_nodes/expert_node.h"
+#include "launcher/local_cluster_main.h"
 #include "router/router_node.h"
 #include "tools/local_commands.h"
 
 namespace {
 
-constexpr char kUsage[] = R"(usage: k3serve <command> [flags]
+// A parsed subcommand runs through its `run`, which holds the options its flags filled.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
 
-commands:
-  random-checkpoint --config k3-tiny|k3-tiny-8|kimi-linear-tiny|k3-perf|FILE.json --seed N --out DIR [--shards N]
-  logits    --model DIR --tokens 1,2,3 --out FILE [--decode]
-  generate  (--model DIR | --server HOST:PORT) --tokens 1,2,3 --max-new-tokens N
-            [--temperature T --top-p P --top-k K --seed S --stop-token-ids a,b]
-            [--request-id ID --timeout-ms T]  (with --server)
-  attention --coordinator HOST:PORT --model DIR [--port P --host H --metrics-port P]
-            [--max-batch-tokens N --max-sequences N --max-new-tokens-limit N]
-            [--max-prompt-tokens N --moe-timeout-ms T --drain-timeout-ms T]
-  coordinator [--port P --host H --metrics-port P] --model M [--expected-experts E]
-            [--required-roles attention,router,expert] [--load-stats-interval-ms T]
-            [--rebalance-interval-ms T --spare-slots-per-worker S]
-            [--online-bias-interval-ms T (changes outputs)] (see cluster/coordinator_main.h)
-  router    --coordinator HOST:PORT --model DIR [--port P --host H --metrics-port P]
-            [--step-timeout-ms T --qb-bins B]
-  expert    --coordinator HOST:PORT --model DIR --slots N [--port P --host H --metrics-port P]
-  local     --model DIR [--attention A --routers R --experts E --expert-slots 3,5,8]
-            [--base-port P --host H --metrics --log-dir DIR] [--prompt 1,2,3 --max-new-tokens N]
-  qb        --scores FILE --tokens T --experts N --top-k K [--bias FILE] [--bins B | --exact]
-)";
+template <typename Options, typename Run>
+void AddCommand(CLI::App* top, std::vector<Command>* commands, const std::string& name,
+                const std::string& help, void (*add_flags)(CLI::App*, Options*), Run run) {
+  auto options = std::make_shared<Options>();
+  CLI::App* app = top->add_subcommand(name, help);
+  add_flags(app, options.get());
+  commands->push_back({app, [options, run] { return run(*options); }});
+}
 
 }  // namespace
 
@@ -48,32 +45,49 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  if (argc < 2) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  const std::string command = argv[1];
-  const std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "random-checkpoint") return k3::RandomCheckpointCommand(args);
-  if (command == "logits") return k3::LogitsCommand(args);
-  if (command == "generate") return k3::GenerateCommand(args);
-  if (command == "attention") return k3::RunAttentionNode(args);
-  if (command == "router") return k3::RunRouterNode(args);
-  if (command == "expert") return k3::RunExpertNode(args);
-  if (command == "coordinator") {
-    absl::StatusOr<k3::CoordinatorMainOptions> options = k3::ParseCoordinatorArgs(args);
-    if (!options.ok()) {
-      std::cerr << "k3serve coordinator: " << options.status().message() << "\n";
+
+  CLI::App top{"k3serve: the K3 inference service (every role and tool in one binary)",
+               "k3serve"};
+  top.require_subcommand(1);
+  std::vector<Command> commands;
+  using namespace k3;
+  AddCommand(&top, &commands, "random-checkpoint", "write a random-weight checkpoint",
+             AddRandomCheckpointFlags, RandomCheckpointCommand);
+  AddCommand(&top, &commands, "logits", "raw logits of a prompt, in process", AddLogitsFlags,
+             LogitsCommand);
+  AddCommand(&top, &commands, "generate", "generate tokens in process or through a server",
+             AddGenerateFlags, GenerateCommand);
+  AddCommand(&top, &commands, "coordinator", "the coordinator: membership, placement, balancing",
+             AddCoordinatorFlags, RunCoordinator);
+  AddCommand(&top, &commands, "attention", "an attention worker: the public Generate API",
+             AddAttentionFlags, RunAttentionNode);
+  AddCommand(&top, &commands, "router", "a router: gate, dispatch and combine of MoE layers",
+             AddRouterNodeFlags, RunRouterNode);
+  AddCommand(&top, &commands, "expert", "an expert worker: a slice of the routed experts",
+             AddExpertNodeFlags, RunExpertNode);
+  AddCommand(&top, &commands, "local", "a local cluster of processes on this host",
+             AddLocalFlags, [](const LocalCommandOptions& o) { return LocalClusterCommand(o); });
+  AddCommand(&top, &commands, "qb", "offline QB (quantile balancing) statistics", AddQbFlags,
+             QbCommand);
+
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const Command& c : commands) names.push_back(c.app->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      const std::string nearest = NearestName(argv[1], names);
+      std::cerr << "k3serve: unknown command '" << argv[1] << "'"
+                << (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") << "\n"
+                << top.help();
       return 2;
     }
-    return k3::RunCoordinator(*options);
   }
-  if (command == "local") return k3::LocalClusterCommand(args);
-  if (command == "qb") return k3::QbCommand(args);
-  if (command == "help" || command == "--help" || command == "-h") {
-    std::cout << kUsage;
-    return 0;
+  try {
+    top.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return ReportParseError(top, e);
   }
-  std::cerr << "k3serve: unknown command '" << command << "'\n" << kUsage;
-  return 2;
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return 2;  // require_subcommand(1) makes this unreachable
 }

@@ -13,15 +13,11 @@
 #include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"
 #include "router/qb_tool.h"
-#include "tools/cli_flags.h"
 
 namespace k3 {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::cerr << "k3serve: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
+int Fail(const absl::Status& status) { return ReportError("", status); }
 
 // Prints loading progress to stderr, at most every 10% (big checkpoints take a while).
 void ShowProgress(size_t done, size_t total) {
@@ -46,39 +42,21 @@ absl::StatusOr<ModelConfig> ConfigFromFlag(const std::string& value) {
 // `generate --server`: one Generate call. Sampling flags that are not given are left unset, so
 // the server's defaults apply (greedy, 16 new tokens, a random seed). Prints the new tokens like
 // the local mode; a failed call prints its gRPC code and message.
-int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
-  absl::StatusOr<std::string> server = flags.String("server");
-  absl::StatusOr<int64_t> timeout_ms = flags.Int("timeout-ms", 0);
-  for (const absl::Status& s : {server.status(), timeout_ms.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*timeout_ms < 0) return Fail(absl::InvalidArgumentError("--timeout-ms must be >= 0"));
+int RemoteGenerate(const GenerateCommandOptions& o) {
   k3serve::v1::GenerateRequest request;
-  request.set_request_id(flags.StringOr("request-id", ""));
-  request.mutable_prompt_token_ids()->Add(tokens.begin(), tokens.end());
+  request.set_request_id(o.request_id);
+  request.mutable_prompt_token_ids()->Add(o.tokens.begin(), o.tokens.end());
   k3serve::v1::SamplingParams& sampling = *request.mutable_sampling();
-  absl::StatusOr<int64_t> max_new = flags.Int("max-new-tokens", 0);
-  absl::StatusOr<double> temperature = flags.Double("temperature", 0.0);
-  absl::StatusOr<double> top_p = flags.Double("top-p", 1.0);
-  absl::StatusOr<int64_t> top_k = flags.Int("top-k", 0);
-  absl::StatusOr<int64_t> seed = flags.Int("seed", 0);
-  for (const absl::Status& s : {max_new.status(), temperature.status(), top_p.status(),
-                                top_k.status(), seed.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (flags.Has("max-new-tokens")) sampling.set_max_new_tokens(static_cast<int32_t>(*max_new));
-  if (flags.Has("temperature")) sampling.set_temperature(static_cast<float>(*temperature));
-  if (flags.Has("top-p")) sampling.set_top_p(static_cast<float>(*top_p));
-  if (flags.Has("top-k")) sampling.set_top_k(static_cast<int32_t>(*top_k));
-  if (flags.Has("seed")) sampling.set_seed(static_cast<uint64_t>(*seed));
-  if (flags.Has("stop-token-ids")) {
-    absl::StatusOr<std::vector<int32_t>> stops = flags.IntList("stop-token-ids");
-    if (!stops.ok()) return Fail(stops.status());
-    sampling.mutable_stop_token_ids()->Add(stops->begin(), stops->end());
-  }
+  const GenerateOptions& g = o.generate;
+  if (o.has_max_new_tokens) sampling.set_max_new_tokens(g.max_new_tokens);
+  if (o.has_temperature) sampling.set_temperature(g.sampling.temperature);
+  if (o.has_top_p) sampling.set_top_p(g.sampling.top_p);
+  if (o.has_top_k) sampling.set_top_k(g.sampling.top_k);
+  if (o.has_seed) sampling.set_seed(g.sampling.seed);
+  sampling.mutable_stop_token_ids()->Add(g.stop_token_ids.begin(), g.stop_token_ids.end());
   absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-      *server, request,
-      *timeout_ms > 0 ? absl::Milliseconds(*timeout_ms) : absl::InfiniteDuration());
+      o.server, request,
+      o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::InfiniteDuration());
   if (!outcome.ok()) {
     std::cerr << "k3serve: " << absl::StatusCodeToString(outcome.status().code()) << ": "
               << outcome.status().message() << "\n";
@@ -98,115 +76,118 @@ int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
 
 }  // namespace
 
-int RandomCheckpointCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(args, {"config", "seed", "out", "shards"});
-  if (!flags.ok()) return Fail(flags.status());
-  absl::StatusOr<std::string> config_name = flags->String("config");
-  absl::StatusOr<std::string> out = flags->String("out");
-  absl::StatusOr<int64_t> seed = flags->Int("seed", 0);
-  absl::StatusOr<int64_t> shards = flags->Int("shards", 1);
-  for (const absl::Status& s : {config_name.status(), out.status(), seed.status(), shards.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*shards < 1) return Fail(absl::InvalidArgumentError("--shards must be at least 1"));
-  absl::StatusOr<ModelConfig> config = ConfigFromFlag(*config_name);
+void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* options) {
+  app->add_option("--config", options->config,
+                  "k3-tiny | k3-tiny-8 | kimi-linear-tiny | k3-perf | FILE.json")
+      ->required();
+  app->add_option("--seed", options->seed, "random seed")->capture_default_str();
+  app->add_option("--out", options->out, "folder to write")->required();
+  AddBoundedInt(app, "--shards", &options->shards, 1, 1 << 16, "safetensors files");
+}
+
+int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
+  absl::StatusOr<ModelConfig> config = ConfigFromFlag(options.config);
   if (!config.ok()) return Fail(config.status());
-  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(*seed), *out,
-                                             static_cast<int>(*shards));
+  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(options.seed),
+                                             options.out, options.shards);
       !s.ok()) {
     return Fail(s);
   }
-  std::cerr << "wrote a random " << *config_name << " checkpoint to " << *out << "\n";
+  std::cerr << "wrote a random " << options.config << " checkpoint to " << options.out << "\n";
   return 0;
 }
 
-int LogitsCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(args, {"model", "tokens", "out"}, {"decode"});
-  if (!flags.ok()) return Fail(flags.status());
-  absl::StatusOr<std::string> model = flags->String("model");
-  absl::StatusOr<std::string> out = flags->String("out");
-  absl::StatusOr<std::vector<int32_t>> tokens = flags->IntList("tokens");
-  for (const absl::Status& s : {model.status(), out.status(), tokens.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model, ShowProgress);
+void AddLogitsFlags(CLI::App* app, LogitsOptions* options) {
+  app->add_option("--model", options->model, "checkpoint folder")->required();
+  AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX, "prompt token ids")->required();
+  app->add_option("--out", options->out, "raw little-endian float32 [tokens, vocab]")->required();
+  app->add_flag("--decode", options->decode, "one token at a time (the decode path)");
+}
+
+int LogitsCommand(const LogitsOptions& options) {
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Open(options.model, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
-  absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(*tokens, flags->Has("decode"));
+  absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(options.tokens, options.decode);
   if (!logits.ok()) return Fail(logits.status());
-  std::ofstream file(*out, std::ios::binary | std::ios::trunc);
+  std::ofstream file(options.out, std::ios::binary | std::ios::trunc);
   file.write(reinterpret_cast<const char*>(logits->data()),
              static_cast<std::streamsize>(logits->size() * sizeof(float)));
   file.close();
-  if (!file) return Fail(absl::InternalError(absl::StrCat("cannot write ", *out)));
+  if (!file) return Fail(absl::InternalError(absl::StrCat("cannot write ", options.out)));
   return 0;
 }
 
-int GenerateCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(
-      args, {"model", "server", "tokens", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-             "stop-token-ids", "request-id", "timeout-ms"});
-  if (!flags.ok()) return Fail(flags.status());
-  absl::StatusOr<std::vector<int32_t>> tokens = flags->IntList("tokens");
-  absl::StatusOr<int64_t> max_new = flags->Int("max-new-tokens", 16);
-  absl::StatusOr<double> temperature = flags->Double("temperature", 0.0);
-  absl::StatusOr<double> top_p = flags->Double("top-p", 1.0);
-  absl::StatusOr<int64_t> top_k = flags->Int("top-k", 0);
-  absl::StatusOr<int64_t> seed = flags->Int("seed", 0);
-  for (const absl::Status& s : {tokens.status(), max_new.status(), temperature.status(),
-                                top_p.status(), top_k.status(), seed.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  GenerateOptions options;
-  options.max_new_tokens = static_cast<int>(*max_new);
-  options.sampling.temperature = static_cast<float>(*temperature);
-  options.sampling.top_p = static_cast<float>(*top_p);
-  options.sampling.top_k = static_cast<int>(*top_k);
-  options.sampling.seed = static_cast<uint64_t>(*seed);
-  if (flags->Has("stop-token-ids")) {
-    absl::StatusOr<std::vector<int32_t>> stops = flags->IntList("stop-token-ids");
-    if (!stops.ok()) return Fail(stops.status());
-    options.stop_token_ids = *stops;
-  }
-  if (flags->Has("server")) {
-    if (flags->Has("model")) {
-      return Fail(absl::InvalidArgumentError("give --model or --server, not both"));
+void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
+  GenerateOptions& g = options->generate;
+  CLI::Option* model = app->add_option("--model", options->model, "checkpoint folder (in process)");
+  CLI::Option* server = app->add_option("--server", options->server, "HOST:PORT of a cluster");
+  model->excludes(server);
+  AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX, "prompt token ids")->required();
+  AddBoundedInt(app, "--max-new-tokens", &g.max_new_tokens, 1, 1 << 24, "new tokens at most")
+      ->each([options](const std::string&) { options->has_max_new_tokens = true; });
+  app->add_option_function<double>(
+         "--temperature",
+         [options](double t) {
+           options->generate.sampling.temperature = static_cast<float>(t);
+           options->has_temperature = true;
+         },
+         "0 is greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  app->add_option_function<double>(
+         "--top-p",
+         [options](double p) {
+           options->generate.sampling.top_p = static_cast<float>(p);
+           options->has_top_p = true;
+         },
+         "nucleus sampling mass")
+      ->check(CLI::Range(0.0, 1.0));
+  AddBoundedInt(app, "--top-k", &g.sampling.top_k, 0, 1 << 24, "0: no top-k cut")
+      ->each([options](const std::string&) { options->has_top_k = true; });
+  app->add_option_function<uint64_t>(
+      "--seed",
+      [options](uint64_t seed) {
+        options->generate.sampling.seed = seed;
+        options->has_seed = true;
+      },
+      "sampling seed");
+  AddIntList(app, "--stop-token-ids", &g.stop_token_ids, 0, INT32_MAX,
+             "tokens that end the generation");
+  app->add_option("--request-id", options->request_id, "with --server")->needs(server);
+  AddBoundedInt(app, "--timeout-ms", &options->timeout_ms, 0, int64_t{1} << 40,
+                "with --server; 0: none")
+      ->needs(server);
+  app->final_callback([options] {
+    if (options->model.empty() && options->server.empty()) {
+      throw CLI::ValidationError("give --model DIR or --server HOST:PORT");
     }
-    return RemoteGenerate(*flags, *tokens);
-  }
-  absl::StatusOr<std::string> model = flags->String("model");
-  if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model, ShowProgress);
+  });
+}
+
+int GenerateCommand(const GenerateCommandOptions& options) {
+  if (!options.server.empty()) return RemoteGenerate(options);
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Open(options.model, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
-  absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(*tokens, options);
+  absl::StatusOr<std::vector<int32_t>> generated =
+      (*engine)->Generate(options.tokens, options.generate);
   if (!generated.ok()) return Fail(generated.status());
   std::cout << absl::StrJoin(*generated, " ") << "\n";
   return 0;
 }
 
-int QbCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args, {"scores", "tokens", "experts", "top-k", "bias", "bins"}, {"exact"});
-  if (!flags.ok()) return Fail(flags.status());
-  QbToolOptions options;
-  absl::StatusOr<std::string> scores = flags->String("scores");
-  absl::StatusOr<int64_t> tokens = flags->Int("tokens", 0);
-  absl::StatusOr<int64_t> experts = flags->Int("experts", 0);
-  absl::StatusOr<int64_t> top_k = flags->Int("top-k", 0);
-  absl::StatusOr<int64_t> bins = flags->Int("bins", options.bins);
-  for (const absl::Status& s :
-       {scores.status(), tokens.status(), experts.status(), top_k.status(), bins.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (flags->Has("bins") && flags->Has("exact")) {
-    return Fail(absl::InvalidArgumentError("--bins and --exact exclude each other"));
-  }
-  options.scores_path = *scores;
-  options.tokens = *tokens;
-  options.experts = static_cast<int>(*experts);
-  options.top_k = static_cast<int>(*top_k);
-  options.bins = static_cast<int>(*bins);
-  options.bias_path = flags->StringOr("bias", "");
-  options.exact = flags->Has("exact");
+void AddQbFlags(CLI::App* app, QbToolOptions* options) {
+  app->add_option("--scores", options->scores_path, "float32 [tokens, experts] gate scores")
+      ->required();
+  AddBoundedInt(app, "--tokens", &options->tokens, 1, int64_t{1} << 40, "tokens")->required();
+  AddBoundedInt(app, "--experts", &options->experts, 1, 1 << 20, "experts")->required();
+  AddBoundedInt(app, "--top-k", &options->top_k, 1, 1 << 20, "experts per token")->required();
+  app->add_option("--bias", options->bias_path, "float32 [experts] bias (default zero)");
+  CLI::Option* bins = AddBoundedInt(app, "--bins", &options->bins, 1, 1 << 20, "histogram bins");
+  app->add_flag("--exact", options->exact, "type-7 quantiles of the raw values")->excludes(bins);
+}
+
+int QbCommand(const QbToolOptions& options) {
   if (absl::Status s = RunQbTool(options, std::cout); !s.ok()) return Fail(s);
   return 0;
 }

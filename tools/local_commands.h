@@ -1,19 +1,54 @@
-// The single-process k3serve subcommands: random-checkpoint, logits, local generate
-// and the offline QB tool.
-// Each takes the arguments after the subcommand name and returns the process exit status after
-// printing errors to stderr.
+// The single-process k3serve subcommands: random-checkpoint, logits, generate (in process or
+// through a server) and the offline QB tool. Each declares its flags on a CLI::App (AddXxxFlags)
+// and runs from the parsed options, returning the process exit status after printing errors to
+// stderr.
 #ifndef K3SERVE_TOOLS_LOCAL_COMMANDS_H_
 #define K3SERVE_TOOLS_LOCAL_COMMANDS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cluster/command_line.h"
+#include "engine/local_engine.h"
+#include "router/qb_tool.h"
+
 namespace k3 {
 
-int RandomCheckpointCommand(const std::vector<std::string>& args);
-int LogitsCommand(const std::vector<std::string>& args);
-int GenerateCommand(const std::vector<std::string>& args);
-int QbCommand(const std::vector<std::string>& args);
+struct RandomCheckpointCommandOptions {
+  std::string config;  // a named test config or a config.json
+  int64_t seed = 0;
+  std::string out;
+  int shards = 1;
+};
+void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* options);
+int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options);
+
+struct LogitsOptions {
+  std::string model;
+  std::vector<int32_t> tokens;
+  std::string out;
+  bool decode = false;
+};
+void AddLogitsFlags(CLI::App* app, LogitsOptions* options);
+int LogitsCommand(const LogitsOptions& options);
+
+struct GenerateCommandOptions {
+  std::string model;   // in process
+  std::string server;  // or through a server (HOST:PORT)
+  std::vector<int32_t> tokens;
+  GenerateOptions generate;
+  std::string request_id;  // with --server
+  int64_t timeout_ms = 0;  // with --server; 0: none
+  // With --server, the sampling flags the user gave: the others stay unset (server defaults).
+  bool has_max_new_tokens = false, has_temperature = false, has_top_p = false, has_top_k = false,
+       has_seed = false;
+};
+void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options);
+int GenerateCommand(const GenerateCommandOptions& options);
+
+void AddQbFlags(CLI::App* app, QbToolOptions* options);
+int QbCommand(const QbToolOptions& options);
 
 }  // namespace k3
 

@@ -1,0 +1,91 @@
+// Command-line parsing for every k3serve subcommand, on CLI11 (Debian's libcli11-dev).
+//
+// A subcommand declares its flags on a CLI::App with AddXxxFlags(app, &options); the same
+// declaration serves the binary (tools/k3serve_main.cc parses all subcommands at once, with --help
+// on each) and tests and callers that parse one subcommand's arguments (ParseFlags). CLI11 reports
+// errors by throwing; nothing here lets an exception out: errors become INVALID_ARGUMENT naming the
+// flag, with the nearest known flag suggested for a typo.
+//
+// Thread-compatible: an App and the options it fills belong to one thread.
+#ifndef K3SERVE_CLUSTER_COMMAND_LINE_H_
+#define K3SERVE_CLUSTER_COMMAND_LINE_H_
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace k3 {
+
+// The flags every node role takes: --coordinator HOST:PORT and --model DIR (required), --host
+// (listen address, advertised unless a wildcard), --port (gRPC; 0 picks a free one) and
+// --metrics-port (HTTP /metrics; -1: none, 0 picks one).
+struct NodeFlags {
+  std::string coordinator;
+  std::string model;
+  std::string host = "0.0.0.0";
+  int port = 0;
+  int metrics_port = -1;
+};
+
+void AddNodeFlags(CLI::App* app, NodeFlags* flags);
+// Only --host, --port and --metrics-port (a role that registers with no coordinator).
+void AddListenFlags(CLI::App* app, NodeFlags* flags);
+
+// --name N, an integer in [min, max]; the default shown in --help is *value's.
+CLI::Option* AddBoundedInt(CLI::App* app, const std::string& name, int64_t* value, int64_t min,
+                           int64_t max, const std::string& help);
+CLI::Option* AddBoundedInt(CLI::App* app, const std::string& name, int* value, int64_t min,
+                           int64_t max, const std::string& help);
+
+// --name MS, a whole number of milliseconds in [min_ms, max_ms] stored as a duration.
+CLI::Option* AddMilliseconds(CLI::App* app, const std::string& name, absl::Duration* value,
+                             int64_t min_ms, int64_t max_ms, const std::string& help);
+
+// --name 1,2,3: comma-separated 32-bit integers, each in [min, max]; an empty element ("1,,2"),
+// a sign on its own or a value out of range is an error.
+CLI::Option* AddIntList(CLI::App* app, const std::string& name, std::vector<int32_t>* values,
+                        int64_t min, int64_t max, const std::string& help);
+
+// Strict parse of "1,2,3" as AddIntList does; INVALID_ARGUMENT naming `what`.
+absl::StatusOr<std::vector<int32_t>> ParseIntList(const std::string& text, const std::string& what,
+                                                  int64_t min = INT32_MIN, int64_t max = INT32_MAX);
+
+// Parses `args` (without the program and subcommand names) into `app`. INVALID_ARGUMENT with the
+// parser's message (and a suggestion for an unknown flag); --help gives FAILED_PRECONDITION with
+// the help text as its message.
+absl::Status ParseArgs(CLI::App* app, const std::vector<std::string>& args);
+
+// ParseArgs into a fresh App that `add` declares flags on; returns the options it filled.
+template <typename Options>
+absl::StatusOr<Options> ParseFlags(const std::function<void(CLI::App*, Options*)>& add,
+                                   const std::vector<std::string>& args) {
+  CLI::App app;
+  Options options;
+  add(&app, &options);
+  if (absl::Status s = ParseArgs(&app, args); !s.ok()) return s;
+  return options;
+}
+
+// For the binary: prints the outcome of a failed parse of `app` (help to stdout, errors to stderr
+// with a suggestion for an unknown flag or subcommand) and returns the exit status (0 for --help,
+// 2 otherwise).
+int ReportParseError(const CLI::App& app, const CLI::ParseError& error);
+
+// Prints "k3serve <command>: <message>" to stderr; returns the exit status: 2 for
+// INVALID_ARGUMENT (the caller's mistake), 1 otherwise.
+int ReportError(const std::string& command, const absl::Status& status);
+
+// The known name nearest `typo` in edit distance, if it is close enough to be a likely typo
+// ("" otherwise).
+std::string NearestName(const std::string& typo, const std::vector<std::string>& names);
+
+}  // namespace k3
+
+#endif  // K3SERVE_CLUSTER_COMMAND_LINE_H_

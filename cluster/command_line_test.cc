@@ -1,0 +1,93 @@
+#include "cluster/command_line.h"
+
+#include <gtest/gtest.h>
+
+namespace k3 {
+namespace {
+
+struct Options {
+  NodeFlags node;
+  int count = 3;
+  absl::Duration timeout = absl::Seconds(5);
+  std::vector<int32_t> tokens;
+};
+
+void AddOptions(CLI::App* app, Options* o) {
+  AddNodeFlags(app, &o->node);
+  AddBoundedInt(app, "--count", &o->count, 1, 100, "count");
+  AddMilliseconds(app, "--timeout-ms", &o->timeout, 1, 60000, "timeout");
+  AddIntList(app, "--tokens", &o->tokens, 0, 1000, "tokens");
+}
+
+absl::StatusOr<Options> Parse(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {"--coordinator", "c:1", "--model", "/m"};
+  all.insert(all.end(), args.begin(), args.end());
+  return ParseFlags<Options>(AddOptions, all);
+}
+
+TEST(CommandLineTest, ParsesValuesAndKeepsDefaults) {
+  absl::StatusOr<Options> o = Parse({"--count=7", "--tokens", "1,2,3", "--port", "9000"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->node.coordinator, "c:1");
+  EXPECT_EQ(o->node.model, "/m");
+  EXPECT_EQ(o->node.port, 9000);
+  EXPECT_EQ(o->node.metrics_port, -1);
+  EXPECT_EQ(o->node.host, "0.0.0.0");
+  EXPECT_EQ(o->count, 7);
+  EXPECT_EQ(o->timeout, absl::Seconds(5));
+  EXPECT_EQ(o->tokens, (std::vector<int32_t>{1, 2, 3}));
+  o = Parse({"--timeout-ms", "250"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->timeout, absl::Milliseconds(250));
+  EXPECT_EQ(o->count, 3);
+}
+
+TEST(CommandLineTest, RejectsWhatWouldWrapOrPassSilently) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--count", "4294967297"},  // would wrap to 1 as a 32-bit int
+           {"--count", "-5"},
+           {"--count", "0"},
+           {"--count", "99999999999999999999"},
+           {"--count", "5x"},
+           {"--count", ""},
+           {"--port", "70000"},
+           {"--timeout-ms", "0"},
+           {"--tokens", "1,,2"},
+           {"--tokens", "1,2,"},
+           {"--tokens", "1001"},
+           {"--tokens", "-1"},
+           {"--tokens", "a"},
+           {"--cuont", "3"},
+           {"stray"},
+       }) {
+    absl::StatusOr<Options> o = Parse(args);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << args[0];
+  }
+}
+
+TEST(CommandLineTest, RequiredFlagsAndTypoSuggestion) {
+  absl::StatusOr<Options> o = ParseFlags<Options>(AddOptions, {"--model", "/m"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("--coordinator"), absl::string_view::npos)
+      << o.status().message();
+  o = Parse({"--metrics-prot", "1"});
+  EXPECT_NE(o.status().message().find("did you mean --metrics-port?"), absl::string_view::npos)
+      << o.status().message();
+}
+
+TEST(CommandLineTest, HelpListsEveryFlag) {
+  absl::StatusOr<Options> o = Parse({"--help"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* flag : {"--coordinator", "--model", "--port", "--count", "--timeout-ms"}) {
+    EXPECT_NE(o.status().message().find(flag), absl::string_view::npos) << flag;
+  }
+}
+
+TEST(CommandLineTest, NearestName) {
+  EXPECT_EQ(NearestName("--prot", {"--port", "--host"}), "--port");
+  EXPECT_EQ(NearestName("--xyz", {"--port", "--host"}), "");
+  EXPECT_EQ(NearestName("--port", {"--port"}), "");  // not a typo
+}
+
+}  // namespace
+}  // namespace k3

@@ -1,0 +1,104 @@
+// The node runtime every role's process runs on: the public endpoints (gRPC with grpc.health.v1,
+// HTTP /metrics), registration with the coordinator, and the process life cycle (start, serve
+// until SIGINT/SIGTERM or a fatal error, drain, shut down).
+//
+// A role (attention worker, router, expert worker, coordinator) supplies its hooks as a RoleHooks
+// and its services to NodeEndpoints; nothing else about starting or stopping a node is written per
+// role.
+#ifndef K3SERVE_CLUSTER_NODE_RUNTIME_H_
+#define K3SERVE_CLUSTER_NODE_RUNTIME_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cluster/command_line.h"
+#include "cluster/coordinator_client.h"
+#include "cluster/grpc_server.h"
+#include "cluster/metrics.h"
+#include "proto/cluster.pb.h"
+
+namespace k3 {
+
+// A role's hooks. RunNode calls Start once, Failure between its waits, and Shutdown once (also
+// after a failed Start, so Shutdown must cope with a partial start). The constructor must not
+// start threads: RunNode blocks the stop signals first, and threads inherit the mask.
+class RoleHooks {
+ public:
+  virtual ~RoleHooks() = default;
+  virtual absl::Status Start() = 0;
+  // Non-OK once the role can no longer serve and the process should exit with an error.
+  // Called from RunNode's thread; implementations make it thread-safe.
+  virtual absl::Status Failure() { return absl::OkStatus(); }
+  // Drains what is in flight (within the role's own deadline) and releases everything.
+  virtual void Shutdown() = 0;
+};
+
+// Runs `role` as this process until SIGINT/SIGTERM or Failure(). Returns the exit status: 0 after
+// a signal, 1 when it could not start or failed. `name` prefixes the log lines ("router node").
+int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role);
+
+struct NodeEndpointsOptions {
+  NodeFlags flags;
+  // The role registered with the coordinator; ROLE_UNSPECIFIED for a node outside any cluster
+  // (no registration: Register must not be called).
+  k3serve::cluster::v1::Role role = k3serve::cluster::v1::ROLE_UNSPECIFIED;
+  // The health service that SetReady turns SERVING; "" (overall liveness) is SERVING from the
+  // start.
+  std::string readiness_service;
+  std::vector<grpc::Service*> services;  // not owned; must outlive the endpoints
+  // The readiness /healthz reports on the metrics port; null: the readiness service's state.
+  std::function<absl::Status()> readiness;
+  absl::Duration shutdown_grace = absl::Seconds(1);  // for RPCs in flight at Stop
+};
+
+// The gRPC server, the optional metrics endpoint and the coordinator client of one node.
+// Thread-safe; Stop from one thread.
+class NodeEndpoints {
+ public:
+  static absl::StatusOr<std::unique_ptr<NodeEndpoints>> Start(NodeEndpointsOptions options);
+  ~NodeEndpoints();  // Stop()
+
+  // Registers with the coordinator at options.flags.coordinator as `node` (role, addresses and
+  // metrics address are filled in here; the role adds what is its own, e.g. the transport
+  // address) and reports cluster state changes to `callbacks` from the client's thread. Call it
+  // once, when everything the callbacks touch exists.
+  void Register(k3serve::cluster::v1::NodeInfo node, CoordinatorCallbacks callbacks);
+
+  // Readiness (options.readiness_service and the metrics /healthz when no readiness was given).
+  void SetReady(bool ready);
+  bool ready() const;
+
+  int port() const { return server_->port(); }
+  int metrics_port() const { return http_ ? http_->port() : -1; }
+  const std::string& grpc_address() const { return grpc_address_; }  // advertised host:port
+  // Null before Register.
+  CoordinatorClient* client() const { return client_.get(); }
+
+  // Leaves the cluster (the coordinator client stops, so peers stop sending here); the servers
+  // keep answering until Stop.
+  void Leave();
+  // Leave, then stops the metrics endpoint and the gRPC server (1 s grace). Idempotent.
+  void Stop();
+
+ private:
+  explicit NodeEndpoints(NodeEndpointsOptions options) : options_(std::move(options)) {}
+
+  const NodeEndpointsOptions options_;
+  std::string grpc_address_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopped_{false};
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_CLUSTER_NODE_RUNTIME_H_
