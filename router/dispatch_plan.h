@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "expert_nodes/expert_compute.h"
+#include "moe/expert_assignment.h"
 #include "router/gate.h"
 
 namespace k3 {

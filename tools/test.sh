@@ -3,13 +3,20 @@
 # Installs missing Debian packages first. With CI=true it also runs, under AddressSanitizer and
 # UndefinedBehaviorSanitizer, every test that does not link gRPC (the parsers of untrusted bytes,
 # the kernels, the mixers, the reference, the transports), and stops the Bazel server at the end.
+# Ends with how many tests passed, failed and were skipped (and why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/install_deps.sh
 
 status=0
-bazel test //... || status=$?
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+bazel test //... 2>&1 | tee "$log" || status=$?
+summary=$(tools/test_summary.sh "$log")
+
+# The package layering (docs/ARCHITECTURE.md), checked on the dependency graph.
+tools/check_layering.sh || status=1
 
 # The Kubernetes manifests, validated offline against the API schemas (needs Node.js and the npm
 # registry; skipped with a message where either is missing).
@@ -32,4 +39,5 @@ fi
 if [ "${CI:-}" = "true" ]; then
   bazel shutdown
 fi
+echo "$summary"
 exit $status
