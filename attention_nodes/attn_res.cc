@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "attention_nodes/layer_math.h"
-#include "attention_nodes/simd.h"
 #include "glog/logging.h"
+#include "kernels/simd.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {

@@ -6,7 +6,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "attention_nodes/simd.h"
+#include "kernels/rms_norm.h"
+#include "kernels/simd.h"
 #include "kernels/thread_pool.h"
 #include "model/status_macros.h"
 

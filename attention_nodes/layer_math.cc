@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "attention_nodes/simd.h"
 #include "glog/logging.h"
+#include "kernels/rms_norm.h"
+#include "kernels/simd.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {
@@ -39,32 +40,6 @@ using simd::Store;
 using simd::Vec16;
 
 namespace {
-
-K3_VECTOR_CLONES
-float SumSquares(const float* x, int64_t n) {
-  Vec16 acc0{}, acc1{};
-  int64_t i = 0;
-  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
-    const Vec16 a = Load(x + i), b = Load(x + i + kWidth);
-    acc0 += a * a;
-    acc1 += b * b;
-  }
-  for (; i + kWidth <= n; i += kWidth) {
-    const Vec16 a = Load(x + i);
-    acc0 += a * a;
-  }
-  float sum = simd::Sum(acc0 + acc1);
-  for (; i < n; ++i) sum += x[i] * x[i];
-  return sum;
-}
-
-// y = alpha · x ⊙ gamma; y may equal x.
-K3_VECTOR_CLONES
-void ScaleByVector(const float* x, float alpha, const float* gamma, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth) Store(y + i, Load(x + i) * alpha * Load(gamma + i));
-  for (; i < n; ++i) y[i] = alpha * x[i] * gamma[i];
-}
 
 K3_VECTOR_CLONES
 void WidenBf16(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
@@ -127,17 +102,8 @@ size_t Scratch::ByteSize() const {
   return bytes;
 }
 
-void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* gamma,
-                 float eps, float* y, int64_t y_stride) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * x_stride;
-    const float inv = 1.0f / std::sqrt(SumSquares(xr, dim) / static_cast<float>(dim) + eps);
-    ScaleByVector(xr, inv, gamma, y + r * y_stride, dim);
-  }
-}
-
 void L2NormalizeInPlace(float* x, int64_t dim, float scale) {
-  Scale(scale / std::sqrt(SumSquares(x, dim) + 1e-6f), x, dim);
+  Scale(static_cast<float>(scale / std::sqrt(SumOfSquares(x, dim) + 1e-6)), x, dim);
 }
 
 K3_VECTOR_CLONES

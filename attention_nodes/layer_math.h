@@ -1,9 +1,10 @@
-// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: RMSNorm, the
-// KDA L2 norm, scalar activations, vector loops, a transposed weight product, and a reusable
-// scratch area so that decode steps do not allocate.
+// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: the KDA L2 norm,
+// scalar activations, vector loops, a transposed weight product, and a reusable scratch area so
+// that decode steps do not allocate. RMSNorm is kernels/rms_norm.h.
 //
-// The vector loops are compiled for several x86-64 levels and picked at load time (simd.h), so one
-// binary uses AVX-512 where the CPU has it and still runs on a baseline x86-64.
+// The vector loops are compiled for several x86-64 levels and picked at load time
+// (kernels/simd.h), so one binary uses AVX-512 where the CPU has it and still runs on a baseline
+// x86-64.
 //
 // Thread-safety: the free functions are pure (they touch only their arguments). Scratch is not
 // thread-safe: one per concurrent caller.
@@ -49,11 +50,6 @@ absl::Status CheckWeightMatrix(const char* mixer, const WeightMatrix& m, int64_t
                                int64_t cols, const char* name);
 absl::Status CheckWeightVector(const char* mixer, const std::vector<float>& v, size_t size,
                                const char* name);
-
-// y[r, :] = gamma ⊙ x[r, :] / sqrt(mean(x[r, :]²) + eps) for r in [0, rows) (spec §3.1).
-// `x` and `y` have row strides x_stride, y_stride (>= dim); y may equal x (in place).
-void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* gamma,
-                 float eps, float* y, int64_t y_stride);
 
 // x = scale · x / sqrt(Σ x² + 1e-6) (spec §3.3; the ε sits inside the root, on the sum).
 void L2NormalizeInPlace(float* x, int64_t dim, float scale);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/rms_norm.h"
 #include "kernels/thread_pool.h"
 #include "model/status_macros.h"
 

@@ -124,8 +124,8 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
       }
     }
     const std::vector<float>& mixer_input = attn_res ? hidden_ : prefix_;
-    RmsNorm(mixer_input.data(), lw.input_layernorm.data(), rows, d, config.rms_norm_eps,
-            normed_.data());
+    RmsNormRows(mixer_input.data(), d, rows, d, lw.input_layernorm.data(), config.rms_norm_eps,
+                normed_.data(), d);
     // Projections run once over every row of the batch; the conv, the delta rule and the
     // attention run per sequence over its own state.
     absl::Status mixed;
@@ -155,8 +155,8 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
       DepthRead(lw.mlp_res_proj, lw.mlp_res_norm, rows, hidden_.data());
     }
     const std::vector<float>& ffn_input = attn_res ? hidden_ : prefix_;
-    RmsNorm(ffn_input.data(), lw.post_attention_layernorm.data(), rows, d, config.rms_norm_eps,
-            normed_.data());
+    RmsNormRows(ffn_input.data(), d, rows, d, lw.post_attention_layernorm.data(),
+                config.rms_norm_eps, normed_.data(), d);
     if (absl::Status s = FeedForward(l, rows, ffn_.data()); !s.ok()) return s;
     for (size_t i = 0; i < prefix_.size(); ++i) prefix_[i] += ffn_[i];
   }
@@ -176,8 +176,8 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
       const int64_t count = static_cast<int64_t>(entry.tokens.size());
       const int64_t first = entry.all_logits ? 0 : count - 1;
       for (int64_t t = first; t < count; ++t, ++out_row) {
-        RmsNormRow(hidden_.data() + (r + t) * d, weights_->final_norm.data(), d,
-                   config.rms_norm_eps, selected.data() + out_row * d);
+        RmsNormRows(hidden_.data() + (r + t) * d, d, 1, d, weights_->final_norm.data(),
+                    config.rms_norm_eps, selected.data() + out_row * d, d);
       }
       r += count;
     }

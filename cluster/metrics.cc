@@ -1,16 +1,8 @@
 #include "cluster/metrics.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "httplib.h"
 
 namespace k3 {
 
@@ -278,20 +271,10 @@ MetricsRegistry& DefaultMetrics() {
 
 namespace {
 
-constexpr size_t kMaxRequestBytes = 8192;
+// Scrapes are rare; a second thread keeps one slow client from holding up the next scrape.
+constexpr size_t kServerThreads = 2;
 
-std::string HttpResponse(int code, absl::string_view reason, absl::string_view content_type,
-                         absl::string_view body, bool include_body) {
-  return absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", content_type,
-                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n",
-                      include_body ? body : absl::string_view());
-}
-
-// Milliseconds left until `deadline`, at least 0, for poll.
-int RemainingMs(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
-}
+constexpr char kPlainText[] = "text/plain";
 
 }  // namespace
 
@@ -304,178 +287,83 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (options.io_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("metrics io_timeout must be positive");
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port_str = std::to_string(options.port);
-  const int gai = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
-                              port_str.c_str(), &hints, &res);
-  if (gai != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics host '", options.host, "': ", gai_strerror(gai)));
-  }
-  int fd = -1;
-  std::string last_error = "no address";
-  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-      last_error = std::strerror(errno);
-      continue;
-    }
+  auto http = std::make_unique<httplib::Server>();
+  http->new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let a second server bind
+  // a port that is already serving instead of reporting it taken.
+  http->set_socket_options([](int fd) {
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 16) == 0) break;
-    last_error = std::strerror(errno);
-    close(fd);
-    fd = -1;
+  });
+  http->set_keep_alive_max_count(1);
+  // The wait for a request's first byte is httplib's keep-alive timeout, in whole seconds.
+  http->set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(absl::Ceil(options.io_timeout, absl::Seconds(1)))));
+  http->set_read_timeout(absl::ToChronoMicroseconds(options.io_timeout));
+  http->set_write_timeout(absl::ToChronoMicroseconds(options.io_timeout));
+  http->set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
+    if (request.method == "GET" || request.method == "HEAD") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    response.status = 405;
+    response.set_content("only GET\n", kPlainText);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http->Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
+    response.set_content(registry->ExpositionText(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  auto health_mu = std::make_shared<absl::Mutex>();
+  http->Get("/healthz", [health = std::move(health), health_mu](const httplib::Request&,
+                                                                httplib::Response& response) {
+    absl::Status status;
+    if (health) {
+      absl::MutexLock lock(health_mu.get());
+      status = health();
+    }
+    if (status.ok()) {
+      response.set_content("ok\n", kPlainText);
+    } else {
+      response.status = 503;
+      response.set_content(absl::StrCat(status.message(), "\n"), kPlainText);
+    }
+  });
+  http->Get(".*", [](const httplib::Request&, httplib::Response& response) {
+    response.status = 404;
+    response.set_content("not found\n", kPlainText);
+  });
+
+  const std::string host = options.host.empty() ? "0.0.0.0" : options.host;
+  const int port = options.port == 0 ? http->bind_to_any_port(host)
+                                     : (http->bind_to_port(host, options.port) ? options.port : -1);
+  if (port < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for metrics on ", host, ":", options.port));
   }
-  freeaddrinfo(res);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for metrics on ", options.host, ":",
-                                               options.port, ": ", last_error));
+  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(std::move(http), port));
+  server->thread_ = std::thread([s = server.get()] {
+    if (!s->http_->listen_after_bind()) {
+      LOG(ERROR) << "metrics server on port " << s->port_ << " stopped serving";
+    }
+    s->done_.Notify();
+  });
+  // httplib's stop() only acts once the accept loop runs, so Stop could otherwise miss it.
+  while (!server->http_->is_running()) {
+    if (server->done_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
+      return absl::InternalError(absl::StrCat("metrics server on port ", port, " did not start"));
+    }
   }
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = addr.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd < 0) {
-    close(fd);
-    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
-  }
-  std::unique_ptr<MetricsHttpServer> server(
-      new MetricsHttpServer(options, registry, std::move(health), fd, wake_fd, port));
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
 
-MetricsHttpServer::MetricsHttpServer(const MetricsHttpOptions& options,
-                                     const MetricsRegistry* registry,
-                                     std::function<absl::Status()> health, int listen_fd,
-                                     int wake_fd, int port)
-    : options_(options),
-      registry_(registry),
-      health_(std::move(health)),
-      listen_fd_(listen_fd),
-      wake_fd_(wake_fd),
-      port_(port) {}
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<httplib::Server> http, int port)
+    : http_(std::move(http)), port_(port) {}
 
-MetricsHttpServer::~MetricsHttpServer() {
-  Stop();
-  close(wake_fd_);
-}
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 void MetricsHttpServer::Stop() {
-  if (stopping_.exchange(true)) {
-    return;
-  }
-  const uint64_t one = 1;
-  // An eventfd write of 1 cannot fail short of counter overflow.
-  (void)!write(wake_fd_, &one, sizeof(one));
+  if (stopping_.exchange(true)) return;
+  http_->stop();
   if (thread_.joinable()) thread_.join();
-  close(listen_fd_);
-  listen_fd_ = -1;
-}
-
-void MetricsHttpServer::Serve() {
-  while (!stopping_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      LOG(ERROR) << "metrics server poll: " << std::strerror(errno);
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) continue;  // the client went away, or EAGAIN
-    HandleConnection(conn);
-    close(conn);
-  }
-}
-
-void MetricsHttpServer::HandleConnection(int fd) {
-  const absl::Time deadline = absl::Now() + options_.io_timeout;
-  // Waits until fd is ready for `events`; false on timeout, Stop or error.
-  auto wait_for = [&](int16_t events) {
-    for (;;) {
-      pollfd fds[2] = {{fd, events, 0}, {wake_fd_, POLLIN, 0}};
-      const int n = poll(fds, 2, RemainingMs(deadline));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0 || fds[1].revents != 0) return false;
-      return (fds[0].revents & (events | POLLHUP | POLLERR)) != 0;
-    }
-  };
-  auto send_all = [&](const std::string& data) {
-    size_t sent = 0;
-    while (sent < data.size()) {
-      const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += n;
-      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        if (!wait_for(POLLOUT)) return;
-      } else {
-        return;
-      }
-    }
-  };
-
-  std::string request;
-  size_t header_end = std::string::npos;
-  while (header_end == std::string::npos) {
-    if (request.size() > kMaxRequestBytes) {
-      send_all(HttpResponse(431, "Request Header Fields Too Large", "text/plain",
-                            "request too large\n", true));
-      return;
-    }
-    char buf[2048];
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n > 0) {
-      request.append(buf, n);
-      header_end = request.find("\r\n\r\n");
-      if (header_end == std::string::npos) header_end = request.find("\n\n");
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_for(POLLIN)) return;  // too slow, or stopping: drop it
-    } else {
-      return;  // closed before a full request
-    }
-  }
-
-  // Request line: METHOD SP TARGET SP VERSION.
-  const std::string_view line =
-      std::string_view(request).substr(0, request.find_first_of("\r\n"));
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos) {
-    send_all(HttpResponse(400, "Bad Request", "text/plain", "malformed request line\n", true));
-    return;
-  }
-  const std::string_view method = line.substr(0, sp1);
-  std::string_view path = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  path = path.substr(0, path.find('?'));
-  const bool head = method == "HEAD";
-  if (method != "GET" && !head) {
-    send_all(HttpResponse(405, "Method Not Allowed", "text/plain", "only GET\n", true));
-    return;
-  }
-  if (path == "/metrics") {
-    send_all(HttpResponse(200, "OK", "text/plain; version=0.0.4; charset=utf-8",
-                          registry_->ExpositionText(), !head));
-  } else if (path == "/healthz") {
-    const absl::Status status = health_ ? health_() : absl::OkStatus();
-    if (status.ok()) {
-      send_all(HttpResponse(200, "OK", "text/plain", "ok\n", !head));
-    } else {
-      send_all(HttpResponse(503, "Service Unavailable", "text/plain",
-                            absl::StrCat(status.message(), "\n"), !head));
-    }
-  } else {
-    send_all(HttpResponse(404, "Not Found", "text/plain", "not found\n", !head));
-  }
 }
 
 }  // namespace k3

@@ -28,7 +28,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
 
 namespace k3 {
 
@@ -152,20 +157,22 @@ std::string EscapeLabelValue(const std::string& value);
 std::string FormatMetricValue(double value);
 
 struct MetricsHttpOptions {
-  std::string host = "0.0.0.0";
+  std::string host = "0.0.0.0";  // empty: every IPv4 address, as "0.0.0.0"
   int port = 0;  // 0: the kernel picks one; see MetricsHttpServer::port()
   // A connection that has not sent its whole request, or not taken the response, within this
-  // long is dropped: one slow client cannot hold the server's single thread.
+  // long is dropped: a slow client holds one of the server's threads at most this long. (The wait
+  // for the first byte of a request is rounded up to whole seconds.)
   absl::Duration io_timeout = absl::Seconds(2);
 };
 
 // Serves GET /metrics (the registry's exposition) and GET /healthz (200 "ok", or 503 with the
-// message when `health` returns an error) over HTTP/1.x, one connection at a time, closing
-// each connection after one response. Other paths get 404, other methods 405.
+// message when `health` returns an error) over HTTP/1.x with cpp-httplib, on a small pool of
+// threads, closing each connection after one response. HEAD is answered like GET without the
+// body; other paths get 404, other methods 405, malformed requests 400, over-long ones 414.
 class MetricsHttpServer {
  public:
-  // Binds and starts the serving thread. `registry` must outlive the server. `health` may be
-  // empty (then /healthz is always 200); it runs on the server's thread.
+  // Binds and starts serving. `registry` must outlive the server. `health` may be empty (then
+  // /healthz is always 200); it runs on a server thread, never two calls at once.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const MetricsHttpOptions& options, const MetricsRegistry* registry,
       std::function<absl::Status()> health = nullptr);
@@ -173,24 +180,18 @@ class MetricsHttpServer {
   // Stop().
   ~MetricsHttpServer();
 
-  // Stops accepting, abandons the current connection, joins the thread and closes the port.
-  // Idempotent.
+  // Stops accepting, closes the port, and joins the threads (a connection in progress finishes
+  // or times out first). Idempotent.
   void Stop();
 
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(const MetricsHttpOptions& options, const MetricsRegistry* registry,
-                    std::function<absl::Status()> health, int listen_fd, int wake_fd, int port);
-  void Serve();
-  void HandleConnection(int fd);
+  MetricsHttpServer(std::unique_ptr<httplib::Server> http, int port);
 
-  const MetricsHttpOptions options_;
-  const MetricsRegistry* const registry_;
-  const std::function<absl::Status()> health_;
-  int listen_fd_;  // -1 once stopped
-  const int wake_fd_;  // eventfd: written by Stop to interrupt poll
+  const std::unique_ptr<httplib::Server> http_;
   const int port_;
+  absl::Notification done_;  // the serving thread has returned
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

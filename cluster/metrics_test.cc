@@ -254,7 +254,7 @@ TEST(MetricsHttpTest, ServesMetricsHealthAndErrorsOverARealSocket) {
   EXPECT_EQ(head.code, 200);
   EXPECT_TRUE(head.body.empty());
   EXPECT_EQ(Fetch(port, absl::StrCat("GET /", std::string(20000, 'a'), " HTTP/1.1\r\n\r\n")).code,
-            431);
+            414);  // URI Too Long
 }
 
 TEST(MetricsHttpTest, ASilentClientIsDroppedAfterTheTimeout) {
@@ -267,7 +267,6 @@ TEST(MetricsHttpTest, ASilentClientIsDroppedAfterTheTimeout) {
   const int port = (*server)->port();
   const int silent = Connect(port);  // connects, never sends
   ASSERT_GE(silent, 0);
-  absl::SleepFor(absl::Milliseconds(20));  // let the server pick the silent one first
   const absl::Time start = absl::Now();
   EXPECT_EQ(Get(port, "/healthz").code, 200);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));

@@ -4,11 +4,14 @@
 #include "cluster/ucx_transport.h"
 
 #include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <deque>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -22,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cluster/child_process.h"
+#include "cluster/test_wait.h"
 #include "gtest/gtest.h"
 
 namespace k3 {
@@ -280,13 +284,28 @@ TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
   }
 }
 
+// Whether thread `tid` of this process is asleep in the kernel (state S: blocked in poll, on a
+// futex, ...), as opposed to running.
+bool Asleep(pid_t tid) {
+  std::ifstream stat(absl::StrCat("/proc/self/task/", tid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  // "tid (comm) S ...": the state follows the command name's closing parenthesis.
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
+}
+
 TEST(UcxTransportTest, CloseWakesABlockedReceive) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
   ASSERT_NE(transport, nullptr);
   absl::Status result;
-  std::thread receiver(
-      [&] { result = transport->Receive(absl::Now() + absl::Seconds(20)).status(); });
-  absl::SleepFor(absl::Milliseconds(50));
+  std::atomic<pid_t> receiver_tid{0};
+  std::thread receiver([&] {
+    receiver_tid = gettid();
+    result = transport->Receive(absl::Now() + absl::Seconds(20)).status();
+  });
+  // Close only once the receiver has gone to sleep inside Receive.
+  ASSERT_TRUE(WaitFor([&] { return receiver_tid != 0 && Asleep(receiver_tid); }));
   const absl::Time start = absl::Now();
   transport->Close();
   receiver.join();
@@ -321,7 +340,11 @@ void KillIsDetected(const Wire& wire) {
   ASSERT_NE(victim, nullptr);
   // Large messages in flight in both directions when it dies.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(transport->Send(7, Pattern(0, 7, i, 1 << 20)).ok());
-  absl::SleepFor(absl::Milliseconds(5));
+  // The first echo back shows traffic flowing both ways; the rest are still on their way.
+  absl::StatusOr<Received> first = transport->Receive(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->kind, Received::Kind::kMessage) << first->error;
+  EXPECT_EQ(first->bytes.size(), 1u << 20);
   kill(victim->pid(), SIGKILL);
   const absl::Time killed = absl::Now();
   for (;;) {

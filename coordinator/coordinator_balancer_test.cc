@@ -17,6 +17,7 @@
 #include "coordinator/expert_placement_planner.h"
 #include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
+#include "cluster/test_wait.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -396,10 +397,7 @@ TEST_F(BalancerTest, LoadsTheNewExpertsBeforePublishingAndRetiresTheOldOnesAfter
   EXPECT_LT(after, 0.5 * outcome->worker_max_vio_before());
 
   // Retirement follows after retire_delay.
-  for (int i = 0; i < 200 && (workers_[0]->calls().size() < 2 || workers_[1]->calls().size() < 2);
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitFor([&] { return workers_[0]->calls().size() >= 2 && workers_[1]->calls().size() >= 2; });
   for (int w = 0; w < 2; ++w) {
     const std::vector<FakeWorker::Call> calls = workers_[w]->calls();
     ASSERT_EQ(calls.size(), 2u) << "worker " << w;
@@ -443,8 +441,6 @@ TEST_F(BalancerTest, AWorkerThatCannotLoadAbandonsTheRollout) {
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
   EXPECT_NE(outcome.status().message().find("disk on fire"), std::string::npos);
   EXPECT_EQ(Published().version(), 1);
-  absl::SleepFor(absl::Milliseconds(200));  // longer than retire_delay: nothing is retired
-  EXPECT_EQ(workers_[0]->calls().size(), 1u);
 
   // The window was kept: the next attempt, with the worker back, rolls out version 3 (2 is burnt).
   workers_[1]->set_mode(FakeWorker::Mode::kOk);
@@ -453,6 +449,17 @@ TEST_F(BalancerTest, AWorkerThatCannotLoadAbandonsTheRollout) {
   EXPECT_TRUE(outcome->rolled_out());
   EXPECT_EQ(outcome->placement_version(), 3);
   EXPECT_EQ(Published().version(), 3);
+  // Worker 0 saw: load 2 (abandoned), load 3, retire below 3. A retirement of the abandoned
+  // rollout would have come between, since retire_delay is shorter than the second rollout.
+  ASSERT_TRUE(WaitFor([&] { return workers_[0]->calls().size() >= 3; }));
+  const std::vector<FakeWorker::Call> calls = workers_[0]->calls();
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[0].request.placement_version(), 2);
+  EXPECT_EQ(calls[0].request.retire_below_version(), 0);
+  EXPECT_EQ(calls[1].request.placement_version(), 3);
+  EXPECT_EQ(calls[1].request.retire_below_version(), 0);
+  EXPECT_EQ(calls[2].request.placement_version(), 3);
+  EXPECT_EQ(calls[2].request.retire_below_version(), 3);
 }
 
 TEST_F(BalancerTest, EvenOrMissingLoadIsLeftAlone) {
@@ -482,10 +489,10 @@ TEST_F(BalancerTest, OnlineBiasPushesTheCentredQbEstimateToEveryRouter) {
   QbLayerStatistics all =
       *QbLayerStatistics::Create(0, kTopK, std::vector<float>(kExperts, 0), 100);
   routers_[0]->SetWindow(QbWindow(400, 3, &all));
-  for (int i = 0; i < 300 && routers_[0]->biases().size() < kLayers; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  absl::SleepFor(absl::Milliseconds(300));  // later rounds push nothing: no tokens
+  ASSERT_TRUE(WaitFor([&] { return routers_[0]->biases().size() >= kLayers; }));
+  // Later rounds gather an empty window and push nothing.
+  const size_t gathered = routers_[0]->resets().size();
+  ASSERT_TRUE(WaitFor([&] { return routers_[0]->resets().size() >= gathered + 2; }));
   const std::vector<float> expected = CenterBias(*all.EstimateBias());
   for (const auto& router : routers_) {
     const std::vector<pb::SetBiasRequest> biases = router->biases();
@@ -508,8 +515,7 @@ TEST_F(BalancerTest, ShutdownDoesNotWaitForARolloutStuckOnAWorker) {
   workers_[0]->set_mode(FakeWorker::Mode::kHang);
   absl::StatusOr<pb::RebalanceResponse> outcome;
   std::thread caller([&] { outcome = Rebalance(false); });
-  for (int i = 0; i < 300 && workers_[0]->calls().empty(); ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  WaitFor([&] { return !workers_[0]->calls().empty(); });
   ASSERT_EQ(workers_[0]->calls().size(), 1u);
   const absl::Time start = absl::Now();
   process_->Shutdown();

@@ -17,6 +17,7 @@
 #include "cluster/coordinator_client.h"
 #include "coordinator/coordinator_main.h"
 #include "cluster/grpc_server.h"
+#include "cluster/test_wait.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -66,12 +67,13 @@ pb::ClusterState GetState(pb::Coordinator::Stub* stub) {
 pb::ClusterState WaitForState(pb::Coordinator::Stub* stub,
                               const std::function<bool(const pb::ClusterState&)>& done,
                               absl::Duration timeout = absl::Seconds(5)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  pb::ClusterState state = GetState(stub);
-  while (!done(state) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-    state = GetState(stub);
-  }
+  pb::ClusterState state;
+  WaitFor(
+      [&] {
+        state = GetState(stub);
+        return done(state);
+      },
+      timeout);
   return state;
 }
 
@@ -272,10 +274,11 @@ TEST(CoordinatorProcessTest, PlacesExpertsDetectsAKilledNodeAndHandsItsShareToAS
                                   state.placement().worker_node_ids().end());
   EXPECT_EQ(placed, (std::set<uint32_t>{expert_id, victim}));
   EXPECT_EQ(FindMember(state, victim)->node().transport_address(), "ucx-address-bytes");
-  // The clients hold the same placement.
-  absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(router->cluster_state().placement().SerializeAsString(),
-            state.placement().SerializeAsString());
+  // The clients come to hold the same placement.
+  EXPECT_TRUE(WaitFor([&] {
+    return router->cluster_state().placement().SerializeAsString() ==
+           state.placement().SerializeAsString();
+  })) << router->cluster_state().placement().DebugString();
 
   // A spare joins, then the victim dies.
   auto spare = StartClient(port, pb::ROLE_EXPERT, 4);
@@ -354,10 +357,7 @@ TEST(CoordinatorProcessTest, ARestartedCoordinatorRelearnsTheClusterFromItsNodes
   ASSERT_TRUE(before.ready()) << before.not_ready_reason();
   // Every node has seen the placement before the coordinator goes away.
   for (auto& node : nodes) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(3);
-    while (node->cluster_state().placement().version() != 1 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    ASSERT_TRUE(WaitFor([&] { return node->cluster_state().placement().version() == 1; }));
   }
   (*first)->Shutdown();
   first->reset();

@@ -16,8 +16,6 @@
 namespace k3 {
 namespace {
 
-using google::protobuf::Value;
-
 constexpr char kPrefix[] = "language_model.";
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
@@ -44,18 +42,18 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
   text << in.rdbuf();
   auto root = json::ParseObject(text.str());
   if (!root.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", root.status().message()));
-  auto it = root->fields().find("weight_map");
-  if (it == root->fields().end() || it->second.kind_case() != Value::kStructValue) {
+  auto it = root->find("weight_map");
+  if (it == root->end() || !it->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no \"weight_map\" object"));
   }
   std::map<std::string, std::string> map;
-  for (const auto& [tensor, shard] : it->second.struct_value().fields()) {
-    if (shard.kind_case() != Value::kStringValue || !SafeRelativePath(shard.string_value())) {
+  for (const auto& [tensor, shard] : it->items()) {
+    if (!shard.is_string() || !SafeRelativePath(shard.get<std::string>())) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", tensor,
                                                      "' must name a file inside the directory, got ",
                                                      json::Describe(shard)));
     }
-    map[tensor] = shard.string_value();
+    map[tensor] = shard.get<std::string>();
   }
   return map;
 }

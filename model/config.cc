@@ -17,23 +17,23 @@
 namespace k3 {
 namespace {
 
-using google::protobuf::Struct;
-using google::protobuf::Value;
+using Json = nlohmann::json;
 
 // Typed reads of one JSON object's fields. A missing field leaves the output untouched (it keeps
 // its default); messages carry `path_` so a nested field reads "text_config.linear_attn_config.x".
 class ObjectReader {
  public:
-  ObjectReader(const Struct& object, std::string path) : object_(object), path_(std::move(path)) {}
+  // REQUIRES: object.is_object().
+  ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
 
-  const Value* Find(std::string_view name) const {
-    auto it = object_.fields().find(std::string(name));
-    return it == object_.fields().end() ? nullptr : &it->second;
+  const Json* Find(std::string_view name) const {
+    auto it = object_.find(name);
+    return it == object_.end() ? nullptr : &*it;
   }
   std::string Path(std::string_view name) const { return absl::StrCat(path_, Sv(name)); }
 
   absl::Status Int(std::string_view name, int* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
     auto r = json::ToInt(*v, Path(name), INT_MIN, INT_MAX);
     if (!r.ok()) return r.status();
@@ -41,7 +41,7 @@ class ObjectReader {
     return absl::OkStatus();
   }
   absl::Status Int64(std::string_view name, int64_t* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
     auto r = json::ToInt(*v, Path(name), INT64_MIN, INT64_MAX);
     if (!r.ok()) return r.status();
@@ -50,9 +50,9 @@ class ObjectReader {
   }
   // Null resets the optional.
   absl::Status OptInt(std::string_view name, std::optional<int>* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    if (v->kind_case() == Value::kNullValue) {
+    if (v->is_null()) {
       out->reset();
       return absl::OkStatus();
     }
@@ -62,7 +62,7 @@ class ObjectReader {
     return absl::OkStatus();
   }
   absl::Status Float(std::string_view name, float* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
     auto r = json::ToFloat(*v, Path(name));
     if (!r.ok()) return r.status();
@@ -70,9 +70,9 @@ class ObjectReader {
     return absl::OkStatus();
   }
   absl::Status OptFloat(std::string_view name, std::optional<float>* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    if (v->kind_case() == Value::kNullValue) {
+    if (v->is_null()) {
       out->reset();
       return absl::OkStatus();
     }
@@ -82,37 +82,36 @@ class ObjectReader {
     return absl::OkStatus();
   }
   absl::Status Bool(std::string_view name, bool* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    if (v->kind_case() != Value::kBoolValue) {
+    if (!v->is_boolean()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Path(name), " must be true or false, got ", json::Describe(*v)));
     }
-    *out = v->bool_value();
+    *out = v->get<bool>();
     return absl::OkStatus();
   }
   absl::Status String(std::string_view name, std::string* out) const {
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    if (v->kind_case() != Value::kStringValue) {
+    if (!v->is_string()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Path(name), " must be a string, got ", json::Describe(*v)));
     }
-    *out = v->string_value();
+    *out = v->get<std::string>();
     return absl::OkStatus();
   }
   absl::Status IntList(std::string_view name, std::vector<int>* out, bool* present) const {
     *present = false;
-    const Value* v = Find(name);
+    const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    if (v->kind_case() != Value::kListValue) {
+    if (!v->is_array()) {
       return absl::InvalidArgumentError(
           absl::StrCat(Path(name), " must be a list of integers, got ", json::Describe(*v)));
     }
     out->clear();
-    for (int i = 0; i < v->list_value().values_size(); ++i) {
-      auto r = json::ToInt(v->list_value().values(i), absl::StrCat(Path(name), "[", i, "]"),
-                           INT_MIN, INT_MAX);
+    for (size_t i = 0; i < v->size(); ++i) {
+      auto r = json::ToInt((*v)[i], absl::StrCat(Path(name), "[", i, "]"), INT_MIN, INT_MAX);
       if (!r.ok()) return r.status();
       out->push_back(static_cast<int>(*r));
     }
@@ -121,7 +120,7 @@ class ObjectReader {
   }
 
  private:
-  const Struct& object_;
+  const Json& object_;
   std::string path_;
 };
 
@@ -208,14 +207,14 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
   K3_RETURN_IF_ERROR(r.Bool("mla_use_nope", &c->mla_use_nope));
   K3_RETURN_IF_ERROR(r.Bool("mla_use_output_gate", &c->mla_use_output_gate));
 
-  const Value* la_value = r.Find("linear_attn_config");
-  if (la_value != nullptr && la_value->kind_case() != Value::kNullValue) {
-    if (la_value->kind_case() != Value::kStructValue) {
+  const Json* la_value = r.Find("linear_attn_config");
+  if (la_value != nullptr && !la_value->is_null()) {
+    if (!la_value->is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(r.Path("linear_attn_config"),
                                                      " must be an object, got ",
                                                      json::Describe(*la_value)));
     }
-    ObjectReader la(la_value->struct_value(), r.Path("linear_attn_config."));
+    ObjectReader la(*la_value, r.Path("linear_attn_config."));
     LinearAttnConfig& l = c->linear_attn;
     K3_RETURN_IF_ERROR(la.Int("num_heads", &l.num_heads));
     K3_RETURN_IF_ERROR(la.Int("head_dim", &l.head_dim));
@@ -239,8 +238,8 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
     K3LayerPattern(c->num_hidden_layers, &c->linear_attn);
   }
 
-  const Value* experts = r.Find("num_experts");
-  if (experts != nullptr && experts->kind_case() == Value::kNullValue) {
+  const Json* experts = r.Find("num_experts");
+  if (experts != nullptr && experts->is_null()) {
     c->num_experts = 0;
   } else {
     K3_RETURN_IF_ERROR(r.Int("num_experts", &c->num_experts));
@@ -265,8 +264,8 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
   for (auto [name, field] : {std::pair{"bos_token_id", &c->bos_token_id},
                              std::pair{"eos_token_id", &c->eos_token_id},
                              std::pair{"pad_token_id", &c->pad_token_id}}) {
-    const Value* v = r.Find(name);
-    if (v != nullptr && v->kind_case() == Value::kNullValue) {
+    const Json* v = r.Find(name);
+    if (v != nullptr && v->is_null()) {
       *field = -1;
     } else {
       K3_RETURN_IF_ERROR(r.Int64(name, field));
@@ -607,10 +606,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
   if (auto s = outer.String("model_type", &outer_type); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
-  const Value* text_config = outer.Find("text_config");
-  const bool nested = text_config != nullptr && text_config->kind_case() != Value::kNullValue;
+  const Json* text_config = outer.Find("text_config");
+  const bool nested = text_config != nullptr && !text_config->is_null();
   if (nested) {
-    if (text_config->kind_case() != Value::kStructValue) {
+    if (!text_config->is_object()) {
       return absl::InvalidArgumentError(absl::StrCat("config: text_config must be an object, got ",
                                                      json::Describe(*text_config)));
     }
@@ -620,7 +619,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
           absl::StrCat("config: model_type \"", outer_type,
                        "\" is not supported with a text_config (expected \"kimi_k3\")"));
     }
-    ObjectReader inner(text_config->struct_value(), "text_config.");
+    ObjectReader inner(*text_config, "text_config.");
     std::string inner_type = "kimi_linear";
     if (auto s = inner.String("model_type", &inner_type); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
@@ -642,7 +641,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
   c.nested_text_config = nested;
   const bool kimi_linear_semantics = outer_type == "kimi_linear";
   if (kimi_linear_semantics) ApplyKimiLinearDefaults(&c);
-  ObjectReader reader(nested ? text_config->struct_value() : *root, nested ? "text_config." : "");
+  ObjectReader reader(nested ? *text_config : *root, nested ? "text_config." : "");
   if (auto s = ParseTextConfig(reader, kimi_linear_semantics, &c); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }

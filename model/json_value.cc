@@ -5,95 +5,102 @@
 #include <cstdlib>
 #include <limits>
 
-#include <google/protobuf/util/json_util.h>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "model/status_macros.h"
 
 namespace k3 {
 namespace json {
+namespace {
 
-using google::protobuf::Value;
+using Json = nlohmann::json;
 
-// Doubles hold every integer up to 2^53 exactly; above that a JSON integer may have been rounded.
+// Doubles hold every integer up to 2^53 exactly; a float beyond that may have been rounded.
 constexpr double kMaxExactInteger = 9007199254740992.0;
 
-// Our files nest a few levels. protobuf's parser has no depth limit and slows down quadratically
-// with depth, so a hostile header of nested brackets would stall it: refuse deep text up front.
+// Our files nest a few levels. Refusing deep text stops a hostile header of nested brackets early,
+// before the parser has built (and must free) millions of containers.
 constexpr int kMaxDepth = 64;
 
-bool TooDeep(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth) return true;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return false;
+// Thrown by the parse callback to stop at the first container past kMaxDepth; caught in
+// ParseObject.
+struct TooDeep {};
+
+absl::Status RangeError(std::string_view what, int64_t min, int64_t max, std::string_view got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Sv(what), " must be in [", min, ", ", max, "], got ", Sv(got)));
 }
 
-absl::StatusOr<google::protobuf::Struct> ParseObject(std::string_view text) {
-  // The parser's own message for a top-level array or scalar is obscure; say it plainly.
-  size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos || text[first] != '{') {
-    return absl::InvalidArgumentError("not a JSON object");
-  }
-  if (TooDeep(text)) {
-    return absl::InvalidArgumentError(absl::StrCat("JSON nested deeper than ", kMaxDepth, " levels"));
-  }
-  google::protobuf::Struct root;
-  auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(text.data(), text.size()), &root);
-  if (!status.ok()) {
+}  // namespace
+
+absl::StatusOr<Json> ParseObject(std::string_view text) {
+  // `depth` counts the containers around the one being opened: 0 for the top-level object.
+  const Json::parser_callback_t limit_depth = [](int depth, Json::parse_event_t event, Json&) {
+    if ((event == Json::parse_event_t::object_start ||
+         event == Json::parse_event_t::array_start) &&
+        depth >= kMaxDepth) {
+      throw TooDeep();
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), limit_depth);
+  } catch (const TooDeep&) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON: ", std::string(status.message().data(), status.message().size())));
+        absl::StrCat("JSON nested deeper than ", kMaxDepth, " levels"));
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
   }
+  if (!root.is_object()) return absl::InvalidArgumentError("not a JSON object");
   return root;
 }
 
-std::string Describe(const Value& value) {
-  switch (value.kind_case()) {
-    case Value::kNullValue:
+std::string Describe(const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::null:
       return "null";
-    case Value::kNumberValue:
-      return absl::StrCat("number ", value.number_value());
-    case Value::kStringValue: {
-      std::string s = value.string_value();
+    case Json::value_t::number_integer:
+      return absl::StrCat("number ", value.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return absl::StrCat("number ", value.get<uint64_t>());
+    case Json::value_t::number_float:
+      return absl::StrCat("number ", value.get<double>());
+    case Json::value_t::string: {
+      std::string s = value.get<std::string>();
       if (s.size() > 40) s = s.substr(0, 40) + "...";
       std::string quoted;
       AppendQuoted(s, &quoted);
       return absl::StrCat("string ", quoted);
     }
-    case Value::kBoolValue:
-      return value.bool_value() ? "true" : "false";
-    case Value::kStructValue:
+    case Json::value_t::boolean:
+      return value.get<bool>() ? "true" : "false";
+    case Json::value_t::object:
       return "an object";
-    case Value::kListValue:
+    case Json::value_t::array:
       return "a list";
     default:
       return "nothing";
   }
 }
 
-absl::StatusOr<int64_t> ToInt(const Value& value, std::string_view what, int64_t min, int64_t max) {
-  if (value.kind_case() != Value::kNumberValue) {
+absl::StatusOr<int64_t> ToInt(const Json& value, std::string_view what, int64_t min, int64_t max) {
+  if (value.is_number_unsigned()) {
+    const uint64_t v = value.get<uint64_t>();
+    if (max < 0 || v > static_cast<uint64_t>(max) || static_cast<int64_t>(v) < min) {
+      return RangeError(what, min, max, absl::StrCat(v));
+    }
+    return static_cast<int64_t>(v);
+  }
+  if (value.is_number_integer()) {
+    const int64_t v = value.get<int64_t>();
+    if (v < min || v > max) return RangeError(what, min, max, absl::StrCat(v));
+    return v;
+  }
+  if (!value.is_number_float()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Sv(what), " must be an integer, got ", Describe(value)));
   }
-  double v = value.number_value();
+  const double v = value.get<double>();
   if (!std::isfinite(v) || std::floor(v) != v) {
     return absl::InvalidArgumentError(absl::StrCat(Sv(what), " must be an integer, got ", v));
   }
@@ -101,17 +108,16 @@ absl::StatusOr<int64_t> ToInt(const Value& value, std::string_view what, int64_t
     return absl::InvalidArgumentError(absl::StrCat(Sv(what), " is too large to be exact: ", v));
   }
   if (v < static_cast<double>(min) || v > static_cast<double>(max)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(what), " must be in [", min, ", ", max, "], got ", static_cast<int64_t>(v)));
+    return RangeError(what, min, max, absl::StrCat(static_cast<int64_t>(v)));
   }
   return static_cast<int64_t>(v);
 }
 
-absl::StatusOr<float> ToFloat(const Value& value, std::string_view what) {
-  if (value.kind_case() != Value::kNumberValue) {
+absl::StatusOr<float> ToFloat(const Json& value, std::string_view what) {
+  if (!value.is_number()) {
     return absl::InvalidArgumentError(absl::StrCat(Sv(what), " must be a number, got ", Describe(value)));
   }
-  double v = value.number_value();
+  const double v = value.get<double>();
   if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(Sv(what), " must be a finite float, got ", v));
   }
@@ -119,19 +125,8 @@ absl::StatusOr<float> ToFloat(const Value& value, std::string_view what) {
 }
 
 void AppendQuoted(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char c : s) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(c);
-    } else if (u < 0x20) {
-      absl::StrAppend(out, absl::StrFormat("\\u%04x", u));
-    } else {
-      out->push_back(c);
-    }
-  }
-  out->push_back('"');
+  out->append(Json(std::string(s)).dump(-1, ' ', /*ensure_ascii=*/false,
+                                        Json::error_handler_t::replace));
 }
 
 std::string FormatFloat(float value) {

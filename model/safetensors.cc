@@ -20,7 +20,7 @@
 namespace k3 {
 namespace {
 
-using google::protobuf::Value;
+using Json = nlohmann::json;
 
 // The reference implementation refuses larger headers; so do we, before mapping anything.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -55,33 +55,32 @@ absl::Status TensorError(std::string_view file, const std::string& name, absl::s
   return absl::InvalidArgumentError(absl::StrCat(Sv(file), ": tensor '", name, "': ", what));
 }
 
-absl::StatusOr<TensorInfo> ParseEntry(const Value& value, const std::string& name,
+absl::StatusOr<TensorInfo> ParseEntry(const Json& value, const std::string& name,
                                       uint64_t data_size, std::string_view file) {
-  if (value.kind_case() != Value::kStructValue) {
+  if (!value.is_object()) {
     return TensorError(file, name, absl::StrCat("entry must be an object, got ",
                                                 json::Describe(value)));
   }
-  const auto& fields = value.struct_value().fields();
-  auto field = [&](const char* key) -> const Value* {
-    auto it = fields.find(key);
-    return it == fields.end() ? nullptr : &it->second;
+  auto field = [&](const char* key) -> const Json* {
+    auto it = value.find(key);
+    return it == value.end() ? nullptr : &*it;
   };
   TensorInfo info;
-  const Value* dtype = field("dtype");
-  if (dtype == nullptr || dtype->kind_case() != Value::kStringValue) {
+  const Json* dtype = field("dtype");
+  if (dtype == nullptr || !dtype->is_string()) {
     return TensorError(file, name, "missing or non-string \"dtype\"");
   }
-  auto parsed = ParseDType(dtype->string_value());
+  auto parsed = ParseDType(dtype->get_ref<const std::string&>());
   if (!parsed.ok()) return TensorError(file, name, parsed.status().message());
   info.dtype = *parsed;
 
-  const Value* shape = field("shape");
-  if (shape == nullptr || shape->kind_case() != Value::kListValue) {
+  const Json* shape = field("shape");
+  if (shape == nullptr || !shape->is_array()) {
     return TensorError(file, name, "missing or non-list \"shape\"");
   }
   uint64_t numel = 1;
   bool overflow = false;
-  for (const Value& dim : shape->list_value().values()) {
+  for (const Json& dim : *shape) {
     auto d = json::ToInt(dim, "shape entry", 0, INT64_MAX);
     if (!d.ok()) return TensorError(file, name, d.status().message());
     info.shape.push_back(*d);
@@ -94,14 +93,13 @@ absl::StatusOr<TensorInfo> ParseEntry(const Value& value, const std::string& nam
                        absl::StrCat("shape ", ShapeString(info.shape), " overflows 64 bits"));
   }
 
-  const Value* offsets = field("data_offsets");
-  if (offsets == nullptr || offsets->kind_case() != Value::kListValue ||
-      offsets->list_value().values_size() != 2) {
+  const Json* offsets = field("data_offsets");
+  if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2) {
     return TensorError(file, name, "missing \"data_offsets\" or not a list of two integers");
   }
-  auto begin = json::ToInt(offsets->list_value().values(0), "data_offsets[0]", 0, INT64_MAX);
+  auto begin = json::ToInt((*offsets)[0], "data_offsets[0]", 0, INT64_MAX);
   if (!begin.ok()) return TensorError(file, name, begin.status().message());
-  auto end = json::ToInt(offsets->list_value().values(1), "data_offsets[1]", 0, INT64_MAX);
+  auto end = json::ToInt((*offsets)[1], "data_offsets[1]", 0, INT64_MAX);
   if (!end.ok()) return TensorError(file, name, end.status().message());
   info.begin = static_cast<uint64_t>(*begin);
   info.end = static_cast<uint64_t>(*end);
@@ -154,17 +152,15 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
         absl::StrCat(Sv(file), ": bad safetensors header: ", root.status().message()));
   }
   std::map<std::string, TensorInfo> tensors;
-  // Sorted so that the first error reported does not depend on hash order.
-  std::map<std::string, const Value*> entries;
-  for (const auto& [name, value] : root->fields()) entries[name] = &value;
-  for (const auto& [name, value] : entries) {
+  // nlohmann objects iterate in key order, so the first error reported is always the same.
+  for (const auto& [name, value] : root->items()) {
     if (name == "__metadata__") {
-      if (value->kind_case() != Value::kStructValue) {
+      if (!value.is_object()) {
         return absl::InvalidArgumentError(
             absl::StrCat(Sv(file), ": __metadata__ must be an object of strings"));
       }
-      for (const auto& [key, item] : value->struct_value().fields()) {
-        if (item.kind_case() != Value::kStringValue) {
+      for (const auto& [key, item] : value.items()) {
+        if (!item.is_string()) {
           return absl::InvalidArgumentError(absl::StrCat(Sv(file), ": __metadata__ entry '", key,
                                                          "' must be a string, got ",
                                                          json::Describe(item)));
@@ -172,7 +168,7 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
       }
       continue;
     }
-    auto info = ParseEntry(*value, name, data_size, file);
+    auto info = ParseEntry(value, name, data_size, file);
     if (!info.ok()) return info.status();
     tensors.emplace(name, *std::move(info));
   }

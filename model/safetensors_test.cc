@@ -309,7 +309,20 @@ TEST(SafetensorsTest, FuzzHeaderParser) {
   }
   // Deep nesting must fail cleanly, not overflow the stack.
   std::string deep = "{\"a\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
-  EXPECT_FALSE(ParseSafetensorsHeader(deep, 0, "deep").ok());
+  auto too_deep = ParseSafetensorsHeader(deep, 0, "deep");
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_NE(too_deep.status().message().find("nested deeper than 64 levels"), std::string::npos)
+      << too_deep.status();
+  // 64 levels (the object and 63 lists) parse; the entry is then refused for what it is.
+  auto at_limit = [](int lists) {
+    return "{\"a\":" + std::string(lists, '[') + std::string(lists, ']') + "}";
+  };
+  auto deepest = ParseSafetensorsHeader(at_limit(63), 0, "deep");
+  ASSERT_FALSE(deepest.ok());
+  EXPECT_NE(deepest.status().message().find("entry must be an object"), std::string::npos)
+      << deepest.status();
+  EXPECT_NE(ParseSafetensorsHeader(at_limit(64), 0, "deep").status().message().find("nested"),
+            std::string::npos);
   std::string deep_objects;
   for (int i = 0; i < 100000; ++i) deep_objects += "{\"a\":";
   EXPECT_FALSE(ParseSafetensorsHeader(deep_objects, 0, "deep").ok());

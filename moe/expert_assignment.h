@@ -1,5 +1,5 @@
 // ExpertAssignment: one (row, expert, weight) triple of a dispatch to an expert worker. Plain data;
-// it travels as is in the data-plane messages (router/moe_wire.h).
+// moe/moe_wire.h encodes it field by field in an ExpertRequest.
 #ifndef K3SERVE_MOE_EXPERT_ASSIGNMENT_H_
 #define K3SERVE_MOE_EXPERT_ASSIGNMENT_H_
 

@@ -1,4 +1,4 @@
-// MoE layer numbering. The data plane (router/moe_wire.h) names layers by their MODEL index (0-based
+// MoE layer numbering. The data plane (moe/moe_wire.h) names layers by their MODEL index (0-based
 // decoder layer), the control plane (ExpertPlacement, LoadStats, LoadExperts) by their index among
 // the MoE layers only. These convert between the two for any first_k_dense_replace and
 // moe_layer_freq (with moe_layer_freq 1, as in K3: moe index = model index - first_k_dense_replace).

@@ -1,22 +1,65 @@
 #include "moe/moe_wire.h"
 
+#include <bit>
+#include <cassert>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
 namespace k3 {
 namespace {
 
+// Rows travel as one memcpy of the float block: on a little-endian host the in-memory bytes of a
+// float are its little-endian wire bytes. A big-endian port would swap them here.
+static_assert(std::endian::native == std::endian::little,
+              "moe_wire copies float rows as little-endian bytes");
+static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4);
+
+constexpr size_t kHeaderBytes = 1 + 1 + 8;      // version, kind, step_id
+constexpr size_t kAssignmentBytes = 4 + 4 + 4;  // row, expert, weight
+constexpr size_t kStatusBytes = 4 + 4;          // code, message size (then the message)
+
+size_t StatusBytes(const absl::Status& status) { return kStatusBytes + status.message().size(); }
+size_t FloatBytes(const std::vector<float>& rows) { return rows.size() * sizeof(float); }
+
+// One integer at p, least significant byte first. The byte loops compile to single moves on x86.
+template <typename T>
+void StoreLe(char* p, T value) {
+  static_assert(std::is_integral_v<T>);
+  const auto bits = static_cast<std::make_unsigned_t<T>>(value);
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<char>(bits >> (8 * i));
+}
+template <typename T>
+T LoadLe(const char* p) {
+  static_assert(std::is_integral_v<T>);
+  std::make_unsigned_t<T> bits = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    bits |= static_cast<std::make_unsigned_t<T>>(static_cast<uint8_t>(p[i])) << (8 * i);
+  }
+  return static_cast<T>(bits);
+}
+
+// Writes fields into a buffer sized in advance by the caller (no reallocation while encoding).
 class Writer {
  public:
-  explicit Writer(MoeMessageKind kind) { Put(static_cast<uint8_t>(kind)); }
+  Writer(std::string* out, size_t size, MoeMessageKind kind, uint64_t step_id) : out_(out) {
+    out_->resize(size);
+    p_ = out_->data();
+    Put<uint8_t>(kMoeWireVersion);
+    Put<uint8_t>(static_cast<uint8_t>(kind));
+    Put<uint64_t>(step_id);
+  }
   template <typename T>
   void Put(T value) {
-    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+    StoreLe(p_, value);
+    p_ += sizeof(T);
   }
+  void PutFloat(float value) { Put(std::bit_cast<uint32_t>(value)); }
   void PutBytes(const void* data, size_t size) {
-    out_.append(static_cast<const char*>(data), size);
+    if (size > 0) std::memcpy(p_, data, size);  // data may be null when size is 0
+    p_ += size;
   }
   void PutStatus(const absl::Status& status) {
     Put(static_cast<int32_t>(status.code()));
@@ -26,29 +69,39 @@ class Writer {
   void PutFloats(const std::vector<float>& values) {
     PutBytes(values.data(), values.size() * sizeof(float));
   }
-  std::string Take() { return std::move(out_); }
+  // The size computed by the caller must be exactly what was written.
+  void Finish() const { assert(p_ == out_->data() + out_->size()); }
 
  private:
-  std::string out_;
+  std::string* out_;
+  char* p_;
 };
 
+// Reads fields with a bounds check each; the first failure sticks and later reads do nothing.
 class Reader {
  public:
   Reader(std::string_view bytes, MoeMessageKind kind, const char* what)
       : bytes_(bytes), what_(what) {
-    uint8_t found = 0;
-    if (!Get(&found) || found != static_cast<uint8_t>(kind)) {
-      status_ = absl::InvalidArgumentError(absl::StrCat("not a ", what_, " message"));
+    uint8_t version = 0, found = 0;
+    if (!Get(&version)) return;
+    if (version != kMoeWireVersion) {
+      Fail(absl::StrCat("unsupported wire version ", version, " (this build speaks ",
+                        kMoeWireVersion, ")"));
+      return;
+    }
+    if (Get(&found) && found != static_cast<uint8_t>(kind)) {
+      Fail(absl::StrCat("message kind is ", found, ", not ", static_cast<int>(kind)));
     }
   }
+
   template <typename T>
   bool Get(T* value) {
-    if (!status_.ok()) return false;
-    if (bytes_.size() - offset_ < sizeof(T)) return Truncated();
-    std::memcpy(value, bytes_.data() + offset_, sizeof(T));
+    if (!Need(sizeof(T), "a field")) return false;
+    *value = LoadLe<T>(bytes_.data() + offset_);
     offset_ += sizeof(T);
     return true;
   }
+
   bool GetStatus(absl::Status* status) {
     int32_t code = 0;
     uint32_t size = 0;
@@ -56,25 +109,51 @@ class Reader {
     if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
       return Fail(absl::StrCat("bad status code ", code));
     }
-    if (bytes_.size() - offset_ < size) return Truncated();
+    if (!Need(size, "the status message")) return false;
     *status = absl::Status(static_cast<absl::StatusCode>(code),
                            absl::string_view(bytes_.data() + offset_, size));
     offset_ += size;
     return true;
   }
-  // Reads count x width floats; both must be non-negative and fit the message exactly enough.
+
+  // Reads `count` elements of `element_bytes` each, after checking that the count is
+  // non-negative and that they fit in what is left of the message (which also rules out
+  // overflow of count x element_bytes). Returns the start of the block.
+  const char* GetBlock(int64_t count, size_t element_bytes, const char* name) {
+    if (!status_.ok()) return nullptr;
+    if (count < 0) {
+      Fail(absl::StrCat("negative ", name, " count ", count));
+      return nullptr;
+    }
+    const size_t left = bytes_.size() - offset_;
+    if (element_bytes > 0 && static_cast<uint64_t>(count) > left / element_bytes) {
+      Fail(absl::StrCat(count, " ", name, " of ", element_bytes, " bytes do not fit in the ", left,
+                        " bytes left at offset ", offset_));
+      return nullptr;
+    }
+    const char* start = bytes_.data() + offset_;
+    offset_ += static_cast<size_t>(count) * element_bytes;
+    return start;
+  }
+
+  // Reads count x width floats; count and width must be non-negative and the rows must be in the
+  // message.
   bool GetFloats(int64_t count, int64_t width, std::vector<float>* values) {
     if (!status_.ok()) return false;
-    if (count < 0 || width < 0 || (width > 0 && count > std::numeric_limits<int32_t>::max() / width)) {
-      return Fail(absl::StrCat("bad row shape ", count, " x ", width));
+    if (count < 0 || width < 0) return Fail(absl::StrCat("bad row shape ", count, " x ", width));
+    // width <= INT32_MAX, so count x width overflows int64 only if count is past this bound, and
+    // then the rows cannot fit in any message anyway.
+    if (width > 0 && count > std::numeric_limits<int64_t>::max() / width) {
+      return Fail(absl::StrCat("row shape ", count, " x ", width, " overflows"));
     }
-    const size_t bytes = static_cast<size_t>(count * width) * sizeof(float);
-    if (bytes_.size() - offset_ < bytes) return Truncated();
-    values->resize(static_cast<size_t>(count * width));
-    if (bytes > 0) std::memcpy(values->data(), bytes_.data() + offset_, bytes);  // data() may be null
-    offset_ += bytes;
+    const int64_t elements = count * width;
+    const char* start = GetBlock(elements, sizeof(float), "floats");
+    if (start == nullptr) return false;
+    values->resize(static_cast<size_t>(elements));
+    if (elements > 0) std::memcpy(values->data(), start, values->size() * sizeof(float));
     return true;
   }
+
   bool Fail(const std::string& why) {
     if (status_.ok()) status_ = absl::InvalidArgumentError(absl::StrCat(what_, ": ", why));
     return false;
@@ -87,7 +166,13 @@ class Reader {
   }
 
  private:
-  bool Truncated() { return Fail("truncated message"); }
+  bool Need(size_t size, const char* field) {
+    if (!status_.ok()) return false;
+    if (bytes_.size() - offset_ >= size) return true;
+    return Fail(absl::StrCat("truncated message: ", field, " of ", size, " bytes at offset ",
+                             offset_, " but the message has ", bytes_.size(), " bytes"));
+  }
+
   std::string_view bytes_;
   const char* what_;
   size_t offset_ = 0;
@@ -97,8 +182,16 @@ class Reader {
 }  // namespace
 
 absl::StatusOr<MoeMessageKind> PeekMoeMessageKind(std::string_view bytes) {
-  if (bytes.empty()) return absl::InvalidArgumentError("empty data-plane message");
-  const uint8_t kind = static_cast<uint8_t>(bytes[0]);
+  if (bytes.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data-plane message of ", bytes.size(), " bytes has no version and kind"));
+  }
+  const uint8_t version = static_cast<uint8_t>(bytes[0]);
+  if (version != kMoeWireVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported data-plane wire version ", version,
+                                                   " (this build speaks ", kMoeWireVersion, ")"));
+  }
+  const uint8_t kind = static_cast<uint8_t>(bytes[1]);
   if (kind < 1 || kind > 4) {
     return absl::InvalidArgumentError(absl::StrCat("unknown data-plane message kind ", kind));
   }
@@ -106,46 +199,62 @@ absl::StatusOr<MoeMessageKind> PeekMoeMessageKind(std::string_view bytes) {
 }
 
 std::string Encode(const MoeRequest& m) {
-  Writer w(MoeMessageKind::kMoeRequest);
-  w.Put(m.step_id);
+  std::string out;
+  Writer w(&out, kHeaderBytes + 4 + 8 + 4 + FloatBytes(m.rows), MoeMessageKind::kMoeRequest,
+           m.step_id);
   w.Put(m.layer);
   w.Put(m.tokens);
   w.Put(m.width);
   w.PutFloats(m.rows);
-  return w.Take();
+  w.Finish();
+  return out;
 }
 
 std::string Encode(const MoeResponse& m) {
-  Writer w(MoeMessageKind::kMoeResponse);
-  w.Put(m.step_id);
+  const size_t rows = m.status.ok() ? FloatBytes(m.rows) : 0;
+  std::string out;
+  Writer w(&out, kHeaderBytes + StatusBytes(m.status) + 8 + 4 + rows,
+           MoeMessageKind::kMoeResponse, m.step_id);
   w.PutStatus(m.status);
   w.Put(m.tokens);
   w.Put(m.width);
   if (m.status.ok()) w.PutFloats(m.rows);
-  return w.Take();
+  w.Finish();
+  return out;
 }
 
 std::string Encode(const ExpertRequest& m) {
-  Writer w(MoeMessageKind::kExpertRequest);
-  w.Put(m.step_id);
+  std::string out;
+  Writer w(&out,
+           kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes +
+               FloatBytes(m.rows),
+           MoeMessageKind::kExpertRequest, m.step_id);
   w.Put(m.layer);
   w.Put(m.placement_version);
   w.Put(m.rows_count);
   w.Put(m.width);
   w.Put(static_cast<int64_t>(m.assignments.size()));
-  w.PutBytes(m.assignments.data(), m.assignments.size() * sizeof(ExpertAssignment));
+  for (const ExpertAssignment& a : m.assignments) {
+    w.Put(a.row);
+    w.Put(a.expert);
+    w.PutFloat(a.weight);
+  }
   w.PutFloats(m.rows);
-  return w.Take();
+  w.Finish();
+  return out;
 }
 
 std::string Encode(const ExpertResponse& m) {
-  Writer w(MoeMessageKind::kExpertResponse);
-  w.Put(m.step_id);
+  const size_t rows = m.status.ok() ? FloatBytes(m.rows) : 0;
+  std::string out;
+  Writer w(&out, kHeaderBytes + StatusBytes(m.status) + 8 + 4 + rows,
+           MoeMessageKind::kExpertResponse, m.step_id);
   w.PutStatus(m.status);
   w.Put(m.rows_count);
   w.Put(m.width);
   if (m.status.ok()) w.PutFloats(m.rows);
-  return w.Take();
+  w.Finish();
+  return out;
 }
 
 absl::Status Decode(std::string_view bytes, MoeRequest* m) {
@@ -167,17 +276,28 @@ absl::Status Decode(std::string_view bytes, MoeResponse* m) {
 absl::Status Decode(std::string_view bytes, ExpertRequest* m) {
   Reader r(bytes, MoeMessageKind::kExpertRequest, "ExpertRequest");
   int64_t count = 0;
-  if (r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->placement_version) &&
-      r.Get(&m->rows_count) && r.Get(&m->width) && r.Get(&count)) {
-    std::vector<float> raw;
-    // An assignment is three 4-byte fields; read them through the float reader's bound checks.
-    static_assert(sizeof(ExpertAssignment) == 3 * sizeof(float));
-    if (r.GetFloats(count, 3, &raw)) {
-      m->assignments.resize(static_cast<size_t>(count));
-      if (!raw.empty()) std::memcpy(m->assignments.data(), raw.data(), raw.size() * sizeof(float));
-      r.GetFloats(m->rows_count, m->width, &m->rows);
+  if (!(r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->placement_version) &&
+        r.Get(&m->rows_count) && r.Get(&m->width) && r.Get(&count))) {
+    return r.Finish();
+  }
+  if (m->rows_count < 0) {
+    r.Fail(absl::StrCat("negative rows_count ", m->rows_count));
+    return r.Finish();
+  }
+  const char* block = r.GetBlock(count, kAssignmentBytes, "assignments");
+  if (block == nullptr) return r.Finish();
+  m->assignments.resize(static_cast<size_t>(count));
+  for (ExpertAssignment& a : m->assignments) {
+    a.row = LoadLe<int32_t>(block);
+    a.expert = LoadLe<int32_t>(block + 4);
+    a.weight = std::bit_cast<float>(LoadLe<uint32_t>(block + 8));
+    block += kAssignmentBytes;
+    if (a.row < 0 || a.row >= m->rows_count) {
+      r.Fail(absl::StrCat("assignment row ", a.row, " outside [0, ", m->rows_count, ")"));
+      return r.Finish();
     }
   }
+  r.GetFloats(m->rows_count, m->width, &m->rows);
   return r.Finish();
 }
 

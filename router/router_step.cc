@@ -39,7 +39,8 @@ void FinishRouterStep(const RouterWeights& weights, const ModelConfig& config,
   std::fill(out, out + step.tokens * step.width, 0.f);
   CombinePartials(step.plan, partials, step.width, out);
   if (config.IsLatentMoe() && config.latent_moe_use_norm) {
-    RmsNorm(out, weights.latent_norm.data(), step.tokens, step.width, config.rms_norm_eps, out);
+    RmsNormRows(out, step.width, step.tokens, step.width, weights.latent_norm.data(),
+                config.rms_norm_eps, out, step.width);
   }
 }
 

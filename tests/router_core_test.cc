@@ -12,6 +12,7 @@
 
 #include "moe/expert_placement.h"
 #include "cluster/inproc_transport.h"
+#include "cluster/test_wait.h"
 #include "expert_nodes/expert_worker.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
@@ -192,9 +193,17 @@ class RouterCoreTest : public ::testing::Test {
   }
 
   void WaitReady() {
-    const absl::Time deadline = absl::Now() + kWait;
-    while (!core_->Readiness().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    WaitFor([this] { return core_->Readiness().ok(); }, kWait);
     ASSERT_TRUE(core_->Readiness().ok()) << core_->Readiness();
+  }
+
+  // Waits until the router holds `steps` steps in flight (its pending-steps gauge, which the
+  // poll thread sets after dispatching a request).
+  void WaitPending(int steps) {
+    const Gauge* pending =
+        metrics_.AddGauge("k3_router_pending_steps", "MoE layer steps in flight").Get();
+    ASSERT_TRUE(WaitFor([&] { return pending->Value() == steps; }, kWait))
+        << pending->Value() << " steps pending, expected " << steps;
   }
 
   static std::vector<float> RandomRows(int64_t tokens, uint64_t seed) {
@@ -369,7 +378,7 @@ TEST_F(RouterCoreTest, KilledWorkerFailsItsStepsFastUntilItsSlotHasALiveNodeAgai
   // A step in flight when B dies, and one after.
   b->Pause(true);
   Send(2, 2, rows);
-  absl::SleepFor(absl::Milliseconds(50));
+  WaitPending(1);
   const absl::Time killed = absl::Now();
   b->Kill();
   MoeResponse lost = Await(2);
@@ -404,7 +413,7 @@ TEST_F(RouterCoreTest, CoordinatorMarkingAWorkerDeadEndsItsPendingSteps) {
   b->Pause(true);
   const std::vector<float> rows = RandomRows(24, 8);
   Send(1, 3, rows);
-  absl::SleepFor(absl::Milliseconds(50));
+  WaitPending(1);
   Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}});
   MoeResponse lost = Await(1, absl::Seconds(2));
   EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);

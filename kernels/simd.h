@@ -1,11 +1,12 @@
-// 16-lane float vectors for the mixers' hot loops, written with GCC vector extensions so that one
-// source compiles to AVX-512, AVX2 or SSE2 per function clone (K3_VECTOR_CLONES).
+// 16-lane float vectors for the hot loops of RMSNorm and the attention mixers, written with GCC
+// vector extensions so that one source compiles to AVX-512, AVX2 or SSE2 per function clone
+// (K3_VECTOR_CLONES).
 //
 // Everything here is forced inline: compiled inside each clone with that clone's instruction set.
 // An out-of-line copy would be built for baseline x86-64 and pass 64-byte vectors in a different
 // register convention than an AVX-512 caller expects.
-#ifndef K3SERVE_ATTENTION_NODES_SIMD_H_
-#define K3SERVE_ATTENTION_NODES_SIMD_H_
+#ifndef K3SERVE_KERNELS_SIMD_H_
+#define K3SERVE_KERNELS_SIMD_H_
 
 #include <cstdint>
 #include <cstring>
@@ -74,4 +75,4 @@ K3_SIMD_INLINE Vec16 Exp(Vec16 x) {
 
 }  // namespace k3::simd
 
-#endif  // K3SERVE_ATTENTION_NODES_SIMD_H_
+#endif  // K3SERVE_KERNELS_SIMD_H_
