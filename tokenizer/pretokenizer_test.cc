@@ -1,0 +1,63 @@
+#include "tokenizer/pretokenizer.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace k3 {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<std::string> Pieces(const Pretokenizer& p, std::string_view text) {
+  auto pieces = p.Split(text);
+  EXPECT_TRUE(pieces.ok()) << pieces.status();
+  return pieces.ok() ? std::vector<std::string>(pieces->begin(), pieces->end())
+                     : std::vector<std::string>();
+}
+
+// The splits below follow from the pattern's branches by hand; tokenizer/reference_test.cc checks
+// the pattern against the release's own form (python3-regex) on the whole corpus.
+TEST(PretokenizerTest, K3PatternSplitsHanFromOtherLetters) {
+  auto p = Pretokenizer::Create(kK3Pattern);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(Pieces(*p, "中文English混合"), ElementsAre("中文", "English", "混合"));
+  EXPECT_THAT(Pieces(*p, "Hello world"), ElementsAre("Hello", " world"));
+  EXPECT_THAT(Pieces(*p, "I'LL don't"), ElementsAre("I'LL", " don't"));
+  EXPECT_THAT(Pieces(*p, "12345 x"), ElementsAre("123", "45", " x"));
+  EXPECT_THAT(Pieces(*p, "a  \n\n b"), ElementsAre("a", "  \n\n", " b"));
+  EXPECT_THAT(Pieces(*p, "x   y"), ElementsAre("x", "  ", " y"));
+  EXPECT_THAT(Pieces(*p, "f(x);\n"), ElementsAre("f", "(x", ");\n"));
+  EXPECT_THAT(Pieces(*p, "CamelCase"), ElementsAre("Camel", "Case"));
+}
+
+TEST(PretokenizerTest, PiecesCoverTheText) {
+  auto p = Pretokenizer::Create(kK3Pattern);
+  ASSERT_TRUE(p.ok());
+  const std::string text = "Ünïcödé 😀😀 \t\r\n  tabs\tand 123456789 日本語の文章 Ελληνικά!!\n\n";
+  std::string joined;
+  for (const std::string& piece : Pieces(*p, text)) joined += piece;
+  EXPECT_EQ(joined, text);
+}
+
+TEST(PretokenizerTest, RejectsInvalidUtf8AndBadPatterns) {
+  auto p = Pretokenizer::Create(kK3Pattern);
+  ASSERT_TRUE(p.ok());
+  auto bad = p->Split("ok \xff\xfe");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("UTF-8 at byte 3"));
+  EXPECT_EQ(p->Split("\xe4\xb8").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pretokenizer::Create("(unclosed").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PretokenizerTest, EmptyMatchesAdvanceOneCharacter) {
+  auto p = Pretokenizer::Create("a*");
+  ASSERT_TRUE(p.ok());
+  EXPECT_THAT(Pieces(*p, "aa中a"), ElementsAre("aa", "a"));
+}
+
+}  // namespace
+}  // namespace k3
