@@ -10,11 +10,15 @@
 namespace k3 {
 
 // X = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] minus Han, Y = [\p{Ll}\p{Lm}\p{Lo}\p{M}] minus Han (spec §2).
-#define K3_X_ "(?:(?!\\p{Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
-#define K3_Y_ "(?:(?!\\p{Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+// Han is the Script property, as in the release's engine (Rust's regex) and Python's regex:
+// PCRE2 10.40+ reads a bare \p{Han} as Script_Extensions, which adds shared CJK punctuation
+// ("。", "《") and would glue it to Chinese text; \p{sc:Han} is the Script alone.
+#define K3_HAN_ "\\p{sc:Han}"
+#define K3_X_ "(?:(?!" K3_HAN_ ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
+#define K3_Y_ "(?:(?!" K3_HAN_ ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
 #define K3_CONTRACTION_ "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
 const char kK3Pattern[] =
-    "[\\p{Han}]+"
+    "[" K3_HAN_ "]+"
     "|[^\\r\\n\\p{L}\\p{N}]?" K3_X_ "*" K3_Y_ "+" K3_CONTRACTION_
     "|[^\\r\\n\\p{L}\\p{N}]?" K3_X_ "+" K3_Y_ "*" K3_CONTRACTION_
     "|\\p{N}{1,3}"
@@ -22,6 +26,7 @@ const char kK3Pattern[] =
     "|\\s*[\\r\\n]+"
     "|\\s+(?!\\S)"
     "|\\s+";
+#undef K3_HAN_
 #undef K3_X_
 #undef K3_Y_
 #undef K3_CONTRACTION_

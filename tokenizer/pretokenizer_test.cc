@@ -25,6 +25,8 @@ TEST(PretokenizerTest, K3PatternSplitsHanFromOtherLetters) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(Pieces(*p, "中文English混合"), ElementsAre("中文", "English", "混合"));
   EXPECT_THAT(Pieces(*p, "Hello world"), ElementsAre("Hello", " world"));
+  // Shared CJK punctuation is Script=Common (only its Script_Extensions include Han).
+  EXPECT_THAT(Pieces(*p, "世界。《书》"), ElementsAre("世界", "。《", "书", "》"));
   EXPECT_THAT(Pieces(*p, "I'LL don't"), ElementsAre("I'LL", " don't"));
   EXPECT_THAT(Pieces(*p, "12345 x"), ElementsAre("123", "45", " x"));
   EXPECT_THAT(Pieces(*p, "a  \n\n b"), ElementsAre("a", "  \n\n", " b"));
