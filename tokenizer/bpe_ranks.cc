@@ -1,6 +1,8 @@
 #include "tokenizer/bpe_ranks.h"
 
+#include <functional>
 #include <limits>
+#include <queue>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -15,6 +17,16 @@ namespace {
 // Ranks above this are refused rather than sizing a table by them (the release has 163,584).
 constexpr int64_t kMaxRank = 1 << 24;
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
+// Pieces longer than this merge with a heap (O(n log n)) instead of tiktoken's linear scan per
+// merge (O(n^2)): a long whitespace or symbol run, one piece under the split patterns, must not
+// stall a server. Both give the same ids.
+constexpr size_t kLongPiece = 128;
+
+uint32_t RankOrNone(const absl::flat_hash_map<std::string_view, int32_t>& ranks,
+                    std::string_view bytes) {
+  auto it = ranks.find(bytes);
+  return it == ranks.end() ? kNoRank : static_cast<uint32_t>(it->second);
+}
 
 absl::Status LineError(int line, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tiktoken.model line ", line, ": ", Sv(what)));
@@ -104,19 +116,20 @@ void BpeRanks::Encode(std::string_view piece, std::vector<int32_t>* ids) const {
     ids->push_back(whole->second);
     return;
   }
+  if (piece.size() > kLongPiece) {
+    MergeLong(piece, ids);
+    return;
+  }
   // tiktoken's merge loop: parts[k] starts a current token at byte `start`; `rank` is the rank of
-  // the token that merging part k with part k+1 would make. A piece's parts are few (the pattern
-  // keeps pieces short), so a linear scan for the minimum beats a heap.
+  // the token that merging part k with part k+1 would make. Short pieces have few parts, so a
+  // linear scan for the minimum beats a heap.
   struct Part {
     uint32_t start;
     uint32_t rank;
   };
   std::vector<Part> parts(piece.size() + 1);
-  auto pair_rank = [&](size_t k) -> uint32_t {  // parts k and k+1 merged; needs k + 2 < size
-    const std::string_view bytes =
-        piece.substr(parts[k].start, parts[k + 2].start - parts[k].start);
-    auto it = ranks_.find(bytes);
-    return it == ranks_.end() ? kNoRank : static_cast<uint32_t>(it->second);
+  auto pair_rank = [&](size_t k) {  // parts k and k+1 merged; needs k + 2 < size
+    return RankOrNone(ranks_, piece.substr(parts[k].start, parts[k + 2].start - parts[k].start));
   };
   for (size_t k = 0; k <= piece.size(); ++k) parts[k] = {static_cast<uint32_t>(k), kNoRank};
   for (size_t k = 0; k + 2 < parts.size(); ++k) parts[k].rank = pair_rank(k);
@@ -133,6 +146,47 @@ void BpeRanks::Encode(std::string_view piece, std::vector<int32_t>* ids) const {
   for (size_t k = 0; k + 1 < parts.size(); ++k) {
     ids->push_back(ranks_.at(piece.substr(parts[k].start, parts[k + 1].start - parts[k].start)));
   }
+}
+
+// The same merges as the loop above in O(n log n): a doubly linked list of parts and a min-heap
+// of (rank, start) for the pairs, so the pair taken is again the lowest rank, leftmost on ties.
+// Heap entries go stale when a neighbor merges; one is used only if it still describes its part.
+void BpeRanks::MergeLong(std::string_view piece, std::vector<int32_t>* ids) const {
+  const uint32_t n = static_cast<uint32_t>(piece.size());
+  // Part i starts at byte i while alive; next[i] is the start of the part after it (n at the end).
+  std::vector<uint32_t> next(n), prev(n), rank(n);
+  std::vector<bool> alive(n, true);
+  for (uint32_t i = 0; i < n; ++i) {
+    next[i] = i + 1;
+    prev[i] = i - 1;  // wraps for i == 0, never read there
+  }
+  auto pair_rank = [&](uint32_t i) {
+    if (next[i] >= n) return kNoRank;
+    return RankOrNone(ranks_, piece.substr(i, next[next[i]] - i));
+  };
+  using Entry = std::pair<uint32_t, uint32_t>;  // (rank, start)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (uint32_t i = 0; i < n; ++i) {
+    rank[i] = pair_rank(i);
+    if (rank[i] != kNoRank) heap.push({rank[i], i});
+  }
+  while (!heap.empty()) {
+    const auto [r, i] = heap.top();
+    heap.pop();
+    if (!alive[i] || rank[i] != r) continue;
+    const uint32_t gone = next[i];
+    alive[gone] = false;
+    next[i] = next[gone];
+    if (next[i] < n) prev[next[i]] = i;
+    rank[i] = pair_rank(i);
+    if (rank[i] != kNoRank) heap.push({rank[i], i});
+    if (i > 0) {
+      const uint32_t p = prev[i];
+      rank[p] = pair_rank(p);
+      if (rank[p] != kNoRank) heap.push({rank[p], p});
+    }
+  }
+  for (uint32_t i = 0; i < n; i = next[i]) ids->push_back(ranks_.at(piece.substr(i, next[i] - i)));
 }
 
 }  // namespace k3

@@ -46,6 +46,9 @@ class BpeRanks {
 
   BpeRanks() = default;
 
+  // Encode's merging for long pieces, in O(n log n).
+  void MergeLong(std::string_view piece, std::vector<int32_t>* ids) const;
+
   // Every token's bytes, concatenated; behind a pointer so that moving a BpeRanks keeps the
   // buffer that ranks_'s keys view.
   std::unique_ptr<const std::string> bytes_;

@@ -55,6 +55,30 @@ TEST(BpeRanksTest, EqualPairsMergeLeftmostFirst) {
   EXPECT_THAT(Encode(*ranks, "aaaaa"), ElementsAre(256, 257));
 }
 
+// Pieces over 128 bytes take the heap path; the merge order must stay tiktoken's.
+TEST(BpeRanksTest, LongPiecesMergeLikeShortOnes) {
+  auto ranks = BpeRanks::Parse(RankFile({"ab", "abab", "ba"}));
+  ASSERT_TRUE(ranks.ok());
+  std::string short_piece, long_piece;
+  for (int i = 0; i < 10; ++i) short_piece += "ab";
+  for (int i = 0; i < 1000; ++i) long_piece += "ab";
+  // ab|ab|... (256 beats "ba" at 258), then abab leftmost first: pairs of pairs.
+  EXPECT_EQ(Encode(*ranks, short_piece), std::vector<int32_t>(5, 257));
+  EXPECT_EQ(Encode(*ranks, long_piece), std::vector<int32_t>(500, 257));
+  // An odd count leaves a lone "ab" at the right end.
+  EXPECT_EQ(Encode(*ranks, long_piece + "ab"),
+            [] {
+              std::vector<int32_t> ids(500, 257);
+              ids.push_back(256);
+              return ids;
+            }());
+  // A leading b: "ab" (256) outranks "ba" (258) at the front, so the b stays alone.
+  std::vector<int32_t> expected(500, 257);
+  expected.insert(expected.begin(), 'b');
+  expected.push_back('x');
+  EXPECT_EQ(Encode(*ranks, "b" + long_piece + "x"), expected);
+}
+
 TEST(BpeRanksTest, LooksUpBothWays) {
   auto ranks = BpeRanks::Parse(RankFile({"hello"}));
   ASSERT_TRUE(ranks.ok());

@@ -26,9 +26,11 @@ class Pretokenizer {
   // Compiles `pattern`; a pattern PCRE2 rejects is InvalidArgument with PCRE2's message.
   static absl::StatusOr<Pretokenizer> Create(std::string_view pattern);
 
-  // The successive leftmost matches of the pattern in `text`, as views into `text`. Text the
-  // pattern skips (none for the K3 pattern, whose last branches match any whitespace and whose
-  // others cover every other character) is not returned. Invalid UTF-8 is InvalidArgument.
+  // The successive leftmost matches of the pattern in `text`, as views into `text`. Like the
+  // release, the text is first cut every 400,000 characters and inside runs of more than 25,000
+  // whitespace or non-whitespace characters, and each part is matched alone. Text the pattern
+  // skips (none for the K3 pattern, whose last branches match any whitespace and whose others
+  // cover every other character) is not returned. Invalid UTF-8 is InvalidArgument.
   absl::StatusOr<std::vector<std::string_view>> Split(std::string_view text) const;
 
   // Calls `piece` for each match, in order, without collecting them.
@@ -38,6 +40,10 @@ class Pretokenizer {
  private:
   struct Code;
   explicit Pretokenizer(std::shared_ptr<const Code> code) : code_(std::move(code)) {}
+
+  // ForEachPiece on one part of the release's cut, which starts `offset` bytes into the text.
+  absl::Status MatchPieces(std::string_view text, size_t offset,
+                           const std::function<void(std::string_view)>& piece) const;
 
   std::shared_ptr<const Code> code_;  // shared by copies; immutable
 };
