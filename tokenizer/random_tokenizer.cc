@@ -123,9 +123,9 @@ absl::Status WriteFile(const std::string& path, const std::string& contents) {
 }  // namespace
 
 absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, TokenizerFamily family) {
-  if (vocab_size < 256 + kSmallSpecialBlock || vocab_size > (int64_t{1} << 24)) {
+  if (vocab_size < kSmallestTokenizerVocab || vocab_size > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a random tokenizer needs a vocabulary of ", 256 + kSmallSpecialBlock, "..", 1 << 24,
+        "a random tokenizer needs a vocabulary of ", kSmallestTokenizerVocab, "..", 1 << 24,
         " ids (bytes and special tokens), got ", vocab_size));
   }
   const int64_t special_start = vocab_size - kSmallSpecialBlock;

@@ -24,13 +24,14 @@ struct TokenizerFiles {
 // unnamed middle cut out, so offsets 0..17 keep their places ([BOS] first, the turn end third)
 // and [UNK], [PAD] are the last two ids.
 inline constexpr int kSmallSpecialBlock = 32;
+inline constexpr int64_t kSmallestTokenizerVocab = 256 + kSmallSpecialBlock;
 
 // A tokenizer with exactly `vocab_size` ids: the 256 single bytes (ids 0..255); then tokens learned
 // by byte-pair training on a built-in multilingual text (English, Chinese, code, numbers) until
 // the ids below the special block are used up or the text has no pair left; then special tokens,
 // with any ids between the last learned token and the top block reserved
 // ("<|reserved_token_{id}|>"). A pure function of its arguments. vocab_size below
-// 256 + kSmallSpecialBlock is InvalidArgument.
+// kSmallestTokenizerVocab is InvalidArgument.
 absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, TokenizerFamily family);
 
 // Writes DIR/tiktoken.model and DIR/tokenizer_config.json (DIR must exist).
