@@ -4,7 +4,8 @@
 //   - ids with OpenAI's cl100k_base and o200k_base ranks and patterns against js-tiktoken
 //     (reference/encode.mjs; needs Node.js and `npm ci` in tokenizer/reference, as tools/test.sh
 //     runs before `bazel test`);
-//   - decode(encode(x)) == x on every document.
+//   - decode(encode(x)) == x on every document;
+//   - spec §5's goldens, where K3_RELEASE_TOKENIZER_DIR names a folder with the release's files.
 // A missing tool skips its test with "SKIPPED: reason" on stdout. The scripts in the runfiles are
 // links into the source tree; node resolves them there and finds tokenizer/reference/node_modules.
 // The BUILD target is tagged "external" so that a result never comes from the cache once
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/random_tokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -134,6 +136,22 @@ TEST_P(JsTiktokenTest, IdsEqualTheReferenceAndDecodeBack) {
 
 INSTANTIATE_TEST_SUITE_P(Encodings, JsTiktokenTest,
                          ::testing::Values("cl100k_base", "o200k_base"));
+
+// Spec §5's goldens need the release's tiktoken.model and tokenizer_config.json, which are not in
+// the repository: `bazel test --test_env=K3_RELEASE_TOKENIZER_DIR=/path/to/K3 ...` runs them.
+TEST(ReferenceTest, ReleaseGoldens) {
+  const char* dir = std::getenv("K3_RELEASE_TOKENIZER_DIR");
+  SKIP_UNLESS(dir != nullptr, "K3_RELEASE_TOKENIZER_DIR (a folder with the release's tokenizer) "
+                              "is not set");
+  auto tokenizer = Tokenizer::Load(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(*tokenizer->Encode("Hello world"), (std::vector<int32_t>{19180, 2695}));
+  EXPECT_EQ(*tokenizer->Encode("你好世界"), (std::vector<int32_t>{33845, 2243}));
+  EXPECT_EQ(*tokenizer->Encode("The capital of France is"),
+            (std::vector<int32_t>{1008, 10484, 318, 15383, 387}));
+  EXPECT_EQ(tokenizer->named_ids().bos, 163584);
+  EXPECT_EQ(*TurnEndId(*tokenizer), 163586);
+}
 
 TEST(ReferenceTest, RandomCheckpointTokenizerRoundTripsTheCorpus) {
   auto files = RandomTokenizerFiles(512, TokenizerFamily::kK3);

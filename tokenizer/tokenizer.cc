@@ -17,6 +17,9 @@ namespace {
 // Ids after the base tokens that are special even when tokenizer_config.json does not name them
 // (spec §1: an unnamed one is "<|reserved_token_{id}|>").
 constexpr int32_t kReservedSpecialIds = 256;
+// Ids past this are refused (the release's highest is 163,839), so that one past an id never
+// overflows.
+constexpr int32_t kMaxTokenId = 1 << 24;
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -59,7 +62,7 @@ absl::StatusOr<ParsedConfig> ParseConfig(std::string_view text) {
       }
       for (const auto& [key, token] : decoder->items()) {
         int32_t id = -1;
-        if (!absl::SimpleAtoi(Sv(key), &id) || id < 0) {
+        if (!absl::SimpleAtoi(Sv(key), &id) || id < 0 || id >= kMaxTokenId) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tokenizer_config.json: added_tokens_decoder key \"", Sv(key), "\" is not an id"));
         }

@@ -95,6 +95,8 @@ TEST(TokenizerTest, RejectsBadConfigs) {
   EXPECT_THAT(error("[]"), HasSubstr("not a JSON object"));
   EXPECT_THAT(error(R"({"added_tokens_decoder": {"x": {"content": "a"}}})"),
               HasSubstr("not an id"));
+  EXPECT_THAT(error(R"({"added_tokens_decoder": {"2147483647": {"content": "a"}}})"),
+              HasSubstr("not an id"));
   EXPECT_THAT(error(R"({"added_tokens_decoder": {"600": {"special": true}}})"),
               HasSubstr("no \"content\""));
   EXPECT_THAT(error(R"({"added_tokens_decoder": {"65": {"content": "<|a|>"}}})"),
