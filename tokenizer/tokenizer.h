@@ -9,6 +9,7 @@
 #define K3SERVE_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
