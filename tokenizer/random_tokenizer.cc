@@ -47,7 +47,7 @@ cleaned the windows and said good morning to everyone who walked by. The people 
 
 // Byte-pair training: repeatedly joins the most frequent adjacent pair of tokens over the text's
 // pieces (the lowest pair of ids on ties, so the result is deterministic) into a new token.
-std::vector<std::string> LearnTokens(size_t count) {
+absl::StatusOr<std::vector<std::string>> LearnTokens(size_t count) {
   std::vector<std::string> tokens;
   absl::flat_hash_map<std::string, int32_t> ids;
   for (int b = 0; b < 256; ++b) {
@@ -55,9 +55,9 @@ std::vector<std::string> LearnTokens(size_t count) {
     ids[tokens.back()] = b;
   }
   std::map<std::string, int64_t> piece_counts;  // ordered: determinism
-  auto pretokenizer = Pretokenizer::Create(kK3Pattern);
-  (void)pretokenizer->ForEachPiece(kTrainingText,
-                                   [&](std::string_view piece) { ++piece_counts[std::string(piece)]; });
+  K3_ASSIGN_OR_RETURN(const Pretokenizer pretokenizer, Pretokenizer::Create(kK3Pattern));
+  K3_RETURN_IF_ERROR(pretokenizer.ForEachPiece(
+      kTrainingText, [&](std::string_view piece) { ++piece_counts[std::string(piece)]; }));
   struct Word {
     std::vector<int32_t> symbols;
     int64_t count;
@@ -129,7 +129,7 @@ absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, Tokenize
         " ids (bytes and special tokens), got ", vocab_size));
   }
   const int64_t special_start = vocab_size - kSmallSpecialBlock;
-  const std::vector<std::string> tokens = LearnTokens(special_start);
+  K3_ASSIGN_OR_RETURN(const std::vector<std::string> tokens, LearnTokens(special_start));
   TokenizerFiles files;
   for (size_t id = 0; id < tokens.size(); ++id) {
     absl::StrAppend(&files.tiktoken_model, absl::Base64Escape(tokens[id]), " ", id, "\n");

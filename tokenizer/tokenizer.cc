@@ -100,7 +100,7 @@ absl::StatusOr<Tokenizer> Tokenizer::Create(std::string_view tiktoken_model,
   K3_ASSIGN_OR_RETURN(ParsedConfig config, ParseConfig(config_json));
   Tokenizer tokenizer(std::move(ranks), std::move(pretokenizer));
   int32_t end = tokenizer.ranks_->end();
-  for (SpecialToken& special : config.specials) {
+  for (const SpecialToken& special : config.specials) {
     if (!tokenizer.ranks_->Bytes(special.id).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "special token ", Sv(special.name), " has id ", special.id, ", a base token's rank"));
