@@ -14,6 +14,7 @@
 #include "kernels/thread_pool.h"
 #include "model/json_value.h"
 #include "model/status_macros.h"
+#include "tokenizer/random_tokenizer.h"
 
 namespace k3 {
 namespace {
@@ -358,6 +359,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
   }
 
   K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(config)));
+  if (config.vocab_size >= kSmallestTokenizerVocab) {
+    K3_RETURN_IF_ERROR(WriteRandomTokenizer(
+        dir, config.vocab_size, IsK3(config) ? TokenizerFamily::kK3 : TokenizerFamily::kKimi));
+  }
   std::string weight_map;
   for (int s = 0; s < options.shards; ++s) {
     const std::string file =

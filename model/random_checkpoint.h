@@ -63,7 +63,10 @@ struct RandomCheckpointOptions {
   std::optional<bool> language_model_prefix;  // unset: K3 configs yes, Kimi Linear no
 };
 
-// Writes DIR/config.json and the weights; creates DIR if needed.
+// Writes DIR/config.json and the weights, and when the vocabulary has room for bytes and special
+// tokens (vocab_size >= kSmallestTokenizerVocab, tokenizer/random_tokenizer.h) a small tokenizer
+// that fits it (tiktoken.model, tokenizer_config.json; K3 or Kimi names as the config's family);
+// creates DIR if needed.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, const std::string& dir,
                                    const RandomCheckpointOptions& options);
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, const std::string& dir,

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "model/checkpoint.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 namespace {
@@ -317,6 +318,23 @@ TEST(WriteRandomCheckpointTest, KimiLinearHasNoPrefix) {
     EXPECT_EQ(name.find("language_model."), std::string::npos) << name;
   }
   EXPECT_FALSE((*ckpt)->config().nested_text_config);
+}
+
+// The tokenizer written beside the weights fits the vocabulary and carries the family's names.
+TEST(WriteRandomCheckpointTest, WritesATokenizerThatFitsTheVocabulary) {
+  const std::string dir = TempDir("with_tokenizer");
+  for (auto [name, chat_token] : {std::pair{"k3-tiny", "<|open|>"},
+                                  std::pair{"kimi-linear-tiny", "<|im_user|>"}}) {
+    const ModelConfig config = Named(name);
+    ASSERT_TRUE(WriteRandomCheckpoint(config, 1, dir).ok());
+    auto tokenizer = Tokenizer::Load(dir);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    EXPECT_EQ(tokenizer->vocab_size(), config.vocab_size);
+    EXPECT_TRUE(tokenizer->SpecialTokenId(chat_token).has_value()) << name;
+    auto ids = tokenizer->Encode("Hello, world!");
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*tokenizer->Decode(*ids), "Hello, world!");
+  }
 }
 
 TEST(WriteRandomCheckpointTest, RewritingSwitchesLayouts) {

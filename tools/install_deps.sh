@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils libdnnl-dev
-  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev
+  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3-regex
   iproute2 procps
 )
 
