@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 
 tools/install_deps.sh
 
+# The tokenizer's reference encoders (js-tiktoken) come from npm; without them its reference test
+# reports itself skipped.
+if command -v npm >/dev/null; then
+  (cd tokenizer/reference && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) ||
+    echo "tokenizer: npm ci failed; the js-tiktoken reference checks will be skipped" >&2
+fi
+
 status=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
