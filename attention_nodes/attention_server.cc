@@ -177,7 +177,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       self->Tick();
     });
   };
+  // Started only once p.client is set: the callbacks' Tick uses it (a Tick that ran first, on a
+  // fast registration, dereferenced a null client).
   p.client = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  p.client->Start();
   node->ScheduleTick();
   LOG(INFO) << "attention node serving gRPC on " << info.grpc_address()
             << (p.http ? absl::StrCat(", metrics on port ", p.http->port()) : "")

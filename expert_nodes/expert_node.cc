@@ -277,6 +277,7 @@ absl::Status ExpertNode::Start() {
     state_changed_ = true;
   };
   client_ = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  client_->Start();
   LOG(INFO) << "expert node serving gRPC on " << node.grpc_address()
             << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "") << ", " << options_.slots
             << " expert slots; registering with the coordinator at " << options_.coordinator;

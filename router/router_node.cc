@@ -136,6 +136,7 @@ absl::Status RouterNode::Start() {
     links_->SetTargets(LinkTargets(state, {pb::ROLE_ATTENTION, pb::ROLE_EXPERT}, /*self=*/0));
   };
   client_ = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  client_->Start();
   LOG(INFO) << "router serving gRPC on " << node.grpc_address()
             << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "")
             << "; registering with the coordinator at " << options_.coordinator;
