@@ -45,7 +45,8 @@ absl::StatusOr<ModelConfig> ConfigFromFlag(const std::string& value) {
 
 // `generate --server`: one Generate call. Sampling flags that are not given are left unset, so
 // the server's defaults apply (greedy, 16 new tokens, a random seed). Prints the new tokens like
-// the local mode; a failed call prints its gRPC code and message.
+// the local mode, each as it arrives; a failed call (a timeout, say) ends the line of the tokens
+// made so far and prints its gRPC code and message.
 int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
   absl::StatusOr<std::string> server = flags.String("server");
   absl::StatusOr<int64_t> timeout_ms = flags.Int("timeout-ms", 0);
@@ -76,15 +77,23 @@ int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
     if (!stops.ok()) return Fail(stops.status());
     sampling.mutable_stop_token_ids()->Add(stops->begin(), stops->end());
   }
+  bool first = true;
   absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
       *server, request,
-      *timeout_ms > 0 ? absl::Milliseconds(*timeout_ms) : absl::InfiniteDuration());
+      *timeout_ms > 0 ? absl::Milliseconds(*timeout_ms) : absl::InfiniteDuration(),
+      [&first](absl::Span<const int32_t> new_tokens) {
+        for (int32_t token : new_tokens) {
+          std::cout << (first ? "" : " ") << token;
+          first = false;
+        }
+        std::cout << std::flush;
+      });
+  std::cout << "\n";
   if (!outcome.ok()) {
     std::cerr << "k3serve: " << absl::StatusCodeToString(outcome.status().code()) << ": "
               << outcome.status().message() << "\n";
     return outcome.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::cout << absl::StrJoin(outcome->tokens, " ") << "\n";
   const k3serve::v1::Complete& complete = outcome->complete;
   if (complete.finish_reason() == k3serve::v1::Complete::LENGTH ||
       complete.finish_reason() == k3serve::v1::Complete::STOP) {
