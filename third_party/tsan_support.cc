@@ -1,13 +1,16 @@
-// ThreadSanitizer annotations for Debian's absl::Mutex, CondVar and Notification.
+// ThreadSanitizer support for Debian's uninstrumented libraries, linked into the binaries of
+// --config=tsan only.
 //
-// Debian ships Abseil uninstrumented, so under -fsanitize=thread the happens-before edges of its
-// locks are invisible and every access guarded by an absl::Mutex reads as a data race. This file
-// (linked into the binaries of --config=tsan only) defines the library's lock and wait entry points
-// under their mangled names, which the dynamic linker prefers to the library's own: each calls the
-// real function (the next definition, RTLD_NEXT) and tells ThreadSanitizer what it did: an unlock
-// is a release on the mutex's address, a lock an acquire, a wait both. A Condition is evaluated
-// inside the library with the lock held, by the waiter or by the thread that unlocks, so it is
-// wrapped to acquire before and release after.
+// Abseil: under -fsanitize=thread the happens-before edges of its locks are invisible, so every
+// access guarded by an absl::Mutex would read as a data race. This file defines the library's lock
+// and wait entry points under their mangled names, which the dynamic linker prefers to the
+// library's own: each calls the real function (the next definition, RTLD_NEXT) and tells
+// ThreadSanitizer what it did: an unlock is a release on the mutex's address, a lock an acquire, a
+// wait both. A Condition is evaluated inside the library with the lock held, by the waiter or by
+// the thread that unlocks, so it is wrapped to acquire before and release after.
+//
+// gRPC: its own synchronization (atomics inside the library) is invisible too, so reports through
+// it are suppressed (__tsan_default_suppressions at the end).
 #include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
@@ -280,4 +283,20 @@ extern "C" bool K3TsanWaitForNotificationWithDeadline(const Notification* n, Tim
   const bool notified = real(n, t);
   if (notified) Acquire(n);
   return notified;
+}
+
+// Suppressions compiled in, so that no test needs a file: reports with a frame in gRPC (whose
+// synchronization is atomics that ThreadSanitizer cannot see: its executor threads, the frees and
+// copies inside it), in the absl::Status and Cord code gRPC's threads run (an uninstrumented
+// caller leaves no frames of its own) or in Abseil's deadlock-detection graph. Races between our
+// own threads stay reported; races on gRPC's callback threads do not (a limit of an
+// uninstrumented gRPC).
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:libgrpc.so\n"
+         "race:libgrpc++.so\n"
+         "race:libgpr.so\n"
+         "race:libupb.so\n"
+         "race:libabsl_status.so\n"
+         "race:libabsl_cord.so\n"
+         "race:libabsl_graphcycles_internal.so\n";
 }
