@@ -12,6 +12,7 @@ find -L "$logs" -name test.xml -print0 2>/dev/null | sort -z | while IFS= read -
   grep -q 'result="skipped"' "$xml" || continue
   target=${xml#"$logs"/}
   target=${target%/test.xml}
+  target=$(sed -E 's#/(run|shard)_[0-9]+_of_[0-9]+##g' <<<"$target")  # --runs_per_test, sharding
   package=${target%/*}
   # gtest writes <testcase name="Case" ... result="skipped" ... classname="Suite"> then
   # <skipped message="file:line&#x0A;reason">.
