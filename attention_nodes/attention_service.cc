@@ -57,6 +57,7 @@ GenerationRequest FromProto(const v1::GenerateRequest& proto, int max_new_tokens
                                : std::min(kDefaultMaxNewTokens, max_new_tokens_limit);
   request.stop_token_ids.assign(sampling.stop_token_ids().begin(),
                                 sampling.stop_token_ids().end());
+  request.ignore_eos = sampling.ignore_eos();
   return request;
 }
 
@@ -77,8 +78,7 @@ class GenerateStream final : public GenerationSink {
   }
 
   void OnToken(int32_t token, int prompt_tokens, int generated_tokens) override {
-    v1::GenerateResponse message;
-    message.set_request_id(request_id_);
+    v1::GenerateResponse message = FirstOrNext();
     v1::TokenChunk* chunk = message.mutable_chunk();
     chunk->add_token_ids(token);
     chunk->set_prompt_tokens(prompt_tokens);
@@ -87,8 +87,7 @@ class GenerateStream final : public GenerationSink {
   }
 
   void OnFinish(const GenerationResult& result) override {
-    v1::GenerateResponse message;
-    message.set_request_id(request_id_);
+    v1::GenerateResponse message = FirstOrNext();
     v1::Complete* complete = message.mutable_complete();
     complete->set_finish_reason(ToProto(result.reason));
     complete->mutable_usage()->set_prompt_tokens(result.prompt_tokens);
@@ -119,6 +118,14 @@ class GenerateStream final : public GenerationSink {
     std::optional<grpc::Status> finish;
   };
 
+  // A new message, naming the request if it is the stream's first (the id can be long: it is
+  // sent once, not with every token). Scheduler thread only.
+  v1::GenerateResponse FirstOrNext() {
+    v1::GenerateResponse message;
+    if (!id_sent_) message.set_request_id(request_id_);
+    id_sent_ = true;
+    return message;
+  }
   void Push(v1::GenerateResponse message, std::optional<grpc::Status> final_status);
   // What to start next: a write, the finish, or nothing (a write is in flight).
   Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -127,6 +134,7 @@ class GenerateStream final : public GenerationSink {
 
   GenerateReactor* const reactor_;
   const std::string request_id_;
+  bool id_sent_ = false;  // scheduler thread only
   absl::Mutex mu_;
   std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is in flight if writing_

@@ -13,9 +13,9 @@ namespace k3 {
 
 namespace v1 = k3serve::v1;
 
-absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
-                                                 const v1::GenerateRequest& request,
-                                                 absl::Duration timeout) {
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
+    const std::string& address, const v1::GenerateRequest& request, absl::Duration timeout,
+    const std::function<void(absl::Span<const int32_t>)>& on_tokens) {
   std::unique_ptr<v1::K3Serve::Stub> stub =
       v1::K3Serve::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -33,10 +33,11 @@ absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
       extra = true;
       continue;
     }
-    outcome.request_id = response.request_id();
+    if (!response.request_id().empty()) outcome.request_id = response.request_id();
     if (response.has_chunk()) {
       outcome.tokens.insert(outcome.tokens.end(), response.chunk().token_ids().begin(),
                             response.chunk().token_ids().end());
+      if (on_tokens) on_tokens(response.chunk().token_ids());
     } else if (response.has_complete()) {
       outcome.complete = response.complete();
       complete = true;

@@ -4,11 +4,13 @@
 #define K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/generate.pb.h"
 
 namespace k3 {
@@ -22,10 +24,12 @@ struct GenerateOutcome {
 // Runs `request` on the server at `address` (host:port) with `timeout` as the call's deadline
 // (InfiniteDuration: none). The call's own status when it is not OK (INVALID_ARGUMENT,
 // UNAVAILABLE naming a lost worker, DEADLINE_EXCEEDED, ...), with the server's message; INTERNAL
-// when an OK stream breaks the protocol (no Complete, or messages after it).
-absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
-                                                 const k3serve::v1::GenerateRequest& request,
-                                                 absl::Duration timeout);
+// when an OK stream breaks the protocol (no Complete, or messages after it). `on_tokens`, when
+// given, sees each chunk's tokens as it arrives, so a caller keeps them even when the call fails.
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
+    const std::string& address, const k3serve::v1::GenerateRequest& request,
+    absl::Duration timeout,
+    const std::function<void(absl::Span<const int32_t>)>& on_tokens = nullptr);
 
 }  // namespace k3
 

@@ -128,6 +128,14 @@ absl::Status StepFailure(const absl::Status& cause) {
                       absl::StrCat("model step failed: ", cause.message()));
 }
 
+GenerationResult ErrorResult(absl::Status status) {
+  GenerationResult result;
+  result.reason = FinishReason::kError;
+  result.message = std::string(status.message());
+  result.status = std::move(status);
+  return result;
+}
+
 }  // namespace
 
 GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe* routed_moe,
@@ -146,6 +154,11 @@ GenerationScheduler::~GenerationScheduler() { Shutdown(); }
 
 absl::Status GenerationScheduler::Validate(const GenerationRequest& request) const {
   const int64_t vocab = config().vocab_size;
+  if (request.id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id has ", request.id.size(),
+                                                   " bytes; at most ", kMaxRequestIdBytes,
+                                                   " are accepted"));
+  }
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (request.prompt.size() > static_cast<size_t>(options_.max_prompt_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat("the prompt has ", request.prompt.size(),
@@ -377,10 +390,7 @@ void GenerationScheduler::RunStep() {
     metrics_->step_tokens->Observe(static_cast<double>(options_.max_batch_tokens - budget));
   }
   if (!status.ok()) {
-    GenerationResult result;
-    result.reason = FinishReason::kError;
-    result.status = StepFailure(status);
-    result.message = std::string(result.status.message());
+    const GenerationResult result = ErrorResult(StepFailure(status));
     for (Sequence* sequence : members) Finish(*sequence, result);
   } else {
     if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(prefill_tokens));
@@ -389,13 +399,19 @@ void GenerationScheduler::RunStep() {
       Sequence& sequence = *members[i];
       if (!sequence.decoding()) sequence.consumed += batch[i].tokens.size();
       if (!samples[i]) continue;
-      const int32_t token = sequence.sampler.Next(logits_.data() + i * vocab, vocab);
+      const float* row = logits_.data() + i * vocab;
+      if (absl::Status finite = CheckLogitsFinite(row, vocab); !finite.ok()) {
+        Finish(sequence, ErrorResult(std::move(finite)));
+        continue;
+      }
+      const int32_t token = sequence.sampler.Next(row, vocab);
       sequence.generated.push_back(token);
       if (metrics_) metrics_->generated_tokens->Increment();
       const int generated = static_cast<int>(sequence.generated.size());
       sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
       const std::vector<int32_t>& stops = sequence.request.stop_token_ids;
-      if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      if ((token == config().eos_token_id && !sequence.request.ignore_eos) ||
+          std::find(stops.begin(), stops.end(), token) != stops.end()) {
         Finish(sequence, GenerationResult{FinishReason::kStop});
       } else if (generated >= sequence.request.max_new_tokens) {
         Finish(sequence, GenerationResult{FinishReason::kLength});

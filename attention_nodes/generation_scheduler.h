@@ -18,11 +18,13 @@
 //
 // A request ends exactly once, with GenerationSink::OnFinish:
 //   LENGTH    max_new_tokens generated;
-//   STOP      a stop token was generated (it is part of the output);
+//   STOP      a stop token, or the model's eos_token_id unless ignore_eos, was generated (it is
+//             part of the output);
 //   CANCELLED RequestHandle::Cancel / Abort (status OK) or shutdown (status UNAVAILABLE);
 //   ERROR     the model step failed, e.g. a lost expert worker (status UNAVAILABLE with the
 //             cause; INTERNAL for errors that retrying cannot fix). Every sequence of the failed
-//             step ends so (their states are inconsistent); the others continue.
+//             step ends so (their states are inconsistent); the others continue. Also a
+//             sequence whose logits are not finite (status INTERNAL): it gets no token.
 // Before OnFinish runs, the request's state is freed and it has left Info()'s counts, so a client
 // that sees the end can observe the freed state.
 //
@@ -69,12 +71,17 @@ struct SchedulerOptions {
   absl::Status Validate() const;
 };
 
+// Longest request id accepted: ids are logged and echoed to the client.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
 struct GenerationRequest {
-  std::string id;  // unique among requests in flight; empty: the scheduler assigns one
+  // Unique among requests in flight, at most kMaxRequestIdBytes; empty: the scheduler assigns one.
+  std::string id;
   std::vector<int32_t> prompt;
   SamplingOptions sampling;
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  // true: the model's eos_token_id does not end the request
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -145,9 +152,9 @@ class GenerationScheduler {
   const ModelConfig& config() const { return weights_->config; }
   const SchedulerOptions& options() const { return options_; }
 
-  // INVALID_ARGUMENT naming what is wrong: empty or too long prompt, token ids outside the
-  // vocabulary (prompt or stop tokens), max_new_tokens outside [1, max_new_tokens_limit], bad
-  // sampling options.
+  // INVALID_ARGUMENT naming what is wrong: an id longer than kMaxRequestIdBytes, empty or too
+  // long prompt, token ids outside the vocabulary (prompt or stop tokens), max_new_tokens outside
+  // [1, max_new_tokens_limit], bad sampling options.
   absl::Status Validate(const GenerationRequest& request) const;
 
   // Validates and queues `request`; `sink` gets its output. Errors: INVALID_ARGUMENT (Validate),

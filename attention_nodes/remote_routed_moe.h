@@ -1,5 +1,5 @@
 // RemoteRoutedMoe: the routed experts reached across the router tier. Each MoE layer of a step goes
-// to one router as a MoeRequest (router/moe_wire.h) over the data-plane Transport; Wait blocks on
+// to one router as a MoeRequest (moe/moe_wire.h) over the data-plane Transport; Wait blocks on
 // the transport until the MoeResponse with the same step id arrives.
 //
 // Router choice: round-robin over the usable routers, one pick per MoE layer call, so the layers of

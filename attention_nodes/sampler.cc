@@ -17,6 +17,14 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status CheckLogitsFinite(const float* logits, int64_t vocab) {
+  bool finite = true;
+  for (int64_t i = 0; i < vocab; ++i) finite &= std::isfinite(logits[i]);
+  if (finite) return absl::OkStatus();
+  return absl::InternalError(
+      "the model produced non-finite logits (NaN or infinity); no token can be sampled");
+}
+
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
 
 int32_t Sampler::Next(const float* logits, int64_t vocab) {

@@ -23,6 +23,10 @@ struct SamplingOptions {
 // InvalidArgument for a negative temperature, top_p outside (0, 1] or a negative top_k.
 absl::Status ValidateSamplingOptions(const SamplingOptions& options);
 
+// INTERNAL when a row of logits holds a NaN or an infinity (broken weights or a broken step): no
+// token may be sampled from it, since argmax and softmax would return an arbitrary one.
+absl::Status CheckLogitsFinite(const float* logits, int64_t vocab);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);

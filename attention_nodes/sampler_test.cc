@@ -1,6 +1,7 @@
 #include "attention_nodes/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -52,6 +53,20 @@ TEST(SamplerTest, RejectsBadOptions) {
   EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{1.f, 1.5f, 0, 0}).ok());
   EXPECT_FALSE(ValidateSamplingOptions(SamplingOptions{1.f, 1.f, -2, 0}).ok());
   EXPECT_TRUE(ValidateSamplingOptions(SamplingOptions{0.7f, 0.9f, 40, 0}).ok());
+}
+
+TEST(SamplerTest, NonFiniteLogitsAreAnInternalError) {
+  std::vector<float> logits = {0.5f, -2.f, 3.f, 1.f};
+  EXPECT_TRUE(CheckLogitsFinite(logits.data(), 4).ok());
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {size_t{0}, size_t{3}}) {
+      std::vector<float> row = logits;
+      row[at] = bad;
+      EXPECT_EQ(CheckLogitsFinite(row.data(), 4).code(), absl::StatusCode::kInternal)
+          << bad << " at " << at;
+    }
+  }
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options,
     absl::MutexLock lock(&mu_);
     node_id_ = options_.node.node_id();
   }
+}
+
+void CoordinatorClient::Start() {
+  CHECK(!thread_.joinable()) << "CoordinatorClient::Start called twice";
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -98,7 +102,7 @@ void CoordinatorClient::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   pb::LeaveRequest request;
   {
     absl::MutexLock lock(&mu_);

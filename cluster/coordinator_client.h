@@ -10,6 +10,10 @@
 // Every RPC carries `rpc_timeout` as its deadline. A coordinator that stays unreachable does not
 // stop the node: it keeps its last state and keeps trying.
 //
+// The background thread starts with Start, not with the constructor: a callback may run as soon as
+// the thread does, so whatever the callbacks reach (the owner's pointer to this client included)
+// must be in place first.
+//
 // Thread-safety: all methods may be called from any thread. Callbacks run on the client's thread,
 // one at a time, between heartbeats: they must return quickly (a callback that blocks for the
 // coordinator's heartbeat timeout gets this node declared DEAD; hand slow work such as transport
@@ -49,13 +53,17 @@ struct CoordinatorCallbacks {
 
 class CoordinatorClient {
  public:
-  // Starts the background thread; registration happens there (see WaitRegistered).
+  // Does not contact the coordinator yet: see Start.
   CoordinatorClient(CoordinatorClientOptions options, CoordinatorCallbacks callbacks);
   // Stop().
   ~CoordinatorClient();
 
   CoordinatorClient(const CoordinatorClient&) = delete;
   CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  // Starts the background thread; registration happens there (see WaitRegistered). Callbacks
+  // may run from now on. Call once.
+  void Start();
 
   // This node's id once registered. DEADLINE_EXCEEDED if not registered by `deadline`.
   absl::StatusOr<uint32_t> WaitRegistered(absl::Time deadline);
@@ -68,7 +76,7 @@ class CoordinatorClient {
   uint64_t incarnation() const { return incarnation_; }
 
   // Stops heartbeating and tells the coordinator this node leaves (one attempt, rpc_timeout).
-  // Idempotent.
+  // Idempotent; also fine without Start.
   void Stop();
 
  private:

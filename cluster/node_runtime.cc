@@ -82,6 +82,8 @@ void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) 
             << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "")
             << "; registering with the coordinator at " << options_.flags.coordinator;
   client_ = std::make_unique<CoordinatorClient>(std::move(client_options), std::move(callbacks));
+  // Only now: the callbacks may reach the client through client(), which must not be null then.
+  client_->Start();
 }
 
 void NodeEndpoints::SetReady(bool ready) {

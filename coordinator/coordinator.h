@@ -95,7 +95,7 @@ class CoordinatorState {
   std::map<std::pair<k3serve::cluster::v1::Role, k3serve::cluster::v1::MemberState>, int>
   CountMembers() const;
 
-  // Rebalancing (cluster/coordinator_balancer.h) rolls a placement out in two steps: it reserves
+  // Rebalancing (coordinator/coordinator_balancer.h) rolls a placement out in two steps: it reserves
   // a version, has the expert nodes load that version's experts, then commits it. Any other
   // placement change meanwhile (a spare taking over a dead worker) gets a later version, so no
   // node ever sees two different placements under one number.

@@ -1,5 +1,5 @@
 // LoadBalancer: the coordinator's expert-load loop. It gathers the routers' load windows, merges
-// them (cluster/coordinator_load.h), and optionally acts on them:
+// them (coordinator/coordinator_load.h), and optionally acts on them:
 //
 //  - Gathering: every `gather_interval` (and before every decision) it calls
 //    RouterControl.GetLoadStats(reset) on every ALIVE router, all at once, each with a deadline.
@@ -13,7 +13,7 @@
 //    Per-expert numbers stay out of the metrics (layers x experts series); GetLoadReport has them.
 //
 //  - Rebalancing (every `rebalance_interval`, or on a Rebalance RPC): plans a placement from the
-//    window's per-expert loads (cluster/expert_placement_planner.h) with each worker's share of
+//    window's per-expert loads (coordinator/expert_placement_planner.h) with each worker's share of
 //    the experts plus `spare_slots_per_worker` slots, and rolls it out when it lowers the mean
 //    worker MaxVio by `min_improvement` of its value (always, if forced and different):
 //      1. reserve the next placement version;

@@ -43,7 +43,7 @@ struct CoordinatorMainOptions {
 //                             expert (default: all three; without experts: attention,router)
 //   --heartbeat-interval-ms, --heartbeat-timeout-ms, --recovery-window-ms
 //   --shutdown-grace-ms
-// Expert load (cluster/coordinator_balancer.h):
+// Expert load (coordinator/coordinator_balancer.h):
 //   --load-stats-interval-ms T  gather the routers' expert load every T ms (default 5000; 0: only
 //                             for GetLoadReport refreshes, rebalancing and bias pushes)
 //   --rebalance-interval-ms T   re-plan the expert placement from the load every T ms and roll it

@@ -8,7 +8,7 @@
 //   k3_coordinator_placement_version       gauge
 //   k3_coordinator_ready                   gauge, 1 when the cluster is ready
 //   k3_coordinator_rpcs_total{method,code} counter
-// With routed experts, a LoadBalancer (cluster/coordinator_balancer.h) gathers the routers' expert
+// With routed experts, a LoadBalancer (coordinator/coordinator_balancer.h) gathers the routers' expert
 // load, answers GetLoadReport and Rebalance, and rebalances or pushes the bias if configured.
 //
 // Thread-safety: RPCs and ClusterStateSnapshot may come from any thread. Shut the gRPC server down

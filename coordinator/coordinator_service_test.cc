@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <set>
@@ -100,7 +101,9 @@ std::unique_ptr<CoordinatorClient> StartClient(int port, pb::Role role, int slot
   options.coordinator_address = Address(port);
   options.node = NodeOf(role, slots);
   options.max_backoff = absl::Milliseconds(200);
-  return std::make_unique<CoordinatorClient>(options, std::move(callbacks));
+  auto client = std::make_unique<CoordinatorClient>(options, std::move(callbacks));
+  client->Start();
+  return client;
 }
 
 // GET `path` from 127.0.0.1:port; the body of a 200 answer, else "".
@@ -315,6 +318,35 @@ TEST(CoordinatorProcessTest, PlacesExpertsDetectsAKilledNodeAndHandsItsShareToAS
   state = GetState(stub.get());
   EXPECT_EQ(FindMember(state, attention_id)->state(), pb::LEFT);
   EXPECT_FALSE(state.ready());
+}
+
+// A node keeps its client in a member that its callbacks use (the attention node's Tick); the
+// first callback can come right after registering, so the client must not start before Start.
+TEST(CoordinatorProcessTest, ACallbackRunsOnlyAfterStartSoItMayUseTheClient) {
+  auto process = CoordinatorProcess::Start(TestOptions());
+  ASSERT_TRUE(process.ok()) << process.status();
+  CoordinatorClientOptions options;
+  options.coordinator_address = Address((*process)->port());
+  options.node = NodeOf(pb::ROLE_ATTENTION, 0);
+  CoordinatorClient* owner_view = nullptr;  // what the owner's member holds
+  std::atomic<bool> saw_client{false};
+  absl::Notification got_state;
+  CoordinatorCallbacks callbacks;
+  callbacks.on_cluster_state = [&](const pb::ClusterState&) {
+    if (owner_view != nullptr && owner_view->WaitRegistered(absl::InfinitePast()).ok()) {
+      saw_client = true;
+    }
+    got_state.Notify();
+  };
+  auto client = std::make_unique<CoordinatorClient>(options, std::move(callbacks));
+  EXPECT_FALSE(client->WaitRegistered(absl::Now() + absl::Milliseconds(500)).ok())
+      << "registered before Start";
+  EXPECT_FALSE(got_state.HasBeenNotified());
+  owner_view = client.get();
+  client->Start();
+  ASSERT_TRUE(got_state.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(saw_client);
+  client->Stop();
 }
 
 TEST(CoordinatorProcessTest, DrainReachesTheNodeThroughItsHeartbeat) {

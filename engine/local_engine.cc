@@ -54,10 +54,12 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
   while (static_cast<int>(generated.size()) < options.max_new_tokens) {
     BatchEntry entry{state.get(), absl::MakeConstSpan(feed), false};
     if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    if (absl::Status s = CheckLogitsFinite(logits.data(), config().vocab_size); !s.ok()) return s;
     const int32_t next = sampler.Next(logits.data(), config().vocab_size);
     generated.push_back(next);
-    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
-        options.stop_token_ids.end()) {
+    if ((next == config().eos_token_id && !options.ignore_eos) ||
+        std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
+            options.stop_token_ids.end()) {
       break;
     }
     feed.assign(1, next);

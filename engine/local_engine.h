@@ -21,6 +21,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  // true: the model's eos_token_id does not end generation
 };
 
 class LocalEngine {
@@ -36,7 +37,8 @@ class LocalEngine {
   // the caches.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
 
-  // New tokens after `prompt`; stops at max_new_tokens or after emitting a stop token.
+  // New tokens after `prompt`; stops at max_new_tokens or after emitting a stop token or (unless
+  // ignore_eos) the model's eos_token_id.
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
                                                 const GenerateOptions& options);
 

@@ -8,7 +8,7 @@
 // node the placement does not use yet is a spare: the coordinator hands it a dead node's slot, and
 // it then loads that slot's experts.
 //
-// Rebalancing (cluster/coordinator_balancer.h): LoadExperts maps the experts of a placement version
+// Rebalancing (coordinator/coordinator_balancer.h): LoadExperts maps the experts of a placement version
 // before the coordinator publishes it, and the node keeps serving older versions' requests with
 // their experts (each ExpertRequest names the version it was planned with) until they retire:
 // when a LoadExperts call says so (retire_below_version), and otherwise for all but the previous

@@ -1,5 +1,5 @@
 // ExpertWorker: an expert node's data-plane service. It answers the routers' ExpertRequests
-// (router/moe_wire.h) for the experts its worker slot hosts, with RunExperts, the same computation
+// (moe/moe_wire.h) for the experts its worker slot hosts, with RunExperts, the same computation
 // the single-process engine runs.
 //
 // While a new placement rolls out (proto/cluster.proto, LoadExpertsRequest) a node holds the

@@ -1,6 +1,6 @@
 // LocalCluster: a real k3serve cluster of separate processes on this host, started from one
 // k3serve binary's subcommands: the coordinator first, then the expert, router and attention
-// nodes. Backs `k3serve local` (cluster/local_cluster_main.h), the multi-process tests and the
+// nodes. Backs `k3serve local` (launcher/local_cluster_main.h), the multi-process tests and the
 // cluster benchmark.
 //
 // Each node runs as `BINARY <role> --coordinator HOST:PORT --model DIR --host H --port P ...`

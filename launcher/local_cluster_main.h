@@ -1,4 +1,4 @@
-// `k3serve local`: a whole cluster on this host (cluster/local_cluster.h) from one command.
+// `k3serve local`: a whole cluster on this host (launcher/local_cluster.h) from one command.
 //
 //   k3serve local --model DIR [--attention A] [--routers R] [--experts E] [--expert-slots 3,5,8]
 //       [--base-port P] [--host H] [--metrics] [--log-dir DIR] [--startup-timeout-ms T]

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "model/json_value.h"
 #include "model/status_macros.h"
 
@@ -167,7 +168,47 @@ absl::Status CheckLayerCount(int num_layers) {
       absl::StrCat("num_hidden_layers must be in 1..", kMaxLayers, ", got ", num_layers));
 }
 
+// Fields that set the model's shapes. No default fits a checkpoint that omits one: K3's full-size
+// value would only fail later, on the first tensor shape, with a confusing message.
+constexpr std::string_view kRequiredFields[] = {
+    "vocab_size",          "hidden_size",  "num_hidden_layers", "intermediate_size",
+    "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim",    "qk_rope_head_dim",    "v_head_dim",  "num_experts"};
+constexpr std::string_view kRequiredLinearAttnFields[] = {"num_heads", "head_dim",
+                                                          "short_conv_kernel_size"};
+// Required when num_experts is positive.
+constexpr std::string_view kRequiredMoeFields[] = {"num_experts_per_token", "num_shared_experts",
+                                                   "moe_intermediate_size"};
+
+// InvalidArgument naming every required field the text config lacks. A K3 config needs
+// linear_attn_config; a flat Kimi Linear one without it is all MLA (see config.h).
+absl::Status CheckRequiredFields(const ObjectReader& r, bool kimi_linear_semantics) {
+  std::vector<std::string> missing;
+  auto check = [&missing](const ObjectReader& object, absl::Span<const std::string_view> names) {
+    for (std::string_view name : names) {
+      if (object.Find(name) == nullptr) missing.push_back(object.Path(name));
+    }
+  };
+  check(r, kRequiredFields);
+  const Json* la = r.Find("linear_attn_config");
+  if (la == nullptr && !kimi_linear_semantics) missing.push_back(r.Path("linear_attn_config"));
+  if (la != nullptr && la->is_object()) {
+    check(ObjectReader(*la, r.Path("linear_attn_config.")),
+          kRequiredLinearAttnFields);
+  }
+  const Json* experts = r.Find("num_experts");
+  if (experts != nullptr && experts->is_number() &&
+      experts->get<double>() > 0) {
+    check(r, kRequiredMoeFields);
+  }
+  if (missing.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("missing required field",
+                                                 missing.size() > 1 ? "s" : "", ": ",
+                                                 absl::StrJoin(missing, ", ")));
+}
+
 absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, ModelConfig* c) {
+  K3_RETURN_IF_ERROR(CheckRequiredFields(r, kimi_linear_semantics));
   int64_t vocab = c->vocab_size;
   K3_RETURN_IF_ERROR(r.Int64("vocab_size", &vocab));
   c->vocab_size = vocab;

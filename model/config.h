@@ -1,8 +1,16 @@
 // ModelConfig: the text-model configuration of spec §1 (K3 and the Kimi Linear variant).
 //
 // A config.json either nests the text config under "text_config" (K3, model_type "kimi_k3") or is
-// flat (Kimi Linear, model_type "kimi_linear"). Which defaults a missing field takes depends on the
-// outer model type:
+// flat (Kimi Linear, model_type "kimi_linear").
+//
+// The fields that set the model's shapes are required (ParseModelConfig names every one missing):
+// vocab_size, hidden_size, num_hidden_layers, intermediate_size, num_attention_heads,
+// num_key_value_heads, q_lora_rank (null for a single q_proj), kv_lora_rank, qk_nope_head_dim,
+// qk_rope_head_dim, v_head_dim, num_experts (null or 0: no MoE); with experts,
+// num_experts_per_token, num_shared_experts and moe_intermediate_size; linear_attn_config in a K3
+// config, and in any linear_attn_config its num_heads, head_dim and short_conv_kernel_size.
+//
+// Which defaults another missing field takes depends on the outer model type:
 //
 //  * "kimi_k3" (nested, or flat with that type): every field has the spec's K3 value below.
 //  * "kimi_linear" (flat): the base fields still default to the K3 values, but a K3-only feature
@@ -122,7 +130,7 @@ struct ModelConfig {
   int NumMoeLayers() const;
 };
 
-// Parses config.json text. Missing fields take the defaults above; see the file comment.
+// Parses config.json text. Missing optional fields take the defaults above; see the file comment.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json);
 
 // The checks ParseModelConfig applies, for configs built or edited in code.

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 
@@ -133,9 +134,64 @@ TEST(ConfigTest, UnknownNamedConfig) {
   EXPECT_NE(c.status().message().find("k3-huge"), std::string::npos);
 }
 
-// An empty K3 text config takes the spec §1.1 table's values.
+// The required fields (the shapes), at K3's values.
+constexpr char kK3RequiredFields[] = R"json(
+    "vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 93,
+    "intermediate_size": 33792, "num_attention_heads": 96, "num_key_value_heads": 96,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "num_experts": 896, "num_experts_per_token": 16, "num_shared_experts": 2,
+    "moe_intermediate_size": 3072,
+    "linear_attn_config": {"num_heads": 96, "head_dim": 128, "short_conv_kernel_size": 4})json";
+
+// A flat Kimi Linear config of the kimi-linear-tiny shapes with `fields` (num_hidden_layers among
+// them) added.
+std::string FlatConfig(const std::string& fields) {
+  return absl::StrCat(R"json({"model_type": "kimi_linear", "vocab_size": 512, "hidden_size": 256,
+      "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "q_lora_rank": null, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+      "v_head_dim": 32, "num_experts": null, )json",
+                      fields, "}");
+}
+
+TEST(ConfigTest, MissingRequiredFieldsAreAllNamed) {
+  std::string text = Replace(kK3TinyJson, "\"vocab_size\": 512, ", "");
+  text = Replace(text, "\"moe_intermediate_size\": 64, ", "");
+  auto c = ParseModelConfig(text);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(),
+            "config: missing required fields: text_config.vocab_size, "
+            "text_config.moe_intermediate_size");
+
+  c = ParseModelConfig(Replace(kK3TinyJson, "\"num_heads\": 4, \"head_dim\": 32, ", ""));
+  EXPECT_EQ(c.status().message(),
+            "config: missing required fields: text_config.linear_attn_config.num_heads, "
+            "text_config.linear_attn_config.head_dim");
+
+  // A K3 config needs its linear attention; a flat Kimi Linear one without it is all MLA.
+  const size_t la_begin = std::string_view(kK3TinyJson).find("\"linear_attn_config\"");
+  const size_t la_end = std::string_view(kK3TinyJson).find("},", la_begin) + 2;
+  text = std::string(kK3TinyJson).erase(la_begin, la_end - la_begin);
+  c = ParseModelConfig(text);
+  EXPECT_EQ(c.status().message(),
+            "config: missing required field: text_config.linear_attn_config");
+
+  // Without experts the MoE shapes are not needed.
+  EXPECT_TRUE(ParseModelConfig(FlatConfig(R"("num_hidden_layers": 2)")).ok());
+  c = ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {}})");
+  ASSERT_FALSE(c.ok());
+  for (const char* field : {"vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                            "num_attention_heads", "num_key_value_heads", "q_lora_rank",
+                            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                            "num_experts", "linear_attn_config"}) {
+    EXPECT_NE(c.status().message().find(absl::StrCat("text_config.", field)), std::string::npos)
+        << field << " in: " << c.status().message();
+  }
+}
+
+// A K3 text config with only the required fields takes the spec §1.1 table's values for the rest.
 TEST(ConfigTest, K3DefaultsAreTheSpecTable) {
-  auto c = ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {}})");
+  auto c = ParseModelConfig(
+      absl::StrCat(R"({"model_type": "kimi_k3", "text_config": {)", kK3RequiredFields, "}}"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->vocab_size, 163840);
   EXPECT_EQ(c->hidden_size, 7168);
@@ -214,9 +270,10 @@ TEST(ConfigTest, K3OnlyFieldsAbsentMeanK3ValuesWhenNested) {
 }
 
 TEST(ConfigTest, FlatKimiLinearHonorsExplicitK3Fields) {
-  auto c = ParseModelConfig(R"({"model_type": "kimi_linear", "num_hidden_layers": 4,
+  auto c = ParseModelConfig(FlatConfig(R"("num_hidden_layers": 4,
       "attn_res_block_size": 2, "hidden_act": "situ", "activation_situ_linear_beta": 25.0,
-      "linear_attn_config": {"kda_layers": [1, 2, 3], "gate_lower_bound": -5.0}})");
+      "linear_attn_config": {"num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4,
+                             "kda_layers": [1, 2, 3], "gate_lower_bound": -5.0})"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->attn_res_block_size, 2);
   EXPECT_EQ(c->hidden_act, Activation::kSitu);
@@ -228,7 +285,7 @@ TEST(ConfigTest, FlatKimiLinearHonorsExplicitK3Fields) {
 }
 
 TEST(ConfigTest, FlatWithoutLinearAttnIsAllMla) {
-  auto c = ParseModelConfig(R"({"model_type": "kimi_linear", "num_hidden_layers": 3})");
+  auto c = ParseModelConfig(FlatConfig(R"("num_hidden_layers": 3)"));
   ASSERT_TRUE(c.ok()) << c.status();
   for (int l = 0; l < 3; ++l) EXPECT_TRUE(c->IsMla(l));
   EXPECT_EQ(c->linear_attn.full_attn_layers, (std::vector<int>{1, 2, 3}));

@@ -116,7 +116,8 @@ struct ModelWeights {
 };
 
 // Loads and validates the selected tensors. `progress` (optional) is called with (done, total)
-// tensor counts while loading. Errors name the tensor, its expected and found shape/dtype, and the file.
+// tensor counts while loading. Errors name the tensor, its expected and found shape/dtype, and the file;
+// DATA_LOSS names the first NaN or infinity of a tensor (every selected value is scanned).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     std::shared_ptr<const Checkpoint> checkpoint, const WeightSelection& selection,
     const std::function<void(size_t, size_t)>& progress = nullptr);

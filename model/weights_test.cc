@@ -5,9 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
+#include <random>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "model/random_checkpoint.h"
@@ -409,6 +413,25 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
        },
        absl::StatusCode::kInvalidArgument,
        {q, "of I16", "BF16/F16/F32"}},
+      {"NaN in a matrix",
+       [&](std::vector<TensorToWrite>* t) {
+         Named(t, q)->bytes.replace(2 * 1000, 2, "\xc0\x7f");  // BF16 NaN, little-endian
+       },
+       absl::StatusCode::kDataLoss,
+       {q, "value 1000 is nan", "model.safetensors"}},
+      {"infinity in a vector",
+       [&](std::vector<TensorToWrite>* t) {
+         Named(t, "language_model.model.norm.weight")->bytes.replace(2 * 3, 2, "\x80\xff");
+       },
+       absl::StatusCode::kDataLoss,
+       {"language_model.model.norm.weight", "value 3 is -inf"}},
+      {"random bytes",
+       [&](std::vector<TensorToWrite>* t) {
+         std::mt19937 random(5);
+         for (char& byte : Named(t, w1)->bytes) byte = static_cast<char>(random());
+       },
+       absl::StatusCode::kDataLoss,
+       {w1, "weights must be finite"}},
       {"MXFP4 expert",
        [&](std::vector<TensorToWrite>* t) {
          TensorToWrite* x = Named(t, w1);
@@ -428,6 +451,48 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
     for (const std::string& part : c.message_parts) {
       EXPECT_NE(w.status().message().find(part), std::string::npos)
           << c.what << ": expected \"" << part << "\" in: " << w.status().message();
+    }
+  }
+}
+
+// The scan for NaN and infinity at load, in every float dtype, at the first and last element and
+// across the scan's blocks.
+TEST(WeightsTest, NonFiniteValuesAreFoundInEveryDtype) {
+  const ModelConfig config = Named("k3-tiny-8");
+  const std::string e = "language_model.model.embed_tokens.weight";  // [512, 256]
+  struct Case {
+    DType dtype;
+    std::string bad;  // a non-finite value in the dtype's little-endian bytes
+    std::string shown;
+    std::string one;  // 1.0, which replaces the earlier iterations' bad values
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const Case cases[] = {
+      {DType::kF32, std::string(reinterpret_cast<const char*>(&inf), 4), "inf",
+       std::string("\x00\x00\x80\x3f", 4)},
+      {DType::kF16, std::string("\x00\x7e", 2), "nan", std::string("\x00\x3c", 2)},
+      {DType::kBf16, std::string("\x80\x7f", 2), "inf", std::string("\x80\x3f", 2)}};
+  for (const Case& c : cases) {
+    RandomCheckpointOptions options;
+    options.dtype = c.dtype;
+    const std::string name(DTypeName(c.dtype));
+    const std::string dir = Write(config, "weights_finite_" + name, options);
+    ASSERT_TRUE(Load(dir).ok());
+    const size_t size = c.bad.size();
+    for (int64_t index : {int64_t{0}, int64_t{1023}, int64_t{1024}, int64_t{512 * 256 - 1}}) {
+      Rewrite(dir, [&](std::vector<TensorToWrite>* t) {
+        std::string& data = Named(t, e)->bytes;
+        for (size_t at = 0; at < data.size(); at += size) {
+          if (data.compare(at, size, c.bad) == 0) data.replace(at, size, c.one);
+        }
+        data.replace(index * size, size, c.bad);
+      });
+      auto w = Load(dir);
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss) << name;
+      EXPECT_TRUE(absl::StrContains(w.status().message(), absl::StrCat(e, "' in ")) &&
+                  absl::StrContains(w.status().message(),
+                                    absl::StrCat("value ", index, " is ", c.shown)))
+          << name << " at " << index << ": " << w.status();
     }
   }
 }

@@ -1,7 +1,7 @@
 // RouterLoadStats: what a router learns about expert load from the tokens it routes, per MoE layer,
 // over a window that GetLoadStats may reset:
 //   - tokens routed to each expert (the load an expert placement must balance), and
-//   - QB statistics (router/qb_statistics.h): per expert, the histogram of r = α − s that a new
+//   - QB statistics (moe/qb_statistics.h): per expert, the histogram of r = α − s that a new
 //     e_score_correction_bias is estimated from. Histograms of routers with the same bias add up.
 //
 // In the wire form (k3serve.cluster.v1.LoadStatsResponse) each LayerLoadStats carries `counts` =

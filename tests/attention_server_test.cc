@@ -5,6 +5,7 @@
 #include "attention_nodes/attention_server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -40,29 +41,40 @@ namespace {
 namespace fs = std::filesystem;
 namespace v1 = k3serve::v1;
 
-// LocalRoutedMoe that answers like a router whose expert worker died while `failure` is set.
+// LocalRoutedMoe that answers like a router whose expert worker died while `failure` is set, or
+// (while `corrupt` is set) like one whose expert computes NaN.
 class FlakyMoe final : public RoutedMoe {
  public:
-  explicit FlakyMoe(const ModelWeights* weights) : local_(weights) {}
+  explicit FlakyMoe(const ModelWeights* weights)
+      : local_(weights), width_(weights->config.ExpertWidth()) {}
 
   void SetFailure(absl::Status failure) {
     absl::MutexLock lock(&mu_);
     failure_ = std::move(failure);
   }
+  void SetCorrupt(bool corrupt) {
+    absl::MutexLock lock(&mu_);
+    corrupt_ = corrupt;
+  }
 
   absl::Status Begin(int layer, const float* x, int64_t tokens) override {
+    tokens_ = tokens;
     return local_.Begin(layer, x, tokens);
   }
   absl::Status Wait(float* out) override {
     absl::Status local = local_.Wait(out);
     absl::MutexLock lock(&mu_);
+    if (corrupt_) std::fill(out, out + tokens_ * width_, std::nanf(""));
     return failure_.ok() ? local : failure_;
   }
 
  private:
   LocalRoutedMoe local_;
+  const int64_t width_;
+  int64_t tokens_ = 0;  // of the step in flight
   absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool corrupt_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A sample of the process's metrics registry, e.g. "k3_attention_step_tokens_count"; -1 if absent.
@@ -270,6 +282,107 @@ TEST_F(AttentionServerTest, StopTokenEndsTheStreamWithStop) {
   EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::STOP);
   EXPECT_EQ(outcome->complete.usage().generated_tokens(), static_cast<int>(first + 1));
   EXPECT_EQ(outcome->complete.usage().prompt_tokens(), 5);
+}
+
+// The model's eos_token_id ends a stream like a stop token, unless the request says ignore_eos;
+// the single-process engine does the same. The reference is the suite's free run cut after its
+// first eos (the checkpoint below differs from the suite's only in eos_token_id).
+TEST_F(AttentionServerTest, EosTokenEndsTheStreamUnlessIgnored) {
+  const std::vector<int32_t> prompt = Prompt(5, 23);
+  const std::vector<int32_t> free_run = Reference(prompt, 12);
+  ASSERT_EQ(free_run.size(), 12u);
+  const int32_t eos = free_run[3];
+  const size_t first = std::find(free_run.begin(), free_run.end(), eos) - free_run.begin();
+  const std::vector<int32_t> until_eos(free_run.begin(), free_run.begin() + first + 1);
+
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  ASSERT_NE(config->eos_token_id, eos);
+  config->eos_token_id = eos;
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "attention_server_k3_tiny_eos";
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir.string()).ok());
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir.string());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GenerateOptions options;
+  options.max_new_tokens = 12;
+  absl::StatusOr<std::vector<int32_t>> local = (*engine)->Generate(prompt, options);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, until_eos);
+  options.ignore_eos = true;
+  local = (*engine)->Generate(prompt, options);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, free_run);
+
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
+      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  FlakyMoe moe(weights->get());
+  AttentionServerOptions server_options;
+  server_options.node.host = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<AttentionServer>> server =
+      AttentionServer::StartStandalone(server_options, weights->get(), &moe);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  absl::StatusOr<GenerateOutcome> outcome =
+      GenerateOverGrpc(address, Request(prompt, 12), absl::Seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, until_eos);
+  EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::STOP);
+  v1::GenerateRequest ignoring = Request(prompt, 12);
+  ignoring.mutable_sampling()->set_ignore_eos(true);
+  outcome = GenerateOverGrpc(address, ignoring, absl::Seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, free_run);
+  EXPECT_EQ(outcome->complete.finish_reason(), v1::Complete::LENGTH);
+  (*server)->Shutdown();
+}
+
+// A long request_id is refused; an accepted one is sent back once, in the stream's first message.
+TEST_F(AttentionServerTest, RequestIdIsBoundedAndSentOncePerStream) {
+  v1::GenerateRequest request = Request(Prompt(4, 3), 8);
+  request.set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
+  absl::StatusOr<GenerateOutcome> outcome = Generate(request);
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(outcome.status().message(), "request_id has 257 bytes"))
+      << outcome.status();
+
+  request.set_request_id(std::string(kMaxRequestIdBytes, 'y'));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, request);
+  std::vector<std::string> ids;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) ids.push_back(response.request_id());
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(ids.size(), 9u);  // 8 chunks of one token, then the Complete
+  EXPECT_EQ(ids[0], request.request_id());
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(ids[i], "") << "message " << i;
+}
+
+// A broken step that yields NaN logits ends the stream with INTERNAL and no token; the server
+// keeps serving.
+TEST_F(AttentionServerTest, NonFiniteLogitsEndTheStreamWithInternalAndNoToken) {
+  const std::vector<int32_t> prompt = Prompt(6, 17);
+  moe_->SetCorrupt(true);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, Request(prompt, 4));
+  int chunks = 0;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) chunks += response.has_chunk() ? 1 : 0;
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(chunks, 0);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "non-finite logits"))
+      << status.error_message();
+  EXPECT_TRUE(WaitStateFreed());
+
+  moe_->SetCorrupt(false);
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 4));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, Reference(prompt, 4));
 }
 
 TEST_F(AttentionServerTest, InvalidRequestsAreRejectedWithInvalidArgument) {

@@ -1,12 +1,25 @@
 // Greedy generation through real multi-process clusters (coordinator, attention, router and expert
 // processes of //:k3serve talking over UCX) must produce exactly the tokens the single-process
-// engine produces, for both model families, several topologies and concurrent streams.
+// engine produces, for both model families, several topologies and concurrent streams, also as
+// `k3serve generate --server` prints them.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "attention_nodes/generate_client.h"
 #include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
@@ -145,6 +158,55 @@ TEST(ClusterConcurrencyTest, EightConcurrentStreamsMatchOneAtATime) {
     ASSERT_TRUE(together[i].ok()) << "stream " << i << ": " << together[i].status();
     EXPECT_EQ(together[i]->tokens, one_at_a_time[i]) << "stream " << i;
   }
+  const absl::Status stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// `k3serve generate --server` prints each token as it arrives: the first shows up long before the
+// call's deadline, and when the deadline cuts a stream that could not finish, the tokens already
+// made stay printed (the single-process engine's first tokens) and the error follows on stderr.
+TEST(GenerateCommandTest, ServerModePrintsTokensAsTheyStreamAndKeepsThemOnTimeout) {
+  constexpr int kTimeoutMs = 3000;
+  constexpr int kTokensToCompare = 32;
+  const std::string model = RandomCheckpointDir("k3-tiny", 7);
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 1);
+  options.extra_args[NodeRole::kAttention] = {"--max-new-tokens-limit", "1000000"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  const std::string stderr_path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/generate.stderr");
+  const std::string command = absl::StrCat(
+      std::filesystem::absolute("k3serve").string(), " generate --server ",
+      (*cluster)->generate_addresses()[0], " --tokens 5,9,2,6 --max-new-tokens 1000000",
+      " --timeout-ms ", kTimeoutMs, " 2>", stderr_path);
+  const absl::Time start = absl::Now();
+  FILE* out = popen(command.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string text;
+  int c = std::fgetc(out);
+  const absl::Duration first_output = absl::Now() - start;
+  for (; c != EOF; c = std::fgetc(out)) text.push_back(static_cast<char>(c));
+  const int status = pclose(out);
+  std::ifstream file(stderr_path);
+  const std::string errors((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+
+  EXPECT_LT(first_output, absl::Milliseconds(kTimeoutMs)) << "nothing printed before the deadline";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << ": " << errors;
+  EXPECT_TRUE(absl::StrContains(errors, "DEADLINE_EXCEEDED")) << errors;
+  absl::string_view line = text;
+  ASSERT_TRUE(absl::ConsumeSuffix(&line, "\n")) << text;
+  std::vector<int32_t> tokens;
+  for (absl::string_view word : absl::StrSplit(line, ' ')) {
+    int32_t token = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(word, &token)) << "'" << word << "' in: " << text.substr(0, 200);
+    tokens.push_back(token);
+  }
+  ASSERT_FALSE(tokens.empty());
+  tokens.resize(std::min<size_t>(tokens.size(), kTokensToCompare));
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(model, {{5, 9, 2, 6}}, static_cast<int>(tokens.size()));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(tokens, (*expected)[0]);
   const absl::Status stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
 }

@@ -7,8 +7,10 @@
 //    from the routers' expert loads and as measured by the rows each expert node computed;
 //  - every stream completes, the ones running across the switch included, with exactly the
 //    tokens of a run without rebalancing (the single-process engine).
+// The streams across the switch ask for far more tokens than they can make while Rebalance runs,
+// so they are provably mid-flight at the switch (each has a token before it starts and is not done
+// when it returns); the test aborts them once each has made more tokens after it.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -40,6 +43,11 @@ namespace v1 = k3serve::v1;
 
 constexpr int kStreams = 4;
 constexpr int kMaxNewTokens = 48;
+// The streams across the switch: they would run for many seconds; the test aborts them once each
+// has made kTokensAfterSwitch tokens after the switch.
+constexpr int kAcrossMaxNewTokens = 4096;
+constexpr int kTokensAfterSwitch = 8;
+constexpr absl::Duration kStreamDeadline = absl::Seconds(60);
 constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
 
 std::string SkewedCheckpoint() {
@@ -64,8 +72,22 @@ class Stream {
   void Join() {
     if (thread_.joinable()) thread_.join();
   }
-  int tokens() const { return tokens_.load(); }
-  bool done() const { return done_.load(); }
+  int tokens() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(received_.size());
+  }
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  // Waits until the stream has `count` tokens or is done; false at `deadline`.
+  bool WaitForTokens(int count, absl::Time deadline) const {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return done_ || received_.size() >= static_cast<size_t>(count);
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
+  }
   // After Join.
   const absl::Status& status() const { return status_; }
   const std::vector<int32_t>& received() const { return received_; }
@@ -76,28 +98,30 @@ class Stream {
     auto stub =
         v1::K3Serve::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kStreamDeadline));
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
         stub->Generate(&context, request);
     v1::GenerateResponse response;
     while (reader->Read(&response)) {
+      absl::MutexLock lock(&mu_);
       if (response.has_chunk()) {
         received_.insert(received_.end(), response.chunk().token_ids().begin(),
                          response.chunk().token_ids().end());
-        tokens_ = static_cast<int>(received_.size());
       } else if (response.has_complete()) {
         complete_ = response.complete();
       }
     }
-    status_ = FromGrpcStatus(reader->Finish());
+    const absl::Status status = FromGrpcStatus(reader->Finish());
+    absl::MutexLock lock(&mu_);
+    status_ = status;
     done_ = true;
   }
 
-  std::atomic<int> tokens_{0};
-  std::atomic<bool> done_{false};
-  absl::Status status_;
-  std::vector<int32_t> received_;
-  v1::Complete complete_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_;            // written under mu_, read after Join
+  std::vector<int32_t> received_;  // written under mu_, read after Join
+  v1::Complete complete_;          // written under mu_, read after Join
   std::thread thread_;  // last: starts once the rest exists
 };
 
@@ -170,6 +194,8 @@ class RebalanceTest : public testing::Test {
   std::vector<std::vector<int32_t>> expected_;
 };
 
+std::string AcrossId(int i) { return absl::StrCat("across-", i); }
+
 std::vector<double> Minus(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> d;
   for (size_t i = 0; i < a.size(); ++i) d.push_back(a[i] - b[i]);
@@ -202,16 +228,17 @@ TEST_F(RebalanceTest, SpreadShrinksAndStreamsAcrossTheSwitchKeepTheirTokens) {
   ASSERT_EQ(before.routers(), 2);
   ASSERT_GT(before.layers(0).tokens(), 0u);
 
-  // The switch, while streams generate.
+  // The switch, while streams generate: each has its first token and none can finish meanwhile.
   std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < kStreams; ++i) {
     streams.push_back(std::make_unique<Stream>(
-        address_, GreedyRequest(absl::StrCat("across-", i), prompts_[i], kMaxNewTokens)));
+        address_, GreedyRequest(AcrossId(i), prompts_[i], kAcrossMaxNewTokens)));
   }
+  const absl::Time first_tokens_deadline = absl::Now() + kStreamDeadline;
   for (int i = 0; i < kStreams; ++i) {
-    for (int wait = 0; wait < 1000 && streams[i]->tokens() == 0 && !streams[i]->done(); ++wait) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    ASSERT_TRUE(streams[i]->WaitForTokens(1, first_tokens_deadline)) << "stream " << i;
+    ASSERT_FALSE(streams[i]->done()) << "stream " << i << ": " << streams[i]->tokens()
+                                     << " tokens, then ended before the switch";
   }
   auto stub = pb::Coordinator::NewStub(
       grpc::CreateChannel(cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
@@ -226,14 +253,45 @@ TEST_F(RebalanceTest, SpreadShrinksAndStreamsAcrossTheSwitchKeepTheirTokens) {
   ASSERT_TRUE(rebalanced.rolled_out()) << rebalanced.reason();
   EXPECT_EQ(rebalanced.placement_version(), 2);
   for (int i = 0; i < kStreams; ++i) {
-    EXPECT_GE(tokens_at_switch[i], 1) << "stream " << i << " did not run across the switch";
-    EXPECT_LT(tokens_at_switch[i], kMaxNewTokens) << "stream " << i;
+    ASSERT_GE(tokens_at_switch[i], 1) << "stream " << i << " did not run across the switch";
   }
+  // Tokens made after the switch, then the end: each stream is aborted, keeping what it made.
+  const absl::Time after_switch_deadline = absl::Now() + kStreamDeadline;
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(streams[i]->WaitForTokens(tokens_at_switch[i] + kTokensAfterSwitch,
+                                          after_switch_deadline))
+        << "stream " << i;
+    grpc::ClientContext abort_context;
+    abort_context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    v1::AbortRequest abort;
+    abort.set_request_id(AcrossId(i));
+    v1::AbortResponse aborted;
+    const grpc::Status abort_status =
+        v1::K3Serve::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))
+            ->Abort(&abort_context, abort, &aborted);
+    EXPECT_TRUE(abort_status.ok()) << abort_status.error_message();
+    EXPECT_TRUE(aborted.found()) << "stream " << i << " ended before its abort";
+  }
+  size_t longest = 0;
   for (int i = 0; i < kStreams; ++i) {
     streams[i]->Join();
     ASSERT_TRUE(streams[i]->status().ok()) << "stream " << i << ": " << streams[i]->status();
-    EXPECT_EQ(streams[i]->complete().finish_reason(), v1::Complete::LENGTH);
-    EXPECT_EQ(streams[i]->received(), expected_[i]) << "stream " << i;
+    EXPECT_EQ(streams[i]->complete().finish_reason(), v1::Complete::CANCELLED) << "stream " << i;
+    EXPECT_GE(streams[i]->received().size(),
+              static_cast<size_t>(tokens_at_switch[i] + kTokensAfterSwitch))
+        << "stream " << i;
+    longest = std::max(longest, streams[i]->received().size());
+  }
+  // Greedy tokens do not depend on where a stream stops: each must be the start of the
+  // single-process engine's tokens.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> across =
+      SingleProcessTokens(model, prompts_, static_cast<int>(longest));
+  ASSERT_TRUE(across.ok()) << across.status();
+  for (int i = 0; i < kStreams; ++i) {
+    const std::vector<int32_t>& got = streams[i]->received();
+    ASSERT_LE(got.size(), (*across)[i].size()) << "stream " << i;
+    EXPECT_EQ(got, std::vector<int32_t>((*across)[i].begin(), (*across)[i].begin() + got.size()))
+        << "stream " << i;
   }
 
   // After: the new placement only.

@@ -188,6 +188,7 @@ class RouterExpertTest : public ::testing::Test {
     options.node.set_grpc_address(absl::StrCat(kHost, ":1"));  // serves nothing
     options.node.set_transport_address(transport_->LocalAddress());
     client_ = std::make_unique<CoordinatorClient>(options, CoordinatorCallbacks());
+    client_->Start();
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     pb::ClusterState state;
     while (absl::Now() < deadline) {

@@ -41,7 +41,8 @@ absl::StatusOr<ModelConfig> ConfigFromFlag(const std::string& value) {
 
 // `generate --server`: one Generate call. Sampling flags that are not given are left unset, so
 // the server's defaults apply (greedy, 16 new tokens, a random seed). Prints the new tokens like
-// the local mode; a failed call prints its gRPC code and message.
+// the local mode, each as it arrives; a failed call (a timeout, say) ends the line of the tokens
+// made so far and prints its gRPC code and message.
 int RemoteGenerate(const GenerateCommandOptions& o) {
   k3serve::v1::GenerateRequest request;
   request.set_request_id(o.request_id);
@@ -54,15 +55,23 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
   if (o.has_top_k) sampling.set_top_k(g.sampling.top_k);
   if (o.has_seed) sampling.set_seed(g.sampling.seed);
   sampling.mutable_stop_token_ids()->Add(g.stop_token_ids.begin(), g.stop_token_ids.end());
+  bool first = true;
   absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
       o.server, request,
-      o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::InfiniteDuration());
+      o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::InfiniteDuration(),
+      [&first](absl::Span<const int32_t> new_tokens) {
+        for (int32_t token : new_tokens) {
+          std::cout << (first ? "" : " ") << token;
+          first = false;
+        }
+        std::cout << std::flush;
+      });
+  std::cout << "\n";
   if (!outcome.ok()) {
     std::cerr << "k3serve: " << absl::StatusCodeToString(outcome.status().code()) << ": "
               << outcome.status().message() << "\n";
     return outcome.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::cout << absl::StrJoin(outcome->tokens, " ") << "\n";
   const k3serve::v1::Complete& complete = outcome->complete;
   if (complete.finish_reason() == k3serve::v1::Complete::LENGTH ||
       complete.finish_reason() == k3serve::v1::Complete::STOP) {
