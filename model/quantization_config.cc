@@ -136,6 +136,11 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const Value& value,
   return config;
 }
 
+QuantizationConfig K3ReleaseQuantization() {
+  return {{"re:.*self_attn.*", "re:.*shared_experts.*", R"(re:.*mlp\.(gate|up|gate_up|down)_proj.*)",
+           "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"}};
+}
+
 std::string QuantizationConfigToJson(const QuantizationConfig& config) {
   std::string ignore;
   for (const std::string& entry : config.ignore) {

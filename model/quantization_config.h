@@ -29,6 +29,9 @@ struct QuantizationConfig {
   bool operator==(const QuantizationConfig&) const = default;
 };
 
+// The K3 release's quantization_config (spec §10): everything but the routed experts is ignored.
+QuantizationConfig K3ReleaseQuantization();
+
 // Parses a quantization_config object; `path` prefixes field names in messages
 // ("text_config.quantization_config.").
 absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const google::protobuf::Value& value,
