@@ -404,6 +404,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
 
   K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(written_config)));
   std::string weight_map;
+  // An expert's codes and scales follow each other (perhaps across a shard boundary): quantize
+  // once for both.
+  Mxfp4Bytes quantized;
+  int64_t quantized_slot = -1;
   for (int s = 0; s < options.shards; ++s) {
     const std::string file =
         options.shards == 1
@@ -418,8 +422,6 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
       weight_map += ": ";
       json::AppendQuoted(file, &weight_map);
     }
-    // An expert's codes and scales are written one after the other: quantize once for both.
-    Mxfp4Bytes quantized;
     K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
         dir + "/" + file, specs,
         [&](size_t index, std::string* bytes) {
@@ -427,13 +429,14 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
           const TensorSlot& slot = layout[t.slot];
           if (t.part == Part::kWhole) {
             *bytes = FileBytes(RandomTensorValues(slot, seed, options), spec_of(t).dtype);
-          } else if (t.part == Part::kCodes) {
+            return absl::OkStatus();
+          }
+          if (quantized_slot != t.slot) {
             quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(),
                                       slot.shape[0], slot.shape[1]);
-            *bytes = std::move(quantized.codes);
-          } else {
-            *bytes = std::move(quantized.scales);
+            quantized_slot = t.slot;
           }
+          *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
           return absl::OkStatus();
         },
         {{"format", "pt"}}));

@@ -20,6 +20,7 @@ constexpr char kUsage[] = R"(usage: k3serve <command> [flags]
 
 commands:
   random-checkpoint --config k3-tiny|k3-tiny-8|kimi-linear-tiny|k3-perf|FILE.json --seed N --out DIR [--shards N]
+            [--mxfp4]  (routed experts in the release's MXFP4 layout)
   logits    --model DIR --tokens 1,2,3 --out FILE [--decode]
   generate  (--model DIR | --server HOST:PORT) --tokens 1,2,3 --max-new-tokens N
             [--temperature T --top-p P --top-k K --seed S --stop-token-ids a,b]

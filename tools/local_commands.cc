@@ -99,7 +99,8 @@ int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
 }  // namespace
 
 int RandomCheckpointCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CliFlags> flags = CliFlags::Parse(args, {"config", "seed", "out", "shards"});
+  absl::StatusOr<CliFlags> flags =
+      CliFlags::Parse(args, {"config", "seed", "out", "shards"}, {"mxfp4"});
   if (!flags.ok()) return Fail(flags.status());
   absl::StatusOr<std::string> config_name = flags->String("config");
   absl::StatusOr<std::string> out = flags->String("out");
@@ -111,8 +112,10 @@ int RandomCheckpointCommand(const std::vector<std::string>& args) {
   if (*shards < 1) return Fail(absl::InvalidArgumentError("--shards must be at least 1"));
   absl::StatusOr<ModelConfig> config = ConfigFromFlag(*config_name);
   if (!config.ok()) return Fail(config.status());
-  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(*seed), *out,
-                                             static_cast<int>(*shards));
+  RandomCheckpointOptions options;
+  options.shards = static_cast<int>(*shards);
+  options.mxfp4 = flags->Has("mxfp4");
+  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(*seed), *out, options);
       !s.ok()) {
     return Fail(s);
   }
