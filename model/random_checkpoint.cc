@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <utility>
@@ -422,8 +423,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
       weight_map += ": ";
       json::AppendQuoted(file, &weight_map);
     }
-    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
-        dir + "/" + file, specs,
+    const std::function<absl::Status(size_t, std::string*)> produce =
         [&](size_t index, std::string* bytes) {
           const FileTensor& t = tensors[shard_tensors[s][index]];
           const TensorSlot& slot = layout[t.slot];
@@ -438,8 +438,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
           }
           *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
           return absl::OkStatus();
-        },
-        {{"format", "pt"}}));
+        };
+    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(dir + "/" + file, specs,
+                                                 options.headers_only ? nullptr : produce,
+                                                 {{"format", "pt"}}));
   }
   // A file of the other layout left by an earlier run would shadow or confuse this one.
   const std::string index_path = dir + "/model.safetensors.index.json";

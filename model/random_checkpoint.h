@@ -65,6 +65,10 @@ struct RandomCheckpointOptions {
   // (model/mxfp4_quantize.h) and written as U8 weight_packed + weight_scale, and config.json gets
   // the release's quantization_config inside text_config. REQUIRES: expert widths divisible by 32.
   bool mxfp4 = false;
+  // Write only the safetensors headers, no tensor data: a checkpoint with a model's real shapes and
+  // sizes (K3's 1.5 TB in a few MB) for tools that plan from headers (tools/memory_plan.h);
+  // Checkpoint::Open rejects it.
+  bool headers_only = false;
 };
 
 // Writes DIR/config.json and the weights; creates DIR if needed.

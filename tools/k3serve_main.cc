@@ -21,6 +21,7 @@ constexpr char kUsage[] = R"(usage: k3serve <command> [flags]
 commands:
   random-checkpoint --config k3-tiny|k3-tiny-8|kimi-linear-tiny|k3-perf|FILE.json --seed N --out DIR [--shards N]
             [--mxfp4]  (routed experts in the release's MXFP4 layout)
+            [--headers-only]  (no tensor data: a checkpoint for `plan`)
   logits    --model DIR --tokens 1,2,3 --out FILE [--decode]
   generate  (--model DIR | --server HOST:PORT) --tokens 1,2,3 --max-new-tokens N
             [--temperature T --top-p P --top-k K --seed S --stop-token-ids a,b]
@@ -37,6 +38,8 @@ commands:
   expert    --coordinator HOST:PORT --model DIR --slots N [--port P --host H --metrics-port P]
   local     --model DIR [--attention A --routers R --experts E --expert-slots 3,5,8]
             [--base-port P --host H --metrics --log-dir DIR] [--prompt 1,2,3 --max-new-tokens N]
+  plan      --model DIR [--attention A --routers R --experts E]  (bytes per process and per
+            token, from config.json and safetensors headers only)
   qb        --scores FILE --tokens T --experts N --top-k K [--bias FILE] [--bins B | --exact]
 )";
 
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
   }
   if (command == "local") return k3::LocalClusterCommand(args);
   if (command == "qb") return k3::QbCommand(args);
+  if (command == "plan") return k3::PlanCommand(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

@@ -14,6 +14,7 @@
 #include "proto/generate.pb.h"
 #include "router/qb_tool.h"
 #include "tools/cli_flags.h"
+#include "tools/memory_plan.h"
 
 namespace k3 {
 namespace {
@@ -100,7 +101,7 @@ int RemoteGenerate(const CliFlags& flags, const std::vector<int32_t>& tokens) {
 
 int RandomCheckpointCommand(const std::vector<std::string>& args) {
   absl::StatusOr<CliFlags> flags =
-      CliFlags::Parse(args, {"config", "seed", "out", "shards"}, {"mxfp4"});
+      CliFlags::Parse(args, {"config", "seed", "out", "shards"}, {"mxfp4", "headers-only"});
   if (!flags.ok()) return Fail(flags.status());
   absl::StatusOr<std::string> config_name = flags->String("config");
   absl::StatusOr<std::string> out = flags->String("out");
@@ -115,6 +116,7 @@ int RandomCheckpointCommand(const std::vector<std::string>& args) {
   RandomCheckpointOptions options;
   options.shards = static_cast<int>(*shards);
   options.mxfp4 = flags->Has("mxfp4");
+  options.headers_only = flags->Has("headers-only");
   if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(*seed), *out, options);
       !s.ok()) {
     return Fail(s);
@@ -211,6 +213,26 @@ int QbCommand(const std::vector<std::string>& args) {
   options.bias_path = flags->StringOr("bias", "");
   options.exact = flags->Has("exact");
   if (absl::Status s = RunQbTool(options, std::cout); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int PlanCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CliFlags> flags =
+      CliFlags::Parse(args, {"model", "attention", "routers", "experts"});
+  if (!flags.ok()) return Fail(flags.status());
+  absl::StatusOr<std::string> model = flags->String("model");
+  absl::StatusOr<int64_t> attention = flags->Int("attention", 1);
+  absl::StatusOr<int64_t> routers = flags->Int("routers", 1);
+  absl::StatusOr<int64_t> experts = flags->Int("experts", 1);
+  for (const absl::Status& s :
+       {model.status(), attention.status(), routers.status(), experts.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  absl::StatusOr<MemoryPlan> plan =
+      PlanMemory(*model, {static_cast<int>(*attention), static_cast<int>(*routers),
+                          static_cast<int>(*experts)});
+  if (!plan.ok()) return Fail(plan.status());
+  std::cout << FormatMemoryPlan(*plan);
   return 0;
 }
 
