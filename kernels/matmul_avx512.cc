@@ -189,8 +189,11 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   const float* scale_values = E8m0Table();
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes, _MM_HINT_T0);
+    if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes,
+                     _MM_HINT_T0);
+      }
     }
     __m512 even[T], odd[T];
     for (int t = 0; t < T; ++t) {
