@@ -1,5 +1,6 @@
 #include "model/mxfp4_quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -33,6 +34,27 @@ TEST(QuantizeMxfp4Test, RepresentableValuesRoundTripExactly) {
       EXPECT_EQ(Decoded(q, cols, r, c), values[r * cols + c]) << r << "," << c;
     }
   }
+}
+
+// Spec §10's golden: the first 16 values of row 0 of layers.1...experts.0.w1 in the release. They
+// are one group's E2M1 codes at scale 2^-6 (byte 121, the smallest that holds 0.0625), including a
+// negative zero (code 8); quantizing them must find that scale and give them back bit for bit.
+TEST(QuantizeMxfp4Test, SpecGoldenRowIsOneGroupAtScaleTwoToTheMinusSix) {
+  const float golden[16] = {0.0625f,     0.0078125f,  -0.0078125f, -0.0234375f,
+                            -0.0625f,    -0.03125f,   0.0234375f,  0.015625f,
+                            0.046875f,   -0.0f,       -0.0234375f, -0.015625f,
+                            -0.0234375f, -0.0078125f, 0.015625f,   -0.015625f};
+  std::vector<float> row(kMxfp4Group, 0.0f);
+  std::copy(golden, golden + 16, row.begin());
+  const Mxfp4Bytes q = QuantizeMxfp4(row.data(), 1, kMxfp4Group);
+  EXPECT_EQ(static_cast<uint8_t>(q.scales[0]), 121);
+  for (int i = 0; i < 16; ++i) {
+    const float got = Decoded(q, kMxfp4Group, 0, i);
+    EXPECT_EQ(got, golden[i]) << i;
+    EXPECT_EQ(std::signbit(got), std::signbit(golden[i])) << i;
+  }
+  // Byte 4: element 8 (3 * 2^-6, code 5) in the low nibble, element 9 (-0, code 8) in the high.
+  EXPECT_EQ(static_cast<uint8_t>(q.codes[4]), 0x85);
 }
 
 // Random values: every decoded value is the nearest grid point, so the error is at most half a
