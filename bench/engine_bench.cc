@@ -163,12 +163,14 @@ int Main(int argc, char** argv) {
     const double prefill_rate = options.prompt_tokens / m.prefill_seconds;
     const double prefill_limit = limits.bf16_gflops * 1e9 / (2 * m.active_params);
     std::printf("%s\n", m.model.c_str());
-    std::printf("  decode  (1 sequence, %d tokens): %7.1f tokens/s = %.2f of read bandwidth / "
-                "active bytes (%.1f tokens/s; goal 0.7)\n",
-                options.decode_tokens, decode_rate, decode_rate / decode_limit, decode_limit);
-    std::printf("  prefill (%d tokens):             %7.1f tokens/s = %.2f of bf16 peak / (2 x "
-                "active parameters) (%.0f tokens/s; goal 0.4)\n",
-                options.prompt_tokens, prefill_rate, prefill_rate / prefill_limit, prefill_limit);
+    std::printf(
+        "  decode  (1 sequence, %d tokens): %7.1f tokens/s = %.2f of read bandwidth / "
+        "active bytes (%.1f tokens/s; goal 0.7)\n",
+        options.decode_tokens, decode_rate, decode_rate / decode_limit, decode_limit);
+    std::printf(
+        "  prefill (%d tokens):             %7.1f tokens/s = %.2f of bf16 peak / (2 x "
+        "active parameters) (%.0f tokens/s; goal 0.4)\n",
+        options.prompt_tokens, prefill_rate, prefill_rate / prefill_limit, prefill_limit);
   }
   return 0;
 }

@@ -13,7 +13,7 @@
 // run, and the limits are taken as the best of a measurement before and one after. (e) MXFP4
 // expert products at K3's expert shapes (16 experts per step) against read bandwidth, beside BF16.
 
-#include <dnnl.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dnnl.hpp>
 #include <functional>
 #include <memory>
 #include <random>
@@ -31,19 +32,16 @@
 #include <tuple>
 #include <utility>
 #include <vector>
-
-#include <immintrin.h>
 // GCC 12's AVX-512 headers initialize their "undefined" vectors from themselves (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "bench/machine_limits.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
-#include "bench/machine_limits.h"
-
 
 namespace k3::bench {
 namespace {
@@ -354,9 +352,8 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
       for (float& v : x) v = dist(rng);
       auto step = [&](WeightType type, int index) {
         for (int e = 0; e < kExperts; ++e) {
-          const int64_t copy = (int64_t{index} * kExperts + e) % (type == WeightType::kMxfp4
-                                                                      ? mx_copies
-                                                                      : bf16_copies);
+          const int64_t copy = (int64_t{index} * kExperts + e) %
+                               (type == WeightType::kMxfp4 ? mx_copies : bf16_copies);
           WeightMatrix w{base + copy * weights * (type == WeightType::kMxfp4 ? 1 : 4) / 2, type,
                          shape.out, shape.in};
           if (type == WeightType::kMxfp4) w.scales = scale_pool.get() + copy * (weights / 32);
@@ -365,9 +362,9 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
       };
       Mxfp4Row row = shape;
       row.tokens = m;
-      std::tie(row.mxfp4, row.bf16) =
-          TimePair(1 << 30, [&](int i) { step(WeightType::kMxfp4, i); },
-                   [&](int i) { step(WeightType::kBf16, i); });
+      std::tie(row.mxfp4, row.bf16) = TimePair(
+          1 << 30, [&](int i) { step(WeightType::kMxfp4, i); },
+          [&](int i) { step(WeightType::kBf16, i); });
       row.mxfp4_bytes = kExperts * (weights / 2.0 + weights / 32.0);
       row.bf16_bytes = kExperts * weights * 2.0;
       rows.push_back(row);
@@ -380,9 +377,10 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
 }
 
 void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
-  std::printf("\nMXFP4 expert products at K3 shapes, 16 experts per step, weights cold (best = 10th\n"
-              "percentile of steps); GB/s of weight bytes (MXFP4: codes + scales) as a fraction of\n"
-              "read bandwidth (goal for 1 token: >= 0.7), BF16 alongside:\n");
+  std::printf(
+      "\nMXFP4 expert products at K3 shapes, 16 experts per step, weights cold (best = 10th\n"
+      "percentile of steps); GB/s of weight bytes (MXFP4: codes + scales) as a fraction of\n"
+      "read bandwidth (goal for 1 token: >= 0.7), BF16 alongside:\n");
   std::printf("  %-6s %11s %6s %11s %11s %7s %7s %11s %7s %7s %8s\n", "matrix", "out x in",
               "tokens", "mx_best_us", "mx_med_us", "GB/s", "readBW", "bf16_us", "GB/s", "readBW",
               "speedup");
@@ -391,9 +389,9 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
     const double bf16_gbs = r.bf16_bytes / r.bf16.best / 1e9;
     std::printf("  %-6s %5lld x %4lld %6lld %11.1f %11.1f %7.1f %7.2f %11.1f %7.1f %7.2f %7.2fx\n",
                 r.name, static_cast<long long>(r.out), static_cast<long long>(r.in),
-                static_cast<long long>(r.tokens), r.mxfp4.best * 1e6, r.mxfp4.median * 1e6,
-                mx_gbs, mx_gbs / limits.read_gbs, r.bf16.best * 1e6, bf16_gbs,
-                bf16_gbs / limits.read_gbs, r.bf16.best / r.mxfp4.best);
+                static_cast<long long>(r.tokens), r.mxfp4.best * 1e6, r.mxfp4.median * 1e6, mx_gbs,
+                mx_gbs / limits.read_gbs, r.bf16.best * 1e6, bf16_gbs, bf16_gbs / limits.read_gbs,
+                r.bf16.best / r.mxfp4.best);
   }
 }
 

@@ -45,9 +45,8 @@ TEST(ExpertMemoryTest, ResidentSetGrowsByThePackedBytes) {
   {
     absl::StatusOr<std::unique_ptr<Checkpoint>> other = Checkpoint::Open(dir);
     ASSERT_TRUE(other.ok()) << other.status();
-    absl::StatusOr<std::unique_ptr<ModelWeights>> warm =
-        LoadWeights(std::shared_ptr<const Checkpoint>(*std::move(other)),
-                    WeightSelection::Experts({0}));
+    absl::StatusOr<std::unique_ptr<ModelWeights>> warm = LoadWeights(
+        std::shared_ptr<const Checkpoint>(*std::move(other)), WeightSelection::Experts({0}));
     ASSERT_TRUE(warm.ok()) << warm.status();
     const std::vector<ExpertAssignment> first = {{0, 0, 1.0f}};
     ASSERT_TRUE(RunExperts((*warm)->layers[1].moe.experts, GluParamsFor(*config), z.data(), 1,
@@ -58,9 +57,8 @@ TEST(ExpertMemoryTest, ResidentSetGrowsByThePackedBytes) {
   ASSERT_TRUE(before.ok()) << before.status();
   std::vector<int> all(config->num_experts);
   for (int e = 0; e < config->num_experts; ++e) all[e] = e;
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::shared_ptr<const Checkpoint>(*std::move(checkpoint)),
-                  WeightSelection::Experts(all));
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
+      std::shared_ptr<const Checkpoint>(*std::move(checkpoint)), WeightSelection::Experts(all));
   ASSERT_TRUE(weights.ok()) << weights.status();
   for (const LayerWeights& layer : (*weights)->layers) {
     if (!layer.is_moe) continue;

@@ -24,7 +24,6 @@ constexpr int64_t kMinChunkWork = int64_t{1} << 18;
 // Inputs per block in the portable kernel: a widened block of one weight row stays in L1.
 constexpr int64_t kPortableBlock = 512;
 
-
 // Sum of a[i] * b[i], in 16 independent partial sums so that the compiler can vectorize it.
 float Dot(const float* a, const float* b, int64_t n) {
   float lanes[16] = {};
@@ -60,7 +59,8 @@ WeightMatrix WeightMatrix::RowSlice(int64_t first, int64_t count) const {
     slice.data = static_cast<const uint8_t*>(data) + first * cols / 2;
     slice.scales = scales + first * cols / kMxfp4Group;
   } else {
-    slice.data = static_cast<const char*>(data) + first * cols * (type == WeightType::kBf16 ? 2 : 4);
+    slice.data =
+        static_cast<const char*>(data) + first * cols * (type == WeightType::kBf16 ? 2 : 4);
   }
   slice.rows = count;
   return slice;

@@ -174,8 +174,8 @@ const float* E8m0Table() {
 // reads only the low 4 bits of each index, so each half is one lookup in the E2M1 table already
 // multiplied by the group's scale (exact: a power of two). REQUIRES: cols % 32 == 0.
 template <int T, int R>
-K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
-                         float* const* yt, bool accumulate, int64_t row) {
+K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
+                         bool accumulate, int64_t row) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -191,8 +191,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes,
-                     _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes, _MM_HINT_T0);
       }
     }
     __m512 even[T], odd[T];
@@ -203,8 +202,8 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
       KeepInRegister(odd[t]);
     }
     for (int r = 0; r < R; ++r) {
-      const __m512i v = _mm512_cvtepu8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
       const __m512 scaled =
           _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[r][k / kMxfp4Group]]));
       const __m512 we = _mm512_permutexvar_ps(v, scaled);

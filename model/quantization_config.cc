@@ -49,8 +49,8 @@ absl::Status ExpectInt(const Struct& object, const char* name, int64_t expected,
   if (v == nullptr) return absl::OkStatus();
   K3_ASSIGN_OR_RETURN(int64_t value, json::ToInt(*v, path + name, INT64_MIN, INT64_MAX));
   if (value != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(path, name, " ", value,
-                                                   " is not supported (MXFP4 has ", expected, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, name, " ", value, " is not supported (MXFP4 has ", expected, ")"));
   }
   return absl::OkStatus();
 }
@@ -83,9 +83,8 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const Value& value,
                                                            std::string_view path_view) {
   const std::string path(path_view);
   if (value.kind_case() != Value::kStructValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.substr(0, path.size() - 1), " must be an object, got ",
-                     json::Describe(value)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.substr(0, path.size() - 1), " must be an object, got ", json::Describe(value)));
   }
   const Struct& q = value.struct_value();
   K3_RETURN_IF_ERROR(ExpectString(q, "quant_method", kMethod, path));
@@ -97,8 +96,8 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const Value& value,
   }
   if (const Value* groups = Field(q, "config_groups"); !IsNull(groups)) {
     if (groups->kind_case() != Value::kStructValue) {
-      return absl::InvalidArgumentError(absl::StrCat(path, "config_groups must be an object, got ",
-                                                     json::Describe(*groups)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, "config_groups must be an object, got ", json::Describe(*groups)));
     }
     for (const auto& [name, group] : groups->struct_value().fields()) {
       const std::string gpath = absl::StrCat(path, "config_groups.", name, ".");
@@ -118,14 +117,14 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const Value& value,
   QuantizationConfig config;
   if (const Value* ignore = Field(q, "ignore"); !IsNull(ignore)) {
     if (ignore->kind_case() != Value::kListValue) {
-      return absl::InvalidArgumentError(absl::StrCat(path, "ignore must be a list of strings, got ",
-                                                     json::Describe(*ignore)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, "ignore must be a list of strings, got ", json::Describe(*ignore)));
     }
     for (int i = 0; i < ignore->list_value().values_size(); ++i) {
       const Value& entry = ignore->list_value().values(i);
       if (entry.kind_case() != Value::kStringValue) {
-        return absl::InvalidArgumentError(absl::StrCat(path, "ignore[", i, "] must be a string, got ",
-                                                       json::Describe(entry)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, "ignore[", i, "] must be a string, got ", json::Describe(entry)));
       }
       config.ignore.push_back(entry.string_value());
     }
@@ -137,8 +136,9 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const Value& value,
 }
 
 QuantizationConfig K3ReleaseQuantization() {
-  return {{"re:.*self_attn.*", "re:.*shared_experts.*", R"(re:.*mlp\.(gate|up|gate_up|down)_proj.*)",
-           "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"}};
+  return {{"re:.*self_attn.*", "re:.*shared_experts.*",
+           R"(re:.*mlp\.(gate|up|gate_up|down)_proj.*)", "re:.*lm_head.*", "re:.*vision_tower.*",
+           "re:.*mm_projector.*"}};
 }
 
 std::string QuantizationConfigToJson(const QuantizationConfig& config) {
@@ -169,9 +169,8 @@ absl::StatusOr<QuantizationIgnoreList> QuantizationIgnoreList::Create(
     try {
       list.patterns_.emplace_back(entry.substr(kRegexPrefix.size()), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ignore[", i, "] \"", entry, "\" is not a valid regular expression: ",
-                       e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ignore[", i, "] \"", entry, "\" is not a valid regular expression: ", e.what()));
     }
   }
   return list;

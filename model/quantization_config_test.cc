@@ -58,7 +58,8 @@ TEST(QuantizationConfigTest, RejectsOtherSchemesNamingThem) {
   struct Case {
     std::string quantization, message;
   };
-  const std::string mx = R"("quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized")";
+  const std::string mx =
+      R"("quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized")";
   const std::string w4 = R"("weights": {"num_bits": 4, "group_size": 32})";
   const Case cases[] = {
       {R"({"quant_method": "fp8", "format": "mxfp4-pack-quantized", )" + w4 + "}",
@@ -70,7 +71,8 @@ TEST(QuantizationConfigTest, RejectsOtherSchemesNamingThem) {
       {"{" + mx + R"(, "weights": {"group_size": 16}})", "weights.group_size 16"},
       {"{" + mx + R"(, "weights": {"type": "int"}})", "weights.type string \"int\""},
       {"{" + mx + R"(, "config_groups": {"g": {"weights": {"num_bits": 4},
-          "input_activations": {"num_bits": 8}}}})", "config_groups.g.input_activations"},
+          "input_activations": {"num_bits": 8}}}})",
+       "config_groups.g.input_activations"},
       {"{" + mx + "}", "weights: missing"},
       {"{" + mx + ", " + w4 + R"(, "ignore": ["re:(unclosed"]})", "ignore[0] \"re:(unclosed\""},
       {"{" + mx + ", " + w4 + R"(, "ignore": [3]})", "ignore[0] must be a string"},
@@ -89,8 +91,9 @@ TEST(QuantizationConfigTest, TwoDifferentConfigsAreRejected) {
       "weights": {"num_bits": 4}, "ignore": ["lm_head"]})";
   const std::string b = R"({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
       "weights": {"num_bits": 4}})";
-  auto config = ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {"quantization_config": )" +
-                                 a + R"(}, "quantization_config": )" + b + "}");
+  auto config =
+      ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {"quantization_config": )" + a +
+                       R"(}, "quantization_config": )" + b + "}");
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("differ"), std::string::npos);
 }
@@ -100,10 +103,10 @@ TEST(QuantizationIgnoreListTest, ReleasePatternsKeepOnlyRoutedExpertsQuantized) 
   ASSERT_TRUE(config.ok()) << config.status();
   auto list = QuantizationIgnoreList::Create(config->quantization->ignore);
   ASSERT_TRUE(list.ok()) << list.status();
-  for (const char* module : {"language_model.model.layers.3.self_attn.q_proj",
-                             "model.layers.1.block_sparse_moe.shared_experts.down_proj",
-                             "language_model.model.layers.0.mlp.gate_proj",
-                             "language_model.lm_head"}) {
+  for (const char* module :
+       {"language_model.model.layers.3.self_attn.q_proj",
+        "model.layers.1.block_sparse_moe.shared_experts.down_proj",
+        "language_model.model.layers.0.mlp.gate_proj", "language_model.lm_head"}) {
     EXPECT_TRUE(list->Ignores(module)) << module;
   }
   for (const char* module : {"language_model.model.layers.1.block_sparse_moe.experts.0.w1",

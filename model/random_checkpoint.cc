@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <utility>
 
@@ -354,9 +354,9 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
   for (int64_t i = 0; i < count; ++i) {
     if (options.mxfp4 && layout[i].expert >= 0) {
       if (layout[i].shape[1] % kMxfp4Group != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MXFP4 needs expert widths divisible by ", kMxfp4Group, "; ", layout[i].name,
-            " has ", layout[i].shape[1], " inputs"));
+        return absl::InvalidArgumentError(absl::StrCat("MXFP4 needs expert widths divisible by ",
+                                                       kMxfp4Group, "; ", layout[i].name, " has ",
+                                                       layout[i].shape[1], " inputs"));
       }
       tensors.push_back({i, Part::kCodes});
       tensors.push_back({i, Part::kScales});
@@ -371,14 +371,15 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
     const std::string base = slot.name.substr(0, slot.name.size() - kWeight.size());
     switch (t.part) {
       case Part::kCodes:
-        return TensorSpec{prefix + base + "weight_packed", DType::kU8,
-                          {slot.shape[0], slot.shape[1] / 2}};
+        return TensorSpec{
+            prefix + base + "weight_packed", DType::kU8, {slot.shape[0], slot.shape[1] / 2}};
       case Part::kScales:
-        return TensorSpec{prefix + base + "weight_scale", DType::kU8,
+        return TensorSpec{prefix + base + "weight_scale",
+                          DType::kU8,
                           {slot.shape[0], slot.shape[1] / kMxfp4Group}};
       default:
-        return TensorSpec{prefix + slot.name,
-                          AlwaysF32(slot.init) ? DType::kF32 : options.dtype, slot.shape};
+        return TensorSpec{prefix + slot.name, AlwaysF32(slot.init) ? DType::kF32 : options.dtype,
+                          slot.shape};
     }
   };
   auto bytes_of = [&](const FileTensor& t) {
@@ -423,25 +424,24 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
       weight_map += ": ";
       json::AppendQuoted(file, &weight_map);
     }
-    const std::function<absl::Status(size_t, std::string*)> produce =
-        [&](size_t index, std::string* bytes) {
-          const FileTensor& t = tensors[shard_tensors[s][index]];
-          const TensorSlot& slot = layout[t.slot];
-          if (t.part == Part::kWhole) {
-            *bytes = FileBytes(RandomTensorValues(slot, seed, options), spec_of(t).dtype);
-            return absl::OkStatus();
-          }
-          if (quantized_slot != t.slot) {
-            quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(),
-                                      slot.shape[0], slot.shape[1]);
-            quantized_slot = t.slot;
-          }
-          *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
-          return absl::OkStatus();
-        };
-    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(dir + "/" + file, specs,
-                                                 options.headers_only ? nullptr : produce,
-                                                 {{"format", "pt"}}));
+    const std::function<absl::Status(size_t, std::string*)> produce = [&](size_t index,
+                                                                          std::string* bytes) {
+      const FileTensor& t = tensors[shard_tensors[s][index]];
+      const TensorSlot& slot = layout[t.slot];
+      if (t.part == Part::kWhole) {
+        *bytes = FileBytes(RandomTensorValues(slot, seed, options), spec_of(t).dtype);
+        return absl::OkStatus();
+      }
+      if (quantized_slot != t.slot) {
+        quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(), slot.shape[0],
+                                  slot.shape[1]);
+        quantized_slot = t.slot;
+      }
+      *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
+      return absl::OkStatus();
+    };
+    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
+        dir + "/" + file, specs, options.headers_only ? nullptr : produce, {{"format", "pt"}}));
   }
   // A file of the other layout left by an earlier run would shadow or confuse this one.
   const std::string index_path = dir + "/model.safetensors.index.json";

@@ -5,10 +5,10 @@
 //   A_log = log U(1, 16); dt_bias N(0, 0.5²); e_score_correction_bias N(0, 0.05²);
 //   embedding N(0, 1); depthwise conv weights U(-0.5, 0.5).
 //
-// Matrices and norms are written in `dtype` (BF16 by default; routed experts optionally MXFP4); dt_bias, A_log and
-// e_score_correction_bias are always F32, mirroring the release's mixed dtypes. K3 configs get the
-// release's "language_model." prefix and A_log [H]; Kimi Linear configs no prefix and A_log
-// [1, 1, H, 1], as Kimi-Linear-48B ships them.
+// Matrices and norms are written in `dtype` (BF16 by default; routed experts optionally MXFP4);
+// dt_bias, A_log and e_score_correction_bias are always F32, mirroring the release's mixed dtypes.
+// K3 configs get the release's "language_model." prefix and A_log [H]; Kimi Linear configs no
+// prefix and A_log [1, 1, H, 1], as Kimi-Linear-48B ships them.
 //
 // Values are a pure function of (seed, tensor name without prefix, element index): sharding, the
 // prefix, the dtype and the thread count change only the files, not the numbers (before rounding

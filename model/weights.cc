@@ -72,9 +72,9 @@ class Loader {
     if (!checkpoint_.Has(name) && checkpoint_.Has(name + "_packed")) {
       if (!may_be_mxfp4) {
         K3_ASSIGN_OR_RETURN(TensorView packed, checkpoint_.Find(name + "_packed"));
-        return absl::UnimplementedError(absl::StrCat(
-            "tensor '", packed.name, "' in ", packed.file,
-            ": MXFP4 is computed for routed experts only (the release packs only those, spec §10)"));
+        return absl::UnimplementedError(absl::StrCat("tensor '", packed.name, "' in ", packed.file,
+                                                     ": MXFP4 is computed for routed experts only "
+                                                     "(the release packs only those, spec §10)"));
       }
       K3_RETURN_IF_ERROR(Mxfp4Matrix(name, rows, cols, out));
       return Done();
@@ -165,8 +165,7 @@ class Loader {
   // The packed codes and scales of `name` (".weight" replaced), checked against the config's
   // quantization_config and the shapes [rows, cols / 2] and [rows, cols / 32], and every scale
   // byte checked (255 is NaN; 253 and 254 overflow fp32, kernels/mxfp4.h). Maps; copies nothing.
-  absl::Status Mxfp4Matrix(const std::string& name, int64_t rows, int64_t cols,
-                           WeightMatrix* out) {
+  absl::Status Mxfp4Matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix* out) {
     K3_ASSIGN_OR_RETURN(TensorView packed, checkpoint_.Find(name + "_packed"));
     K3_ASSIGN_OR_RETURN(TensorView scale, checkpoint_.Find(name + "_scale"));
     const std::string where = absl::StrCat("tensor '", packed.name, "' in ", packed.file, ": ");
@@ -176,13 +175,13 @@ class Loader {
     }
     const std::string module = packed.name.substr(0, packed.name.size() - strlen(".weight_packed"));
     if (ignore_->Ignores(module)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "MXFP4-packed, but quantization_config's ignore list leaves module '", module,
-          "' unquantized"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "MXFP4-packed, but quantization_config's ignore list leaves module '",
+                       module, "' unquantized"));
     }
     if (cols % kMxfp4Group != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, cols, " inputs are not whole MXFP4 groups of ",
-                                                     kMxfp4Group));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, cols, " inputs are not whole MXFP4 groups of ", kMxfp4Group));
     }
     const std::vector<int64_t> packed_shape = {rows, cols / 2};
     const std::vector<int64_t> scale_shape = {rows, cols / kMxfp4Group};
@@ -425,8 +424,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
   auto weights = std::make_unique<ModelWeights>();
   weights->config = config;
   weights->checkpoint = checkpoint;
-  Loader loader(*checkpoint, weights.get(), /*counting=*/false, total, progress,
-                std::move(ignore));
+  Loader loader(*checkpoint, weights.get(), /*counting=*/false, total, progress, std::move(ignore));
   K3_RETURN_IF_ERROR(LoadAll(loader, *checkpoint, selection, weights.get()));
   return weights;
 }

@@ -391,9 +391,7 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
   const std::string w1 = "language_model.model.layers.2.block_sparse_moe.experts.5.w1.weight";
   const std::vector<Corruption> cases = {
       {"missing",
-       [&](std::vector<TensorToWrite>* t) {
-         t->erase(t->begin() + (Named(t, q) - t->data()));
-       },
+       [&](std::vector<TensorToWrite>* t) { t->erase(t->begin() + (Named(t, q) - t->data())); },
        absl::StatusCode::kNotFound,
        {"model.layers.0.self_attn.q_proj.weight"}},
       {"misshaped",
@@ -589,7 +587,8 @@ TEST(WeightsMxfp4Test, ExpertsMapThePackedBytesAndEverythingElseStaysBf16) {
     for (int64_t c = 0; c < down.cols; ++c) {
       ASSERT_EQ(down.At(r, c), FileMxfp4(ckpt, base, r, c)) << r << "," << c;
       // Within the rounding of its group: at most one scale step of 2^(s-127) at the top.
-      const double scale = std::ldexp(1.0, ckpt.Find(base + ".weight_scale")->data[r * 2 + c / 32] - 127);
+      const double scale =
+          std::ldexp(1.0, ckpt.Find(base + ".weight_scale")->data[r * 2 + c / 32] - 127);
       ASSERT_LE(std::abs(down.At(r, c) - original[r * down.cols + c]), scale) << r << "," << c;
     }
   }
@@ -612,16 +611,23 @@ TEST(WeightsMxfp4Test, BadPackedTensorsGiveClearErrors) {
   const std::string q = "language_model.model.layers.0.self_attn.q_proj";
   auto set_scale = [&](uint8_t value) {
     return [=](std::vector<TensorToWrite>* t) {
-      Named(t, w1 + ".weight_scale")->bytes[3 * 4 + 2] = static_cast<char>(value);  // row 3, group 2
+      Named(t, w1 + ".weight_scale")->bytes[3 * 4 + 2] =
+          static_cast<char>(value);  // row 3, group 2
     };
   };
   const std::vector<Corruption> cases = {
-      {"NaN scale", set_scale(255), absl::StatusCode::kInvalidArgument,
+      {"NaN scale",
+       set_scale(255),
+       absl::StatusCode::kInvalidArgument,
        {w1 + ".weight_scale", "row 3, group 2", "scale byte 255", "NaN"}},
-      {"overflowing scale", set_scale(253), absl::StatusCode::kInvalidArgument,
+      {"overflowing scale",
+       set_scale(253),
+       absl::StatusCode::kInvalidArgument,
        {w1 + ".weight_scale", "row 3, group 2", "scale byte 253", "overflow"}},
       {"codes misshaped",
-       [&](std::vector<TensorToWrite>* t) { Named(t, w1 + ".weight_packed")->shape = {32, 128}; },
+       [&](std::vector<TensorToWrite>* t) {
+         Named(t, w1 + ".weight_packed")->shape = {32, 128};
+       },
        absl::StatusCode::kInvalidArgument,
        {w1 + ".weight_packed", "expected MXFP4 codes of shape [64, 64] of U8", "found [32, 128]"}},
       {"scales of a float dtype",
@@ -673,7 +679,7 @@ TEST(WeightsMxfp4Test, ConfigMustDeclareTheExpertsQuantized) {
     ASSERT_FALSE(w.ok()) << ignore;
     EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(w.status().message().find(*ignore == '\0' ? "no quantization_config"
-                                                         : "ignore list leaves module"),
+                                                        : "ignore list leaves module"),
               std::string::npos)
         << w.status();
   }

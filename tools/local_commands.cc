@@ -228,9 +228,9 @@ int PlanCommand(const std::vector<std::string>& args) {
        {model.status(), attention.status(), routers.status(), experts.status()}) {
     if (!s.ok()) return Fail(s);
   }
-  absl::StatusOr<MemoryPlan> plan =
-      PlanMemory(*model, {static_cast<int>(*attention), static_cast<int>(*routers),
-                          static_cast<int>(*experts)});
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(
+      *model,
+      {static_cast<int>(*attention), static_cast<int>(*routers), static_cast<int>(*experts)});
   if (!plan.ok()) return Fail(plan.status());
   std::cout << FormatMemoryPlan(*plan);
   return 0;

@@ -102,58 +102,64 @@ absl::StatusOr<MemoryPlan> PlanMemory(const std::string& dir, const MemoryPlanTo
       const Classified c = Classify(name);
       if (c.layer >= config.num_hidden_layers ||
           (c.tier == Tier::kExpert && c.expert >= config.num_experts)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            file, ": tensor '", name, "' is outside the config's ", config.num_hidden_layers,
-            " layers and ", config.num_experts, " experts"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ": tensor '", name, "' is outside the config's ",
+                         config.num_hidden_layers, " layers and ", config.num_experts, " experts"));
       }
       switch (c.tier) {
         case Tier::kAttention:
           plan.attention_bytes += bytes;
-          if (std::string_view(name).ends_with("model.embed_tokens.weight")) embedding_bytes = bytes;
+          if (std::string_view(name).ends_with("model.embed_tokens.weight"))
+            embedding_bytes = bytes;
           break;
-        case Tier::kRouter: plan.router_bytes += bytes; break;
+        case Tier::kRouter:
+          plan.router_bytes += bytes;
+          break;
         case Tier::kExpert:
           plan.expert_worker_bytes[worker_of[c.expert]] += bytes;
           expert_layer_bytes[c.layer] += bytes;
           break;
-        default: plan.unused_bytes += bytes; break;
+        default:
+          plan.unused_bytes += bytes;
+          break;
       }
     }
   }
-  plan.total_mapped = topology.attention * plan.attention_bytes + topology.routers * plan.router_bytes;
+  plan.total_mapped =
+      topology.attention * plan.attention_bytes + topology.routers * plan.router_bytes;
   for (uint64_t bytes : plan.expert_worker_bytes) plan.total_mapped += bytes;
-  plan.attention_token_bytes =
-      plan.attention_bytes - embedding_bytes + embedding_bytes / std::max<int64_t>(config.vocab_size, 1);
+  plan.attention_token_bytes = plan.attention_bytes - embedding_bytes +
+                               embedding_bytes / std::max<int64_t>(config.vocab_size, 1);
   plan.router_token_bytes = plan.router_bytes;
   for (uint64_t bytes : expert_layer_bytes) {
-    plan.expert_token_bytes += bytes / std::max(config.num_experts, 1) * config.num_experts_per_token;
+    plan.expert_token_bytes +=
+        bytes / std::max(config.num_experts, 1) * config.num_experts_per_token;
   }
   return plan;
 }
 
 std::string FormatMemoryPlan(const MemoryPlan& p) {
-  std::string out = absl::StrCat("checkpoint: ", Bytes(p.checkpoint_bytes), " of tensors in ",
-                                 p.files, " files (", Bytes(p.unused_bytes), " unused)\n",
-                                 "bytes each process maps:\n");
+  std::string out =
+      absl::StrCat("checkpoint: ", Bytes(p.checkpoint_bytes), " of tensors in ", p.files,
+                   " files (", Bytes(p.unused_bytes), " unused)\n", "bytes each process maps:\n");
   absl::StrAppend(&out, absl::StrFormat("  attention x%-4d %s each\n", p.topology.attention,
                                         Bytes(p.attention_bytes)));
   absl::StrAppend(&out, absl::StrFormat("  router    x%-4d %s each\n", p.topology.routers,
                                         Bytes(p.router_bytes)));
   for (size_t w = 0; w < p.expert_worker_bytes.size(); ++w) {
-    absl::StrAppend(&out, absl::StrFormat("  expert %-8d %s  (experts %d..%d of %d in each of %d "
-                                          "MoE layers)\n",
-                                          w, Bytes(p.expert_worker_bytes[w]),
-                                          p.expert_worker_slices[w].first,
-                                          p.expert_worker_slices[w].second - 1, p.num_experts,
-                                          p.moe_layers));
+    absl::StrAppend(
+        &out, absl::StrFormat("  expert %-8d %s  (experts %d..%d of %d in each of %d "
+                              "MoE layers)\n",
+                              w, Bytes(p.expert_worker_bytes[w]), p.expert_worker_slices[w].first,
+                              p.expert_worker_slices[w].second - 1, p.num_experts, p.moe_layers));
   }
   absl::StrAppend(&out, absl::StrFormat("  total           %s\n", Bytes(p.total_mapped)));
   absl::StrAppend(&out, "weight bytes read per decoded token (one sequence):\n");
   absl::StrAppend(&out, absl::StrFormat("  attention tier  %s\n", Bytes(p.attention_token_bytes)));
   absl::StrAppend(&out, absl::StrFormat("  router tier     %s\n", Bytes(p.router_token_bytes)));
-  absl::StrAppend(&out, absl::StrFormat("  expert tier     %s  (%d of %d experts x %d MoE layers)\n",
-                                        Bytes(p.expert_token_bytes), p.top_k, p.num_experts,
-                                        p.moe_layers));
+  absl::StrAppend(
+      &out, absl::StrFormat("  expert tier     %s  (%d of %d experts x %d MoE layers)\n",
+                            Bytes(p.expert_token_bytes), p.top_k, p.num_experts, p.moe_layers));
   absl::StrAppend(&out, absl::StrFormat("  total           %s\n",
                                         Bytes(p.attention_token_bytes + p.router_token_bytes +
                                               p.expert_token_bytes)));

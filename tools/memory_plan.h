@@ -37,13 +37,13 @@ struct MemoryPlanTopology {
 struct MemoryPlan {
   MemoryPlanTopology topology;
   int num_experts = 0, top_k = 0, moe_layers = 0;
-  uint64_t attention_bytes = 0;  // each attention process
-  uint64_t router_bytes = 0;     // each router
-  std::vector<uint64_t> expert_worker_bytes;            // per expert worker
+  uint64_t attention_bytes = 0;                           // each attention process
+  uint64_t router_bytes = 0;                              // each router
+  std::vector<uint64_t> expert_worker_bytes;              // per expert worker
   std::vector<std::pair<int, int>> expert_worker_slices;  // its experts [first, end) per layer
-  uint64_t unused_bytes = 0;      // in the files, mapped by no process
-  uint64_t checkpoint_bytes = 0;  // all tensor data in the files
-  uint64_t total_mapped = 0;      // summed over every process
+  uint64_t unused_bytes = 0;                              // in the files, mapped by no process
+  uint64_t checkpoint_bytes = 0;                          // all tensor data in the files
+  uint64_t total_mapped = 0;                              // summed over every process
   int files = 0;
   // Weight bytes read per decoded token.
   uint64_t attention_token_bytes = 0, router_token_bytes = 0, expert_token_bytes = 0;

@@ -41,8 +41,8 @@ TEST(MemoryPlanTest, K3HeadersOnlyCheckpointAddsUpAndMatchesTheSpecExpertSize) {
   for (const TensorSlot& slot : CheckpointLayout(k3)) {
     const bool f32 = slot.init == TensorInit::kALog || slot.init == TensorInit::kDtBias ||
                      slot.init == TensorInit::kScoreBias;
-    expected += slot.expert >= 0 ? slot.numel() / 2 + slot.numel() / 32
-                                 : slot.numel() * (f32 ? 4 : 2);
+    expected +=
+        slot.expert >= 0 ? slot.numel() / 2 + slot.numel() / 32 : slot.numel() * (f32 ? 4 : 2);
   }
   EXPECT_EQ(plan->checkpoint_bytes, expected);
   EXPECT_EQ(plan->unused_bytes, 0u);
@@ -80,7 +80,8 @@ TEST(MemoryPlanTest, ExpertWorkerBytesAreWhatTheLoaderMaps) {
   std::shared_ptr<const Checkpoint> shared = *std::move(checkpoint);
   for (int w = 0; w < 3; ++w) {
     std::vector<int> ids;
-    for (int e = plan->expert_worker_slices[w].first; e < plan->expert_worker_slices[w].second; ++e) {
+    for (int e = plan->expert_worker_slices[w].first; e < plan->expert_worker_slices[w].second;
+         ++e) {
       ids.push_back(e);
     }
     auto weights = LoadWeights(shared, WeightSelection::Experts(ids));
@@ -103,7 +104,8 @@ TEST(MemoryPlanTest, BadTopologiesAndCheckpointsGiveClearErrors) {
   ASSERT_TRUE(WriteRandomCheckpoint(*config, 3, dir, options).ok());
   auto too_many = PlanMemory(dir, {.attention = 1, .routers = 1, .experts = 33});
   ASSERT_FALSE(too_many.ok());
-  EXPECT_NE(too_many.status().message().find("without any"), std::string::npos) << too_many.status();
+  EXPECT_NE(too_many.status().message().find("without any"), std::string::npos)
+      << too_many.status();
   EXPECT_FALSE(PlanMemory(dir, {.attention = 0, .routers = 1, .experts = 1}).ok());
   auto missing = PlanMemory(dir + "/nothing", {});
   ASSERT_FALSE(missing.ok());
