@@ -2,10 +2,13 @@
 // fractions of this machine's limits measured in the same run:
 //   decode:  tokens/s ÷ (read bandwidth / active weight bytes per token)       goal >= 0.7
 //   prefill: tokens/s ÷ (bf16 peak / (2 × active parameters per token))         goal >= 0.4
+// Active weight bytes are the files' bytes a decoded token reads (tools/memory_plan.h), so MXFP4
+// experts count their codes and scales.
 //
 //   bazel run -c opt //bench:engine_bench -- [--model DIR] [--decode-tokens N] [--prompt-tokens N]
 //
-// Without --model it writes a random k3-perf checkpoint under $TMPDIR (1.4 GB, once).
+// Without --model it benchmarks two random k3-perf checkpoints side by side, one BF16 and one with
+// MXFP4 routed experts, written under $TMPDIR once (1.4 GB and 1.2 GB).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,7 @@
 #include "kernels/thread_pool.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
+#include "tools/memory_plan.h"
 
 namespace k3::bench {
 namespace {
@@ -76,6 +80,49 @@ absl::Status TimeEngine(LocalEngine& engine, const std::vector<int32_t>& prompt,
   return absl::OkStatus();
 }
 
+// The random k3-perf checkpoint under $TMPDIR (BF16, or with MXFP4 routed experts), written once.
+absl::StatusOr<std::string> PerfCheckpoint(bool mxfp4) {
+  absl::StatusOr<ModelConfig> perf = NamedConfig("k3-perf");
+  if (!perf.ok()) return perf.status();
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir =
+      std::string(tmp ? tmp : "/tmp") + "/k3serve-k3-perf" + (mxfp4 ? "-mxfp4" : "");
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    std::printf("writing a random k3-perf checkpoint to %s\n", dir.c_str());
+    RandomCheckpointOptions options;
+    options.mxfp4 = mxfp4;
+    if (absl::Status s = WriteRandomCheckpoint(*perf, 1, dir, options); !s.ok()) return s;
+  }
+  return dir;
+}
+
+struct Measured {
+  std::string model;
+  double active_params = 0, active_bytes = 0;  // per decoded token
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+absl::StatusOr<Measured> Measure(const std::string& model, const Options& options) {
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(model);
+  if (!engine.ok()) return engine.status();
+  // Weight bytes a decoded token reads, from the files (MXFP4 experts: codes + scales).
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(model, {});
+  if (!plan.ok()) return plan.status();
+  const ModelConfig& config = (*engine)->config();
+  Measured m{model, static_cast<double>(ActiveParameters(config)),
+             static_cast<double>(plan->attention_token_bytes + plan->router_token_bytes +
+                                 plan->expert_token_bytes)};
+  std::printf("%s: %d layers, %.1fM active parameters, %.0f MB of weights read per decoded token\n",
+              model.c_str(), config.num_hidden_layers, m.active_params / 1e6, m.active_bytes / 1e6);
+  const std::vector<int32_t> prompt = Prompt(options.prompt_tokens, config.vocab_size);
+  if (absl::Status s = TimeEngine(**engine, prompt, options.decode_tokens, &m.prefill_seconds,
+                                  &m.decode_seconds);
+      !s.ok()) {
+    return s;
+  }
+  return m;
+}
+
 int Main(int argc, char** argv) {
   Options options;
   if (!ParseArgs(argc, argv, &options)) return 2;
@@ -83,54 +130,48 @@ int Main(int argc, char** argv) {
     std::printf("engine_bench needs AVX-512 with avx512_bf16 for its limit loops\n");
     return 1;
   }
-  absl::StatusOr<ModelConfig> perf = NamedConfig("k3-perf");
-  if (!perf.ok()) return 1;
+  std::vector<std::string> models = {options.model};
   if (options.model.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    options.model = std::string(tmp ? tmp : "/tmp") + "/k3serve-k3-perf";
-    if (!std::filesystem::exists(options.model + "/config.json")) {
-      std::printf("writing a random k3-perf checkpoint to %s\n", options.model.c_str());
-      if (absl::Status s = WriteRandomCheckpoint(*perf, 1, options.model, 1); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    models.clear();
+    for (bool mxfp4 : {false, true}) {
+      absl::StatusOr<std::string> dir = PerfCheckpoint(mxfp4);
+      if (!dir.ok()) {
+        std::fprintf(stderr, "%s\n", dir.status().ToString().c_str());
         return 1;
       }
+      models.push_back(*dir);
     }
   }
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(options.model);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
-    return 1;
-  }
-  const ModelConfig& config = (*engine)->config();
-  const double active = static_cast<double>(ActiveParameters(config));
-  const double active_bytes = 2 * active;  // BF16
-  std::printf("k3 engine_bench: %s, %d layers, %.1fM active parameters (%.0f MB BF16 read per "
-              "decoded token), kernel pool %d threads\n",
-              options.model.c_str(), config.num_hidden_layers, active / 1e6, active_bytes / 1e6,
-              KernelThreadCount());
-
+  std::printf("k3 engine_bench: kernel pool %d threads\n", KernelThreadCount());
   MachineLimits limits = MeasureMachineLimits();
-  const std::vector<int32_t> prompt = Prompt(options.prompt_tokens, config.vocab_size);
-  double prefill = 0, decode = 0;
-  if (absl::Status s = TimeEngine(**engine, prompt, options.decode_tokens, &prefill, &decode);
-      !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 1;
+  std::vector<Measured> results;
+  for (const std::string& model : models) {
+    absl::StatusOr<Measured> m = Measure(model, options);
+    if (!m.ok()) {
+      std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    results.push_back(*m);
   }
   limits = BestOf(limits, MeasureMachineLimits());
 
-  const double decode_rate = options.decode_tokens / decode;
-  const double decode_limit = limits.read_gbs * 1e9 / active_bytes;
-  const double prefill_rate = options.prompt_tokens / prefill;
-  const double prefill_limit = limits.bf16_gflops * 1e9 / (2 * active);
   std::printf("\nLimits (best of before and after): read %.1f GB/s, bf16 %.0f GFLOP/s\n",
               limits.read_gbs, limits.bf16_gflops);
-  std::printf("decode  (1 sequence, %d tokens): %7.1f tokens/s = %.2f of read bandwidth / active "
-              "bytes (%.1f tokens/s; goal 0.7)\n",
-              options.decode_tokens, decode_rate, decode_rate / decode_limit, decode_limit);
-  std::printf("prefill (%d tokens):             %7.1f tokens/s = %.2f of bf16 peak / (2 x active "
-              "parameters) (%.0f tokens/s; goal 0.4)\n",
-              options.prompt_tokens, prefill_rate, prefill_rate / prefill_limit, prefill_limit);
+  for (const Measured& m : results) {
+    const double decode_rate = options.decode_tokens / m.decode_seconds;
+    const double decode_limit = limits.read_gbs * 1e9 / m.active_bytes;
+    const double prefill_rate = options.prompt_tokens / m.prefill_seconds;
+    const double prefill_limit = limits.bf16_gflops * 1e9 / (2 * m.active_params);
+    std::printf("%s\n", m.model.c_str());
+    std::printf(
+        "  decode  (1 sequence, %d tokens): %7.1f tokens/s = %.2f of read bandwidth / "
+        "active bytes (%.1f tokens/s; goal 0.7)\n",
+        options.decode_tokens, decode_rate, decode_rate / decode_limit, decode_limit);
+    std::printf(
+        "  prefill (%d tokens):             %7.1f tokens/s = %.2f of bf16 peak / (2 x "
+        "active parameters) (%.0f tokens/s; goal 0.4)\n",
+        options.prompt_tokens, prefill_rate, prefill_rate / prefill_limit, prefill_limit);
+  }
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // kernel_bench: the machine's limits and k3::MatMul against them and against oneDNN, in one run.
 //
-//   bazel run //bench:kernel_bench            (about a minute; needs ~1.2 GB of memory)
+//   bazel run //bench:kernel_bench            (about a minute; needs ~1.3 GB of memory)
+//   bazel run //bench:kernel_bench -- --mxfp4-only     (just the limits and (e))
 //
 // Prints (a) read bandwidth (2 threads streaming a 1 GiB buffer), (b) fp32 FMA and bf16 vdpbf16ps
 // peaks (2 threads, independent accumulators), (c) k3::MatMul on M x K x N = tokens x in x out with
@@ -9,9 +10,10 @@
 // f32, and bf16 weights with bf16 activations (converted before timing, so oneDNN skips that work).
 // Times are per call; "best" is the 10th percentile of calls, "median" the median. k3 and oneDNN
 // run in alternating rounds. The machine is shared and noisy: compare ratios measured in the same
-// run, and the limits are taken as the best of a measurement before and one after.
+// run, and the limits are taken as the best of a measurement before and one after. (e) MXFP4
+// expert products at K3's expert shapes (16 experts per step) against read bandwidth, beside BF16.
 
-#include <dnnl.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,25 +23,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dnnl.hpp>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
-
-#include <immintrin.h>
 // GCC 12's AVX-512 headers initialize their "undefined" vectors from themselves (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "bench/machine_limits.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
-#include "bench/machine_limits.h"
-
 
 namespace k3::bench {
 namespace {
@@ -315,10 +317,88 @@ void PrintTable(const std::vector<Row>& rows, const Limits& limits) {
   }
 }
 
+// ---- (e) MXFP4 expert products ----------------------------------------------------------------
+
+struct Mxfp4Row {
+  const char* name;
+  int64_t out, in, tokens;
+  Stats mxfp4, bf16;
+  double mxfp4_bytes, bf16_bytes;  // weight bytes per step
+};
+
+// One decode step's worth of expert products at K3's expert shapes: 16 experts, each a product
+// with its own cold weights, for 1, 4 and 16 tokens per expert; MXFP4 against BF16 in alternating
+// rounds. Weight bytes: MXFP4 codes + scales (17/32 bytes per weight), BF16 2 per weight.
+std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
+  constexpr int kExperts = 16;
+  // Valid scales (2^-7 .. 2^3) in their own pool; the codes reuse the weight pool (any byte is
+  // two valid codes).
+  Buffer<uint8_t> scale_pool = Allocate<uint8_t>(kStreamBytes / 16);
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < kStreamBytes / 16; ++i) {
+    scale_pool[i] = static_cast<uint8_t>(120 + rng() % 11);
+  }
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const char* base = reinterpret_cast<const char*>(weight_pool);
+  std::vector<Mxfp4Row> rows;
+  std::printf("Timing MXFP4 expert products");
+  std::fflush(stdout);
+  for (const Mxfp4Row shape : {Mxfp4Row{"w1/w3", 3072, 3584}, Mxfp4Row{"w2", 3584, 3072}}) {
+    const int64_t weights = shape.out * shape.in;
+    const int64_t mx_copies = kStreamBytes / (weights / 2);
+    const int64_t bf16_copies = kStreamBytes / (weights * 2);
+    for (int64_t m : {1, 4, 16}) {
+      std::vector<float> x(m * shape.in), y(m * shape.out);
+      for (float& v : x) v = dist(rng);
+      auto step = [&](WeightType type, int index) {
+        for (int e = 0; e < kExperts; ++e) {
+          const int64_t copy = (int64_t{index} * kExperts + e) %
+                               (type == WeightType::kMxfp4 ? mx_copies : bf16_copies);
+          WeightMatrix w{base + copy * weights * (type == WeightType::kMxfp4 ? 1 : 4) / 2, type,
+                         shape.out, shape.in};
+          if (type == WeightType::kMxfp4) w.scales = scale_pool.get() + copy * (weights / 32);
+          MatMul(w, x.data(), shape.in, m, y.data(), shape.out, false);
+        }
+      };
+      Mxfp4Row row = shape;
+      row.tokens = m;
+      std::tie(row.mxfp4, row.bf16) = TimePair(
+          1 << 30, [&](int i) { step(WeightType::kMxfp4, i); },
+          [&](int i) { step(WeightType::kBf16, i); });
+      row.mxfp4_bytes = kExperts * (weights / 2.0 + weights / 32.0);
+      row.bf16_bytes = kExperts * weights * 2.0;
+      rows.push_back(row);
+      std::printf(".");
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n");
+  return rows;
+}
+
+void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
+  std::printf(
+      "\nMXFP4 expert products at K3 shapes, 16 experts per step, weights cold (best = 10th\n"
+      "percentile of steps); GB/s of weight bytes (MXFP4: codes + scales) as a fraction of\n"
+      "read bandwidth (goal for 1 token: >= 0.7), BF16 alongside:\n");
+  std::printf("  %-6s %11s %6s %11s %11s %7s %7s %11s %7s %7s %8s\n", "matrix", "out x in",
+              "tokens", "mx_best_us", "mx_med_us", "GB/s", "readBW", "bf16_us", "GB/s", "readBW",
+              "speedup");
+  for (const Mxfp4Row& r : rows) {
+    const double mx_gbs = r.mxfp4_bytes / r.mxfp4.best / 1e9;
+    const double bf16_gbs = r.bf16_bytes / r.bf16.best / 1e9;
+    std::printf("  %-6s %5lld x %4lld %6lld %11.1f %11.1f %7.1f %7.2f %11.1f %7.1f %7.2f %7.2fx\n",
+                r.name, static_cast<long long>(r.out), static_cast<long long>(r.in),
+                static_cast<long long>(r.tokens), r.mxfp4.best * 1e6, r.mxfp4.median * 1e6, mx_gbs,
+                mx_gbs / limits.read_gbs, r.bf16.best * 1e6, bf16_gbs, bf16_gbs / limits.read_gbs,
+                r.bf16.best / r.mxfp4.best);
+  }
+}
+
 }  // namespace
 }  // namespace k3::bench
 
-int main() {
+int main(int argc, char** argv) {
   using namespace k3::bench;
   const double start = Now();
   if (!k3::internal::CpuHasAvx512() || !__builtin_cpu_supports("avx512bf16")) {
@@ -333,13 +413,23 @@ int main() {
   // Limits are measured before and after the products and the best kept: on a shared machine a
   // single measurement may land in a busy moment.
   Limits limits = MeasureMachineLimits();
+  if (argc > 1 && std::string(argv[1]) == "--mxfp4-only") {
+    std::vector<Mxfp4Row> rows = BenchMxfp4(pool.get());
+    limits = BestOf(limits, MeasureMachineLimits());
+    std::printf("\nLimits (best of before and after): read %.1f GB/s\n", limits.read_gbs);
+    PrintMxfp4(rows, limits);
+    std::printf("\ntotal %.0f s\n", Now() - start);
+    return 0;
+  }
   ThreadPoolOverhead();
   std::vector<Row> rows = BenchShapes(pool.get());
+  std::vector<Mxfp4Row> mxfp4_rows = BenchMxfp4(pool.get());
   limits = BestOf(limits, MeasureMachineLimits());
   std::printf("\nLimits (best of before and after): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 %.0f "
               "GFLOP/s\n\n",
               limits.read_gbs, limits.fma_gflops, limits.bf16_gflops);
   PrintTable(rows, limits);
+  PrintMxfp4(mxfp4_rows, limits);
   std::printf("\ntotal %.0f s\n", Now() - start);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include "glog/logging.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {
@@ -14,13 +15,14 @@ namespace {
 // Up to this many tokens the row kernel (one pass over W, no packing) beats the tiled GEMM; the
 // two are even at 16 (measured on Zen 5).
 constexpr int64_t kRowsKernelMaxTokens = 12;
+// MXFP4 weights: the tiled kernel decodes every panel into fp32 first (about 0.3 ns per weight),
+// so the row kernel stays ahead to at least 64 tokens (3072 x 3584, weights in cache, Zen 5).
+constexpr int64_t kMxfp4RowsKernelMaxTokens = 64;
 // Least work (in multiply-adds, weight elements counted at least 4 times for their memory traffic)
 // worth handing to another thread: a few microseconds, against about one for a ParallelFor.
 constexpr int64_t kMinChunkWork = int64_t{1} << 18;
 // Inputs per block in the portable kernel: a widened block of one weight row stays in L1.
 constexpr int64_t kPortableBlock = 512;
-
-size_t ElementBytes(WeightType type) { return type == WeightType::kBf16 ? 2 : 4; }
 
 // Sum of a[i] * b[i], in 16 independent partial sums so that the compiler can vectorize it.
 float Dot(const float* a, const float* b, int64_t n) {
@@ -40,6 +42,10 @@ float Dot(const float* a, const float* b, int64_t n) {
 float WeightMatrix::At(int64_t r, int64_t c) const {
   CHECK(r >= 0 && r < rows && c >= 0 && c < cols)
       << "WeightMatrix::At(" << r << ", " << c << ") outside [" << rows << ", " << cols << "]";
+  if (type == WeightType::kMxfp4) {
+    return Mxfp4Element(static_cast<const uint8_t*>(data) + r * cols / 2,
+                        scales + r * cols / kMxfp4Group, c);
+  }
   const int64_t index = r * cols + c;
   if (type == WeightType::kBf16) return Bf16ToFloat(static_cast<const uint16_t*>(data)[index]);
   return static_cast<const float*>(data)[index];
@@ -49,7 +55,13 @@ WeightMatrix WeightMatrix::RowSlice(int64_t first, int64_t count) const {
   CHECK(first >= 0 && count >= 0 && first + count <= rows)
       << "WeightMatrix::RowSlice(" << first << ", " << count << ") outside " << rows << " rows";
   WeightMatrix slice = *this;
-  slice.data = static_cast<const char*>(data) + first * cols * ElementBytes(type);
+  if (type == WeightType::kMxfp4) {
+    slice.data = static_cast<const uint8_t*>(data) + first * cols / 2;
+    slice.scales = scales + first * cols / kMxfp4Group;
+  } else {
+    slice.data =
+        static_cast<const char*>(data) + first * cols * (type == WeightType::kBf16 ? 2 : 4);
+  }
   slice.rows = count;
   return slice;
 }
@@ -89,6 +101,11 @@ void PortableRange(const WeightMatrix& w, const float* x, int64_t x_stride, int6
         const uint16_t* src = static_cast<const uint16_t*>(w.data) + r * cols + k0;
         for (int64_t k = 0; k < len; ++k) widened[k] = Bf16ToFloat(src[k]);
         row = widened;
+      } else if (w.type == WeightType::kMxfp4) {
+        const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * cols / 2;
+        const uint8_t* scales = w.scales + r * cols / kMxfp4Group;
+        for (int64_t k = 0; k < len; ++k) widened[k] = Mxfp4Element(codes, scales, k0 + k);
+        row = widened;
       } else {
         row = static_cast<const float*>(w.data) + r * cols + k0;
       }
@@ -127,6 +144,8 @@ void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int6
   CHECK_GE(tokens, 0) << "MatMul: negative token count";
   if (tokens == 0 || w.rows == 0) return;
   CHECK(!w.empty()) << "MatMul: weight matrix has no data";
+  CHECK(w.type != WeightType::kMxfp4 || (w.scales != nullptr && w.cols % kMxfp4Group == 0))
+      << "MatMul: MXFP4 weights need scales and whole groups of " << kMxfp4Group << " inputs";
   CHECK_GE(x_stride, w.cols) << "MatMul: x row stride below the input width";
   CHECK_GE(y_stride, w.rows) << "MatMul: y row stride below the output width";
   if (w.cols == 0) {
@@ -140,8 +159,9 @@ void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int6
     if (!CpuHasAvx512()) {
       kernel = MatMulKernel::kPortable;
     } else {
-      kernel = tokens <= kRowsKernelMaxTokens ? MatMulKernel::kAvx512Rows
-                                              : MatMulKernel::kAvx512Tiles;
+      const int64_t rows_max =
+          w.type == WeightType::kMxfp4 ? kMxfp4RowsKernelMaxTokens : kRowsKernelMaxTokens;
+      kernel = tokens <= rows_max ? MatMulKernel::kAvx512Rows : MatMulKernel::kAvx512Tiles;
     }
   }
   CHECK(kernel == MatMulKernel::kPortable || CpuHasAvx512())

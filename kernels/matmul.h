@@ -1,9 +1,12 @@
-// Matrix products of activations (fp32) with checkpoint weights (BF16 or F32), the engine's hot path.
+// Matrix products of activations (fp32) with checkpoint weights (BF16, F32 or MXFP4), the engine's
+// hot path.
 //
 // Weights are `Linear` weights stored [out, in] row-major (y = W x), usually pointing straight into
 // a memory-mapped checkpoint: a WeightMatrix never owns its data. BF16 weights are widened to fp32
-// in registers (AVX-512 where the CPU has it, chosen at run time; a portable loop elsewhere).
-// Accumulation is fp32. Products are split across the kernel thread pool (kernels/thread_pool.h).
+// in registers, MXFP4 weights (kernels/mxfp4.h) decoded there through a 16-entry table scaled by
+// their group's power of two (AVX-512 where the CPU has it, chosen at run time; a portable loop
+// elsewhere). Accumulation is fp32. Products are split across the kernel thread pool
+// (kernels/thread_pool.h).
 #ifndef K3SERVE_KERNELS_MATMUL_H_
 #define K3SERVE_KERNELS_MATMUL_H_
 
@@ -11,13 +14,15 @@
 
 namespace k3 {
 
-enum class WeightType : uint8_t { kBf16, kF32 };
+enum class WeightType : uint8_t { kBf16, kF32, kMxfp4 };
 
 struct WeightMatrix {
-  const void* data = nullptr;  // not owned; [rows, cols] row-major, no padding
+  const void* data = nullptr;  // not owned; [rows, cols] row-major, no padding (kMxfp4: the codes,
+                               // [rows, cols / 2] bytes)
   WeightType type = WeightType::kBf16;
   int64_t rows = 0;  // out features
-  int64_t cols = 0;  // in features
+  int64_t cols = 0;  // in features; kMxfp4: a multiple of kMxfp4Group
+  const uint8_t* scales = nullptr;  // kMxfp4 only, not owned: E8M0 bytes [rows, cols / 32], no 255
 
   bool empty() const { return data == nullptr; }
   // Element (r, c) as float; for slow paths and tests.

@@ -10,6 +10,7 @@
 
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/mxfp4.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -150,6 +151,96 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
     }
   }
   StoreSums<T, R>(acc, yt, row, accumulate);
+}
+
+// MXFP4 rows (kernels/mxfp4.h): codes [rows, cols / 2] and scales [rows, cols / 32].
+struct Mxfp4Rows {
+  const uint8_t* codes;
+  const uint8_t* scales;
+};
+
+// E8M0 byte -> 2^(s - 127), so that a scale is one broadcast load.
+const float* E8m0Table() {
+  static const float* table = [] {
+    static float values[256];
+    for (int s = 0; s < 256; ++s) values[s] = E8m0Scale(static_cast<uint8_t>(s));
+    return values;
+  }();
+  return table;
+}
+
+// xp: T packed activation rows, as for BF16: a 32-input group's 16 bytes of codes widen to one
+// 32-bit lane per byte, whose low nibble is the even input and high nibble the odd one. vpermps
+// reads only the low 4 bits of each index, so each half is one lookup in the E2M1 table already
+// multiplied by the group's scale (exact: a power of two). REQUIRES: cols % 32 == 0.
+template <int T, int R>
+K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
+                         bool accumulate, int64_t row) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  const uint8_t* codes[R];
+  const uint8_t* scales[R];
+  for (int r = 0; r < R; ++r) {
+    codes[r] = w->codes + (row + r) * cols / 2;
+    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
+  }
+  const float* scale_values = E8m0Table();
+  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+    if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes, _MM_HINT_T0);
+      }
+    }
+    __m512 even[T], odd[T];
+    for (int t = 0; t < T; ++t) {
+      even[t] = _mm512_load_ps(xp[t] + k);
+      odd[t] = _mm512_load_ps(xp[t] + k + 16);
+      KeepInRegister(even[t]);
+      KeepInRegister(odd[t]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
+      const __m512 scaled =
+          _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[r][k / kMxfp4Group]]));
+      const __m512 we = _mm512_permutexvar_ps(v, scaled);
+      const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
+      for (int t = 0; t < T; ++t) {
+        acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
+      }
+    }
+  }
+  StoreSums<T, R>(acc, yt, row, accumulate);
+}
+
+// Decodes rows [row, row + rows) of `w` into out[rows][cols] fp32 (inputs in their natural order).
+K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
+                               float* out) {
+  const float* scale_values = E8m0Table();
+  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  // Interleave even (a) and odd (b) inputs: lanes 0..15 then 16..31 of the group.
+  const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i high =
+      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* codes = w.codes + (row + r) * cols / 2;
+    const uint8_t* scales = w.scales + (row + r) * cols / kMxfp4Group;
+    float* dst = out + r * cols;
+    for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2)));
+      const __m512 scaled =
+          _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[k / kMxfp4Group]]));
+      const __m512 even = _mm512_permutexvar_ps(v, scaled);
+      const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
+      _mm512_storeu_ps(dst + k, _mm512_permutex2var_ps(even, low, odd));
+      _mm512_storeu_ps(dst + k + 16, _mm512_permutex2var_ps(even, high, odd));
+    }
+  }
 }
 
 // Rows [row_begin, row_end) for one group of T tokens.
@@ -503,6 +594,16 @@ void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, i
     ParallelForRows(w, tokens, kRowsAlign, [&](int64_t begin, int64_t end) {
       RowsRange(data, cols, xp.data(), yt.data(), tokens, accumulate, begin, end);
     });
+  } else if (w.type == WeightType::kMxfp4) {
+    // The same even/odd activation layout as BF16 (cols is a multiple of 32: no padding).
+    thread_local ThreadBuffer buffer;
+    float* packed = buffer.Get(tokens * cols);
+    PackRowInputs(x, x_stride, tokens, cols, cols, packed);
+    for (int64_t t = 0; t < tokens; ++t) xp[t] = packed + t * cols;
+    const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
+    ParallelForRows(w, tokens, kRowsAlign, [&](int64_t begin, int64_t end) {
+      RowsRange(&data, cols, xp.data(), yt.data(), tokens, accumulate, begin, end);
+    });
   } else {
     for (int64_t t = 0; t < tokens; ++t) xp[t] = x + t * x_stride;
     const float* data = static_cast<const float*>(w.data);
@@ -515,7 +616,19 @@ void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, i
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                        float* y, int64_t y_stride, bool accumulate) {
   ParallelForRows(w, tokens, kTileRows, [&](int64_t begin, int64_t end) {
-    if (w.type == WeightType::kBf16) {
+    if (w.type == WeightType::kMxfp4) {
+      // Each panel of rows is decoded once into fp32 (it stays in L2) and multiplied with every
+      // token by the F32 kernel: decoding costs about as much as one token's multiply-adds.
+      thread_local ThreadBuffer buffer;
+      float* decoded = buffer.Get(kTileRows * w.cols);
+      const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
+      for (int64_t row = begin; row < end; row += kTileRows) {
+        const int64_t rows = std::min(kTileRows, end - row);
+        DecodeMxfp4Rows(data, w.cols, row, rows, decoded);
+        TilesRange(static_cast<const float*>(decoded), w.cols, x, x_stride, tokens, y + row,
+                   y_stride, accumulate, 0, rows);
+      }
+    } else if (w.type == WeightType::kBf16) {
       TilesRange(static_cast<const uint16_t*>(w.data), w.cols, x, x_stride, tokens, y, y_stride,
                  accumulate, begin, end);
     } else {

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/mxfp4.h"
 
 namespace k3 {
 namespace {
@@ -22,6 +23,16 @@ class TestWeights {
   TestWeights(WeightType type, int64_t rows, int64_t cols, int misalign_elements, uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    if (type == WeightType::kMxfp4) {
+      // Every code; scales 2^-7 .. 2^3 (misalignment in bytes).
+      codes_.resize(rows * cols / 2 + misalign_elements);
+      scales_.resize(rows * cols / kMxfp4Group + misalign_elements);
+      for (uint8_t& b : codes_) b = static_cast<uint8_t>(rng());
+      for (uint8_t& s : scales_) s = static_cast<uint8_t>(120 + rng() % 11);
+      matrix_ = WeightMatrix{codes_.data() + misalign_elements, type, rows, cols,
+                             scales_.data() + misalign_elements};
+      return;
+    }
     const size_t element = type == WeightType::kBf16 ? 2 : 4;
     storage_.resize((rows * cols + misalign_elements) * element + 64);
     // Start at a 64-byte boundary, then step off it.
@@ -43,6 +54,7 @@ class TestWeights {
 
  private:
   std::vector<char> storage_;
+  std::vector<uint8_t> codes_, scales_;
   WeightMatrix matrix_;
 };
 
@@ -66,7 +78,7 @@ std::string Describe(const Case& c, WeightType type, MatMulKernel kernel) {
          " cols=" + std::to_string(c.cols) + " x_pad=" + std::to_string(c.x_pad) +
          " y_pad=" + std::to_string(c.y_pad) + " accumulate=" + std::to_string(c.accumulate) +
          " misalign=" + std::to_string(c.misalign) +
-         " type=" + (type == WeightType::kBf16 ? "bf16" : "f32") +
+         " type=" + std::to_string(static_cast<int>(type)) +
          " kernel=" + std::to_string(static_cast<int>(kernel));
 }
 
@@ -165,6 +177,38 @@ TEST_P(MatMulKernelTest, MatchesDoublePrecisionLoop) {
       CheckCase(c, type, GetParam(), seed += 7);
       if (HasFailure()) return;
     }
+    // MXFP4 needs whole groups of 32 inputs.
+    Case mxfp4 = c;
+    mxfp4.cols = (c.cols + kMxfp4Group - 1) / kMxfp4Group * kMxfp4Group;
+    CheckCase(mxfp4, WeightType::kMxfp4, GetParam(), seed += 7);
+    if (HasFailure()) return;
+  }
+}
+
+// The kernels decode every code and scale exactly: one-hot activations read back single weights,
+// including the subnormal products of scale byte 0 (2^-127) and the largest scale whose products
+// all fit fp32 (252: 6 * 2^125; loaders reject 253 and up).
+TEST_P(MatMulKernelTest, Mxfp4DecodesExactly) {
+  const int64_t rows = 50, cols = 64;
+  std::vector<uint8_t> codes(rows * cols / 2), scales(rows * cols / kMxfp4Group);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 + 11);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>((i * 89) % 253);
+  scales[0] = 0;
+  scales[1] = kMxfp4MaxScale;
+  const WeightMatrix w{codes.data(), WeightType::kMxfp4, rows, cols, scales.data()};
+  for (int64_t tokens : {1, 20}) {
+    std::vector<float> x(tokens * cols, 0.0f), y(tokens * rows);
+    for (int64_t t = 0; t < tokens; ++t) x[t * cols + (t * 7) % cols] = 1.0f;
+    internal::MatMulWith(GetParam(), w, x.data(), cols, tokens, y.data(), rows, false);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = (t * 7) % cols;
+        const uint8_t code = (codes[(r * cols + c) / 2] >> (4 * (c % 2))) & 0xf;
+        const double expected =
+            kE2m1Values[code] * std::ldexp(1.0, scales[r * 2 + c / kMxfp4Group] - 127);
+        ASSERT_EQ(y[t * rows + r], expected) << "token " << t << " row " << r;
+      }
+    }
   }
 }
 
@@ -246,6 +290,23 @@ TEST(WeightMatrixTest, RowSliceViewsRows) {
   WeightMatrix v{bf16, WeightType::kBf16, 4, 1};
   EXPECT_EQ(v.RowSlice(3, 1).At(0, 0), 4.0f);
   EXPECT_TRUE(v.RowSlice(4, 0).rows == 0);
+}
+
+TEST(WeightMatrixTest, Mxfp4AtAndRowSlice) {
+  // Row 0: inputs 0, 1 are codes 0x1 (0.5), 0xa (-1), scale 2^1; row 1: codes 0x7 (6), 0xf (-6)
+  // at scale 2^-127 (byte 0): element 2i is the low nibble.
+  std::vector<uint8_t> codes(2 * 16, 0), scales = {128, 0};
+  codes[0] = 0xa1;
+  codes[16] = 0xf7;
+  const WeightMatrix w{codes.data(), WeightType::kMxfp4, 2, 32, scales.data()};
+  EXPECT_EQ(w.At(0, 0), 1.0f);
+  EXPECT_EQ(w.At(0, 1), -2.0f);
+  EXPECT_EQ(w.At(0, 2), 0.0f);
+  EXPECT_EQ(w.At(1, 0), std::ldexp(6.0f, -127));
+  EXPECT_EQ(w.At(1, 1), std::ldexp(-6.0f, -127));
+  const WeightMatrix slice = w.RowSlice(1, 1);
+  EXPECT_EQ(slice.rows, 1);
+  EXPECT_EQ(slice.At(0, 0), std::ldexp(6.0f, -127));
 }
 
 TEST(WeightMatrixDeathTest, RejectsOutOfRangeAccess) {

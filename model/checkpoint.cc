@@ -103,6 +103,23 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   return ckpt;
 }
 
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir) {
+  const std::string index_path = dir + "/" + kIndexFile;
+  if (!Exists(index_path)) {
+    if (!Exists(dir + "/" + kSingleFile)) {
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", dir, " has neither ", kSingleFile, " nor ", kIndexFile));
+    }
+    return std::vector<std::string>{dir + "/" + kSingleFile};
+  }
+  K3_ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index_path));
+  std::set<std::string> shards;
+  for (const auto& [tensor, shard] : weight_map) shards.insert(shard);
+  std::vector<std::string> paths;
+  for (const std::string& shard : shards) paths.push_back(dir + "/" + shard);
+  return paths;
+}
+
 const SafetensorsFile* Checkpoint::Locate(std::string_view name, std::string* stored_name) const {
   std::string candidates[2] = {std::string(name), ""};
   std::string_view prefix = kPrefix;

@@ -44,6 +44,10 @@ class Checkpoint {
   std::unordered_map<std::string, const SafetensorsFile*> where_;  // stored name -> its file
 };
 
+// The safetensors files of checkpoint DIR, by the same rule as Checkpoint::Open (the index's
+// shards, else model.safetensors), as paths, without opening them. NotFound when neither exists.
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir);
+
 }  // namespace k3
 
 #endif  // K3SERVE_MODEL_CHECKPOINT_H_

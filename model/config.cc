@@ -686,6 +686,22 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text) {
   if (auto s = ParseTextConfig(reader, kimi_linear_semantics, &c); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
+  // The release nests quantization_config in text_config (spec §10); the top level is accepted
+  // too. Both at once must agree.
+  for (const ObjectReader* where : {&reader, &outer}) {
+    const Json* q = where->Find("quantization_config");
+    if (q == nullptr || q->is_null()) continue;
+    auto parsed = ParseQuantizationConfig(*q, where->Path("quantization_config."));
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: ", parsed.status().message()));
+    }
+    if (c.quantization.has_value() && *c.quantization != *parsed) {
+      return absl::InvalidArgumentError(
+          "config: quantization_config appears in text_config and at the top level, and they "
+          "differ");
+    }
+    c.quantization = *std::move(parsed);
+  }
   if (auto s = ValidateModelConfig(c); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
@@ -763,6 +779,9 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       {"eos_token_id", TokenId(c.eos_token_id)},
       {"pad_token_id", TokenId(c.pad_token_id)},
   };
+  if (c.quantization.has_value()) {
+    text.emplace_back("quantization_config", QuantizationConfigToJson(*c.quantization));
+  }
   if (!c.nested_text_config) return Object(text, 0) + "\n";
   return Object({{"model_type", Quoted(c.model_type)}, {"text_config", Object(text, 2)}}, 0) +
          "\n";

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/quantization_config.h"
 
 namespace k3 {
 
@@ -110,6 +111,9 @@ struct ModelConfig {
   int64_t bos_token_id = 163584;
   int64_t eos_token_id = 163586;
   int64_t pad_token_id = 163839;
+  // quantization_config (spec §10), read from text_config or the top level; unset: no quantized
+  // tensors. Written back inside text_config (or at the top level of a flat config).
+  std::optional<QuantizationConfig> quantization;
 
   bool operator==(const ModelConfig&) const = default;
 

@@ -5,14 +5,17 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/bf16.h"
+#include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
 #include "model/json_value.h"
+#include "model/mxfp4_quantize.h"
 #include "model/status_macros.h"
 #include "tokenizer/random_tokenizer.h"
 
@@ -117,6 +120,13 @@ void Add(std::vector<TensorSlot>* out, std::string name, std::vector<int64_t> sh
          TensorInit init, int layer = -1, int expert = -1) {
   out->push_back({std::move(name), std::move(shape), init, layer, expert});
 }
+
+// One tensor of a file: a slot whole, or (MXFP4) the codes or the scales of a routed expert.
+enum class Part { kWhole, kCodes, kScales };
+struct FileTensor {
+  int64_t slot;
+  Part part;
+};
 
 std::string FileBytes(const std::vector<float>& values, DType dtype) {
   std::string bytes(values.size() * DTypeSize(dtype), '\0');
@@ -340,52 +350,103 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
   if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
 
   const std::string prefix = options.language_model_prefix.value_or(IsK3(config)) ? kPrefix : "";
-  auto dtype_of = [&](const TensorSlot& slot) {
-    return AlwaysF32(slot.init) ? DType::kF32 : options.dtype;
+  ModelConfig written_config = config;
+  std::vector<FileTensor> tensors;
+  for (int64_t i = 0; i < count; ++i) {
+    if (options.mxfp4 && layout[i].expert >= 0) {
+      if (layout[i].shape[1] % kMxfp4Group != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("MXFP4 needs expert widths divisible by ",
+                                                       kMxfp4Group, "; ", layout[i].name, " has ",
+                                                       layout[i].shape[1], " inputs"));
+      }
+      tensors.push_back({i, Part::kCodes});
+      tensors.push_back({i, Part::kScales});
+    } else {
+      tensors.push_back({i, Part::kWhole});
+    }
+  }
+  if (options.mxfp4) written_config.quantization = K3ReleaseQuantization();
+  auto spec_of = [&](const FileTensor& t) {
+    const TensorSlot& slot = layout[t.slot];
+    constexpr std::string_view kWeight = "weight";
+    const std::string base = slot.name.substr(0, slot.name.size() - kWeight.size());
+    switch (t.part) {
+      case Part::kCodes:
+        return TensorSpec{
+            prefix + base + "weight_packed", DType::kU8, {slot.shape[0], slot.shape[1] / 2}};
+      case Part::kScales:
+        return TensorSpec{prefix + base + "weight_scale",
+                          DType::kU8,
+                          {slot.shape[0], slot.shape[1] / kMxfp4Group}};
+      default:
+        return TensorSpec{prefix + slot.name, AlwaysF32(slot.init) ? DType::kF32 : options.dtype,
+                          slot.shape};
+    }
   };
-  // Contiguous runs of the layout per shard, balanced by bytes, none empty.
+  auto bytes_of = [&](const FileTensor& t) {
+    const TensorSpec spec = spec_of(t);
+    uint64_t n = DTypeSize(spec.dtype);
+    for (int64_t d : spec.shape) n *= d;
+    return n;
+  };
+  // Contiguous runs of the tensors per shard, balanced by bytes, none empty.
+  const int64_t file_count = static_cast<int64_t>(tensors.size());
   uint64_t total_bytes = 0;
-  for (const TensorSlot& slot : layout) total_bytes += slot.numel() * DTypeSize(dtype_of(slot));
-  std::vector<std::vector<int64_t>> shard_slots(options.shards);
+  for (const FileTensor& t : tensors) total_bytes += bytes_of(t);
+  std::vector<std::vector<int64_t>> shard_tensors(options.shards);
   uint64_t written = 0;
   int shard = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const bool current_used = !shard_slots[shard].empty();
+  for (int64_t i = 0; i < file_count; ++i) {
+    const bool current_used = !shard_tensors[shard].empty();
     const bool past_target = written * options.shards >= (shard + 1) * total_bytes;
-    const bool must_move = count - i <= options.shards - 1 - shard;
+    const bool must_move = file_count - i <= options.shards - 1 - shard;
     if (current_used && shard + 1 < options.shards && (past_target || must_move)) ++shard;
-    shard_slots[shard].push_back(i);
-    written += layout[i].numel() * DTypeSize(dtype_of(layout[i]));
+    shard_tensors[shard].push_back(i);
+    written += bytes_of(tensors[i]);
   }
 
-  K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(config)));
+  K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(written_config)));
   if (config.vocab_size >= kSmallestTokenizerVocab) {
     K3_RETURN_IF_ERROR(WriteRandomTokenizer(
         dir, config.vocab_size, IsK3(config) ? TokenizerFamily::kK3 : TokenizerFamily::kKimi));
   }
   std::string weight_map;
+  // An expert's codes and scales follow each other (perhaps across a shard boundary): quantize
+  // once for both.
+  Mxfp4Bytes quantized;
+  int64_t quantized_slot = -1;
   for (int s = 0; s < options.shards; ++s) {
     const std::string file =
         options.shards == 1
             ? std::string("model.safetensors")
             : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, options.shards);
     std::vector<TensorSpec> specs;
-    for (int64_t i : shard_slots[s]) {
-      specs.push_back({prefix + layout[i].name, dtype_of(layout[i]), layout[i].shape});
+    for (int64_t i : shard_tensors[s]) {
+      specs.push_back(spec_of(tensors[i]));
       if (!weight_map.empty()) weight_map += ",\n";
       weight_map += "    ";
-      json::AppendQuoted(prefix + layout[i].name, &weight_map);
+      json::AppendQuoted(specs.back().name, &weight_map);
       weight_map += ": ";
       json::AppendQuoted(file, &weight_map);
     }
+    const std::function<absl::Status(size_t, std::string*)> produce = [&](size_t index,
+                                                                          std::string* bytes) {
+      const FileTensor& t = tensors[shard_tensors[s][index]];
+      const TensorSlot& slot = layout[t.slot];
+      if (t.part == Part::kWhole) {
+        *bytes = FileBytes(RandomTensorValues(slot, seed, options), spec_of(t).dtype);
+        return absl::OkStatus();
+      }
+      if (quantized_slot != t.slot) {
+        quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(), slot.shape[0],
+                                  slot.shape[1]);
+        quantized_slot = t.slot;
+      }
+      *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
+      return absl::OkStatus();
+    };
     K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
-        dir + "/" + file, specs,
-        [&](size_t index, std::string* bytes) {
-          const TensorSlot& slot = layout[shard_slots[s][index]];
-          *bytes = FileBytes(RandomTensorValues(slot, seed, options), dtype_of(slot));
-          return absl::OkStatus();
-        },
-        {{"format", "pt"}}));
+        dir + "/" + file, specs, options.headers_only ? nullptr : produce, {{"format", "pt"}}));
   }
   // A file of the other layout left by an earlier run would shadow or confuse this one.
   const std::string index_path = dir + "/model.safetensors.index.json";

@@ -5,10 +5,10 @@
 //   A_log = log U(1, 16); dt_bias N(0, 0.5²); e_score_correction_bias N(0, 0.05²);
 //   embedding N(0, 1); depthwise conv weights U(-0.5, 0.5).
 //
-// Matrices and norms are written in `dtype` (BF16 by default); dt_bias, A_log and
-// e_score_correction_bias are always F32, mirroring the release's mixed dtypes. K3 configs get the
-// release's "language_model." prefix and A_log [H]; Kimi Linear configs no prefix and A_log
-// [1, 1, H, 1], as Kimi-Linear-48B ships them.
+// Matrices and norms are written in `dtype` (BF16 by default; routed experts optionally MXFP4);
+// dt_bias, A_log and e_score_correction_bias are always F32, mirroring the release's mixed dtypes.
+// K3 configs get the release's "language_model." prefix and A_log [H]; Kimi Linear configs no
+// prefix and A_log [1, 1, H, 1], as Kimi-Linear-48B ships them.
 //
 // Values are a pure function of (seed, tensor name without prefix, element index): sharding, the
 // prefix, the dtype and the thread count change only the files, not the numbers (before rounding
@@ -61,6 +61,14 @@ struct RandomCheckpointOptions {
   float hot_gate_scale = 1.0f;
   DType dtype = DType::kBf16;  // kBf16, kF16 or kF32
   std::optional<bool> language_model_prefix;  // unset: K3 configs yes, Kimi Linear no
+  // Routed experts as the release stores them (spec §10): each w1/w2/w3 rounded to MXFP4
+  // (model/mxfp4_quantize.h) and written as U8 weight_packed + weight_scale, and config.json gets
+  // the release's quantization_config inside text_config. REQUIRES: expert widths divisible by 32.
+  bool mxfp4 = false;
+  // Write only the safetensors headers, no tensor data: a checkpoint with a model's real shapes and
+  // sizes (K3's 1.5 TB in a few MB) for tools that plan from headers (tools/memory_plan.h);
+  // Checkpoint::Open rejects it.
+  bool headers_only = false;
 };
 
 // Writes DIR/config.json and the weights, and when the vocabulary has room for bytes and special

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -192,6 +194,27 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
   return tensors;
 }
 
+absl::StatusOr<std::map<std::string, TensorInfo>> ReadSafetensorsHeader(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoError("cannot open", path);
+  uint8_t length_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(length_bytes), 8)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": too short for a safetensors file"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | length_bytes[i];
+  if (header_len > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len,
+                                                   " is over the limit of ", kMaxHeaderBytes));
+  }
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the file ends inside its header of ", header_len, " bytes"));
+  }
+  return ParseSafetensorsHeader(header, std::numeric_limits<uint64_t>::max(), path);
+}
+
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);
@@ -315,7 +338,7 @@ absl::Status WriteSafetensorsStreaming(
     return fail(ErrnoError("cannot write", tmp));
   }
   std::string bytes;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; produce && i < specs.size(); ++i) {
     bytes.clear();
     if (absl::Status s = produce(i, &bytes); !s.ok()) return fail(s);
     if (bytes.size() != sizes[i]) {

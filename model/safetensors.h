@@ -61,6 +61,12 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
                                                                          uint64_t data_size,
                                                                          std::string_view file);
 
+// Reads and validates only the header of the file at `path` (the 8-byte length and the JSON), not
+// the data: offsets are checked against each other but not against the file's length, so a
+// headers-only file (as WriteSafetensorsStreaming writes without `produce`) reads like a whole one.
+// For tools that plan from shapes alone (tools/memory_plan.h).
+absl::StatusOr<std::map<std::string, TensorInfo>> ReadSafetensorsHeader(const std::string& path);
+
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
@@ -97,7 +103,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
 
 // The streaming form, for files too large to hold in memory: `specs` fixes the header, then
 // `produce(i, &bytes)` is called for i = 0, 1, ... in order and must set `bytes` to tensor i's data
-// (exactly numel * dtype size bytes).
+// (exactly numel * dtype size bytes). Without `produce` only the header is written: a headers-only
+// file, which ReadSafetensorsHeader reads and SafetensorsFile::Open rejects.
 struct TensorSpec {
   std::string name;
   DType dtype;

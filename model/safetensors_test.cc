@@ -147,6 +147,32 @@ struct BadFile {
   const char* message;  // expected part of the error (besides the path)
 };
 
+// A headers-only file: ReadSafetensorsHeader sees the whole layout, Open rejects the missing data.
+TEST(SafetensorsTest, HeadersOnlyFiles) {
+  const std::string path = TempPath("headers_only.safetensors");
+  const std::vector<TensorSpec> specs = {{"a", DType::kBf16, {1000, 3000}},
+                                         {"b", DType::kU8, {7, 16}}};
+  ASSERT_TRUE(WriteSafetensorsStreaming(path, specs, nullptr).ok());
+  auto header = ReadSafetensorsHeader(path);
+  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_EQ(header->size(), 2u);
+  EXPECT_EQ(header->at("a").end - header->at("a").begin, 6000000u);
+  EXPECT_EQ(header->at("b").shape, (std::vector<int64_t>{7, 16}));
+  EXPECT_LT(ReadFile(path).size(), 300u);
+  EXPECT_FALSE(SafetensorsFile::Open(path).ok());
+  // The same reader on a whole file, and clear errors for broken ones.
+  const std::string whole = TempPath("whole.safetensors");
+  ASSERT_TRUE(WriteSafetensors(whole, {{"x", DType::kF32, {2}, Bytes(8, 1)}}).ok());
+  auto x = ReadSafetensorsHeader(whole);
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(x->at("x").end, 8u);
+  WriteFile(path, ReadFile(path).substr(0, 20));
+  auto cut = ReadSafetensorsHeader(path);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("ends inside its header"), std::string::npos);
+  EXPECT_FALSE(ReadSafetensorsHeader(TempPath("absent.safetensors")).ok());
+}
+
 TEST(SafetensorsTest, BadFilesGiveClearErrors) {
   const std::string good_header =
       R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/bf16.h"
+#include "kernels/mxfp4.h"
 #include "model/status_macros.h"
 
 namespace k3 {
@@ -100,18 +102,33 @@ absl::Status CheckFinite(const TensorView& t, int64_t count) {
 class Loader {
  public:
   Loader(const Checkpoint& checkpoint, ModelWeights* weights, bool counting, size_t total,
-         const std::function<void(size_t, size_t)>& progress)
+         const std::function<void(size_t, size_t)>& progress,
+         std::optional<QuantizationIgnoreList> ignore)
       : checkpoint_(checkpoint),
         weights_(weights),
         counting_(counting),
         total_(total),
-        progress_(progress) {}
+        progress_(progress),
+        ignore_(std::move(ignore)) {}
 
   size_t done() const { return done_; }
 
-  absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix* out) {
+  // `name` ends in ".weight". With `may_be_mxfp4` the checkpoint may store it as an MXFP4 pair
+  // instead (name + "_packed", name + "_scale"; spec §10).
+  absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix* out,
+                      bool may_be_mxfp4 = false) {
     if (counting_) return Count();
-    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    if (!checkpoint_.Has(name) && checkpoint_.Has(name + "_packed")) {
+      if (!may_be_mxfp4) {
+        K3_ASSIGN_OR_RETURN(TensorView packed, checkpoint_.Find(name + "_packed"));
+        return absl::UnimplementedError(absl::StrCat("tensor '", packed.name, "' in ", packed.file,
+                                                     ": MXFP4 is computed for routed experts only "
+                                                     "(the release packs only those, spec §10)"));
+      }
+      K3_RETURN_IF_ERROR(Mxfp4Matrix(name, rows, cols, out));
+      return Done();
+    }
+    K3_ASSIGN_OR_RETURN(TensorView t, checkpoint_.Find(name));
     K3_RETURN_IF_ERROR(Check(t, {rows, cols}, t.shape == std::vector<int64_t>{rows, cols}));
     K3_RETURN_IF_ERROR(CheckFinite(t, rows * cols));
     out->rows = rows;
@@ -138,7 +155,7 @@ class Loader {
 
   absl::Status Vector(const std::string& name, int64_t n, std::vector<float>* out) {
     if (counting_) return Count();
-    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_ASSIGN_OR_RETURN(TensorView t, checkpoint_.Find(name));
     K3_RETURN_IF_ERROR(Check(t, {n}, t.shape == std::vector<int64_t>{n}));
     return Copy(t, n, out);
   }
@@ -146,7 +163,7 @@ class Loader {
   // AttnRes queries are stored as Linear(d -> 1) weights [1, d]; a bare [d] is accepted too.
   absl::Status RowVector(const std::string& name, int64_t n, std::vector<float>* out) {
     if (counting_) return Count();
-    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_ASSIGN_OR_RETURN(TensorView t, checkpoint_.Find(name));
     K3_RETURN_IF_ERROR(Check(t, {1, n},
                              t.shape == std::vector<int64_t>{1, n} ||
                                  t.shape == std::vector<int64_t>{n}));
@@ -157,7 +174,7 @@ class Loader {
   absl::Status Conv(const std::string& name, int64_t channels, int64_t kernel,
                     std::vector<float>* out) {
     if (counting_) return Count();
-    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_ASSIGN_OR_RETURN(TensorView t, checkpoint_.Find(name));
     K3_RETURN_IF_ERROR(Check(t, {channels, 1, kernel},
                              t.shape == std::vector<int64_t>{channels, 1, kernel} ||
                                  t.shape == std::vector<int64_t>{channels, kernel}));
@@ -168,7 +185,7 @@ class Loader {
   // is all zeros (the K3 release pads 96 heads to 128).
   absl::Status ALog(const std::string& name, int64_t heads, std::vector<float>* out) {
     if (counting_) return Count();
-    K3_ASSIGN_OR_RETURN(TensorView t, Lookup(name));
+    K3_ASSIGN_OR_RETURN(TensorView t, checkpoint_.Find(name));
     const int64_t numel = t.numel();
     K3_RETURN_IF_ERROR(Check(t, {heads}, numel >= heads));
     for (int64_t i = heads; i < numel; ++i) {
@@ -195,21 +212,57 @@ class Loader {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<TensorView> Lookup(const std::string& name) {
-    auto t = checkpoint_.Find(name);
-    if (t.ok()) return t;
-    // The release stores routed experts as MXFP4 (spec §10): say so rather than "not found".
-    constexpr std::string_view kWeight = ".weight";
-    if (name.size() > kWeight.size() &&
-        name.compare(name.size() - kWeight.size(), kWeight.size(), kWeight) == 0) {
-      auto packed = checkpoint_.Find(name + "_packed");
-      if (packed.ok()) {
-        return absl::UnimplementedError(
-            absl::StrCat("tensor '", packed->name, "' in ", packed->file,
-                         ": MXFP4 routed experts are not supported yet (spec §10)"));
-      }
+  // The packed codes and scales of `name` (".weight" replaced), checked against the config's
+  // quantization_config and the shapes [rows, cols / 2] and [rows, cols / 32], and every scale
+  // byte checked (255 is NaN; 253 and 254 overflow fp32, kernels/mxfp4.h). Maps; copies nothing.
+  absl::Status Mxfp4Matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix* out) {
+    K3_ASSIGN_OR_RETURN(TensorView packed, checkpoint_.Find(name + "_packed"));
+    K3_ASSIGN_OR_RETURN(TensorView scale, checkpoint_.Find(name + "_scale"));
+    const std::string where = absl::StrCat("tensor '", packed.name, "' in ", packed.file, ": ");
+    if (!ignore_.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "MXFP4-packed, but config.json has no quantization_config (spec §10)"));
     }
-    return t.status();
+    const std::string module = packed.name.substr(0, packed.name.size() - strlen(".weight_packed"));
+    if (ignore_->Ignores(module)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "MXFP4-packed, but quantization_config's ignore list leaves module '",
+                       module, "' unquantized"));
+    }
+    if (cols % kMxfp4Group != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, cols, " inputs are not whole MXFP4 groups of ", kMxfp4Group));
+    }
+    const std::vector<int64_t> packed_shape = {rows, cols / 2};
+    const std::vector<int64_t> scale_shape = {rows, cols / kMxfp4Group};
+    if (packed.dtype != DType::kU8 || packed.shape != packed_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "expected MXFP4 codes of shape ", ShapeString(packed_shape), " of U8, found ",
+          ShapeString(packed.shape), " of ", DTypeName(packed.dtype).data()));
+    }
+    if ((scale.dtype != DType::kU8 && scale.dtype != DType::kF8E8M0) ||
+        scale.shape != scale_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", scale.name, "' in ", scale.file, ": expected E8M0 scales of shape ",
+          ShapeString(scale_shape), " of U8 or F8_E8M0, found ", ShapeString(scale.shape), " of ",
+          DTypeName(scale.dtype).data()));
+    }
+    for (int64_t i = 0; i < rows * (cols / kMxfp4Group); ++i) {
+      const uint8_t s = scale.data[i];
+      if (s <= kMxfp4MaxScale) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", scale.name, "' in ", scale.file, ": row ", i / (cols / kMxfp4Group),
+          ", group ", i % (cols / kMxfp4Group), " has scale byte ", s,
+          s == kMxfp4NanScale ? " (NaN in the MX standard)"
+                              : " (2^126 or more: the larger E2M1 values overflow fp32)"));
+    }
+    out->rows = rows;
+    out->cols = cols;
+    out->data = packed.data;
+    out->scales = scale.data;
+    out->type = WeightType::kMxfp4;
+    weights_->selected_bytes += packed.bytes + scale.bytes;
+    return absl::OkStatus();
   }
 
   absl::Status Check(const TensorView& t, const std::vector<int64_t>& expected, bool shape_ok) {
@@ -232,6 +285,8 @@ class Loader {
   const bool counting_;
   const size_t total_;
   const std::function<void(size_t, size_t)>& progress_;
+  // Set when the config has a quantization_config.
+  const std::optional<QuantizationIgnoreList> ignore_;
   size_t done_ = 0;
 };
 
@@ -288,10 +343,10 @@ absl::Status LoadMla(Loader& ld, const ModelConfig& c, const std::string& p, Mla
 
 absl::Status LoadGatedMlp(Loader& ld, const std::string& gate, const std::string& up,
                           const std::string& down, int64_t width, int64_t inner,
-                          GatedMlpWeights* mlp) {
-  K3_RETURN_IF_ERROR(ld.Matrix(gate, inner, width, &mlp->gate));
-  K3_RETURN_IF_ERROR(ld.Matrix(up, inner, width, &mlp->up));
-  return ld.Matrix(down, width, inner, &mlp->down);
+                          GatedMlpWeights* mlp, bool may_be_mxfp4 = false) {
+  K3_RETURN_IF_ERROR(ld.Matrix(gate, inner, width, &mlp->gate, may_be_mxfp4));
+  K3_RETURN_IF_ERROR(ld.Matrix(up, inner, width, &mlp->up, may_be_mxfp4));
+  return ld.Matrix(down, width, inner, &mlp->down, may_be_mxfp4);
 }
 
 absl::Status LoadAll(Loader& ld, const Checkpoint& ckpt, const WeightSelection& sel,
@@ -373,7 +428,7 @@ absl::Status LoadAll(Loader& ld, const Checkpoint& ckpt, const WeightSelection& 
     auto load_expert = [&](int e) {
       const std::string x = absl::StrCat(m, "experts.", e, ".");
       return LoadGatedMlp(ld, x + "w1.weight", x + "w3.weight", x + "w2.weight", latent,
-                          c.moe_intermediate_size, &moe.experts[e]);
+                          c.moe_intermediate_size, &moe.experts[e], /*may_be_mxfp4=*/true);
     };
     if (sel.all_experts) {
       for (int e = 0; e < c.num_experts; ++e) K3_RETURN_IF_ERROR(load_expert(e));
@@ -404,19 +459,23 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     selection.experts.erase(std::unique(selection.experts.begin(), selection.experts.end()),
                             selection.experts.end());
   }
+  std::optional<QuantizationIgnoreList> ignore;
+  if (config.quantization.has_value()) {
+    K3_ASSIGN_OR_RETURN(ignore, QuantizationIgnoreList::Create(config.quantization->ignore));
+  }
   // The counting pass never touches the checkpoint's data; it fills a scratch object.
   size_t total = 0;
   {
     ModelWeights scratch;
     scratch.config = config;
-    Loader counter(*checkpoint, &scratch, /*counting=*/true, 0, progress);
+    Loader counter(*checkpoint, &scratch, /*counting=*/true, 0, progress, std::nullopt);
     K3_RETURN_IF_ERROR(LoadAll(counter, *checkpoint, selection, &scratch));
     total = counter.done();
   }
   auto weights = std::make_unique<ModelWeights>();
   weights->config = config;
   weights->checkpoint = checkpoint;
-  Loader loader(*checkpoint, weights.get(), /*counting=*/false, total, progress);
+  Loader loader(*checkpoint, weights.get(), /*counting=*/false, total, progress, std::move(ignore));
   K3_RETURN_IF_ERROR(LoadAll(loader, *checkpoint, selection, weights.get()));
   return weights;
 }

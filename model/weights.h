@@ -3,8 +3,14 @@
 // used as is (BF16, F32); F16 matrices, and any the file stores at a misaligned offset, are widened
 // once into owned F32 storage. Vectors (norms, biases, A_log, dt_bias, AttnRes queries, conv
 // weights) are copied to fp32 from any of BF16/F16/F32. Conv weights may be [C,1,K] or [C,K];
-// A_log follows spec §11.1 (flattened; values past H must be zero padding). Routed experts stored
-// as MXFP4 (`weight_packed`, spec §10) are reported as Unimplemented.
+// A_log follows spec §11.1 (flattened; values past H must be zero padding).
+//
+// Routed experts may be MXFP4 (spec §10): `<name>.weight_packed` U8 [out, in / 2] and
+// `<name>.weight_scale` U8 or F8_E8M0 [out, in / 32] in place of `<name>.weight`. They become
+// kMxfp4 WeightMatrix views of the mapping (never unpacked: an expert costs its packed bytes); the
+// config must have a quantization_config whose ignore list does not cover the module, and every
+// scale byte must be at most kMxfp4MaxScale (255 is NaN; errors name the tensor, row and group).
+// Any other tensor stored packed is Unimplemented (the release packs only routed experts).
 //
 // A WeightSelection picks which parts a process loads, so that each tier maps only its share:
 // attention workers load everything but the routed experts, routers the gate and latent

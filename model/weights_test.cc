@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -394,9 +395,7 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
   const std::string w1 = "language_model.model.layers.2.block_sparse_moe.experts.5.w1.weight";
   const std::vector<Corruption> cases = {
       {"missing",
-       [&](std::vector<TensorToWrite>* t) {
-         t->erase(t->begin() + (Named(t, q) - t->data()));
-       },
+       [&](std::vector<TensorToWrite>* t) { t->erase(t->begin() + (Named(t, q) - t->data())); },
        absl::StatusCode::kNotFound,
        {"model.layers.0.self_attn.q_proj.weight"}},
       {"misshaped",
@@ -439,8 +438,8 @@ TEST(WeightsTest, BadTensorsGiveClearErrors) {
          *x = {base + ".weight_packed", DType::kU8, {64, 64}, std::string(64 * 64, '\0')};
          t->push_back({base + ".weight_scale", DType::kU8, {64, 4}, std::string(64 * 4, '\x7f')});
        },
-       absl::StatusCode::kUnimplemented,
-       {w1 + "_packed", "MXFP4 routed experts are not supported yet"}},
+       absl::StatusCode::kInvalidArgument,
+       {w1 + "_packed", "no quantization_config"}},
   };
   for (const Corruption& c : cases) {
     const std::string dir = CopyOfTiny8("weights_corrupt");
@@ -604,6 +603,151 @@ TEST(WeightsTest, SelectionLoadsOnlyItsShare) {
   EXPECT_FALSE(broken.ok());
   auto out_of_range = Load(dir, WeightSelection::Experts({32}));
   EXPECT_EQ(out_of_range.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A fresh copy of one MXFP4 k3-tiny-8 checkpoint written once per test binary.
+std::string CopyOfTiny8Mxfp4(const std::string& name) {
+  static const std::string* base = [] {
+    RandomCheckpointOptions options;
+    options.mxfp4 = true;
+    return new std::string(Write(Named("k3-tiny-8"), "weights_tiny8_mxfp4_base", options));
+  }();
+  const std::string dir = Fresh(name);
+  std::filesystem::copy(*base, dir);
+  return dir;
+}
+
+// Element (r, c) of an MXFP4 pair read straight from the file's bytes.
+double FileMxfp4(const Checkpoint& ckpt, const std::string& base, int64_t r, int64_t c) {
+  const TensorView codes = *ckpt.Find(base + ".weight_packed");
+  const TensorView scales = *ckpt.Find(base + ".weight_scale");
+  const int64_t cols = codes.shape[1] * 2;
+  const uint8_t byte = codes.data[r * cols / 2 + c / 2];
+  const int code = c % 2 == 0 ? byte & 0xf : byte >> 4;
+  const double magnitude[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  const double value = (code & 8 ? -1 : 1) * magnitude[code & 7];
+  return std::ldexp(value, scales.data[r * cols / 32 + c / 32] - 127);
+}
+
+TEST(WeightsMxfp4Test, ExpertsMapThePackedBytesAndEverythingElseStaysBf16) {
+  const ModelConfig config = Named("k3-tiny-8");
+  const auto layout = CheckpointLayout(config);
+  auto w = Load(CopyOfTiny8Mxfp4("weights_mxfp4"));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const Checkpoint& ckpt = *(*w)->checkpoint;
+  EXPECT_TRUE((*w)->config.quantization.has_value());
+  const std::string base = "model.layers.2.block_sparse_moe.experts.5.w2";
+  const WeightMatrix& down = (*w)->layers[2].moe.experts[5].down;
+  ASSERT_EQ(down.type, WeightType::kMxfp4);
+  // A view of the mapping, not a copy.
+  EXPECT_EQ(down.data, ckpt.Find(base + ".weight_packed")->data);
+  EXPECT_EQ(down.scales, ckpt.Find(base + ".weight_scale")->data);
+  RandomCheckpointOptions options;
+  std::vector<float> original;
+  for (const TensorSlot& slot : layout) {
+    if (slot.name == base + ".weight") original = RandomTensorValues(slot, kSeed, options);
+  }
+  ASSERT_EQ(static_cast<int64_t>(original.size()), down.rows * down.cols);
+  for (int64_t r = 0; r < down.rows; ++r) {
+    for (int64_t c = 0; c < down.cols; ++c) {
+      ASSERT_EQ(down.At(r, c), FileMxfp4(ckpt, base, r, c)) << r << "," << c;
+      // Within the rounding of its group: at most one scale step of 2^(s-127) at the top.
+      const double scale =
+          std::ldexp(1.0, ckpt.Find(base + ".weight_scale")->data[r * 2 + c / 32] - 127);
+      ASSERT_LE(std::abs(down.At(r, c) - original[r * down.cols + c]), scale) << r << "," << c;
+    }
+  }
+  EXPECT_EQ((*w)->layers[2].moe.shared.gate.type, WeightType::kBf16);
+  EXPECT_EQ((*w)->layers[2].kda.q_proj.type, WeightType::kBf16);
+  EXPECT_EQ((*w)->layers[2].moe.router.gate.type, WeightType::kBf16);
+
+  // An expert worker's share is exactly its experts' packed bytes and scales.
+  auto experts = Load(CopyOfTiny8Mxfp4("weights_mxfp4_experts"), WeightSelection::Experts({1, 4}));
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  size_t expected = 0;
+  for (const TensorSlot& slot : layout) {
+    if (slot.expert == 1 || slot.expert == 4) expected += slot.numel() / 2 + slot.numel() / 32;
+  }
+  EXPECT_EQ((*experts)->selected_bytes, expected);
+}
+
+TEST(WeightsMxfp4Test, BadPackedTensorsGiveClearErrors) {
+  const std::string w1 = "language_model.model.layers.2.block_sparse_moe.experts.5.w1";
+  const std::string q = "language_model.model.layers.0.self_attn.q_proj";
+  auto set_scale = [&](uint8_t value) {
+    return [=](std::vector<TensorToWrite>* t) {
+      Named(t, w1 + ".weight_scale")->bytes[3 * 4 + 2] =
+          static_cast<char>(value);  // row 3, group 2
+    };
+  };
+  const std::vector<Corruption> cases = {
+      {"NaN scale",
+       set_scale(255),
+       absl::StatusCode::kInvalidArgument,
+       {w1 + ".weight_scale", "row 3, group 2", "scale byte 255", "NaN"}},
+      {"overflowing scale",
+       set_scale(253),
+       absl::StatusCode::kInvalidArgument,
+       {w1 + ".weight_scale", "row 3, group 2", "scale byte 253", "overflow"}},
+      {"codes misshaped",
+       [&](std::vector<TensorToWrite>* t) {
+         Named(t, w1 + ".weight_packed")->shape = {32, 128};
+       },
+       absl::StatusCode::kInvalidArgument,
+       {w1 + ".weight_packed", "expected MXFP4 codes of shape [64, 64] of U8", "found [32, 128]"}},
+      {"scales of a float dtype",
+       [&](std::vector<TensorToWrite>* t) {
+         TensorToWrite* x = Named(t, w1 + ".weight_scale");
+         *x = {x->name, DType::kF32, {64, 4}, std::string(64 * 4 * 4, '\0')};
+       },
+       absl::StatusCode::kInvalidArgument,
+       {w1 + ".weight_scale", "of U8 or F8_E8M0", "of F32"}},
+      {"scales missing",
+       [&](std::vector<TensorToWrite>* t) {
+         t->erase(t->begin() + (Named(t, w1 + ".weight_scale") - t->data()));
+       },
+       absl::StatusCode::kNotFound,
+       {"experts.5.w1.weight_scale"}},
+      {"a packed attention matrix",
+       [&](std::vector<TensorToWrite>* t) {
+         TensorToWrite* x = Named(t, q + ".weight");
+         *x = {q + ".weight_packed", DType::kU8, {128, 128}, std::string(128 * 128, '\0')};
+         t->push_back({q + ".weight_scale", DType::kU8, {128, 8}, std::string(128 * 8, '\x7f')});
+       },
+       absl::StatusCode::kUnimplemented,
+       {q + ".weight_packed", "routed experts only"}},
+  };
+  for (const Corruption& c : cases) {
+    const std::string dir = CopyOfTiny8Mxfp4("weights_mxfp4_corrupt");
+    Rewrite(dir, c.edit);
+    auto w = Load(dir);
+    ASSERT_FALSE(w.ok()) << c.what;
+    EXPECT_EQ(w.status().code(), c.code) << c.what << ": " << w.status();
+    for (const std::string& part : c.message_parts) {
+      EXPECT_NE(w.status().message().find(part), std::string::npos)
+          << c.what << ": expected \"" << part << "\" in: " << w.status().message();
+    }
+  }
+}
+
+TEST(WeightsMxfp4Test, ConfigMustDeclareTheExpertsQuantized) {
+  ModelConfig config = Named("k3-tiny-8");
+  for (const char* ignore : {"", "re:.*experts.*"}) {
+    const std::string dir = CopyOfTiny8Mxfp4("weights_mxfp4_config");
+    if (*ignore == '\0') {
+      config.quantization.reset();
+    } else {
+      config.quantization = QuantizationConfig{{ignore}};
+    }
+    std::ofstream(dir + "/config.json") << ModelConfigToJson(config);
+    auto w = Load(dir);
+    ASSERT_FALSE(w.ok()) << ignore;
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(w.status().message().find(*ignore == '\0' ? "no quantization_config"
+                                                        : "ignore list leaves module"),
+              std::string::npos)
+        << w.status();
+  }
 }
 
 }  // namespace

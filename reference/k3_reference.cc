@@ -32,11 +32,12 @@ class Loader {
 
   const absl::Status& status() const { return status_; }
 
-  // A tensor of exactly [rows, cols].
+  // A tensor of exactly [rows, cols]; `name` may be stored as an MXFP4 pair (spec §10).
   Matrix Mat(const std::string& name, int64_t rows, int64_t cols) {
     Matrix m;
     std::vector<int64_t> shape;
-    Vec values = Read(name, &shape);
+    Vec values = ckpt_.Has(name) || !ckpt_.Has(name + "_packed") ? Read(name, &shape)
+                                                                : ReadMxfp4(name, &shape);
     if (!status_.ok()) return m;
     if (shape != std::vector<int64_t>{rows, cols}) {
       Fail(name, shape, ShapeString({rows, cols}));
@@ -101,6 +102,41 @@ class Loader {
   }
 
  private:
+  // Spec §10, literally: name + "_packed" holds two E2M1 codes per byte (element 2i in the low
+  // nibble; bit 3 the sign), name + "_scale" one E8M0 byte per 32 inputs, value code * 2^(s-127).
+  Vec ReadMxfp4(const std::string& name, std::vector<int64_t>* shape) {
+    static constexpr double kE2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    absl::StatusOr<TensorView> codes = ckpt_.Find(name + "_packed");
+    absl::StatusOr<TensorView> scales = ckpt_.Find(name + "_scale");
+    if (!codes.ok() || !scales.ok()) {
+      status_ = codes.ok() ? scales.status() : codes.status();
+      return {};
+    }
+    if (codes->dtype != DType::kU8 || codes->shape.size() != 2 || scales->shape.size() != 2 ||
+        scales->bytes != static_cast<size_t>(scales->numel()) ||
+        scales->shape[0] != codes->shape[0] || scales->shape[1] * 16 != codes->shape[1]) {
+      status_ = absl::InvalidArgumentError(absl::StrCat(
+          "MXFP4 tensor ", name, ": codes ", ShapeString(codes->shape), " and scales ",
+          ShapeString(scales->shape), " are not [out, in/2] and [out, in/32] bytes"));
+      return {};
+    }
+    const int64_t rows = codes->shape[0], cols = codes->shape[1] * 2;
+    *shape = {rows, cols};
+    Vec values(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint8_t byte = codes->data[i / 2];
+      const int code = i % 2 == 0 ? byte & 0xf : byte >> 4;
+      const int scale = scales->data[i / 32];  // a row's groups follow each other
+      if (scale == 255) {
+        status_ = absl::InvalidArgumentError(
+            absl::StrCat("MXFP4 tensor ", name, ": scale byte 255 (NaN) in row ", i / cols));
+        return {};
+      }
+      values[i] = (code & 8 ? -1.0 : 1.0) * kE2m1[code & 7] * std::ldexp(1.0, scale - 127);
+    }
+    return values;
+  }
+
   Vec Read(const std::string& name, std::vector<int64_t>* shape) {
     if (!status_.ok()) return {};
     absl::StatusOr<TensorView> view = ckpt_.Find(name);

@@ -1,6 +1,6 @@
 // Greedy generation through real multi-process clusters (coordinator, attention, router and expert
 // processes of //:k3serve talking over UCX) must produce exactly the tokens the single-process
-// engine produces, for both model families, several topologies and concurrent streams, also as
+// engine produces, for both model families, several topologies, MXFP4 routed experts and concurrent streams, also as
 // `k3serve generate --server` prints them.
 #include <sys/wait.h>
 
@@ -46,6 +46,7 @@ struct Topology {
 struct Case {
   const char* config;
   Topology topology;
+  bool mxfp4 = false;  // routed experts in the release's MXFP4 layout
 };
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
@@ -53,14 +54,14 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
   for (char& c : config) {
     if (c == '-') c = '_';
   }
-  return absl::StrCat(config, "_", info.param.topology.name);
+  return absl::StrCat(config, info.param.mxfp4 ? "_mxfp4_" : "_", info.param.topology.name);
 }
 
 class ClusterGenerateTest : public testing::TestWithParam<Case> {};
 
 TEST_P(ClusterGenerateTest, GreedyTokensEqualTheSingleProcessEngine) {
   const Case& c = GetParam();
-  const std::string model = RandomCheckpointDir(c.config, 7);
+  const std::string model = RandomCheckpointDir(c.config, 7, c.mxfp4);
   absl::StatusOr<ModelConfig> config = NamedConfig(c.config);
   ASSERT_TRUE(config.ok()) << config.status();
   const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 11);
@@ -114,6 +115,12 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ClusterGenerateTest,
                          testing::Values(Case{"k3-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
                                          Case{"k3-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
                                          Case{"k3-tiny", {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}},
+                                         Case{"k3-tiny",
+                                              {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}},
+                                              /*mxfp4=*/true},
+                                         Case{"k3-tiny-8",
+                                              {"a2_r1_e2", 2, 1, 2, {}},
+                                              /*mxfp4=*/true},
                                          Case{"kimi-linear-tiny", {"a1_r1_e1", 1, 1, 1, {}}},
                                          Case{"kimi-linear-tiny", {"a2_r2_e2", 2, 2, 2, {}}},
                                          Case{"kimi-linear-tiny",

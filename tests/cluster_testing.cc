@@ -5,6 +5,7 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/local_engine.h"
@@ -22,22 +23,24 @@ std::string TestTmpDir() {
 
 }  // namespace
 
-std::string RandomCheckpointDir(const std::string& config, uint64_t seed) {
-  static std::map<std::pair<std::string, uint64_t>, std::string>* written =
-      new std::map<std::pair<std::string, uint64_t>, std::string>;
-  auto it = written->find({config, seed});
+std::string RandomCheckpointDir(const std::string& config, uint64_t seed, bool mxfp4) {
+  using Key = std::tuple<std::string, uint64_t, bool>;
+  static std::map<Key, std::string>* written = new std::map<Key, std::string>;
+  auto it = written->find({config, seed, mxfp4});
   if (it != written->end()) return it->second;
-  const std::string dir = absl::StrCat(TestTmpDir(), "/", config, "-", seed);
+  const std::string dir = absl::StrCat(TestTmpDir(), "/", config, "-", seed, mxfp4 ? "-mxfp4" : "");
   absl::StatusOr<ModelConfig> model = NamedConfig(config);
   if (!model.ok()) {
     std::cerr << "config " << config << ": " << model.status() << "\n";
     std::abort();
   }
-  if (absl::Status s = WriteRandomCheckpoint(*model, seed, dir); !s.ok()) {
+  RandomCheckpointOptions options;
+  options.mxfp4 = mxfp4;
+  if (absl::Status s = WriteRandomCheckpoint(*model, seed, dir, options); !s.ok()) {
     std::cerr << "writing " << dir << ": " << s << "\n";
     std::abort();
   }
-  written->emplace(std::make_pair(config, seed), dir);
+  written->emplace(Key{config, seed, mxfp4}, dir);
   return dir;
 }
 

@@ -15,8 +15,9 @@
 namespace k3 {
 
 // A random checkpoint of the named config (k3-tiny, kimi-linear-tiny, ...) under $TEST_TMPDIR,
-// written on the first call for each (config, seed).
-std::string RandomCheckpointDir(const std::string& config, uint64_t seed);
+// written on the first call for each (config, seed, mxfp4); `mxfp4`: routed experts in the
+// release's MXFP4 layout.
+std::string RandomCheckpointDir(const std::string& config, uint64_t seed, bool mxfp4 = false);
 
 // Options for a cluster of the k3serve binary next to the test (its runfiles), logging into a
 // fresh folder under $TEST_TMPDIR and showing progress on stderr. Bounded: 60 s to start, 3 s

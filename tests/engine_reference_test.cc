@@ -2,7 +2,8 @@
 // the fp64 reference written straight from the spec (reference/), on the spec's tiny configs:
 // logits of every position, in prefill and in token-by-token decode, for checkpoints written by
 // k3serve and for checkpoints written differently (F32 and F16 tensors, no name prefix, squeezed
-// conv weights, zero-padded A_log, several shards) as other converters do.
+// conv weights, zero-padded A_log, several shards) as other converters do, and for the release's
+// MXFP4 routed experts.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -95,6 +96,40 @@ TEST_P(EngineReferenceTest, LogitsMatchTheReferenceInPrefillAndDecode) {
 
 INSTANTIATE_TEST_SUITE_P(TinyConfigs, EngineReferenceTest,
                          testing::Values("k3-tiny", "k3-tiny-8", "kimi-linear-tiny"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// The release's layout (spec §10): routed experts as MXFP4 codes + scales with the
+// "language_model." prefix and quantization_config inside text_config; one file and several shards.
+class EngineReferenceMxfp4Test : public testing::TestWithParam<std::string> {};
+
+TEST_P(EngineReferenceMxfp4Test, LogitsMatchTheReferenceInPrefillAndDecode) {
+  absl::StatusOr<ModelConfig> config = NamedConfig(GetParam());
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (int shards : {1, 3}) {
+    const std::string dir = TempDir(absl::StrCat(GetParam(), "-mxfp4-", shards));
+    RandomCheckpointOptions options;
+    options.shards = shards;
+    options.mxfp4 = true;
+    const absl::Status written = WriteRandomCheckpoint(*config, 19, dir, options);
+    ASSERT_TRUE(written.ok()) << written;
+    absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    ASSERT_TRUE((*checkpoint)->config().quantization.has_value());
+    absl::StatusOr<TensorView> packed =
+        (*checkpoint)->Find("model.layers.1.block_sparse_moe.experts.0.w1.weight_packed");
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_TRUE(absl::StartsWith(packed->name, "language_model."));
+    EXPECT_FALSE((*checkpoint)->Has("model.layers.1.block_sparse_moe.experts.0.w1.weight"));
+    CheckConfig(absl::StrCat(GetParam(), "_mxfp4_", shards, "_shards"), dir);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyConfigs, EngineReferenceMxfp4Test,
+                         testing::Values("k3-tiny", "k3-tiny-8"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
              AddExpertNodeFlags, RunExpertNode);
   AddCommand(&top, &commands, "local", "a local cluster of processes on this host",
              AddLocalFlags, [](const LocalCommandOptions& o) { return LocalClusterCommand(o); });
+  AddCommand(&top, &commands, "plan",
+             "bytes each process of a topology maps and each tier reads per token",
+             AddPlanFlags, PlanCommand);
   AddCommand(&top, &commands, "qb", "offline QB (quantile balancing) statistics", AddQbFlags,
              QbCommand);
 

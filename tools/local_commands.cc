@@ -92,13 +92,20 @@ void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* opt
   app->add_option("--seed", options->seed, "random seed")->capture_default_str();
   app->add_option("--out", options->out, "folder to write")->required();
   AddBoundedInt(app, "--shards", &options->shards, 1, 1 << 16, "safetensors files");
+  app->add_flag("--mxfp4", options->mxfp4, "routed experts in the release's MXFP4 layout");
+  app->add_flag("--headers-only", options->headers_only,
+                "no tensor data: a checkpoint for `plan` (sizing a cluster)");
 }
 
 int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
   absl::StatusOr<ModelConfig> config = ConfigFromFlag(options.config);
   if (!config.ok()) return Fail(config.status());
-  if (absl::Status s = WriteRandomCheckpoint(*config, static_cast<uint64_t>(options.seed),
-                                             options.out, options.shards);
+  RandomCheckpointOptions write;
+  write.shards = options.shards;
+  write.mxfp4 = options.mxfp4;
+  write.headers_only = options.headers_only;
+  if (absl::Status s =
+          WriteRandomCheckpoint(*config, static_cast<uint64_t>(options.seed), options.out, write);
       !s.ok()) {
     return Fail(s);
   }
@@ -182,6 +189,20 @@ int GenerateCommand(const GenerateCommandOptions& options) {
       (*engine)->Generate(options.tokens, options.generate);
   if (!generated.ok()) return Fail(generated.status());
   std::cout << absl::StrJoin(*generated, " ") << "\n";
+  return 0;
+}
+
+void AddPlanFlags(CLI::App* app, PlanCommandOptions* options) {
+  app->add_option("--model", options->model, "checkpoint folder (headers are enough)")->required();
+  AddBoundedInt(app, "--attention", &options->topology.attention, 1, 1 << 16, "attention workers");
+  AddBoundedInt(app, "--routers", &options->topology.routers, 1, 1 << 16, "routers");
+  AddBoundedInt(app, "--experts", &options->topology.experts, 1, 1 << 16, "expert workers");
+}
+
+int PlanCommand(const PlanCommandOptions& options) {
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(options.model, options.topology);
+  if (!plan.ok()) return Fail(plan.status());
+  std::cout << FormatMemoryPlan(*plan);
   return 0;
 }
 

@@ -1,5 +1,5 @@
 // The single-process k3serve subcommands: random-checkpoint, logits, generate (in process or
-// through a server) and the offline QB tool. Each declares its flags on a CLI::App (AddXxxFlags)
+// through a server), the memory plan and the offline QB tool. Each declares its flags on a CLI::App (AddXxxFlags)
 // and runs from the parsed options, returning the process exit status after printing errors to
 // stderr.
 #ifndef K3SERVE_TOOLS_LOCAL_COMMANDS_H_
@@ -12,6 +12,7 @@
 #include "cluster/command_line.h"
 #include "engine/local_engine.h"
 #include "router/qb_tool.h"
+#include "tools/memory_plan.h"
 
 namespace k3 {
 
@@ -20,6 +21,8 @@ struct RandomCheckpointCommandOptions {
   int64_t seed = 0;
   std::string out;
   int shards = 1;
+  bool mxfp4 = false;         // routed experts in the release's MXFP4 layout
+  bool headers_only = false;  // no tensor data: a checkpoint for `plan`
 };
 void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* options);
 int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options);
@@ -46,6 +49,14 @@ struct GenerateCommandOptions {
 };
 void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options);
 int GenerateCommand(const GenerateCommandOptions& options);
+
+// `plan`: what each process of a topology maps and each tier reads per token.
+struct PlanCommandOptions {
+  std::string model;
+  MemoryPlanTopology topology;
+};
+void AddPlanFlags(CLI::App* app, PlanCommandOptions* options);
+int PlanCommand(const PlanCommandOptions& options);
 
 void AddQbFlags(CLI::App* app, QbToolOptions* options);
 int QbCommand(const QbToolOptions& options);
