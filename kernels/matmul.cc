@@ -15,9 +15,9 @@ namespace {
 // Up to this many tokens the row kernel (one pass over W, no packing) beats the tiled GEMM; the
 // two are even at 16 (measured on Zen 5).
 constexpr int64_t kRowsKernelMaxTokens = 12;
-// MXFP4 weights: the tiled kernel decodes every panel into fp32 first (about 0.3 ns per weight),
-// so the row kernel stays ahead to at least 64 tokens (3072 x 3584, weights in cache, Zen 5).
-constexpr int64_t kMxfp4RowsKernelMaxTokens = 64;
+// MXFP4 weights: the tiled kernel decodes blocks of rows into bf16 first, so the row kernel stays
+// ahead longer; the two are even between 32 and 64 tokens (3072 x 3584, weights in cache, Zen 5).
+constexpr int64_t kMxfp4RowsKernelMaxTokens = 32;
 // Least work (in multiply-adds, weight elements counted at least 4 times for their memory traffic)
 // worth handing to another thread: a few microseconds, against about one for a ParallelFor.
 constexpr int64_t kMinChunkWork = int64_t{1} << 18;

@@ -217,19 +217,22 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 
-// Decodes rows [row, row + rows) of `w` into out[rows][cols] fp32 (inputs in their natural order).
+// Decodes rows [row, row + rows) of `w` into out[rows][cols] bf16, inputs in their natural order.
+// Exact: every MXFP4 value has at most 2 significant bits, so its fp32 bits end in 16 zeros.
 K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
-                               float* out) {
+                               uint16_t* out) {
   const float* scale_values = E8m0Table();
   const __m512 table = _mm512_loadu_ps(kE2m1Values);
-  // Interleave even (a) and odd (b) inputs: lanes 0..15 then 16..31 of the group.
-  const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i high =
-      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  // Word j of a group: the high half (word 2i + 1) of lane i of the even inputs for j = 2i, of
+  // the odd inputs (words 32 + ...) for j = 2i + 1.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      1,  33, 3,  35, 5,  37, 7,  39, 9,  41, 11, 43, 13, 45, 15, 47,
+      17, 49, 19, 51, 21, 53, 23, 55, 25, 57, 27, 59, 29, 61, 31, 63};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* codes = w.codes + (row + r) * cols / 2;
     const uint8_t* scales = w.scales + (row + r) * cols / kMxfp4Group;
-    float* dst = out + r * cols;
+    uint16_t* dst = out + r * cols;
     for (int64_t k = 0; k < cols; k += kMxfp4Group) {
       const __m512i v =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2)));
@@ -237,8 +240,8 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
           _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[k / kMxfp4Group]]));
       const __m512 even = _mm512_permutexvar_ps(v, scaled);
       const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
-      _mm512_storeu_ps(dst + k, _mm512_permutex2var_ps(even, low, odd));
-      _mm512_storeu_ps(dst + k + 16, _mm512_permutex2var_ps(even, high, odd));
+      _mm512_storeu_si512(dst + k, _mm512_permutex2var_epi16(_mm512_castps_si512(even), interleave,
+                                                             _mm512_castps_si512(odd)));
     }
   }
 }
@@ -315,6 +318,8 @@ K3_AVX512 void PackRowInputs(const float* x, int64_t x_stride, int64_t tokens, i
 // one 32-bit transpose; the micro-kernel widens them with a shift (even k) and a mask (odd k).
 
 constexpr int kTileTokens = 8;
+// Rows of MXFP4 weights decoded at a time for the tiled kernel (a multiple of kTileRows).
+constexpr int64_t kMxfp4BlockRows = 8 * kTileRows;
 constexpr int64_t kBlockTokens = 256;  // mc: packed activations 256 x 384 fp32 are 384 KiB (L2)
 // kc: a packed panel is 48 x 384 bf16 or 48 x 192 fp32, 36 KiB either way (L1 is 48 KiB).
 template <typename WT>
@@ -617,15 +622,16 @@ void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, 
                        float* y, int64_t y_stride, bool accumulate) {
   ParallelForRows(w, tokens, kTileRows, [&](int64_t begin, int64_t end) {
     if (w.type == WeightType::kMxfp4) {
-      // Each panel of rows is decoded once into fp32 (it stays in L2) and multiplied with every
-      // token by the F32 kernel: decoding costs about as much as one token's multiply-adds.
+      // Blocks of rows are decoded once into bf16 (exactly) and multiplied with every token by
+      // the BF16 kernel, which packs the activations once per block: blocks of several panels
+      // keep that packing small next to the multiply-adds.
       thread_local ThreadBuffer buffer;
-      float* decoded = buffer.Get(kTileRows * w.cols);
+      uint16_t* decoded = reinterpret_cast<uint16_t*>(buffer.Get(kMxfp4BlockRows * w.cols / 2));
       const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
-      for (int64_t row = begin; row < end; row += kTileRows) {
-        const int64_t rows = std::min(kTileRows, end - row);
+      for (int64_t row = begin; row < end; row += kMxfp4BlockRows) {
+        const int64_t rows = std::min(kMxfp4BlockRows, end - row);
         DecodeMxfp4Rows(data, w.cols, row, rows, decoded);
-        TilesRange(static_cast<const float*>(decoded), w.cols, x, x_stride, tokens, y + row,
+        TilesRange(static_cast<const uint16_t*>(decoded), w.cols, x, x_stride, tokens, y + row,
                    y_stride, accumulate, 0, rows);
       }
     } else if (w.type == WeightType::kBf16) {

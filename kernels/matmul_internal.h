@@ -12,8 +12,8 @@
 //
 // MXFP4 weights: the row kernel decodes each 32-input group in registers (16 code bytes widened to
 // 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale), so decode reads
-// only the packed bytes and scales; the tiled kernel decodes each 48-row panel once into an fp32
-// buffer and runs the F32 micro-kernel on it.
+// only the packed bytes and scales; the tiled kernel decodes blocks of 384 rows once into a bf16
+// buffer (exact: MXFP4 values have at most 2 significant bits) and runs the BF16 micro-kernel.
 //
 // Why no vdpbf16ps: its bf16 x bf16 products need bf16 activations. Keeping them exact enough
 // takes a hi + lo split of each activation and two dot-product instructions per 32 multiply-adds,
