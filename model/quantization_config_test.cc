@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gtest/gtest.h"
 #include "model/config.h"
 
@@ -18,10 +20,18 @@ constexpr char kRelease[] = R"json({
   "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
              "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"]})json";
 
-std::string Nested(const std::string& quantization) {
-  return R"({"model_type": "kimi_k3", "text_config": {"quantization_config": )" + quantization +
-         "}}";
+// k3-tiny's config.json (every required field) with `quantization` added inside text_config
+// and, if given, `top_level` at the top level.
+std::string WithQuantization(const std::string& quantization, const std::string& top_level = "") {
+  nlohmann::json root = nlohmann::json::parse(ModelConfigToJson(*NamedConfig("k3-tiny")));
+  if (!quantization.empty()) {
+    root["text_config"]["quantization_config"] = nlohmann::json::parse(quantization);
+  }
+  if (!top_level.empty()) root["quantization_config"] = nlohmann::json::parse(top_level);
+  return root.dump();
 }
+
+std::string Nested(const std::string& quantization) { return WithQuantization(quantization); }
 
 TEST(QuantizationConfigTest, ReadsTheReleaseInsideTextConfig) {
   auto config = ParseModelConfig(Nested(kRelease));
@@ -33,13 +43,13 @@ TEST(QuantizationConfigTest, ReadsTheReleaseInsideTextConfig) {
 
 TEST(QuantizationConfigTest, ReadsTopLevelAndFlatWeightsLayout) {
   auto config = ParseModelConfig(
-      R"({"model_type": "kimi_k3", "text_config": {}, "quantization_config": {
+      WithQuantization("", R"({
           "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
-          "weights": {"num_bits": 4, "group_size": 32}}})");
+          "weights": {"num_bits": 4, "group_size": 32}})"));
   ASSERT_TRUE(config.ok()) << config.status();
   ASSERT_TRUE(config->quantization.has_value());
   EXPECT_TRUE(config->quantization->ignore.empty());
-  EXPECT_FALSE(ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {}})")
+  EXPECT_FALSE(ParseModelConfig(WithQuantization(""))
                    ->quantization.has_value());
 }
 
@@ -91,9 +101,7 @@ TEST(QuantizationConfigTest, TwoDifferentConfigsAreRejected) {
       "weights": {"num_bits": 4}, "ignore": ["lm_head"]})";
   const std::string b = R"({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
       "weights": {"num_bits": 4}})";
-  auto config =
-      ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {"quantization_config": )" + a +
-                       R"(}, "quantization_config": )" + b + "}");
+  auto config = ParseModelConfig(WithQuantization(a, b));
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("differ"), std::string::npos);
 }

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -20,8 +22,30 @@ std::string Fresh(const std::string& name) {
 
 // K3's real dimensions (spec §1.1) as a headers-only release-layout checkpoint in 96 shards.
 TEST(MemoryPlanTest, K3HeadersOnlyCheckpointAddsUpAndMatchesTheSpecExpertSize) {
-  // Every field missing: K3's values (model/config.h).
-  auto parsed = ParseModelConfig(R"({"model_type": "kimi_k3", "text_config": {}})");
+  // The fields config.json must give, at K3's values (ModelConfig's defaults, model/config.h); the
+  // rest, the layer lists among them, take K3's defaults.
+  const ModelConfig d;
+  nlohmann::json text = {{"vocab_size", d.vocab_size},
+                         {"hidden_size", d.hidden_size},
+                         {"num_hidden_layers", d.num_hidden_layers},
+                         {"intermediate_size", d.intermediate_size},
+                         {"num_attention_heads", d.num_attention_heads},
+                         {"num_key_value_heads", d.num_key_value_heads},
+                         {"q_lora_rank", *d.q_lora_rank},
+                         {"kv_lora_rank", d.kv_lora_rank},
+                         {"qk_nope_head_dim", d.qk_nope_head_dim},
+                         {"qk_rope_head_dim", d.qk_rope_head_dim},
+                         {"v_head_dim", d.v_head_dim},
+                         {"num_experts", d.num_experts},
+                         {"num_experts_per_token", d.num_experts_per_token},
+                         {"num_shared_experts", d.num_shared_experts},
+                         {"moe_intermediate_size", d.moe_intermediate_size},
+                         {"linear_attn_config",
+                          {{"num_heads", d.linear_attn.num_heads},
+                           {"head_dim", d.linear_attn.head_dim},
+                           {"short_conv_kernel_size", d.linear_attn.short_conv_kernel_size}}}};
+  auto parsed = ParseModelConfig(
+      nlohmann::json{{"model_type", "kimi_k3"}, {"text_config", text}}.dump());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ModelConfig& k3 = *parsed;
   ASSERT_EQ(k3.hidden_size, 7168);
