@@ -13,8 +13,14 @@
 
 // Marks a hot function to be compiled for AVX-512, AVX2 and baseline x86-64; the loader picks one
 // per CPU. Inside such a function, Vec16 arithmetic uses the widest registers available.
+// Not under ThreadSanitizer (--config=tsan defines K3SERVE_TSAN): it would instrument the clones'
+// resolver, which the loader runs before the sanitizer's runtime is up (a crash at start).
+#ifdef K3SERVE_TSAN
+#define K3_VECTOR_CLONES
+#else
 #define K3_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 #define K3_SIMD_INLINE inline __attribute__((always_inline))
 
