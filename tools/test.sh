@@ -2,7 +2,8 @@
 # Builds k3serve and runs its whole test suite: the README's test command, and what CI runs.
 # Installs missing Debian packages first. With CI=true it also runs, under AddressSanitizer and
 # UndefinedBehaviorSanitizer, every test that does not link gRPC (the parsers of untrusted bytes,
-# the kernels, the mixers, the reference, the transports), and stops the Bazel server at the end.
+# the kernels, the mixers, the reference, the transports), the runtime's tests (cluster/) under
+# ThreadSanitizer, and stops the Bazel server at the end.
 # Ends with how many tests passed, failed and were skipped (and why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,11 @@ if [ "${CI:-}" = "true" ] && [ $status -eq 0 ]; then
   sanitized=$(bazel query 'tests(//...) except rdeps(tests(//...), //third_party:grpc)' 2>/dev/null)
   # shellcheck disable=SC2086
   bazel test --config=asan $sanitized || status=$?
+  # ThreadSanitizer over the runtime's tests: actor, transports, peer links, gRPC and metrics
+  # servers (the NCCL test needs a GPU).
+  threaded=$(bazel query 'tests(//cluster/...) except //cluster:nccl_transport_test' 2>/dev/null)
+  # shellcheck disable=SC2086
+  bazel test --config=tsan $threaded || status=$?
 fi
 
 if [ "${CI:-}" = "true" ]; then
