@@ -15,6 +15,7 @@
 #include "cluster/command_line.h"
 #include "coordinator/coordinator_main.h"
 #include "expert_nodes/expert_node.h"
+#include "http_front/http_front.h"
 #include "launcher/local_cluster_main.h"
 #include "router/router_node.h"
 #include "tools/local_commands.h"
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
              AddRouterNodeFlags, RunRouterNode);
   AddCommand(&top, &commands, "expert", "an expert worker: a slice of the routed experts",
              AddExpertNodeFlags, RunExpertNode);
+  AddCommand(&top, &commands, "http", "the OpenAI-compatible HTTP front of the attention workers",
+             AddHttpFrontFlags, RunHttpFront);
   AddCommand(&top, &commands, "local", "a local cluster of processes on this host",
              AddLocalFlags, [](const LocalCommandOptions& o) { return LocalClusterCommand(o); });
   AddCommand(&top, &commands, "qb", "offline QB (quantile balancing) statistics", AddQbFlags,
