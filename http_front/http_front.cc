@@ -387,6 +387,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
 
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags.host = options.host;
+  endpoint_options.flags.port = options.grpc_port;
   endpoint_options.flags.metrics_port = options.metrics_port;
   WorkerPool* pool = f.pool.get();
   endpoint_options.readiness = [pool] { return pool->Ping(kReadinessTimeout); };
@@ -420,6 +421,8 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
   AddBoundedInt(app, "--port", &options->port, 0, 65535, "HTTP port (0 picks a free one)");
   AddBoundedInt(app, "--metrics-port", &options->metrics_port, -1, 65535,
                 "HTTP /metrics and /healthz port (-1: none, 0 picks a free one)");
+  AddBoundedInt(app, "--grpc-port", &options->grpc_port, 0, 65535,
+                "gRPC health port (liveness; 0 picks a free one)");
   app->add_option("--api-key-file", options->api_key_file,
                   "file holding the API key clients must send as a bearer token");
   app->add_option("--served-model-name", options->served_model_name,

@@ -1,5 +1,6 @@
 // The OpenAI-compatible HTTP front: `k3serve http --server HOST:PORT[,HOST:PORT...] --model DIR
-//   [--host H] [--port P] [--metrics-port P] [--api-key-file F] [--served-model-name NAME]`.
+//   [--host H] [--port P] [--metrics-port P] [--grpc-port P] [--api-key-file F]
+//   [--served-model-name NAME]`.
 //
 // A separate role in front of the attention workers (docs/ARCHITECTURE.md): it holds no model
 // state, only the model folder's tokenizer, and calls k3serve.v1.K3Serve on the workers
@@ -39,6 +40,7 @@ struct HttpFrontOptions {
   std::string host = "0.0.0.0";
   int port = 8000;  // 0 picks a free one
   int metrics_port = -1;
+  int grpc_port = 0;  // the node runtime's grpc.health.v1 (process liveness); 0 picks a free one
   std::string api_key_file;  // empty: no authentication
   std::string served_model_name;  // empty: the model folder's name
 };

@@ -57,6 +57,9 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");
   app->add_flag("--metrics", c.metrics, "every process serves HTTP /metrics");
+  c.http_port = 0;  // `k3serve local` starts the HTTP front unless told not to
+  AddBoundedInt(app, "--http-port", &c.http_port, -1, 65535,
+                "the OpenAI-compatible HTTP front's port (0: a free one, -1: no front)");
   app->add_option("--log-dir", c.log_dir, "where each process's log goes (default: a new folder)");
   AddMilliseconds(app, "--startup-timeout-ms", &c.startup_timeout, 1, 86400000,
                   "how long the cluster may take to become ready");
@@ -78,7 +81,8 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
     }
     if (host_flag->count() > 0) {
       for (NodeRole role :
-           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert,
+            NodeRole::kHttp}) {
         c.sites[role].host = *host;
       }
     }
@@ -111,6 +115,9 @@ int LocalClusterCommand(LocalCommandOptions options) {
   std::cerr << "cluster ready; logs in " << (*cluster)->log_dir() << std::endl;
   for (const std::string& address : (*cluster)->generate_addresses()) {
     std::cout << "generate address: " << address << std::endl;
+  }
+  if (const std::string http = (*cluster)->http_address(); !http.empty()) {
+    std::cout << "http address: " << http << std::endl;
   }
 
   int exit_status = 0;
