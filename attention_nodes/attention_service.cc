@@ -70,9 +70,11 @@ class GenerateReactor;
 // nor Finish is called under mu_: gRPC may run reactions inline.
 class GenerateStream final : public GenerationSink {
  public:
-  // `tokenizer` (may be null: no text) must outlive the stream.
-  GenerateStream(GenerateReactor* reactor, std::string request_id, const Tokenizer* tokenizer)
-      : reactor_(reactor), request_id_(std::move(request_id)) {
+  // `tokenizer` (may be null: no text) must outlive the stream. `silent_ids` (the stop tokens
+  // and eos) end the answer and add nothing to its text.
+  GenerateStream(GenerateReactor* reactor, std::string request_id, const Tokenizer* tokenizer,
+                 std::vector<int32_t> silent_ids)
+      : reactor_(reactor), request_id_(std::move(request_id)), silent_ids_(std::move(silent_ids)) {
     if (tokenizer != nullptr) decoder_.emplace(*tokenizer);
   }
 
@@ -88,7 +90,8 @@ class GenerateStream final : public GenerationSink {
     chunk->add_token_ids(token);
     chunk->set_prompt_tokens(prompt_tokens);
     chunk->set_generated_tokens(generated_tokens);
-    if (decoder_.has_value()) {
+    if (decoder_.has_value() &&
+        std::find(silent_ids_.begin(), silent_ids_.end(), token) == silent_ids_.end()) {
       // An id the tokenizer does not know (a model vocabulary larger than the tokenizer's) shows
       // as U+FFFD rather than vanishing from the text.
       absl::StatusOr<std::string> text = decoder_->Push(token);
@@ -139,6 +142,7 @@ class GenerateStream final : public GenerationSink {
 
   GenerateReactor* const reactor_;
   const std::string request_id_;
+  const std::vector<int32_t> silent_ids_;
   std::optional<StreamingDecoder> decoder_;  // the scheduler's thread only (OnToken, OnFinish)
   absl::Mutex mu_;
   std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
@@ -150,8 +154,10 @@ class GenerateStream final : public GenerationSink {
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(const std::string& request_id, const Tokenizer* tokenizer)
-      : stream_(std::make_shared<GenerateStream>(this, request_id, tokenizer)) {}
+  GenerateReactor(const std::string& request_id, const Tokenizer* tokenizer,
+                  std::vector<int32_t> silent_ids)
+      : stream_(std::make_shared<GenerateStream>(this, request_id, tokenizer,
+                                                 std::move(silent_ids))) {}
 
   const std::shared_ptr<GenerateStream>& stream() const { return stream_; }
 
@@ -245,13 +251,15 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
     GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
     if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
-      auto* reactor = new GenerateReactor(request->request_id(), nullptr);
+      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {});
       reactor->stream()->Reject(ToGrpcStatus(s));
       return reactor;
     }
     // The id is fixed before Submit so that the stream can name it in every message. An id the
     // server picks could collide with one a client chose: then it picks another.
     const bool assign_id = generation.id.empty();
+    std::vector<int32_t> silent_ids = generation.stop_token_ids;
+    silent_ids.push_back(static_cast<int32_t>(scheduler_->config().eos_token_id));
     GenerateReactor* reactor = nullptr;
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle;
     do {
@@ -261,7 +269,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
         attempt.id = absl::StrCat("srv-", next_id_++);
       }
       delete reactor;  // never started: only a rejected attempt gets here
-      reactor = new GenerateReactor(attempt.id, tokenizer_.get());
+      reactor = new GenerateReactor(attempt.id, tokenizer_.get(), silent_ids);
       handle = scheduler_->Submit(std::move(attempt), reactor->stream());
     } while (assign_id && absl::IsAlreadyExists(handle.status()));
     if (!handle.ok()) {

@@ -37,8 +37,10 @@ absl::StatusOr<GenerateOutcome> GenerateOverGrpc(const std::string& address,
     if (response.has_chunk()) {
       outcome.tokens.insert(outcome.tokens.end(), response.chunk().token_ids().begin(),
                             response.chunk().token_ids().end());
+      outcome.text += response.chunk().text();
     } else if (response.has_complete()) {
       outcome.complete = response.complete();
+      outcome.text += response.complete().text();
       complete = true;
     }
   }

@@ -56,6 +56,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
     if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
     const int32_t next = sampler.Next(logits.data(), config().vocab_size);
     generated.push_back(next);
+    if (options.on_token) options.on_token(next);
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
         options.stop_token_ids.end()) {
       break;

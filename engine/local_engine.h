@@ -21,6 +21,9 @@ struct GenerateOptions {
   SamplingOptions sampling;
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
+  // Sees each token as soon as it is sampled (an interactive front streaming the answer); null:
+  // none.
+  std::function<void(int32_t)> on_token;
 };
 
 class LocalEngine {

@@ -502,6 +502,10 @@ TEST_F(AttentionServerTest, ChatMessagesAreRenderedAndStopAtTheTurnEnd) {
   const std::vector<int32_t> prompt =
       *RenderChat(*tokenizer, {{.role = "user", .content = "Hello"}}, {.thinking = false});
   EXPECT_EQ(outcome.tokens, Reference(prompt, 10, SamplingOptions(), {*TurnEndId(*tokenizer)}));
+  // The turn end that may close the answer adds no text.
+  std::vector<int32_t> answer = outcome.tokens;
+  if (!answer.empty() && answer.back() == *TurnEndId(*tokenizer)) answer.pop_back();
+  EXPECT_EQ(outcome.text, *DecodeForDisplay(*tokenizer, answer));
 }
 
 TEST_F(AttentionServerTest, TextNeedsATokenizerAndOnePromptForm) {

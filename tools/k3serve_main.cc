@@ -18,6 +18,7 @@
 #include "http_front/http_front.h"
 #include "launcher/local_cluster_main.h"
 #include "router/router_node.h"
+#include "tools/chat_command.h"
 #include "tools/local_commands.h"
 
 namespace {
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
              LogitsCommand);
   AddCommand(&top, &commands, "generate", "generate tokens in process or through a server",
              AddGenerateFlags, GenerateCommand);
+  AddCommand(&top, &commands, "chat", "an interactive chat in process or through a server",
+             AddChatFlags, ChatCommand);
   AddCommand(&top, &commands, "coordinator", "the coordinator: membership, placement, balancing",
              AddCoordinatorFlags, RunCoordinator);
   AddCommand(&top, &commands, "attention", "an attention worker: the public Generate API",
