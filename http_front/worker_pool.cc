@@ -6,6 +6,7 @@
 #include "cluster/grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace k3 {
 
@@ -23,9 +24,13 @@ bool GenerateCall::Next(v1::GenerateResponse* response) {
 absl::Status GenerateCall::Finish() { return FromGrpcStatus(reader_->Finish()); }
 
 WorkerPool::WorkerPool(const std::vector<std::string>& addresses) {
+  // An address that resolves to several workers (dns:///a headless Service) spreads its calls
+  // over all of them, not only the first.
+  grpc::ChannelArguments arguments;
+  arguments.SetLoadBalancingPolicyName("round_robin");
   for (const std::string& address : addresses) {
-    stubs_.push_back({address, v1::K3Serve::NewStub(grpc::CreateChannel(
-                                   address, grpc::InsecureChannelCredentials()))});
+    stubs_.push_back({address, v1::K3Serve::NewStub(grpc::CreateCustomChannel(
+                                   address, grpc::InsecureChannelCredentials(), arguments))});
   }
 }
 

@@ -38,7 +38,8 @@ class GenerateCall {
 // Thread-safe; the channels connect lazily and reconnect on their own.
 class WorkerPool {
  public:
-  // `addresses`: host:port of each attention worker; at least one.
+  // `addresses`: gRPC targets of the attention workers (host:port, or dns:///name:port for a name
+  // that resolves to several, whose calls go round-robin over them); at least one.
   explicit WorkerPool(const std::vector<std::string>& addresses);
 
   // Starts Generate on the next worker and waits for its first message, so that a rejected
