@@ -237,6 +237,7 @@ int HttpStatusOf(const absl::Status& status) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:  // a feature the request asks for (tool messages)
       return 400;
     case absl::StatusCode::kUnauthenticated:
       return 401;

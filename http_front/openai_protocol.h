@@ -42,7 +42,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body,
 // The request field an error is about ("" if none).
 std::string ParamOf(const absl::Status& status);
 
-// The HTTP status for an error: 400 INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION,
+// The HTTP status for an error: 400 INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION /
+// UNIMPLEMENTED (the request asks for something not supported),
 // 401 UNAUTHENTICATED, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE /
 // DEADLINE_EXCEEDED, 500 otherwise.
 int HttpStatusOf(const absl::Status& status);

@@ -92,6 +92,8 @@ TEST(OpenAiProtocolTest, ErrorBodyHasOpenAisShape) {
   EXPECT_TRUE(auth["error"]["param"].is_null());
   EXPECT_EQ(HttpStatusOf(absl::UnauthenticatedError("")), 401);
   EXPECT_EQ(HttpStatusOf(absl::UnavailableError("")), 503);
+  EXPECT_EQ(HttpStatusOf(absl::UnimplementedError("tool messages")), 400);
+  EXPECT_EQ(HttpStatusOf(absl::InternalError("")), 500);
 }
 
 TEST(OpenAiProtocolTest, ChatChunksCarryDeltas) {
