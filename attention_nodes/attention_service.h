@@ -14,7 +14,8 @@
 //    max_new_tokens kDefaultMaxNewTokens (capped by the server's limit).
 //    With a tokenizer, a prompt may come as text or chat messages (chat adds the turn end as a stop
 //    token), and every chunk carries the text its tokens complete (StreamingDecoder: never half
-//    a character; stop tokens and eos add no text); without one, such prompts are INVALID_ARGUMENT and chunks carry ids only.
+//    a character; stop tokens and eos add no text); without one, such prompts are
+//    INVALID_ARGUMENT and chunks carry ids only.
 //  - Abort: cancels by id (the stream ends with CANCELLED and status OK); `found` says whether.
 //  - GetModelInfo, GetServerInfo (the scheduler's counts, uptime, draining).
 //

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -43,7 +44,8 @@ absl::StatusOr<std::string> ReadApiKey(const std::string& path) {
   std::stringstream contents;
   contents << file.rdbuf();
   std::string key(absl::StripAsciiWhitespace(contents.str()));
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat("--api-key-file ", path, " is empty"));
+  if (key.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--api-key-file ", path, " is empty"));
   return key;
 }
 
@@ -98,8 +100,8 @@ class TextStream {
       const v1::Complete& complete = response.complete();
       if (complete.finish_reason() == v1::Complete::CANCELLED ||
           complete.finish_reason() == v1::Complete::ERROR) {
-        error_ = absl::UnavailableError(absl::StrCat("the generation ended early: ",
-                                                     complete.message()));
+        error_ = absl::UnavailableError(
+            absl::StrCat("the generation ended early: ", complete.message()));
         return false;
       }
       text->append(matcher_.Push(decoder_.Finish()));
@@ -149,9 +151,8 @@ void HttpFront::Impl::Reply(httplib::Response& response, const absl::Status& err
 absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequest& request,
                                                             Endpoint endpoint) const {
   if (!request.model.empty() && request.model != model_name) {
-    return absl::NotFoundError(
-        absl::StrCat("model '", request.model, "' does not exist; this server serves '",
-                     model_name, "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "model '", request.model, "' does not exist; this server serves '", model_name, "'"));
   }
   v1::GenerateRequest grpc_request;
   std::vector<int32_t> ids = request.prompt_ids;
@@ -195,8 +196,8 @@ void HttpFront::Impl::EndCall(GenerateCall* call) {
   calls.erase(call);
 }
 
-void HttpFront::Impl::Complete(const httplib::Request& http_request,
-                               httplib::Response& response, Endpoint endpoint) {
+void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Response& response,
+                               Endpoint endpoint) {
   absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(http_request.body, endpoint);
   if (!request.ok()) return Reply(response, request.status());
   absl::StatusOr<v1::GenerateRequest> grpc_request = ToGrpc(*request, endpoint);
@@ -235,9 +236,8 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request,
   const bool include_usage = request->include_usage;
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
-      "text/event-stream",
-      [head, call, text_stream, prompt_tokens, include_usage](size_t /*offset*/,
-                                                              httplib::DataSink& sink) {
+      "text/event-stream", [head, call, text_stream, prompt_tokens, include_usage](
+                               size_t /*offset*/, httplib::DataSink& sink) {
         bool first = true;
         std::string text;
         bool more = true;
@@ -272,30 +272,30 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request,
 }
 
 void HttpFront::Impl::Route() {
-  http.set_pre_routing_handler([this](const httplib::Request& request,
-                                      httplib::Response& response) {
-    if (api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string authorization = request.get_header_value("Authorization");
-    if (authorization == absl::StrCat("Bearer ", api_key)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    Reply(response, absl::UnauthenticatedError(
-                        authorization.empty()
-                            ? "missing API key: send 'Authorization: Bearer <key>'"
-                            : "incorrect API key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
+  http.set_pre_routing_handler(
+      [this](const httplib::Request& request, httplib::Response& response) {
+        if (api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        const std::string authorization = request.get_header_value("Authorization");
+        if (authorization == absl::StrCat("Bearer ", api_key)) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        Reply(response,
+              absl::UnauthenticatedError(authorization.empty()
+                                             ? "missing API key: send 'Authorization: Bearer <key>'"
+                                             : "incorrect API key"));
+        return httplib::Server::HandlerResponse::Handled;
+      });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(ModelsBody(model_name), kJson);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& request,
-                                      httplib::Response& response) {
-    Complete(request, response, Endpoint::kCompletions);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& request,
-                                           httplib::Response& response) {
-    Complete(request, response, Endpoint::kChatCompletions);
-  });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& request, httplib::Response& response) {
+              Complete(request, response, Endpoint::kCompletions);
+            });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& request, httplib::Response& response) {
+              Complete(request, response, Endpoint::kChatCompletions);
+            });
   // Unknown routes (httplib leaves them 404 without a body) and errors get OpenAI's shape.
   http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;  // already an OpenAI error
@@ -309,10 +309,10 @@ void HttpFront::Impl::Route() {
     Reply(response, error);
     response.status = status;
   });
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& response,
-                                    std::exception_ptr) {
-    Reply(response, absl::InternalError("internal error"));
-  });
+  http.set_exception_handler(
+      [this](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
+        Reply(response, absl::InternalError("internal error"));
+      });
 }
 
 HttpFront::HttpFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -344,9 +344,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   }
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.model);
   if (!tokenizer.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the HTTP front needs the model's tokenizer in ", options.model, ": ",
-        tokenizer.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the HTTP front needs the model's tokenizer in ", options.model, ": ",
+                     tokenizer.status().message()));
   }
   f.tokenizer = *std::move(tokenizer);
   if (f.tokenizer->named_ids().eos.has_value()) f.stop_ids.push_back(*f.tokenizer->named_ids().eos);
@@ -368,8 +368,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
     responses.WithLabels({absl::StrCat(response.status)})->Increment();
   });
   f.Route();
-  f.port = options.port == 0 ? f.http.bind_to_any_port(options.host)
-                             : (f.http.bind_to_port(options.host, options.port) ? options.port : -1);
+  f.port = options.port == 0
+               ? f.http.bind_to_any_port(options.host)
+               : (f.http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (f.port < 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen for HTTP on ", options.host, ":", options.port));

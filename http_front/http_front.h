@@ -41,7 +41,7 @@ struct HttpFrontOptions {
   int port = 8000;  // 0 picks a free one
   int metrics_port = -1;
   int grpc_port = 0;  // the node runtime's grpc.health.v1 (process liveness); 0 picks a free one
-  std::string api_key_file;  // empty: no authentication
+  std::string api_key_file;       // empty: no authentication
   std::string served_model_name;  // empty: the model folder's name
 };
 

@@ -3,8 +3,8 @@
 // tests/http_front_test.cc.
 #include "http_front/http_front.h"
 
-#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -99,8 +99,8 @@ TEST_F(HttpFrontTest, MissingOrWrongKeyIs401) {
 
 TEST_F(HttpFrontTest, BadInputIs400AndUnknownRoutesAre404) {
   ExpectError(Post("/v1/chat/completions", "{"), 400, "invalid_request_error");
-  ExpectError(Post("/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})"),
-              400, "invalid_request_error");
+  ExpectError(Post("/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})"), 400,
+              "invalid_request_error");
   ExpectError(Post("/v1/embeddings", "{}"), 404, "not_found_error");
 }
 

@@ -1,6 +1,5 @@
 #include "http_front/openai_protocol.h"
 
-#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -69,8 +68,8 @@ absl::Status ParsePrompt(const json& body, CompletionRequest* request) {
   const json* prompt = Field(body, "prompt");
   if (prompt == nullptr) return BadParam("prompt", "'prompt' is required");
   // A batch of one prompt is that prompt.
-  if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() ||
-                                                    (*prompt)[0].is_array())) {
+  if (prompt->is_array() && prompt->size() == 1 &&
+      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
     prompt = &(*prompt)[0];
   }
   if (prompt->is_string()) {
@@ -79,14 +78,16 @@ absl::Status ParsePrompt(const json& body, CompletionRequest* request) {
     return absl::OkStatus();
   }
   if (!prompt->is_array() || prompt->empty()) {
-    return BadParam("prompt", "'prompt' must be a non-empty string or array of token ids "
-                              "(one prompt per request)");
+    return BadParam("prompt",
+                    "'prompt' must be a non-empty string or array of token ids "
+                    "(one prompt per request)");
   }
   for (const json& id : *prompt) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
         id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return BadParam("prompt", "'prompt' must be a string or an array of token ids (one prompt "
-                                "per request)");
+      return BadParam("prompt",
+                      "'prompt' must be a string or an array of token ids (one prompt "
+                      "per request)");
     }
     request->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -153,7 +154,7 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
     request->model = model->get<std::string>();
   }
   absl::Status status = endpoint == Endpoint::kChatCompletions ? ParseMessages(body, request)
-                                                              : ParsePrompt(body, request);
+                                                               : ParsePrompt(body, request);
   if (!status.ok()) return status;
   absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, 1);
   if (!n.ok()) return BadParam("n", "only n=1 is supported");
@@ -198,24 +199,22 @@ json UsageJson(const Usage& usage) {
 
 json HeadJson(const ResponseHead& head, bool chunk) {
   const bool chat = head.endpoint == Endpoint::kChatCompletions;
-  return {{"id", head.id},
-          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                          : "text_completion"},
-          {"created", head.created},
-          {"model", head.model}};
+  return {
+      {"id", head.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", head.created},
+      {"model", head.model}};
 }
 
 std::string Event(const json& data) {
   // Invalid UTF-8 cannot reach here (the text is decoded by StreamingDecoder), but a dump must
   // never throw: replace rather than fail.
-  return absl::StrCat("data: ", data.dump(-1, ' ', false, json::error_handler_t::replace),
-                      "\n\n");
+  return absl::StrCat("data: ", data.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
 }
 
 }  // namespace
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body,
-                                                         Endpoint endpoint) {
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return BadParam("", "the request body is not valid JSON");
   CompletionRequest request;

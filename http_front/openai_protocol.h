@@ -36,8 +36,7 @@ struct CompletionRequest {
 // Parses and checks a request body. INVALID_ARGUMENT naming the field (ParamOf gives it) for
 // malformed JSON, wrong types, values out of range, n != 1 and unsupported message contents.
 // Unknown fields are ignored, as OpenAI's clients send fields a server may not know.
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body,
-                                                         Endpoint endpoint);
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint);
 
 // The request field an error is about ("" if none).
 std::string ParamOf(const absl::Status& status);
@@ -58,7 +57,7 @@ struct Usage {
 
 // What the responses of one request share.
 struct ResponseHead {
-  std::string id;  // "cmpl-..." or "chatcmpl-..."
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
   int64_t created = 0;  // Unix seconds
   std::string model;
   Endpoint endpoint = Endpoint::kCompletions;

@@ -5,10 +5,11 @@
 
 namespace k3 {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_([&] {
-  stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
-  return std::move(stops);
-}()) {}
+StopMatcher::StopMatcher(std::vector<std::string> stops)
+    : stops_([&] {
+        stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
+        return std::move(stops);
+      }()) {}
 
 std::string StopMatcher::Push(std::string_view text) {
   if (stopped_) return "";

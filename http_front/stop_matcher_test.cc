@@ -56,8 +56,7 @@ TEST(StopMatcherTest, OutputIsThePrefixBeforeTheFirstStopForEverySplit) {
   for (size_t i = 0; i <= text.size(); ++i) {
     for (size_t j = i; j <= text.size(); ++j) {
       StopMatcher matcher(stops);
-      EXPECT_EQ(Feed(matcher, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}),
-                expected)
+      EXPECT_EQ(Feed(matcher, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}), expected)
           << i << " " << j;
     }
   }

@@ -46,8 +46,7 @@ class WorkerPool {
   // request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
   // UNAVAILABLE before answering (down, draining) is skipped for the next one; when all are,
   // UNAVAILABLE naming the last error.
-  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(
-      const k3serve::v1::GenerateRequest& request);
+  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(const k3serve::v1::GenerateRequest& request);
 
   // OK when some worker answers GetModelInfo within `timeout` (readiness).
   absl::Status Ping(absl::Duration timeout);

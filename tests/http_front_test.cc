@@ -14,19 +14,18 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cluster/test_wait.h"
-#include "gtest/gtest.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
 #include "launcher/local_cluster.h"
 #include "proto/generate.grpc.pb.h"
 #include "tests/cluster_testing.h"
@@ -95,11 +94,10 @@ class HttpFrontTest : public ::testing::Test {
   // curl with the key; -i puts the status line and headers before the body.
   static std::string Curl(const std::string& path, const std::string& body,
                           const std::string& key = kApiKey) {
-    return Output(absl::StrCat("curl -sS -N -i ", key.empty() ? "" : absl::StrCat(
-                                                   "-H 'Authorization: Bearer ", key, "' "),
-                               "-H 'Content-Type: application/json' ",
-                               body.empty() ? "" : absl::StrCat("--data-binary ", Quote(body), " "),
-                               Quote(Url(path))));
+    return Output(absl::StrCat(
+        "curl -sS -N -i ", key.empty() ? "" : absl::StrCat("-H 'Authorization: Bearer ", key, "' "),
+        "-H 'Content-Type: application/json' ",
+        body.empty() ? "" : absl::StrCat("--data-binary ", Quote(body), " "), Quote(Url(path))));
   }
 
   // The chat answer the front must give: the single-process engine's greedy tokens for the
@@ -133,8 +131,8 @@ class HttpFrontTest : public ::testing::Test {
   }
 
   static int ActiveRequests() {
-    auto stub = v1::K3Serve::NewStub(grpc::CreateChannel(cluster_->generate_addresses()[0],
-                                                         grpc::InsecureChannelCredentials()));
+    auto stub = v1::K3Serve::NewStub(
+        grpc::CreateChannel(cluster_->generate_addresses()[0], grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     v1::ServerInfo info;
@@ -185,8 +183,8 @@ TEST_F(HttpFrontTest, CurlStreamsServerSentEventsOfTheGreedyAnswer) {
 }
 
 TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
-  const json text = json::parse(Body(Curl(
-      "/v1/completions", R"({"prompt":"Once upon a time","max_tokens":3,"temperature":0})")));
+  const json text = json::parse(Body(
+      Curl("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":3,"temperature":0})")));
   ASSERT_TRUE(text.contains("choices")) << text;
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
   ASSERT_TRUE(tokenizer.ok());
@@ -195,8 +193,7 @@ TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
   EXPECT_EQ(text["usage"]["completion_tokens"], 3);
   // The same prompt as ids gives the same greedy text.
   const json by_ids = json::parse(Body(Curl(
-      "/v1/completions",
-      json{{"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}}.dump())));
+      "/v1/completions", json{{"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}}.dump())));
   EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
 }
 
@@ -218,7 +215,8 @@ TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
   for (const Case& c : cases) {
     const std::string response = Curl(c.path, c.body, c.key);
     EXPECT_TRUE(absl::StartsWith(response, absl::StrCat("HTTP/1.1 ", c.status)))
-        << c.path << " " << c.body << ":\n" << response;
+        << c.path << " " << c.body << ":\n"
+        << response;
     const json body = json::parse(Body(response), nullptr, false);
     ASSERT_FALSE(body.is_discarded()) << response;
     EXPECT_EQ(body["error"]["type"], c.type) << response;
@@ -230,9 +228,9 @@ TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
 TEST_F(HttpFrontTest, ClosingTheStreamFreesTheRequestOnTheWorker) {
   ASSERT_EQ(ActiveRequests(), 0);
   // The shell prints curl's pid, then curl the events of an answer far longer than the test.
-  const std::string command = absl::StrCat(
-      "sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
-      "\" --data-binary @", TmpDir(), "/long.json ", Url("/v1/chat/completions"), "'");
+  const std::string command =
+      absl::StrCat("sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
+                   "\" --data-binary @", TmpDir(), "/long.json ", Url("/v1/chat/completions"), "'");
   {
     json body = json::parse(ChatBody(4096, true));
     std::ofstream(TmpDir() + "/long.json") << body.dump();
@@ -264,10 +262,10 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
     std::cout << "SKIPPED: " << reason << "\n";
     GTEST_SKIP() << reason;
   }
-  const std::string out = Output(absl::StrCat(
-      "node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
-      Quote(std::filesystem::path(*model_).filename().string()), " ", Quote(kQuestion), " ",
-      kMaxTokens));
+  const std::string out =
+      Output(absl::StrCat("node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                          Quote(std::filesystem::path(*model_).filename().string()), " ",
+                          Quote(kQuestion), " ", kMaxTokens));
   const json result = json::parse(out, nullptr, false);
   ASSERT_FALSE(result.is_discarded()) << out;
   const std::string expected = ExpectedAnswer(kMaxTokens);

@@ -44,31 +44,31 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
     generate.stop_token_ids.push_back(*tokenizer->named_ids().eos);
   }
   const bool thinking = o.thinking;
-  return Answerer([tokenizer, engine, generate, thinking](
-                      const std::vector<ChatMessage>& messages,
-                      const std::function<void(const std::string&)>& show)
-                      -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::vector<int32_t>> prompt =
-        RenderChat(*tokenizer, messages, {.thinking = thinking});
-    if (!prompt.ok()) return prompt.status();
-    StreamingDecoder decoder(*tokenizer);
-    std::string answer;
-    GenerateOptions options = generate;
-    options.on_token = [&](int32_t id) {
-      for (int32_t stop : options.stop_token_ids) {
-        if (id == stop) return;
-      }
-      absl::StatusOr<std::string> piece = decoder.Push(id);
-      const std::string text = piece.ok() ? *piece : kReplacementCharacter;
-      answer += text;
-      show(text);
-    };
-    absl::StatusOr<std::vector<int32_t>> generated = engine->Generate(*prompt, options);
-    if (!generated.ok()) return generated.status();
-    const std::string tail = decoder.Finish();
-    show(tail);
-    return answer + tail;
-  });
+  return Answerer(
+      [tokenizer, engine, generate, thinking](
+          const std::vector<ChatMessage>& messages,
+          const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::vector<int32_t>> prompt =
+            RenderChat(*tokenizer, messages, {.thinking = thinking});
+        if (!prompt.ok()) return prompt.status();
+        StreamingDecoder decoder(*tokenizer);
+        std::string answer;
+        GenerateOptions options = generate;
+        options.on_token = [&](int32_t id) {
+          for (int32_t stop : options.stop_token_ids) {
+            if (id == stop) return;
+          }
+          absl::StatusOr<std::string> piece = decoder.Push(id);
+          const std::string text = piece.ok() ? *piece : kReplacementCharacter;
+          answer += text;
+          show(text);
+        };
+        absl::StatusOr<std::vector<int32_t>> generated = engine->Generate(*prompt, options);
+        if (!generated.ok()) return generated.status();
+        const std::string tail = decoder.Finish();
+        show(tail);
+        return answer + tail;
+      });
 }
 
 Answerer ThroughServer(const ChatCommandOptions& o) {
@@ -79,9 +79,9 @@ Answerer ThroughServer(const ChatCommandOptions& o) {
   base.mutable_sampling()->set_max_new_tokens(o.max_new_tokens);
   base.mutable_sampling()->set_temperature(static_cast<float>(o.temperature));
   base.mutable_sampling()->set_seed(o.seed);
-  return [stub, base](const std::vector<ChatMessage>& messages,
-                      const std::function<void(const std::string&)>& show)
-             -> absl::StatusOr<std::string> {
+  return [stub, base](
+             const std::vector<ChatMessage>& messages,
+             const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
     v1::GenerateRequest request = base;
     for (const ChatMessage& m : messages) {
       v1::ChatMessage* message = request.add_messages();
@@ -113,8 +113,8 @@ Answerer ThroughServer(const ChatCommandOptions& o) {
 }  // namespace
 
 void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
-  CLI::Option* model =
-      app->add_option("--model", options->model, "checkpoint folder with its tokenizer (in process)");
+  CLI::Option* model = app->add_option("--model", options->model,
+                                       "checkpoint folder with its tokenizer (in process)");
   CLI::Option* server =
       app->add_option("--server", options->server, "HOST:PORT of an attention worker");
   model->excludes(server);
@@ -134,8 +134,9 @@ void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
 }
 
 int ChatCommand(const ChatCommandOptions& options) {
-  absl::StatusOr<Answerer> answerer =
-      options.server.empty() ? InProcess(options) : absl::StatusOr<Answerer>(ThroughServer(options));
+  absl::StatusOr<Answerer> answerer = options.server.empty()
+                                          ? InProcess(options)
+                                          : absl::StatusOr<Answerer>(ThroughServer(options));
   if (!answerer.ok()) return ReportError("chat", answerer.status());
   std::vector<ChatMessage> messages;
   if (!options.system.empty()) messages.push_back({.role = "system", .content = options.system});
@@ -145,8 +146,8 @@ int ChatCommand(const ChatCommandOptions& options) {
     if (line == "/exit") break;
     if (line.empty()) continue;
     messages.push_back({.role = "user", .content = line});
-    absl::StatusOr<std::string> answer = (*answerer)(
-        messages, [](const std::string& text) { std::cout << text << std::flush; });
+    absl::StatusOr<std::string> answer =
+        (*answerer)(messages, [](const std::string& text) { std::cout << text << std::flush; });
     std::cout << std::endl;
     if (!answer.ok()) {
       std::cerr << "k3serve chat: " << answer.status() << "\n";

@@ -134,8 +134,8 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   model->excludes(server);
   CLI::Option* tokens = AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX,
                                    "prompt token ids");
-  CLI::Option* prompt = app->add_option(
-      "--prompt", options->prompt, "prompt text (the model's tokenizer); the answer prints as text");
+  CLI::Option* prompt = app->add_option("--prompt", options->prompt,
+                                        "prompt text (the model's tokenizer); the answer as text");
   prompt->excludes(tokens);
   app->add_flag("--chat", options->chat, "send --prompt as a user message in the chat format")
       ->needs(prompt);
@@ -204,7 +204,8 @@ int GenerateCommand(const GenerateCommandOptions& options) {
   absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(prompt->ids, generate);
   if (!generated.ok()) return Fail(generated.status());
   // The turn end is where the answer stops, not part of it.
-  if (prompt->stop_id.has_value() && !generated->empty() && generated->back() == *prompt->stop_id) {
+  if (prompt->stop_id.has_value() && !generated->empty() &&
+      generated->back() == *prompt->stop_id) {
     generated->pop_back();
   }
   absl::StatusOr<std::string> text = DecodeForDisplay(*tokenizer, *generated);
