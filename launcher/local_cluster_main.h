@@ -9,8 +9,10 @@
 // on stderr, and once the cluster is ready prints one line `generate address: HOST:PORT` per
 // attention node on stdout, then `http address: HOST:PORT` for the OpenAI-compatible HTTP front
 // (`k3serve http` in front of every attention node; --http-port, default a free port; -1: none).
-// Then it serves until SIGINT/SIGTERM, reporting nodes that exit, and stops the tiers in order. With --prompt it instead runs one greedy generation through the first
-// attention node, prints the new tokens (space-separated, like `k3serve generate`) and stops.
+// Then it serves until SIGINT/SIGTERM, reporting nodes that exit, and stops the tiers in order.
+// With --prompt it instead runs one greedy generation through the first attention node (without
+// an HTTP front unless --http-port is given), prints the new tokens (space-separated, like
+// `k3serve generate`) and stops.
 #ifndef K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 #define K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 
