@@ -37,6 +37,8 @@ constexpr char kJson[] = "application/json";
 // Connections served at once: each stream holds one thread while it waits for tokens.
 constexpr size_t kServerThreads = 64;
 constexpr absl::Duration kReadinessTimeout = absl::Seconds(1);
+// Request bodies above this are refused (413): prompts are far smaller; memory is not.
+constexpr size_t kMaxBodyBytes = 16 << 20;
 
 absl::StatusOr<std::string> ReadApiKey(const std::string& path) {
   std::ifstream file(path);
@@ -70,6 +72,7 @@ struct HttpFront::Impl {
   std::atomic<bool> stopping{false};
   std::unique_ptr<NodeEndpoints> endpoints;
   MetricFamily<Counter>* responses = nullptr;
+  std::atomic<uint64_t> next_id{0};  // of responses, with the time: unique per process
 
   absl::Mutex mu;
   absl::flat_hash_set<GenerateCall*> calls ABSL_GUARDED_BY(mu);  // in flight, for Stop
@@ -207,7 +210,6 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Re
 
   const bool chat = endpoint == Endpoint::kChatCompletions;
   ResponseHead head;
-  static std::atomic<uint64_t> next_id{0};
   head.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", absl::ToUnixMicros(absl::Now()), "-",
                          next_id.fetch_add(1));
   head.created = absl::ToUnixSeconds(absl::Now());
@@ -367,6 +369,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   f.http.set_logger([&responses](const httplib::Request&, const httplib::Response& response) {
     responses.WithLabels({absl::StrCat(response.status)})->Increment();
   });
+  f.http.set_payload_max_length(kMaxBodyBytes);
   f.Route();
   f.port = options.port == 0
                ? f.http.bind_to_any_port(options.host)

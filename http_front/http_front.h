@@ -16,8 +16,10 @@
 // stops at the tokenizer's eos and, for chat, at the end of the assistant's turn. Errors have
 // OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad input, 401 a missing or
 // wrong bearer token (with --api-key-file), 404 unknown route or model, 503 no worker reachable.
-// A client that disconnects from a stream has its gRPC call cancelled, which frees the request's
-// state on the worker. /healthz (some worker answers) and /metrics are on --metrics-port, from
+// Unset sampling fields take the workers' defaults (greedy; max_tokens 16), not OpenAI's.
+// A client that disconnects from a stream has its gRPC call cancelled at the next event, which
+// frees the request's state on the worker; a non-streamed request runs to its end (max_tokens
+// bounds it) because the server learns of the disconnect only when it writes. /healthz (some worker answers) and /metrics are on --metrics-port, from
 // the node runtime.
 //
 // Thread-safety: HttpFront's methods may be called from any thread; Stop from one.
@@ -61,9 +63,8 @@ class HttpFront {
   // Stops accepting, cancels the streams in flight and joins the threads. Idempotent.
   void Stop();
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit HttpFront(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

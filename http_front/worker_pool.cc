@@ -21,7 +21,16 @@ bool GenerateCall::Next(v1::GenerateResponse* response) {
   return reader_->Read(response);
 }
 
-absl::Status GenerateCall::Finish() { return FromGrpcStatus(reader_->Finish()); }
+GenerateCall::~GenerateCall() {
+  if (reader_ == nullptr || finished_) return;
+  context_.TryCancel();
+  reader_->Finish();
+}
+
+absl::Status GenerateCall::Finish() {
+  finished_ = true;
+  return FromGrpcStatus(reader_->Finish());
+}
 
 WorkerPool::WorkerPool(const std::vector<std::string>& addresses) {
   // An address that resolves to several workers (dns:///a headless Service) spreads its calls

@@ -16,8 +16,12 @@
 namespace k3 {
 
 // One Generate stream. Next and Finish from one thread; Cancel from any thread, any time.
+// Destroying an unfinished call cancels it (the worker frees the request's state) and waits for
+// gRPC to end it.
 class GenerateCall {
  public:
+  ~GenerateCall();
+
   // The next message; false at the end of the stream (then Finish).
   bool Next(k3serve::v1::GenerateResponse* response);
   // Cancels the call: the worker cancels the request and frees its state.
@@ -32,6 +36,7 @@ class GenerateCall {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<k3serve::v1::GenerateResponse>> reader_;
   bool has_first_ = false;
+  bool finished_ = false;
   k3serve::v1::GenerateResponse first_;  // read by Start, handed out by the first Next
 };
 

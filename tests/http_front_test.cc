@@ -197,6 +197,33 @@ TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
   EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
 }
 
+TEST_F(HttpFrontTest, StopStringsCutTheTextAcrossTokens) {
+  const std::string request = R"({"prompt":"Once upon a time","max_tokens":12,"temperature":0)";
+  const json full = json::parse(Body(Curl("/v1/completions", request + "}")));
+  const std::string text = full["choices"][0]["text"];
+  // The second half of the text, from a character boundary: it spans several tokens.
+  size_t cut = text.size() / 2;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+  ASSERT_GT(cut, 0u) << text;
+  const std::string stop = text.substr(cut);
+  const std::string expected = text.substr(0, text.find(stop));
+  const std::string with_stop = request + ",\"stop\":" + json(stop).dump();
+  const json cut_body = json::parse(Body(Curl("/v1/completions", with_stop + "}")));
+  EXPECT_EQ(cut_body["choices"][0]["text"], expected);
+  EXPECT_EQ(cut_body["choices"][0]["finish_reason"], "stop");
+  // Streamed, no event carries a piece of the stop string.
+  std::string streamed;
+  for (absl::string_view event :
+       absl::StrSplit(Body(Curl("/v1/completions", with_stop + ",\"stream\":true}")), "\n\n",
+                      absl::SkipEmpty())) {
+    if (event == "data: [DONE]") continue;
+    streamed += json::parse(event.substr(6))["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, expected);
+  // The front cancelled the generation at the stop string: the worker holds nothing.
+  EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
+}
+
 TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
   struct Case {
     std::string path, body, key;
