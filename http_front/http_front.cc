@@ -72,6 +72,7 @@ struct HttpFront::Impl {
   std::atomic<bool> stopping{false};
   std::unique_ptr<NodeEndpoints> endpoints;
   MetricFamily<Counter>* responses = nullptr;
+  Gauge* active = nullptr;  // generations in flight
   std::atomic<uint64_t> next_id{0};  // of responses, with the time: unique per process
 
   absl::Mutex mu;
@@ -160,7 +161,8 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   v1::GenerateRequest grpc_request;
   std::vector<int32_t> ids = request.prompt_ids;
   if (endpoint == Endpoint::kChatCompletions) {
-    absl::StatusOr<std::vector<int32_t>> rendered = RenderChat(*tokenizer, request.messages, {});
+    absl::StatusOr<std::vector<int32_t>> rendered =
+        RenderChat(*tokenizer, request.messages, {.thinking = request.thinking});
     if (!rendered.ok()) return rendered.status();
     ids = *std::move(rendered);
   } else if (request.prompt_text.has_value()) {
@@ -191,12 +193,14 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> HttpFront::Impl::StartCall(
     return absl::UnavailableError("the server is shutting down");
   }
   calls.insert(call->get());
+  active->Set(static_cast<double>(calls.size()));
   return call;
 }
 
 void HttpFront::Impl::EndCall(GenerateCall* call) {
   absl::MutexLock lock(&mu);
   calls.erase(call);
+  active->Set(static_cast<double>(calls.size()));
 }
 
 void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Response& response,
@@ -360,6 +364,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   MetricFamily<Counter>& responses = DefaultMetrics().AddCounter(
       "k3_http_responses_total", "HTTP responses of the OpenAI front, by status.", {"status"});
   f.responses = &responses;
+  f.active = DefaultMetrics()
+                 .AddGauge("k3_http_active_requests", "Generations the HTTP front has in flight.")
+                 .Get();
   f.http.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
   // SO_REUSEADDR only (see cluster/metrics.cc): a taken port must be reported, not shared.
   f.http.set_socket_options([](int fd) {

@@ -12,7 +12,8 @@
 //   POST /v1/completions        prompt as a string or token ids
 //   POST /v1/chat/completions   messages rendered with the tokenizer's chat format
 // both with stream (server-sent events ending "data: [DONE]"), max_tokens, temperature, top_p,
-// seed, stop (strings, matched on the text across token boundaries), n=1 only; generation also
+// seed, stop (strings, matched on the text across token boundaries), n=1 only, and for chat
+// chat_template_kwargs.thinking (K3's think block, off by default); generation also
 // stops at the tokenizer's eos and, for chat, at the end of the assistant's turn. Errors have
 // OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad input, 401 a missing or
 // wrong bearer token (with --api-key-file), 404 unknown route or model, 503 no worker reachable.

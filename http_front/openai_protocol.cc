@@ -179,6 +179,12 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
                                                : static_cast<uint64_t>(seed->get<int64_t>());
   }
   if (status = ParseStop(body, request); !status.ok()) return status;
+  if (const json* kwargs = Field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) return BadParam("chat_template_kwargs", "must be an object");
+    absl::StatusOr<bool> thinking = Bool(*kwargs, "thinking");
+    if (!thinking.ok()) return BadParam("chat_template_kwargs", "'thinking' must be a boolean");
+    request->thinking = *thinking;
+  }
   absl::StatusOr<bool> stream = Bool(body, "stream");
   if (!stream.ok()) return stream.status();
   request->stream = *stream;

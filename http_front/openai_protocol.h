@@ -24,6 +24,9 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;
   std::vector<ChatMessage> messages;
+  // K3 chat: the answer opens with a think block (chat_template_kwargs.thinking, as vLLM names
+  // it). Off by default, so that `content` is the answer.
+  bool thinking = false;
   std::optional<int> max_tokens;
   std::optional<float> temperature;  // [0, 2]
   std::optional<float> top_p;        // (0, 1]

@@ -19,7 +19,8 @@ TEST(OpenAiProtocolTest, ParsesAChatRequest) {
       R"({"model":"m","messages":[{"role":"system","content":"be brief"},
           {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
           "max_tokens":7,"temperature":0.5,"top_p":0.9,"seed":42,"stop":["a","b"],"stream":true,
-          "stream_options":{"include_usage":true},"n":1,"user":"ignored"})",
+          "stream_options":{"include_usage":true},"n":1,"user":"ignored",
+          "chat_template_kwargs":{"thinking":true}})",
       Endpoint::kChatCompletions);
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_EQ(request->model, "m");
@@ -33,6 +34,7 @@ TEST(OpenAiProtocolTest, ParsesAChatRequest) {
   EXPECT_EQ(request->stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(request->stream);
   EXPECT_TRUE(request->include_usage);
+  EXPECT_TRUE(request->thinking);
 }
 
 TEST(OpenAiProtocolTest, ParsesCompletionPromptsAsTextOrIds) {
@@ -69,6 +71,8 @@ TEST(OpenAiProtocolTest, BadInputIsInvalidArgumentNamingTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", "stop"},
       {R"({"messages":[{"role":"user","content":"x"}],"stop":[""]})", "stop"},
       {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking":1}})",
+       "chat_template_kwargs"},
       {R"({"prompt":["a","b"]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":[1,-2]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":""})", "prompt", Endpoint::kCompletions},

@@ -106,7 +106,7 @@ class HttpFrontTest : public ::testing::Test {
     absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
     EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
     absl::StatusOr<std::vector<int32_t>> prompt =
-        RenderChat(*tokenizer, {{.role = "user", .content = kQuestion}}, {});
+        RenderChat(*tokenizer, {{.role = "user", .content = kQuestion}}, {.thinking = false});
     EXPECT_TRUE(prompt.ok()) << prompt.status();
     absl::StatusOr<std::vector<std::vector<int32_t>>> tokens =
         SingleProcessTokens(*model_, {*prompt}, max_tokens);
