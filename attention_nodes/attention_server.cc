@@ -1,6 +1,7 @@
 #include "attention_nodes/attention_server.h"
 
 #include <atomic>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "proto/cluster.pb.h"
 #include "cluster/node_process.h"
 #include "cluster/peer_links.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 
@@ -69,7 +71,19 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   Parts& p = *parts_;
   p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, p.options.scheduler,
                                                       &DefaultMetrics());
-  p.k3serve_service = NewK3ServeService(p.scheduler.get());
+  // The model folder's tokenizer, if it has one: text prompts and text deltas.
+  std::shared_ptr<const Tokenizer> tokenizer;
+  const std::string& model = p.options.node.model;
+  if (!model.empty() &&
+      std::filesystem::exists(std::filesystem::path(model) / Tokenizer::kRanksFile)) {
+    absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(model);
+    if (!loaded.ok()) return loaded.status();
+    tokenizer = std::make_shared<const Tokenizer>(*std::move(loaded));
+  } else {
+    LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
+              << "': serving token ids only";
+  }
+  p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer));
   p.control_service = NewAttentionControlService([this](absl::Time deadline) {
     return Drain(deadline);
   });

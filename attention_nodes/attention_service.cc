@@ -17,6 +17,8 @@
 #include "grpcpp/support/server_callback.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/streaming_decoder.h"
 
 namespace k3 {
 namespace {
@@ -69,8 +71,13 @@ class GenerateReactor;
 // nor Finish is called under mu_: gRPC may run reactions inline.
 class GenerateStream final : public GenerationSink {
  public:
-  GenerateStream(GenerateReactor* reactor, std::string request_id)
-      : reactor_(reactor), request_id_(std::move(request_id)) {}
+  // `tokenizer` (may be null: no text) must outlive the stream. `silent_ids` (the stop tokens
+  // and eos) end the answer and add nothing to its text.
+  GenerateStream(GenerateReactor* reactor, std::string request_id, const Tokenizer* tokenizer,
+                 std::vector<int32_t> silent_ids)
+      : reactor_(reactor), request_id_(std::move(request_id)), silent_ids_(std::move(silent_ids)) {
+    if (tokenizer != nullptr) decoder_.emplace(*tokenizer);
+  }
 
   void set_handle(std::shared_ptr<RequestHandle> handle) {
     absl::MutexLock lock(&mu_);
@@ -83,6 +90,13 @@ class GenerateStream final : public GenerationSink {
     chunk->add_token_ids(token);
     chunk->set_prompt_tokens(prompt_tokens);
     chunk->set_generated_tokens(generated_tokens);
+    if (decoder_.has_value() &&
+        std::find(silent_ids_.begin(), silent_ids_.end(), token) == silent_ids_.end()) {
+      // An id the tokenizer does not know (a model vocabulary larger than the tokenizer's) shows
+      // as U+FFFD rather than vanishing from the text.
+      absl::StatusOr<std::string> text = decoder_->Push(token);
+      chunk->set_text(text.ok() ? *std::move(text) : std::string(kReplacementCharacter));
+    }
     Push(std::move(message), std::nullopt);
   }
 
@@ -93,6 +107,7 @@ class GenerateStream final : public GenerationSink {
     complete->mutable_usage()->set_prompt_tokens(result.prompt_tokens);
     complete->mutable_usage()->set_generated_tokens(result.generated_tokens);
     complete->set_message(result.message);
+    if (decoder_.has_value()) complete->set_text(decoder_->Finish());
     Push(std::move(message), ToGrpcStatus(result.status));
   }
 
@@ -135,6 +150,8 @@ class GenerateStream final : public GenerationSink {
   GenerateReactor* const reactor_;
   const std::string request_id_;
   bool id_sent_ = false;  // scheduler thread only
+  const std::vector<int32_t> silent_ids_;
+  std::optional<StreamingDecoder> decoder_;  // the scheduler's thread only (OnToken, OnFinish)
   absl::Mutex mu_;
   std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is in flight if writing_
@@ -145,8 +162,10 @@ class GenerateStream final : public GenerationSink {
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  explicit GenerateReactor(const std::string& request_id)
-      : stream_(std::make_shared<GenerateStream>(this, request_id)) {}
+  GenerateReactor(const std::string& request_id, const Tokenizer* tokenizer,
+                  std::vector<int32_t> silent_ids)
+      : stream_(std::make_shared<GenerateStream>(this, request_id, tokenizer,
+                                                 std::move(silent_ids))) {}
 
   const std::shared_ptr<GenerateStream>& stream() const { return stream_; }
 
@@ -233,16 +252,22 @@ void GenerateStream::CancelRequest(const char* why) {
 
 class K3ServeService final : public v1::K3Serve::CallbackService {
  public:
-  explicit K3ServeService(GenerationScheduler* scheduler)
-      : scheduler_(scheduler), start_(absl::Now()) {}
+  K3ServeService(GenerationScheduler* scheduler, std::shared_ptr<const Tokenizer> tokenizer)
+      : scheduler_(scheduler), tokenizer_(std::move(tokenizer)), start_(absl::Now()) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
-    const GenerationRequest generation =
-        FromProto(*request, scheduler_->options().max_new_tokens_limit);
+    GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
+    if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
+      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {});
+      reactor->stream()->Reject(ToGrpcStatus(s));
+      return reactor;
+    }
     // The id is fixed before Submit so that the stream can name it in every message. An id the
     // server picks could collide with one a client chose: then it picks another.
     const bool assign_id = generation.id.empty();
+    std::vector<int32_t> silent_ids = generation.stop_token_ids;
+    silent_ids.push_back(static_cast<int32_t>(scheduler_->config().eos_token_id));
     GenerateReactor* reactor = nullptr;
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle;
     do {
@@ -252,7 +277,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
         attempt.id = absl::StrCat("srv-", next_id_++);
       }
       delete reactor;  // never started: only a rejected attempt gets here
-      reactor = new GenerateReactor(attempt.id);
+      reactor = new GenerateReactor(attempt.id, tokenizer_.get(), silent_ids);
       handle = scheduler_->Submit(std::move(attempt), reactor->stream());
     } while (assign_id && absl::IsAlreadyExists(handle.status()));
     if (!handle.ok()) {
@@ -285,6 +310,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     response->set_max_new_tokens_limit(scheduler_->options().max_new_tokens_limit);
     response->set_max_prompt_tokens(scheduler_->options().max_prompt_tokens);
     response->set_eos_token_id(config.eos_token_id);
+    response->set_has_tokenizer(tokenizer_ != nullptr);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -305,7 +331,43 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   }
 
  private:
+  // Fills generation->prompt from the request's text or messages, if it has either.
+  absl::Status EncodeTextPrompt(const v1::GenerateRequest& request,
+                                GenerationRequest* generation) const {
+    const int forms = (request.prompt_token_ids_size() > 0) + !request.prompt_text().empty() +
+                      (request.messages_size() > 0);
+    if (forms > 1) {
+      return absl::InvalidArgumentError(
+          "give the prompt as one of prompt_token_ids, prompt_text and messages");
+    }
+    if (request.prompt_text().empty() && request.messages_size() == 0) return absl::OkStatus();
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "this node has no tokenizer (no tiktoken.model in its model folder): send "
+          "prompt_token_ids");
+    }
+    if (!request.prompt_text().empty()) {
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request.prompt_text());
+      if (!ids.ok()) return ids.status();
+      generation->prompt = *std::move(ids);
+      return absl::OkStatus();
+    }
+    std::vector<ChatMessage> messages;
+    for (const v1::ChatMessage& m : request.messages()) {
+      messages.push_back({.role = m.role(), .content = m.content()});
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        RenderChat(*tokenizer_, messages, {.thinking = request.thinking()});
+    if (!ids.ok()) return ids.status();
+    absl::StatusOr<int32_t> turn_end = TurnEndId(*tokenizer_);
+    if (!turn_end.ok()) return turn_end.status();
+    generation->prompt = *std::move(ids);
+    generation->stop_token_ids.push_back(*turn_end);
+    return absl::OkStatus();
+  }
+
   GenerationScheduler* const scheduler_;
+  const std::shared_ptr<const Tokenizer> tokenizer_;  // null: token ids only
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -334,8 +396,9 @@ class AttentionControlService final : public cpb::AttentionControl::Service {
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler) {
-  return std::make_unique<K3ServeService>(scheduler);
+std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
+                                                 std::shared_ptr<const Tokenizer> tokenizer) {
+  return std::make_unique<K3ServeService>(scheduler, std::move(tokenizer));
 }
 
 std::unique_ptr<grpc::Service> NewAttentionControlService(std::function<int(absl::Time)> drain) {

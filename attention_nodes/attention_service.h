@@ -12,6 +12,10 @@
 //    cancelled and its state freed at the next step boundary.
 //    Unset sampling fields take the defaults: greedy, top_p 1, no top-k, a random seed,
 //    max_new_tokens kDefaultMaxNewTokens (capped by the server's limit).
+//    With a tokenizer, a prompt may come as text or chat messages (chat adds the turn end as a stop
+//    token), and every chunk carries the text its tokens complete (StreamingDecoder: never half
+//    a character; stop tokens and eos add no text); without one, such prompts are
+//    INVALID_ARGUMENT and chunks carry ids only.
 //  - Abort: cancels by id (the stream ends with CANCELLED and status OK); `found` says whether.
 //  - GetModelInfo, GetServerInfo (the scheduler's counts, uptime, draining).
 //
@@ -28,13 +32,16 @@
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "grpcpp/impl/codegen/service_type.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 
 inline constexpr char kK3ServeServiceName[] = "k3serve.v1.K3Serve";
 inline constexpr int kDefaultMaxNewTokens = 16;
 
-std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler);
+// `tokenizer`: the model's, or null to serve token ids only.
+std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
+                                                 std::shared_ptr<const Tokenizer> tokenizer);
 
 // `drain(deadline)` stops admitting, waits for requests in flight until `deadline` (infinite
 // future: until all ended), cancels what is left, and returns how many were still running when

@@ -38,8 +38,10 @@ absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
       outcome.tokens.insert(outcome.tokens.end(), response.chunk().token_ids().begin(),
                             response.chunk().token_ids().end());
       if (on_tokens) on_tokens(response.chunk().token_ids());
+      outcome.text += response.chunk().text();
     } else if (response.has_complete()) {
       outcome.complete = response.complete();
+      outcome.text += response.complete().text();
       complete = true;
     }
   }

@@ -19,6 +19,9 @@ struct GenerateOutcome {
   std::string request_id;
   std::vector<int32_t> tokens;  // every token streamed, in order
   k3serve::v1::Complete complete;  // the final message: finish reason, usage, message
+  // The chunks' and the Complete's text concatenated: the answer as text from a node with a
+  // tokenizer (empty from one without).
+  std::string text;
 };
 
 // Runs `request` on the server at `address` (host:port) with `timeout` as the call's deadline

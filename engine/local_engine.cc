@@ -57,6 +57,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
     if (absl::Status s = CheckLogitsFinite(logits.data(), config().vocab_size); !s.ok()) return s;
     const int32_t next = sampler.Next(logits.data(), config().vocab_size);
     generated.push_back(next);
+    if (options.on_token) options.on_token(next);
     if ((next == config().eos_token_id && !options.ignore_eos) ||
         std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
             options.stop_token_ids.end()) {

@@ -22,6 +22,9 @@ struct GenerateOptions {
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // true: the model's eos_token_id does not end generation
+  // Sees each token as soon as it is sampled (an interactive front streaming the answer); null:
+  // none.
+  std::function<void(int32_t)> on_token;
 };
 
 class LocalEngine {

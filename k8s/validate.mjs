@@ -4,7 +4,9 @@
 //   2. the objects agree with each other and with the k3serve binary: selectors match pod labels,
 //      Services and probes name ports the containers open, readiness probes ask for the health
 //      service each role reports, every flag is one the role's header documents, every $(VAR) is
-//      defined, the coordinator address points at the coordinator Service, and so on.
+//      defined, the coordinator address points at the coordinator Service, the HTTP front's
+//      ports and /healthz readiness match its flags, no container asks for a GPU (every kernel
+//      runs on the CPU; overlays/gpu adds them and must target existing workloads), and so on.
 // It also runs itself on broken copies of the manifests and fails unless each breakage is caught.
 //
 //   cd k8s && npm ci && node validate.mjs
@@ -22,6 +24,9 @@ const roles = {
   attention: { header: "attention_nodes/attention_server.h", readiness: "k3serve.v1.K3Serve" },
   router: { header: "router/router_node.h", readiness: "k3serve.cluster.v1.RouterControl" },
   expert: { header: "expert_nodes/expert_node.h", readiness: "k3serve.cluster.v1.ExpertWorker" },
+  // The HTTP front: --port is its HTTP API (port "http"), --grpc-port its liveness; readiness is
+  // GET /healthz on the metrics port (200 while some attention node answers).
+  http: { header: "http_front/http_front.h", grpcFlag: "grpc-port", httpFlag: "port", readinessPath: "/healthz" },
 };
 
 // The flags a role's header documents in its leading comment.
@@ -145,8 +150,17 @@ async function check({ kustomization, docs }) {
       // Ports, probes, metrics.
       const ports = new Map((c.ports ?? []).map((p) => [p.name, p.containerPort]));
       const grpcPort = ports.get("grpc");
-      if (String(grpcPort) !== flagsArg(args, "port")) {
-        errors.push(`${name}: grpc containerPort ${grpcPort} differs from --port ${flagsArg(args, "port")}`);
+      const grpcFlag = role.grpcFlag ?? "port";
+      if (String(grpcPort) !== flagsArg(args, grpcFlag)) {
+        errors.push(`${name}: grpc containerPort ${grpcPort} differs from --${grpcFlag} ${flagsArg(args, grpcFlag)}`);
+      }
+      if (role.httpFlag && String(ports.get("http")) !== flagsArg(args, role.httpFlag)) {
+        errors.push(`${name}: http containerPort ${ports.get("http")} differs from --${role.httpFlag} ${flagsArg(args, role.httpFlag)}`);
+      }
+      for (const [resource] of Object.entries({ ...c.resources?.requests, ...c.resources?.limits })) {
+        if (resource.includes("gpu")) {
+          errors.push(`${name}: asks for ${resource}, but every kernel runs on the CPU (GPUs belong in overlays/gpu)`);
+        }
       }
       const metricsPort = ports.get("metrics");
       if (String(metricsPort) !== flagsArg(args, "metrics-port")) {
@@ -156,7 +170,7 @@ async function check({ kustomization, docs }) {
       if (annotations["prometheus.io/scrape"] !== "true" || annotations["prometheus.io/port"] !== String(metricsPort)) {
         errors.push(`${name}: prometheus.io annotations do not point at the metrics port`);
       }
-      for (const kind of ["livenessProbe", "readinessProbe"]) {
+      for (const kind of role.readinessPath ? ["livenessProbe"] : ["livenessProbe", "readinessProbe"]) {
         const probe = c[kind];
         if (!probe?.grpc) {
           errors.push(`${name}: ${kind} is not a gRPC probe`);
@@ -167,7 +181,12 @@ async function check({ kustomization, docs }) {
       if ((c.livenessProbe?.grpc?.service ?? "") !== "") {
         errors.push(`${name}: liveness must ask for the overall health (service "")`);
       }
-      if (c.readinessProbe?.grpc?.service !== role.readiness) {
+      if (role.readinessPath) {
+        const get = c.readinessProbe?.httpGet;
+        if (get?.path !== role.readinessPath || (get?.port !== "metrics" && get?.port !== metricsPort)) {
+          errors.push(`${name}: readiness must GET ${role.readinessPath} on the metrics port`);
+        }
+      } else if (c.readinessProbe?.grpc?.service !== role.readiness) {
         errors.push(`${name}: readiness asks for ${c.readinessProbe?.grpc?.service}, ${args[0]} reports ${role.readiness}`);
       }
       const drain = Number(flagsArg(args, "drain-timeout-ms") ?? 0);
@@ -224,8 +243,16 @@ async function check({ kustomization, docs }) {
       errors.push(`ConfigMap/${cmName}: K3_EXPECTED_EXPERTS exceeds the expert replicas`);
     }
   }
+  // The GPU overlay patches workloads that exist.
+  for (const p of overlay.patches ?? []) {
+    if (!byName(p.target.kind, p.target.name)) {
+      errors.push(`overlays/gpu: patches unknown ${p.target.kind}/${p.target.name}`);
+    }
+  }
   return errors;
 }
+
+const overlay = yaml.load(fs.readFileSync(path.join(here, "overlays/gpu/kustomization.yaml"), "utf8"));
 
 // Breakages the checks must catch, each applied to a fresh copy of the manifests.
 const breakages = {
@@ -244,6 +271,22 @@ const breakages = {
   "selector mismatch": (m) => {
     const s = m.docs.find((d) => d.doc.metadata.name === "k3serve-generate");
     s.doc.spec.selector["app.kubernetes.io/component"] = "attn";
+  },
+  "front readiness not on /healthz": (m) => {
+    const c = m.docs.find((d) => d.doc.metadata.name === "k3serve-http" && d.doc.kind === "Deployment");
+    c.doc.spec.template.spec.containers[0].readinessProbe.httpGet.path = "/";
+  },
+  "front HTTP port differs from --port": (m) => {
+    const c = m.docs.find((d) => d.doc.metadata.name === "k3serve-http" && d.doc.kind === "Deployment");
+    c.doc.spec.template.spec.containers[0].ports.find((p) => p.name === "http").containerPort = 8080;
+  },
+  "front Service targets an unopened port": (m) => {
+    const s = m.docs.find((d) => d.doc.metadata.name === "k3serve-http" && d.doc.kind === "Service");
+    s.doc.spec.ports[0].targetPort = "web";
+  },
+  "GPU request in the base": (m) => {
+    const d = m.docs.find((d) => d.doc.kind === "StatefulSet");
+    d.doc.spec.template.spec.containers[0].resources.requests["nvidia.com/gpu"] = "1";
   },
   "schema violation": (m) => {
     const d = m.docs.find((d) => d.doc.kind === "StatefulSet");

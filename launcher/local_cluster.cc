@@ -49,6 +49,8 @@ const char* ReadinessService(NodeRole role) {
       return "k3serve.cluster.v1.RouterControl";
     case NodeRole::kExpert:
       return "k3serve.cluster.v1.ExpertWorker";
+    case NodeRole::kHttp:
+      return "";  // the process serves HTTP as soon as its health service answers
   }
   return "";
 }
@@ -113,6 +115,8 @@ const char* NodeRoleName(NodeRole role) {
       return "router";
     case NodeRole::kExpert:
       return "expert";
+    case NodeRole::kHttp:
+      return "http";
   }
   return "?";
 }
@@ -191,7 +195,17 @@ absl::Status LocalCluster::Plan() {
         "expert slots sum to ", total_slots, ", fewer than the model's ", num_experts, " experts"));
   }
 
-  const int count = 1 + o.attention + o.routers + o.experts;
+  if (o.http_port < -1 || o.http_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("HTTP port ", o.http_port, " out of range"));
+  }
+  const int fronts = o.http_port >= 0 ? 1 : 0;
+  const int count = 1 + o.attention + o.routers + o.experts + fronts;
+  int http_port = o.http_port;
+  if (http_port == 0) {
+    absl::StatusOr<std::vector<int>> picked = PickFreePorts(1);
+    if (!picked.ok()) return picked.status();
+    http_port = (*picked)[0];
+  }
   std::vector<int> ports;
   if (o.base_port == 0) {
     absl::StatusOr<std::vector<int>> picked = PickFreePorts(o.metrics ? 2 * count : count);
@@ -233,11 +247,19 @@ absl::Status LocalCluster::Plan() {
     node.grpc_address = HostPort(host, ports[i]);
     node.log_path = absl::StrCat(log_dir_, "/", node.name, ".log");
     node.argv = {binary, NodeRoleName(role)};
-    if (role != NodeRole::kCoordinator) {
-      node.argv.insert(node.argv.end(), {"--coordinator", coordinator});
+    if (role == NodeRole::kHttp) {
+      // Not a cluster member: it calls the attention nodes, and --port is its HTTP API.
+      node.http_address = HostPort(host, http_port);
+      node.argv.insert(node.argv.end(), {"--server", absl::StrJoin(generate_addresses(), ","),
+                                         "--port", absl::StrCat(http_port), "--grpc-port",
+                                         absl::StrCat(ports[i])});
+    } else {
+      if (role != NodeRole::kCoordinator) {
+        node.argv.insert(node.argv.end(), {"--coordinator", coordinator});
+      }
+      node.argv.insert(node.argv.end(), {"--port", absl::StrCat(ports[i])});
     }
-    node.argv.insert(node.argv.end(),
-                     {"--model", model, "--host", host, "--port", absl::StrCat(ports[i])});
+    node.argv.insert(node.argv.end(), {"--model", model, "--host", host});
     if (o.metrics) {
       node.metrics_address = HostPort(host, ports[count + i]);
       node.argv.insert(node.argv.end(), {"--metrics-port", absl::StrCat(ports[count + i])});
@@ -262,6 +284,7 @@ absl::Status LocalCluster::Plan() {
   for (int i = 0; i < o.experts; ++i) {
     add(NodeRole::kExpert, i, {"--slots", absl::StrCat(slots[i])});
   }
+  if (fronts > 0) add(NodeRole::kHttp, 0, {});
   return absl::OkStatus();
 }
 
@@ -391,14 +414,17 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
           CheckServing(Channel(node.grpc_address), ReadinessService(node.role), absl::Seconds(1));
       if (up.ok() && *up) ++serving[node.role];
     }
+    const int fronts = options_.http_port >= 0 ? 1 : 0;
     const bool all_serving = serving[NodeRole::kAttention] == options_.attention &&
                              serving[NodeRole::kRouter] == options_.routers &&
-                             serving[NodeRole::kExpert] == options_.experts;
+                             serving[NodeRole::kExpert] == options_.experts &&
+                             serving[NodeRole::kHttp] == fronts;
     const std::string line =
         absl::StrCat("cluster: coordinator ", coordinator_says, "; serving: attention ",
                      serving[NodeRole::kAttention], "/", options_.attention, ", routers ",
                      serving[NodeRole::kRouter], "/", options_.routers, ", experts ",
-                     serving[NodeRole::kExpert], "/", options_.experts);
+                     serving[NodeRole::kExpert], "/", options_.experts,
+                     fronts > 0 ? absl::StrCat(", http ", serving[NodeRole::kHttp], "/1") : "");
     if (line != last) {
       Progress(line);
       last = line;
@@ -479,6 +505,13 @@ std::vector<std::string> LocalCluster::generate_addresses() const {
   return addresses;
 }
 
+std::string LocalCluster::http_address() const {
+  for (const Node& node : nodes_) {
+    if (node.role == NodeRole::kHttp) return node.http_address;
+  }
+  return "";
+}
+
 absl::Status LocalCluster::Signal(const std::string& name, int signal) {
   Node* node = Find(name);
   if (node == nullptr) return absl::NotFoundError(absl::StrCat("no node called ", name));
@@ -517,8 +550,8 @@ absl::Status LocalCluster::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
   std::vector<std::string> problems;
-  for (NodeRole tier :
-       {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert, NodeRole::kCoordinator}) {
+  for (NodeRole tier : {NodeRole::kHttp, NodeRole::kAttention, NodeRole::kRouter,
+                        NodeRole::kExpert, NodeRole::kCoordinator}) {
     std::vector<Node*> running;
     for (Node& node : nodes_) {
       Poll(node);

@@ -37,9 +37,9 @@
 
 namespace k3 {
 
-enum class NodeRole { kCoordinator, kAttention, kRouter, kExpert };
+enum class NodeRole { kCoordinator, kAttention, kRouter, kExpert, kHttp };
 
-// "coordinator", "attention", "router", "expert": the subcommand of the role.
+// "coordinator", "attention", "router", "expert", "http": the subcommand of the role.
 const char* NodeRoleName(NodeRole role);
 
 // Where the nodes of one role run.
@@ -64,6 +64,10 @@ struct LocalClusterOptions {
   // experts proportional to its slots. Empty: ceil(num_experts / experts) each.
   std::vector<int> expert_slots;
   int base_port = 0;                   // see the file comment; 0 picks free ports
+  // The OpenAI-compatible HTTP front (`k3serve http`, in front of every attention node; its gRPC
+  // health port is one of the ports above, after the experts'): its HTTP port, 0 for a free one;
+  // -1: no front.
+  int http_port = -1;
   bool metrics = false;                // give every node an HTTP /metrics port
   std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
   std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
@@ -89,6 +93,7 @@ class LocalCluster {
     std::vector<std::string> argv;
     std::string grpc_address;     // host:port
     std::string metrics_address;  // host:port, empty without metrics
+    std::string http_address;     // host:port of the HTTP front's API; empty for other roles
     std::string log_path;
     pid_t pid = -1;       // -1 once it was reaped
     int exit_status = 0;  // once reaped: the exit code, or 128 + signal
@@ -113,6 +118,8 @@ class LocalCluster {
   const std::string& coordinator_address() const { return nodes_[0].grpc_address; }
   // The attention nodes' gRPC addresses, where clients call k3serve.v1.K3Serve.
   std::vector<std::string> generate_addresses() const;
+  // The HTTP front's API address (http://ADDRESS/v1/...); empty without a front.
+  std::string http_address() const;
   const std::string& log_dir() const { return log_dir_; }
 
   // Sends `signal` to the node. FAILED_PRECONDITION when it is not running.

@@ -57,6 +57,11 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");
   app->add_flag("--metrics", c.metrics, "every process serves HTTP /metrics");
+  c.http_port = 0;  // `k3serve local` starts the HTTP front unless told not to
+  CLI::Option* http_flag =
+      AddBoundedInt(app, "--http-port", &c.http_port, -1, 65535,
+                    "the OpenAI-compatible HTTP front's port (0: a free one, -1: no front; "
+                    "none by default with --prompt)");
   app->add_option("--log-dir", c.log_dir, "where each process's log goes (default: a new folder)");
   AddMilliseconds(app, "--startup-timeout-ms", &c.startup_timeout, 1, 86400000,
                   "how long the cluster may take to become ready");
@@ -67,8 +72,10 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 20,
                 "new tokens for --prompt")
       ->needs(prompt);
-  app->final_callback([options, host, slots, expert_slots, host_flag] {
+  app->final_callback([options, host, slots, expert_slots, host_flag, http_flag] {
     LocalClusterOptions& c = options->cluster;
+    // A one-shot --prompt run has no use for the front.
+    if (!options->prompt.empty() && http_flag->count() == 0) c.http_port = -1;
     if (expert_slots->count() > 0) {
       if (static_cast<int>(slots->size()) != c.experts) {
         throw CLI::ValidationError(absl::StrCat("--expert-slots lists ", slots->size(),
@@ -78,7 +85,8 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
     }
     if (host_flag->count() > 0) {
       for (NodeRole role :
-           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert,
+            NodeRole::kHttp}) {
         c.sites[role].host = *host;
       }
     }
@@ -111,6 +119,9 @@ int LocalClusterCommand(LocalCommandOptions options) {
   std::cerr << "cluster ready; logs in " << (*cluster)->log_dir() << std::endl;
   for (const std::string& address : (*cluster)->generate_addresses()) {
     std::cout << "generate address: " << address << std::endl;
+  }
+  if (const std::string http = (*cluster)->http_address(); !http.empty()) {
+    std::cout << "http address: " << http << std::endl;
   }
 
   int exit_status = 0;

@@ -34,6 +34,9 @@
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
 #include "engine/local_routed_moe.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/text_prompt.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 namespace {
@@ -104,8 +107,7 @@ v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new_toke
 class AttentionServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    const fs::path dir = fs::path(base ? base : "/tmp") / "attention_server_k3_tiny";
+    const fs::path dir = ModelDir();
     fs::remove_all(dir);
     absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
     ASSERT_TRUE(config.ok());
@@ -120,6 +122,11 @@ class AttentionServerTest : public ::testing::Test {
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = engine->release();
   }
+  static std::string ModelDir() {
+    const char* base = std::getenv("TEST_TMPDIR");
+    return (fs::path(base ? base : "/tmp") / "attention_server_k3_tiny").string();
+  }
+
   static void TearDownTestSuite() {
     delete engine_;
     delete weights_;
@@ -127,11 +134,13 @@ class AttentionServerTest : public ::testing::Test {
 
   void SetUp() override { StartServer(SchedulerOptions()); }
 
-  void StartServer(const SchedulerOptions& scheduler) {
+  // `model`: the folder whose tokenizer the server loads; empty: token ids only.
+  void StartServer(const SchedulerOptions& scheduler, const std::string& model = "") {
     server_.reset();
     moe_ = std::make_unique<FlakyMoe>(weights_);
     AttentionServerOptions options;
     options.node.host = "127.0.0.1";
+    options.node.model = model;
     options.scheduler = scheduler;
     absl::StatusOr<std::unique_ptr<AttentionServer>> server =
         AttentionServer::StartStandalone(options, weights_, moe_.get());
@@ -553,6 +562,90 @@ TEST_F(AttentionServerTest, ModelInfoHealthAndDrain) {
   EXPECT_TRUE(ServerInfo().draining());
   absl::StatusOr<GenerateOutcome> refused = Generate(Request({1, 2}, 2));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+}
+
+// Runs `request` and returns its tokens and the text of its chunks and Complete, concatenated.
+struct TextOutcome {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+};
+TextOutcome GenerateText(v1::K3Serve::Stub* stub, const v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto reader = stub->Generate(&context, request);
+  TextOutcome outcome;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      outcome.tokens.insert(outcome.tokens.end(), response.chunk().token_ids().begin(),
+                            response.chunk().token_ids().end());
+      outcome.text += response.chunk().text();
+    } else {
+      outcome.text += response.complete().text();
+    }
+  }
+  outcome.status = reader->Finish();
+  return outcome;
+}
+
+TEST_F(AttentionServerTest, TextPromptStreamsTheTextOfTheTokens) {
+  StartServer(SchedulerOptions(), ModelDir());
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(ModelDir());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  v1::GenerateRequest request = Request({}, 10);
+  request.set_prompt_text("The sky is \xe2\x98\x80 blue");
+  const TextOutcome outcome = GenerateText(stub_.get(), request);
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  EXPECT_EQ(outcome.tokens, Reference(*tokenizer->Encode(request.prompt_text()), 10));
+  EXPECT_EQ(outcome.text, *DecodeForDisplay(*tokenizer, outcome.tokens));
+  EXPECT_TRUE(WaitStateFreed());
+}
+
+TEST_F(AttentionServerTest, ChatMessagesAreRenderedAndStopAtTheTurnEnd) {
+  StartServer(SchedulerOptions(), ModelDir());
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(ModelDir());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  v1::GenerateRequest request = Request({}, 10);
+  v1::ChatMessage* message = request.add_messages();
+  message->set_role("user");
+  message->set_content("Hello");
+  const TextOutcome outcome = GenerateText(stub_.get(), request);
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  const std::vector<int32_t> prompt =
+      *RenderChat(*tokenizer, {{.role = "user", .content = "Hello"}}, {.thinking = false});
+  EXPECT_EQ(outcome.tokens, Reference(prompt, 10, SamplingOptions(), {*TurnEndId(*tokenizer)}));
+  // The turn end that may close the answer adds no text.
+  std::vector<int32_t> answer = outcome.tokens;
+  if (!answer.empty() && answer.back() == *TurnEndId(*tokenizer)) answer.pop_back();
+  EXPECT_EQ(outcome.text, *DecodeForDisplay(*tokenizer, answer));
+}
+
+TEST_F(AttentionServerTest, TextNeedsATokenizerAndOnePromptForm) {
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
+  EXPECT_FALSE(info.has_tokenizer());
+  v1::GenerateRequest request = Request({}, 4);
+  request.set_prompt_text("hello");
+  TextOutcome outcome = GenerateText(stub_.get(), request);
+  EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(outcome.status.error_message(), "tokenizer"))
+      << outcome.status.error_message();
+
+  StartServer(SchedulerOptions(), ModelDir());
+  grpc::ClientContext context2;
+  ASSERT_TRUE(stub_->GetModelInfo(&context2, {}, &info).ok());
+  EXPECT_TRUE(info.has_tokenizer());
+  request.add_prompt_token_ids(1);  // text and ids at once
+  outcome = GenerateText(stub_.get(), request);
+  EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Token-id requests still get ids, now with their text.
+  outcome = GenerateText(stub_.get(), Request(Prompt(5, 1), 4));
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.error_message();
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(ModelDir());
+  ASSERT_TRUE(tokenizer.ok());
+  EXPECT_EQ(outcome.text, *DecodeForDisplay(*tokenizer, outcome.tokens));
 }
 
 }  // namespace

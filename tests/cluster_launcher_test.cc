@@ -219,8 +219,10 @@ TEST(LocalCommandTest, InterruptStopsEveryProcessCleanly) {
       {"--model", RandomCheckpointDir("k3-tiny", 7), "--experts", "2", "--routers", "2"});
   const std::string line = local.ReadLine(absl::Seconds(60));
   ASSERT_EQ(line.rfind("generate address: 127.0.0.1:", 0), 0u) << line << "\n" << local.Stderr();
+  // The launcher prints the HTTP front's address after the attention nodes'.
+  EXPECT_EQ(local.ReadLine(absl::Seconds(5)).rfind("http address: 127.0.0.1:", 0), 0u);
   const std::vector<pid_t> nodes = local.NodePids();
-  ASSERT_EQ(nodes.size(), 6u) << local.Stderr();
+  ASSERT_EQ(nodes.size(), 7u) << local.Stderr();  // with the HTTP front
   kill(local.pid(), SIGINT);
   EXPECT_EQ(local.Wait(absl::Seconds(20)), 0) << local.Stderr();
   EXPECT_TRUE(AllGoneWithin(nodes, absl::Seconds(1)));
@@ -232,7 +234,7 @@ TEST(LocalCommandTest, KilledLauncherLeavesNoOrphans) {
   const std::string line = local.ReadLine(absl::Seconds(60));
   ASSERT_EQ(line.rfind("generate address: ", 0), 0u) << line << "\n" << local.Stderr();
   const std::vector<pid_t> nodes = local.NodePids();
-  ASSERT_EQ(nodes.size(), 4u) << local.Stderr();
+  ASSERT_EQ(nodes.size(), 5u) << local.Stderr();  // with the HTTP front
   kill(local.pid(), SIGKILL);
   EXPECT_EQ(local.Wait(absl::Seconds(5)), 128 + SIGKILL);
   EXPECT_TRUE(AllGoneWithin(nodes, absl::Seconds(2))) << "orphaned cluster processes";

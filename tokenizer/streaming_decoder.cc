@@ -5,8 +5,6 @@
 namespace k3 {
 namespace {
 
-constexpr char kReplacement[] = "\xef\xbf\xbd";  // U+FFFD
-
 // The length a lead byte announces, or 0 for a byte that cannot start a character.
 int SequenceLength(uint8_t lead) {
   if (lead < 0x80) return 1;
@@ -34,7 +32,7 @@ void DrainComplete(std::string& bytes, std::string* out) {
     const uint8_t lead = static_cast<uint8_t>(bytes[i]);
     const int length = SequenceLength(lead);
     if (length == 0) {
-      out->append(kReplacement);
+      out->append(kReplacementCharacter);
       ++i;
       continue;
     }
@@ -50,7 +48,7 @@ void DrainComplete(std::string& bytes, std::string* out) {
     } else if (i + valid == bytes.size()) {
       break;  // valid so far, cut off by the end: wait for more bytes
     } else {
-      out->append(kReplacement);  // a maximal subpart that the next byte breaks
+      out->append(kReplacementCharacter);  // a maximal subpart that the next byte breaks
     }
     i += valid;
   }
@@ -69,7 +67,7 @@ absl::StatusOr<std::string> StreamingDecoder::Push(int32_t id) {
 }
 
 std::string StreamingDecoder::Finish() {
-  std::string text = pending_.empty() ? "" : kReplacement;
+  std::string text = pending_.empty() ? "" : kReplacementCharacter;
   pending_.clear();
   return text;
 }

@@ -10,6 +10,9 @@
 
 namespace k3 {
 
+// U+FFFD in UTF-8: what bytes that form no character become.
+inline constexpr char kReplacementCharacter[] = "\xef\xbf\xbd";
+
 // Turns a stream of ids into a stream of valid UTF-8 text. A token may end inside a character
 // (byte-level BPE splits rare characters, emoji and random models' output anywhere); those bytes
 // are held back until the character completes, so no chunk ever carries half a character.

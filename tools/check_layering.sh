@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tiers="//attention_nodes/... + //router/... + //expert_nodes/..."
-above="//engine/... + //launcher/... + //tools/... + //coordinator/... + //:k3serve"
+above="//engine/... + //launcher/... + //tools/... + //coordinator/... + //http_front/... + //:k3serve"
 
 # "name|packages|forbidden dependencies"
 rules=(
@@ -17,6 +17,8 @@ rules=(
   "cluster/ (the runtime) may not use moe/ or a tier|//cluster/...|//moe/... + $tiers + $above"
   "kernels/ and model/ may not use a transport, moe/ or a tier|//kernels/... + //model/...|//cluster/... + //moe/... + //proto/... + $tiers + $above"
   "coordinator/ may not use a tier|//coordinator/...|$tiers + $above"
+  "http_front/ may use only proto/, cluster/ and tokenizer/|//http_front/...|$tiers + //moe/... + //kernels/... + //engine/... + //launcher/... + //tools/... + //coordinator/... + //:k3serve"
+  "tokenizer/ may not use a transport, moe/ or a tier|//tokenizer/...|//cluster/... + //moe/... + //proto/... + //kernels/... + $tiers + $above"
   "engine/ may not use the launcher, tools or the coordinator|//engine/...|//launcher/... + //tools/... + //coordinator/... + //:k3serve"
 )
 

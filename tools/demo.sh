@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: builds k3serve, writes a small random-weight K3 checkpoint, starts a local
 # cluster (coordinator, attention worker, router, two expert workers as separate processes),
-# generates from it over gRPC, checks the tokens against the single-process engine, and stops.
+# generates from it over gRPC, checks the tokens against the single-process engine, then asks a
+# running local cluster a text question through the OpenAI-compatible HTTP front, and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,3 +27,32 @@ else
   echo "the cluster's tokens differ from the single-process engine's" >&2
   exit 1
 fi
+
+echo "a text question through the OpenAI-compatible HTTP front (/v1/chat/completions, streaming):"
+"$k3serve" local --model "$work/model" --attention 1 --routers 1 --experts 2 \
+  --log-dir "$work/logs-http" >"$work/addresses.txt" 2>"$work/local.log" &
+cluster=$!
+trap 'kill -TERM $cluster 2>/dev/null; wait $cluster 2>/dev/null || true' EXIT
+# The launcher prints the front's address once the whole cluster is ready.
+for _ in $(seq 600); do
+  grep -q '^http address: ' "$work/addresses.txt" && break
+  kill -0 $cluster 2>/dev/null || { cat "$work/local.log" >&2; exit 1; }
+  sleep 0.1
+done
+http=$(sed -n 's/^http address: //p' "$work/addresses.txt")
+[ -n "$http" ] || { echo "the local cluster did not start its HTTP front" >&2; exit 1; }
+question="Why is the sky blue?"
+echo "Q: $question"
+printf 'A: '
+curl -sS -N "http://$http/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$question\"}],\"max_tokens\":24,\"stream\":true}" |
+  python3 -c '
+import json, sys
+for line in sys.stdin:  # server-sent events: "data: {...}" lines, then "data: [DONE]"
+    line = line.strip()
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        continue
+    for choice in json.loads(line[6:])["choices"]:
+        print(choice["delta"].get("content", ""), end="", flush=True)
+print()'
+echo "(random weights: the answer is gibberish; the plumbing is what is shown)"

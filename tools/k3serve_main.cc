@@ -15,8 +15,10 @@
 #include "cluster/command_line.h"
 #include "coordinator/coordinator_main.h"
 #include "expert_nodes/expert_node.h"
+#include "http_front/http_front.h"
 #include "launcher/local_cluster_main.h"
 #include "router/router_node.h"
+#include "tools/chat_command.h"
 #include "tools/local_commands.h"
 
 namespace {
@@ -57,6 +59,8 @@ int main(int argc, char** argv) {
              LogitsCommand);
   AddCommand(&top, &commands, "generate", "generate tokens in process or through a server",
              AddGenerateFlags, GenerateCommand);
+  AddCommand(&top, &commands, "chat", "an interactive chat in process or through a server",
+             AddChatFlags, ChatCommand);
   AddCommand(&top, &commands, "coordinator", "the coordinator: membership, placement, balancing",
              AddCoordinatorFlags, RunCoordinator);
   AddCommand(&top, &commands, "attention", "an attention worker: the public Generate API",
@@ -65,6 +69,8 @@ int main(int argc, char** argv) {
              AddRouterNodeFlags, RunRouterNode);
   AddCommand(&top, &commands, "expert", "an expert worker: a slice of the routed experts",
              AddExpertNodeFlags, RunExpertNode);
+  AddCommand(&top, &commands, "http", "the OpenAI-compatible HTTP front of the attention workers",
+             AddHttpFrontFlags, RunHttpFront);
   AddCommand(&top, &commands, "local", "a local cluster of processes on this host",
              AddLocalFlags, [](const LocalCommandOptions& o) { return LocalClusterCommand(o); });
   AddCommand(&top, &commands, "plan",

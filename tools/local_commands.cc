@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,8 @@
 #include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"
 #include "router/qb_tool.h"
+#include "tokenizer/text_prompt.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 namespace {
@@ -47,6 +50,13 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
   k3serve::v1::GenerateRequest request;
   request.set_request_id(o.request_id);
   request.mutable_prompt_token_ids()->Add(o.tokens.begin(), o.tokens.end());
+  if (o.chat) {
+    k3serve::v1::ChatMessage* message = request.add_messages();
+    message->set_role("user");
+    message->set_content(o.prompt);
+  } else if (!o.prompt.empty()) {
+    request.set_prompt_text(o.prompt);
+  }
   k3serve::v1::SamplingParams& sampling = *request.mutable_sampling();
   const GenerateOptions& g = o.generate;
   if (o.has_max_new_tokens) sampling.set_max_new_tokens(g.max_new_tokens);
@@ -55,17 +65,23 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
   if (o.has_top_k) sampling.set_top_k(g.sampling.top_k);
   if (o.has_seed) sampling.set_seed(g.sampling.seed);
   sampling.mutable_stop_token_ids()->Add(g.stop_token_ids.begin(), g.stop_token_ids.end());
+  // Token ids print as they stream; text prints once the call ends.
   bool first = true;
+  std::function<void(absl::Span<const int32_t>)> print_tokens;
+  if (o.prompt.empty()) {
+    print_tokens = [&first](absl::Span<const int32_t> new_tokens) {
+      for (int32_t token : new_tokens) {
+        std::cout << (first ? "" : " ") << token;
+        first = false;
+      }
+      std::cout << std::flush;
+    };
+  }
   absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
       o.server, request,
       o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::InfiniteDuration(),
-      [&first](absl::Span<const int32_t> new_tokens) {
-        for (int32_t token : new_tokens) {
-          std::cout << (first ? "" : " ") << token;
-          first = false;
-        }
-        std::cout << std::flush;
-      });
+      print_tokens);
+  if (outcome.ok() && !o.prompt.empty()) std::cout << outcome->text;
   std::cout << "\n";
   if (!outcome.ok()) {
     std::cerr << "k3serve: " << absl::StatusCodeToString(outcome.status().code()) << ": "
@@ -139,7 +155,13 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   CLI::Option* model = app->add_option("--model", options->model, "checkpoint folder (in process)");
   CLI::Option* server = app->add_option("--server", options->server, "HOST:PORT of a cluster");
   model->excludes(server);
-  AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX, "prompt token ids")->required();
+  CLI::Option* tokens = AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX,
+                                   "prompt token ids");
+  CLI::Option* prompt = app->add_option("--prompt", options->prompt,
+                                        "prompt text (the model's tokenizer); the answer as text");
+  prompt->excludes(tokens);
+  app->add_flag("--chat", options->chat, "send --prompt as a user message in the chat format")
+      ->needs(prompt);
   AddBoundedInt(app, "--max-new-tokens", &g.max_new_tokens, 1, 1 << 24, "new tokens at most")
       ->each([options](const std::string&) { options->has_max_new_tokens = true; });
   app->add_option_function<double>(
@@ -177,6 +199,9 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
     if (options->model.empty() && options->server.empty()) {
       throw CLI::ValidationError("give --model DIR or --server HOST:PORT");
     }
+    if (options->tokens.empty() && options->prompt.empty()) {
+      throw CLI::ValidationError("give --tokens N,N,... or --prompt TEXT");
+    }
   });
 }
 
@@ -185,10 +210,30 @@ int GenerateCommand(const GenerateCommandOptions& options) {
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
       LocalEngine::Open(options.model, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
-  absl::StatusOr<std::vector<int32_t>> generated =
-      (*engine)->Generate(options.tokens, options.generate);
+  if (options.prompt.empty()) {
+    absl::StatusOr<std::vector<int32_t>> generated =
+        (*engine)->Generate(options.tokens, options.generate);
+    if (!generated.ok()) return Fail(generated.status());
+    std::cout << absl::StrJoin(*generated, " ") << "\n";
+    return 0;
+  }
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  absl::StatusOr<EncodedPrompt> prompt =
+      EncodePrompt(*tokenizer, options.prompt, {.chat = options.chat});
+  if (!prompt.ok()) return Fail(prompt.status());
+  GenerateOptions generate = options.generate;
+  if (prompt->stop_id.has_value()) generate.stop_token_ids.push_back(*prompt->stop_id);
+  absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(prompt->ids, generate);
   if (!generated.ok()) return Fail(generated.status());
-  std::cout << absl::StrJoin(*generated, " ") << "\n";
+  // The turn end is where the answer stops, not part of it.
+  if (prompt->stop_id.has_value() && !generated->empty() &&
+      generated->back() == *prompt->stop_id) {
+    generated->pop_back();
+  }
+  absl::StatusOr<std::string> text = DecodeForDisplay(*tokenizer, *generated);
+  if (!text.ok()) return Fail(text.status());
+  std::cout << *text << "\n";
   return 0;
 }
 

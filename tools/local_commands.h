@@ -40,6 +40,10 @@ struct GenerateCommandOptions {
   std::string model;   // in process
   std::string server;  // or through a server (HOST:PORT)
   std::vector<int32_t> tokens;
+  // Or the prompt as text (the model's tokenizer encodes it; the answer prints as text), as one
+  // user message of a chat with `chat`.
+  std::string prompt;
+  bool chat = false;
   GenerateOptions generate;
   std::string request_id;  // with --server
   int64_t timeout_ms = 0;  // with --server; 0: none

@@ -15,6 +15,9 @@ tools/install_deps.sh
 if command -v npm >/dev/null; then
   (cd tokenizer/reference && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) ||
     echo "tokenizer: npm ci failed; the js-tiktoken reference checks will be skipped" >&2
+  # The official OpenAI client that //tests:http_front_test drives the HTTP front with.
+  (cd tests/openai_client && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) ||
+    echo "tests: npm ci failed; the openai client checks will be skipped" >&2
 fi
 
 status=0

@@ -1,0 +1,319 @@
+#include "http_front/openai_protocol.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace k3 {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kParamPayload[] = "type.k3serve/openai.param";
+constexpr int kMaxStops = 4;  // OpenAI's limit
+
+absl::Status BadParam(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+// The field `name` of `body` if present and not null.
+const json* Field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::StatusOr<std::optional<double>> Number(const json& body, const char* name, double min,
+                                             double max) {
+  const json* value = Field(body, name);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_number()) return BadParam(name, absl::StrCat("'", name, "' must be a number"));
+  const double number = value->get<double>();
+  if (!(number >= min && number <= max)) {
+    return BadParam(name, absl::StrCat("'", name, "' must be in [", min, ", ", max, "]"));
+  }
+  return number;
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const json& body, const char* name, int64_t min,
+                                               int64_t max) {
+  const json* value = Field(body, name);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_number_integer()) {
+    return BadParam(name, absl::StrCat("'", name, "' must be an integer"));
+  }
+  // nlohmann-json parses non-negative integers as unsigned: compare those as unsigned.
+  const bool in_range = value->is_number_unsigned()
+                            ? value->get<uint64_t>() <= static_cast<uint64_t>(max) &&
+                                  (min <= 0 || value->get<uint64_t>() >= static_cast<uint64_t>(min))
+                            : value->get<int64_t>() >= min && value->get<int64_t>() <= max;
+  if (!in_range) {
+    return BadParam(name, absl::StrCat("'", name, "' must be in [", min, ", ", max, "]"));
+  }
+  return value->get<int64_t>();
+}
+
+absl::StatusOr<bool> Bool(const json& body, const char* name) {
+  const json* value = Field(body, name);
+  if (value == nullptr) return false;
+  if (!value->is_boolean()) return BadParam(name, absl::StrCat("'", name, "' must be a boolean"));
+  return value->get<bool>();
+}
+
+absl::Status ParsePrompt(const json& body, CompletionRequest* request) {
+  const json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return BadParam("prompt", "'prompt' is required");
+  // A batch of one prompt is that prompt.
+  if (prompt->is_array() && prompt->size() == 1 &&
+      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    prompt = &(*prompt)[0];
+  }
+  if (prompt->is_string()) {
+    request->prompt_text = prompt->get<std::string>();
+    if (request->prompt_text->empty()) return BadParam("prompt", "'prompt' is empty");
+    return absl::OkStatus();
+  }
+  if (!prompt->is_array() || prompt->empty()) {
+    return BadParam("prompt",
+                    "'prompt' must be a non-empty string or array of token ids "
+                    "(one prompt per request)");
+  }
+  for (const json& id : *prompt) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return BadParam("prompt",
+                      "'prompt' must be a string or an array of token ids (one prompt "
+                      "per request)");
+    }
+    request->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const json& body, CompletionRequest* request) {
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return BadParam("messages", "'messages' must be a non-empty array");
+  }
+  for (const json& m : *messages) {
+    const json* role = m.is_object() ? Field(m, "role") : nullptr;
+    if (role == nullptr || !role->is_string()) {
+      return BadParam("messages", "every message needs a string 'role'");
+    }
+    ChatMessage message{.role = role->get<std::string>()};
+    const json* content = Field(m, "content");
+    if (content == nullptr) {
+      // An assistant message may have no content (OpenAI: tool calls only).
+    } else if (content->is_string()) {
+      message.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const json& part : *content) {
+        const json* type = part.is_object() ? Field(part, "type") : nullptr;
+        const json* text = part.is_object() ? Field(part, "text") : nullptr;
+        if (type == nullptr || *type != "text" || text == nullptr || !text->is_string()) {
+          return BadParam("messages", "only text content parts are supported");
+        }
+        message.content += text->get<std::string>();
+      }
+    } else {
+      return BadParam("messages", "a message's 'content' must be a string or an array of parts");
+    }
+    request->messages.push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& body, CompletionRequest* request) {
+  const json* stop = Field(body, "stop");
+  if (stop == nullptr) return absl::OkStatus();
+  if (stop->is_string()) {
+    request->stop.push_back(stop->get<std::string>());
+  } else if (stop->is_array() && stop->size() <= kMaxStops) {
+    for (const json& s : *stop) {
+      if (!s.is_string()) return BadParam("stop", "'stop' must be a string or array of strings");
+      request->stop.push_back(s.get<std::string>());
+    }
+  } else {
+    return BadParam("stop", absl::StrCat("'stop' must be a string or an array of at most ",
+                                         kMaxStops, " strings"));
+  }
+  for (const std::string& s : request->stop) {
+    if (s.empty()) return BadParam("stop", "'stop' strings must not be empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* request) {
+  if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
+  if (const json* model = Field(body, "model")) {
+    if (!model->is_string()) return BadParam("model", "'model' must be a string");
+    request->model = model->get<std::string>();
+  }
+  absl::Status status = endpoint == Endpoint::kChatCompletions ? ParseMessages(body, request)
+                                                               : ParsePrompt(body, request);
+  if (!status.ok()) return status;
+  absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, 1);
+  if (!n.ok()) return BadParam("n", "only n=1 is supported");
+  // Chat's newer name for max_tokens wins where both are given.
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    absl::StatusOr<std::optional<int64_t>> max = Integer(body, name, 1, INT32_MAX);
+    if (!max.ok()) return max.status();
+    if (max->has_value()) request->max_tokens = static_cast<int>(**max);
+  }
+  absl::StatusOr<std::optional<double>> temperature = Number(body, "temperature", 0, 2);
+  if (!temperature.ok()) return temperature.status();
+  if (temperature->has_value()) request->temperature = static_cast<float>(**temperature);
+  absl::StatusOr<std::optional<double>> top_p = Number(body, "top_p", 0, 1);
+  if (!top_p.ok()) return top_p.status();
+  if (top_p->has_value()) {
+    if (**top_p <= 0) return BadParam("top_p", "'top_p' must be in (0, 1]");
+    request->top_p = static_cast<float>(**top_p);
+  }
+  if (const json* seed = Field(body, "seed")) {
+    if (!seed->is_number_integer()) return BadParam("seed", "'seed' must be an integer");
+    request->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                               : static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  if (status = ParseStop(body, request); !status.ok()) return status;
+  if (const json* kwargs = Field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) return BadParam("chat_template_kwargs", "must be an object");
+    absl::StatusOr<bool> thinking = Bool(*kwargs, "thinking");
+    if (!thinking.ok()) return BadParam("chat_template_kwargs", "'thinking' must be a boolean");
+    request->thinking = *thinking;
+  }
+  absl::StatusOr<bool> stream = Bool(body, "stream");
+  if (!stream.ok()) return stream.status();
+  request->stream = *stream;
+  if (const json* options = Field(body, "stream_options")) {
+    if (!options->is_object()) return BadParam("stream_options", "must be an object");
+    absl::StatusOr<bool> usage = Bool(*options, "include_usage");
+    if (!usage.ok()) return BadParam("stream_options", std::string(usage.status().message()));
+    request->include_usage = *usage;
+  }
+  return absl::OkStatus();
+}
+
+json UsageJson(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json HeadJson(const ResponseHead& head, bool chunk) {
+  const bool chat = head.endpoint == Endpoint::kChatCompletions;
+  return {
+      {"id", head.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", head.created},
+      {"model", head.model}};
+}
+
+std::string Event(const json& data) {
+  // Invalid UTF-8 cannot reach here (the text is decoded by StreamingDecoder), but a dump must
+  // never throw: replace rather than fail.
+  return absl::StrCat("data: ", data.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return BadParam("", "the request body is not valid JSON");
+  CompletionRequest request;
+  try {
+    if (absl::Status s = Parse(parsed, endpoint, &request); !s.ok()) return s;
+  } catch (const json::exception& e) {  // a type check missed above: still the client's input
+    return BadParam("", absl::StrCat("malformed request: ", e.what()));
+  }
+  return request;
+}
+
+std::string ParamOf(const absl::Status& status) {
+  const auto param = status.GetPayload(kParamPayload);
+  return param.has_value() ? std::string(*param) : "";
+}
+
+int HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:  // a feature the request asks for (tool messages)
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+std::string ErrorBody(const absl::Status& status) {
+  const int http = HttpStatusOf(status);
+  const char* type = http == 401   ? "authentication_error"
+                     : http == 404 ? "not_found_error"
+                     : http < 500  ? "invalid_request_error"
+                                   : "server_error";
+  const std::string param = ParamOf(status);
+  json error = {{"message", std::string(status.message())},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", absl::StatusCodeToString(status.code())}};
+  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string CompletionBody(const ResponseHead& head, const std::string& text,
+                           const std::string& finish_reason, const Usage& usage) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json body = HeadJson(head, /*chunk=*/false);
+  body["choices"] = json::array({choice});
+  body["usage"] = UsageJson(usage);
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string CompletionChunkEvent(const ResponseHead& head, const std::string& text, bool first,
+                                 const std::string& finish_reason) {
+  json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (first || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json body = HeadJson(head, /*chunk=*/true);
+  body["choices"] = json::array({choice});
+  return Event(body);
+}
+
+std::string UsageChunkEvent(const ResponseHead& head, const Usage& usage) {
+  json body = HeadJson(head, /*chunk=*/true);
+  body["choices"] = json::array();
+  body["usage"] = UsageJson(usage);
+  return Event(body);
+}
+
+std::string ModelsBody(const std::string& model) {
+  json entry = {{"id", model}, {"object", "model"}, {"created", 0}, {"owned_by", "k3serve"}};
+  return json{{"object", "list"}, {"data", json::array({entry})}}.dump();
+}
+
+}  // namespace k3

@@ -1,0 +1,85 @@
+// The OpenAI API's JSON (completions and chat completions): request parsing with the checks that
+// turn bad input into 400s, the response and server-sent-event chunk bodies, and the error shape
+// {"error": {"message", "type", "param", "code"}}.
+#ifndef K3SERVE_HTTP_FRONT_OPENAI_PROTOCOL_H_
+#define K3SERVE_HTTP_FRONT_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tokenizer/chat_template.h"
+
+namespace k3 {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct CompletionRequest {
+  std::string model;  // as the client named it (may be empty for completions)
+  // The prompt: completions give text or ids, chat gives messages.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  std::vector<ChatMessage> messages;
+  // K3 chat: the answer opens with a think block (chat_template_kwargs.thinking, as vLLM names
+  // it). Off by default, so that `content` is the answer.
+  bool thinking = false;
+  std::optional<int> max_tokens;
+  std::optional<float> temperature;  // [0, 2]
+  std::optional<float> top_p;        // (0, 1]
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;  // at most 4, none empty
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+};
+
+// Parses and checks a request body. INVALID_ARGUMENT naming the field (ParamOf gives it) for
+// malformed JSON, wrong types, values out of range, n != 1 and unsupported message contents.
+// Unknown fields are ignored, as OpenAI's clients send fields a server may not know.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint);
+
+// The request field an error is about ("" if none).
+std::string ParamOf(const absl::Status& status);
+
+// The HTTP status for an error: 400 INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION /
+// UNIMPLEMENTED (the request asks for something not supported),
+// 401 UNAUTHENTICATED, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE /
+// DEADLINE_EXCEEDED, 500 otherwise.
+int HttpStatusOf(const absl::Status& status);
+
+// {"error": {...}} for a non-OK status; type from the HTTP status, code from the status code.
+std::string ErrorBody(const absl::Status& status);
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// What the responses of one request share.
+struct ResponseHead {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  Endpoint endpoint = Endpoint::kCompletions;
+};
+
+// The whole (non-streamed) response; finish_reason "stop" or "length".
+std::string CompletionBody(const ResponseHead& head, const std::string& text,
+                           const std::string& finish_reason, const Usage& usage);
+// One server-sent event "data: {...}\n\n" carrying `text` (chat: the delta's content; `first`
+// adds the assistant role) and, when non-empty, the finish reason.
+std::string CompletionChunkEvent(const ResponseHead& head, const std::string& text, bool first,
+                                 const std::string& finish_reason);
+// The usage event of stream_options.include_usage (empty choices).
+std::string UsageChunkEvent(const ResponseHead& head, const Usage& usage);
+inline constexpr char kDoneEvent[] = "data: [DONE]\n\n";
+
+// GET /v1/models.
+std::string ModelsBody(const std::string& model);
+
+}  // namespace k3
+
+#endif  // K3SERVE_HTTP_FRONT_OPENAI_PROTOCOL_H_

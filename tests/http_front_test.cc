@@ -1,0 +1,309 @@
+// The HTTP front (`k3serve http`) of a real local cluster of k3-tiny, driven by real clients:
+// curl for the server-sent-event wire format and the errors, the official `openai` npm package
+// (tests/openai_client; `npm ci` there first, as tools/test.sh does) for chat completions
+// streaming and not. Answers are checked against the single-process engine's greedy tokens,
+// detokenized here. The openai test skips with "SKIPPED: reason" where Node.js or the package is
+// missing; "external" keeps the result out of the cache, which cannot see node_modules.
+#include <signal.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cluster/test_wait.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "launcher/local_cluster.h"
+#include "proto/generate.grpc.pb.h"
+#include "tests/cluster_testing.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/text_prompt.h"
+#include "tokenizer/tokenizer.h"
+
+namespace k3 {
+namespace {
+
+using nlohmann::json;
+namespace v1 = k3serve::v1;
+
+constexpr char kApiKey[] = "test-key-123";
+constexpr char kClientScript[] = "tests/openai_client/chat.mjs";
+constexpr char kQuestion[] = "Why is the sky blue?";
+constexpr int kMaxTokens = 12;
+
+std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
+
+// Runs a shell command; its stdout (stderr goes to the test's log).
+std::string Output(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+std::string Quote(const std::string& s) {
+  std::string quoted = "'";
+  for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+class HttpFrontTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new std::string(RandomCheckpointDir("k3-tiny", 11));
+    const std::string key_file = TmpDir() + "/api-key";
+    std::ofstream(key_file) << kApiKey << "\n";
+    LocalClusterOptions options = TestClusterOptions(*model_, 1, 1, 1);
+    options.http_port = 0;
+    options.extra_args[NodeRole::kHttp] = {"--api-key-file", key_file};
+    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->Stop().ok());
+    }
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override { ASSERT_NE(cluster_, nullptr) << "the cluster did not start"; }
+
+  static std::string Url(const std::string& path) {
+    return absl::StrCat("http://", cluster_->http_address(), path);
+  }
+
+  // curl with the key; -i puts the status line and headers before the body.
+  static std::string Curl(const std::string& path, const std::string& body,
+                          const std::string& key = kApiKey) {
+    return Output(absl::StrCat(
+        "curl -sS -N -i ", key.empty() ? "" : absl::StrCat("-H 'Authorization: Bearer ", key, "' "),
+        "-H 'Content-Type: application/json' ",
+        body.empty() ? "" : absl::StrCat("--data-binary ", Quote(body), " "), Quote(Url(path))));
+  }
+
+  // The chat answer the front must give: the single-process engine's greedy tokens for the
+  // rendered question, up to the end of the turn (or eos), detokenized.
+  static std::string ExpectedAnswer(int max_tokens) {
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
+    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+    absl::StatusOr<std::vector<int32_t>> prompt =
+        RenderChat(*tokenizer, {{.role = "user", .content = kQuestion}}, {.thinking = false});
+    EXPECT_TRUE(prompt.ok()) << prompt.status();
+    absl::StatusOr<std::vector<std::vector<int32_t>>> tokens =
+        SingleProcessTokens(*model_, {*prompt}, max_tokens);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();
+    std::vector<int32_t> answer = (*tokens)[0];
+    std::vector<int32_t> stops = {*TurnEndId(*tokenizer)};
+    if (tokenizer->named_ids().eos.has_value()) stops.push_back(*tokenizer->named_ids().eos);
+    answer.erase(std::find_first_of(answer.begin(), answer.end(), stops.begin(), stops.end()),
+                 answer.end());
+    // An empty answer would make the comparisons vacuous: the seed gives a few tokens first.
+    EXPECT_GE(answer.size(), 2u);
+    return *DecodeForDisplay(*tokenizer, answer);
+  }
+
+  static std::string ChatBody(int max_tokens, bool stream) {
+    return json{{"model", std::filesystem::path(*model_).filename().string()},
+                {"messages", {{{"role", "user"}, {"content", kQuestion}}}},
+                {"max_tokens", max_tokens},
+                {"temperature", 0},
+                {"stream", stream}}
+        .dump();
+  }
+
+  static int ActiveRequests() {
+    auto stub = v1::K3Serve::NewStub(
+        grpc::CreateChannel(cluster_->generate_addresses()[0], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::ServerInfo info;
+    const grpc::Status status = stub->GetServerInfo(&context, {}, &info);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return info.active_requests();
+  }
+
+  static std::string* model_;
+  static LocalCluster* cluster_;
+};
+std::string* HttpFrontTest::model_ = nullptr;
+LocalCluster* HttpFrontTest::cluster_ = nullptr;
+
+// The body after curl -i's status line and headers.
+std::string Body(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
+TEST_F(HttpFrontTest, CurlStreamsServerSentEventsOfTheGreedyAnswer) {
+  const std::string response = Curl("/v1/chat/completions", ChatBody(kMaxTokens, true));
+  ASSERT_TRUE(absl::StartsWith(response, "HTTP/1.1 200")) << response;
+  const std::string headers = absl::AsciiStrToLower(response.substr(0, response.find("\r\n\r\n")));
+  EXPECT_TRUE(absl::StrContains(headers, "content-type: text/event-stream")) << headers;
+  // Events are "data: ...\n\n"; the last is [DONE].
+  const std::string body = Body(response);
+  ASSERT_TRUE(absl::EndsWith(body, "data: [DONE]\n\n")) << body;
+  std::string content;
+  std::string finish_reason;
+  int events = 0;
+  for (absl::string_view event : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    ASSERT_TRUE(absl::StartsWith(event, "data: ")) << event;
+    ASSERT_FALSE(absl::StrContains(event, "\n")) << event;
+    if (event == "data: [DONE]") continue;
+    const json chunk = json::parse(event.substr(6));
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    const json& choice = chunk["choices"][0];
+    if (events++ == 0) {
+      EXPECT_EQ(choice["delta"]["role"], "assistant");
+    }
+    content += choice["delta"].value("content", "");
+    if (!choice["finish_reason"].is_null()) finish_reason = choice["finish_reason"];
+  }
+  EXPECT_GE(events, 2);
+  EXPECT_EQ(content, ExpectedAnswer(kMaxTokens));
+  EXPECT_TRUE(finish_reason == "length" || finish_reason == "stop") << finish_reason;
+}
+
+TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
+  const json text = json::parse(Body(
+      Curl("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":3,"temperature":0})")));
+  ASSERT_TRUE(text.contains("choices")) << text;
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
+  ASSERT_TRUE(tokenizer.ok());
+  const std::vector<int32_t> ids = *tokenizer->Encode("Once upon a time");
+  EXPECT_EQ(text["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(text["usage"]["completion_tokens"], 3);
+  // The same prompt as ids gives the same greedy text.
+  const json by_ids = json::parse(Body(Curl(
+      "/v1/completions", json{{"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}}.dump())));
+  EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
+}
+
+TEST_F(HttpFrontTest, StopStringsCutTheTextAcrossTokens) {
+  const std::string request = R"({"prompt":"Once upon a time","max_tokens":12,"temperature":0)";
+  const json full = json::parse(Body(Curl("/v1/completions", request + "}")));
+  const std::string text = full["choices"][0]["text"];
+  // The second half of the text, from a character boundary: it spans several tokens.
+  size_t cut = text.size() / 2;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+  ASSERT_GT(cut, 0u) << text;
+  const std::string stop = text.substr(cut);
+  const std::string expected = text.substr(0, text.find(stop));
+  const std::string with_stop = request + ",\"stop\":" + json(stop).dump();
+  const json cut_body = json::parse(Body(Curl("/v1/completions", with_stop + "}")));
+  EXPECT_EQ(cut_body["choices"][0]["text"], expected);
+  EXPECT_EQ(cut_body["choices"][0]["finish_reason"], "stop");
+  // Streamed, no event carries a piece of the stop string.
+  std::string streamed;
+  for (absl::string_view event :
+       absl::StrSplit(Body(Curl("/v1/completions", with_stop + ",\"stream\":true}")), "\n\n",
+                      absl::SkipEmpty())) {
+    if (event == "data: [DONE]") continue;
+    streamed += json::parse(event.substr(6))["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, expected);
+  // The front cancelled the generation at the stop string: the worker holds nothing.
+  EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
+}
+
+TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
+  struct Case {
+    std::string path, body, key;
+    int status;
+    std::string type;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", "{not json", kApiKey, 400, "invalid_request_error"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":2})", kApiKey,
+       400, "invalid_request_error"},
+      {"/v1/chat/completions", ChatBody(2, false), "", 401, "authentication_error"},
+      {"/v1/chat/completions", ChatBody(2, false), "wrong", 401, "authentication_error"},
+      {"/v1/nothing", "", kApiKey, 404, "not_found_error"},
+      {"/v1/completions", R"({"prompt":"x","model":"gpt-4"})", kApiKey, 404, "not_found_error"},
+  };
+  for (const Case& c : cases) {
+    const std::string response = Curl(c.path, c.body, c.key);
+    EXPECT_TRUE(absl::StartsWith(response, absl::StrCat("HTTP/1.1 ", c.status)))
+        << c.path << " " << c.body << ":\n"
+        << response;
+    const json body = json::parse(Body(response), nullptr, false);
+    ASSERT_FALSE(body.is_discarded()) << response;
+    EXPECT_EQ(body["error"]["type"], c.type) << response;
+    EXPECT_TRUE(body["error"]["message"].is_string()) << response;
+    EXPECT_TRUE(body["error"].contains("param") && body["error"].contains("code")) << response;
+  }
+}
+
+TEST_F(HttpFrontTest, ClosingTheStreamFreesTheRequestOnTheWorker) {
+  ASSERT_EQ(ActiveRequests(), 0);
+  // The shell prints curl's pid, then curl the events of an answer far longer than the test.
+  const std::string command =
+      absl::StrCat("sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
+                   "\" --data-binary @", TmpDir(), "/long.json ", Url("/v1/chat/completions"), "'");
+  {
+    json body = json::parse(ChatBody(4096, true));
+    std::ofstream(TmpDir() + "/long.json") << body.dump();
+  }
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char line[65536];
+  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
+  const pid_t curl = std::atoi(line);
+  ASSERT_GT(curl, 0);
+  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);  // the first event
+  EXPECT_TRUE(absl::StartsWith(line, "data: {")) << line;
+  EXPECT_EQ(ActiveRequests(), 1);  // still generating
+  kill(curl, SIGKILL);
+  pclose(pipe);
+  // The front's next write fails, it cancels the gRPC call, the worker frees the request.
+  EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
+}
+
+TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
+  if (std::system("node --version >/dev/null 2>&1") != 0) {
+    std::cout << "SKIPPED: Node.js is missing\n";
+    GTEST_SKIP() << "Node.js is missing";
+  }
+  const std::filesystem::path sources = std::filesystem::canonical(kClientScript).parent_path();
+  if (!std::filesystem::exists(sources / "node_modules" / "openai")) {
+    const std::string reason =
+        absl::StrCat("the openai package is not installed: run `npm ci` in ", sources.string());
+    std::cout << "SKIPPED: " << reason << "\n";
+    GTEST_SKIP() << reason;
+  }
+  const std::string out =
+      Output(absl::StrCat("node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                          Quote(std::filesystem::path(*model_).filename().string()), " ",
+                          Quote(kQuestion), " ", kMaxTokens));
+  const json result = json::parse(out, nullptr, false);
+  ASSERT_FALSE(result.is_discarded()) << out;
+  const std::string expected = ExpectedAnswer(kMaxTokens);
+  EXPECT_EQ(result["content"], expected);
+  EXPECT_EQ(result["stream_content"], expected);
+  EXPECT_EQ(result["finish_reason"], result["stream_finish_reason"]);
+  EXPECT_GT(result["stream_chunks"].get<int>(), 1);
+  EXPECT_EQ(result["usage"], result["stream_usage"]);
+  EXPECT_GT(result["usage"]["prompt_tokens"].get<int>(), 0);
+  EXPECT_EQ(result["wrong_key_status"], 401);
+}
+
+}  // namespace
+}  // namespace k3

@@ -1,0 +1,43 @@
+// Drives /v1/chat/completions of k3serve's HTTP front with the official OpenAI client, streaming
+// and not, and prints what it got as one JSON object for //tests:http_front_test to check.
+//
+//   node chat.mjs BASE_URL API_KEY MODEL PROMPT MAX_TOKENS
+import OpenAI from 'openai';
+
+const [baseURL, apiKey, model, prompt, maxTokens] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
+const request = {
+  model,
+  messages: [{ role: 'user', content: prompt }],
+  max_tokens: Number(maxTokens),
+  temperature: 0,
+};
+
+const result = {};
+const completion = await client.chat.completions.create(request);
+result.content = completion.choices[0].message.content;
+result.finish_reason = completion.choices[0].finish_reason;
+result.usage = completion.usage;
+
+const stream = await client.chat.completions.create({
+  ...request, stream: true, stream_options: { include_usage: true } });
+result.stream_content = '';
+result.stream_chunks = 0;
+for await (const chunk of stream) {
+  ++result.stream_chunks;
+  if (chunk.usage) result.stream_usage = chunk.usage;
+  for (const choice of chunk.choices) {
+    result.stream_content += choice.delta.content ?? '';
+    if (choice.finish_reason) result.stream_finish_reason = choice.finish_reason;
+  }
+}
+
+// A wrong key: the client raises its AuthenticationError with the server's status.
+try {
+  await new OpenAI({ baseURL, apiKey: 'wrong', maxRetries: 0 }).chat.completions.create(request);
+  result.wrong_key_status = 200;
+} catch (error) {
+  result.wrong_key_status = error.status;
+  result.wrong_key_type = error.type ?? error.error?.type;
+}
+console.log(JSON.stringify(result));

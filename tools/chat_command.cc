@@ -1,0 +1,162 @@
+#include "tools/chat_command.h"
+
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "cluster/command_line.h"
+#include "cluster/grpc_status.h"
+#include "engine/local_engine.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "proto/generate.grpc.pb.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/streaming_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace k3 {
+namespace {
+
+namespace v1 = k3serve::v1;
+
+// Generates the answer to `messages`, passing its text to `show` as it arrives; the whole answer.
+using Answerer = std::function<absl::StatusOr<std::string>(
+    const std::vector<ChatMessage>& messages, const std::function<void(const std::string&)>& show)>;
+
+absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
+  absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(o.model);
+  if (!loaded.ok()) return loaded.status();
+  auto tokenizer = std::make_shared<const Tokenizer>(*std::move(loaded));
+  absl::StatusOr<int32_t> turn_end = TurnEndId(*tokenizer);
+  if (!turn_end.ok()) return turn_end.status();
+  absl::StatusOr<std::unique_ptr<LocalEngine>> opened = LocalEngine::Open(o.model);
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<LocalEngine> engine = *std::move(opened);
+  GenerateOptions generate;
+  generate.max_new_tokens = o.max_new_tokens;
+  generate.sampling.temperature = static_cast<float>(o.temperature);
+  generate.sampling.seed = o.seed;
+  generate.stop_token_ids.push_back(*turn_end);
+  if (tokenizer->named_ids().eos.has_value()) {
+    generate.stop_token_ids.push_back(*tokenizer->named_ids().eos);
+  }
+  const bool thinking = o.thinking;
+  return Answerer(
+      [tokenizer, engine, generate, thinking](
+          const std::vector<ChatMessage>& messages,
+          const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::vector<int32_t>> prompt =
+            RenderChat(*tokenizer, messages, {.thinking = thinking});
+        if (!prompt.ok()) return prompt.status();
+        StreamingDecoder decoder(*tokenizer);
+        std::string answer;
+        GenerateOptions options = generate;
+        options.on_token = [&](int32_t id) {
+          for (int32_t stop : options.stop_token_ids) {
+            if (id == stop) return;
+          }
+          absl::StatusOr<std::string> piece = decoder.Push(id);
+          const std::string text = piece.ok() ? *piece : kReplacementCharacter;
+          answer += text;
+          show(text);
+        };
+        absl::StatusOr<std::vector<int32_t>> generated = engine->Generate(*prompt, options);
+        if (!generated.ok()) return generated.status();
+        const std::string tail = decoder.Finish();
+        show(tail);
+        return answer + tail;
+      });
+}
+
+Answerer ThroughServer(const ChatCommandOptions& o) {
+  std::shared_ptr<v1::K3Serve::Stub> stub =
+      v1::K3Serve::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest base;
+  base.set_thinking(o.thinking);
+  base.mutable_sampling()->set_max_new_tokens(o.max_new_tokens);
+  base.mutable_sampling()->set_temperature(static_cast<float>(o.temperature));
+  base.mutable_sampling()->set_seed(o.seed);
+  return [stub, base](
+             const std::vector<ChatMessage>& messages,
+             const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
+    v1::GenerateRequest request = base;
+    for (const ChatMessage& m : messages) {
+      v1::ChatMessage* message = request.add_messages();
+      message->set_role(m.role);
+      message->set_content(m.content);
+    }
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub->Generate(&context, request);
+    std::string answer;
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      const std::string& text =
+          response.has_chunk() ? response.chunk().text() : response.complete().text();
+      answer += text;
+      show(text);
+      if (response.has_complete() &&
+          (response.complete().finish_reason() == v1::Complete::ERROR ||
+           response.complete().finish_reason() == v1::Complete::CANCELLED)) {
+        reader->Finish();
+        return absl::UnavailableError(response.complete().message());
+      }
+    }
+    if (absl::Status s = FromGrpcStatus(reader->Finish()); !s.ok()) return s;
+    return answer;
+  };
+}
+
+}  // namespace
+
+void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
+  CLI::Option* model = app->add_option("--model", options->model,
+                                       "checkpoint folder with its tokenizer (in process)");
+  CLI::Option* server =
+      app->add_option("--server", options->server, "HOST:PORT of an attention worker");
+  model->excludes(server);
+  AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 24,
+                "the longest answer, in tokens");
+  app->add_option("--temperature", options->temperature, "0 is greedy")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  app->add_option("--seed", options->seed, "sampling seed")->capture_default_str();
+  app->add_flag("--thinking", options->thinking, "K3: answers open with a think block");
+  app->add_option("--system", options->system, "a system message opening the chat");
+  app->final_callback([options] {
+    if (options->model.empty() && options->server.empty()) {
+      throw CLI::ValidationError("give --model DIR or --server HOST:PORT");
+    }
+  });
+}
+
+int ChatCommand(const ChatCommandOptions& options) {
+  absl::StatusOr<Answerer> answerer = options.server.empty()
+                                          ? InProcess(options)
+                                          : absl::StatusOr<Answerer>(ThroughServer(options));
+  if (!answerer.ok()) return ReportError("chat", answerer.status());
+  std::vector<ChatMessage> messages;
+  if (!options.system.empty()) messages.push_back({.role = "system", .content = options.system});
+  std::cerr << "k3serve chat: one message per line; /exit or end of input quits\n";
+  std::string line;
+  while (std::cerr << "> " << std::flush, std::getline(std::cin, line)) {
+    if (line == "/exit") break;
+    if (line.empty()) continue;
+    messages.push_back({.role = "user", .content = line});
+    absl::StatusOr<std::string> answer =
+        (*answerer)(messages, [](const std::string& text) { std::cout << text << std::flush; });
+    std::cout << std::endl;
+    if (!answer.ok()) {
+      std::cerr << "k3serve chat: " << answer.status() << "\n";
+      messages.pop_back();  // the question stays unanswered; the user may ask again
+      continue;
+    }
+    messages.push_back({.role = "assistant", .content = *answer});
+  }
+  return 0;
+}
+
+}  // namespace k3
