@@ -42,7 +42,8 @@ else
 fi
 
 if [ "${CI:-}" = "true" ] && [ $status -eq 0 ]; then
-  sanitized=$(bazel query 'tests(//...) except rdeps(tests(//...), //third_party:grpc)' 2>/dev/null)
+  sanitized=$(bazel query 'tests(//...) except rdeps(tests(//...), //third_party:grpc)
+                          except attr(tags, "no-asan", tests(//...))' 2>/dev/null)
   # shellcheck disable=SC2086
   bazel test --config=asan $sanitized || status=$?
   # ThreadSanitizer over the runtime's tests: actor, transports, peer links, gRPC and metrics
