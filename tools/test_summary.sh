@@ -30,4 +30,9 @@ done < <(sed -nE 's/^(\/\/[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FA
          sed -E 's/ (FAILED TO BUILD|NO STATUS)$/ FAILED/')
 
 echo "tests: $passed passed, $failed failed, $skipped skipped (not buildable here), ${#skipped_cases[@]} test cases skipped themselves"
-for c in "${skipped_cases[@]}"; do echo "  skipped: ${c//&#x0A;/ - }"; done
+for c in "${skipped_cases[@]}"; do
+  c=${c//&#x0A;/ - }
+  c=${c//&apos;/\'}
+  c=${c//&quot;/\"}
+  echo "  skipped: ${c//&amp;/\&}"
+done
