@@ -275,31 +275,8 @@ absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std:
   return ParseFlags<AttentionServerOptions>(AddAttentionFlags, args);
 }
 
-namespace {
-
-// The attention server as the process's node role.
-class AttentionNode final : public RoleHooks {
- public:
-  explicit AttentionNode(AttentionServerOptions options) : options_(std::move(options)) {}
-  absl::Status Start() override {
-    absl::StatusOr<std::unique_ptr<AttentionServer>> server = AttentionServer::Start(options_);
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
-    return absl::OkStatus();
-  }
-  void Shutdown() override {
-    if (server_) server_->Shutdown();  // drains first
-  }
-
- private:
-  const AttentionServerOptions options_;
-  std::unique_ptr<AttentionServer> server_;
-};
-
-}  // namespace
-
 int RunAttentionNode(const AttentionServerOptions& options) {
-  return RunNode("attention node", std::make_unique<AttentionNode>(options));
+  return RunProcessNode<AttentionServer>("attention node", options);  // Shutdown drains first
 }
 
 }  // namespace k3

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
   if (!server.ok()) return server.status();
   endpoints->server_ = *std::move(server);
   endpoints->server_->SetServing("", true);
-  endpoints->grpc_address_ = HostPort(AdvertisedHost(o.flags.host), endpoints->server_->port());
+  endpoints->advertised_host_ = AdvertisedHost(o.flags.host);
+  endpoints->grpc_address_ = HostPort(endpoints->advertised_host_, endpoints->server_->port());
   if (o.flags.metrics_port >= 0) {
     MetricsHttpOptions http_options;
     http_options.host = o.flags.host;
@@ -74,7 +75,7 @@ void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) 
   CHECK_NE(options_.role, pb::ROLE_UNSPECIFIED) << "a standalone node does not register";
   node.set_role(options_.role);
   node.set_grpc_address(grpc_address_);
-  if (http_) node.set_metrics_address(HostPort(AdvertisedHost(options_.flags.host), http_->port()));
+  if (http_) node.set_metrics_address(HostPort(advertised_host_, http_->port()));
   CoordinatorClientOptions client_options;
   client_options.coordinator_address = options_.flags.coordinator;
   client_options.node = node;

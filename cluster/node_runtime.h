@@ -44,6 +44,30 @@ class RoleHooks {
 // a signal, 1 when it could not start or failed. `name` prefixes the log lines ("router node").
 int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role);
 
+// RunNode for a role whose whole process is one object: `Process::Start(options)` returns it
+// (StatusOr<unique_ptr<Process>>) and `Shutdown()` drains and stops it.
+template <typename Process, typename Options>
+int RunProcessNode(const std::string& name, const Options& options) {
+  class Hooks final : public RoleHooks {
+   public:
+    explicit Hooks(const Options& options) : options_(options) {}
+    absl::Status Start() override {
+      absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(options_);
+      if (!process.ok()) return process.status();
+      process_ = *std::move(process);
+      return absl::OkStatus();
+    }
+    void Shutdown() override {
+      if (process_) process_->Shutdown();
+    }
+
+   private:
+    const Options options_;
+    std::unique_ptr<Process> process_;
+  };
+  return RunNode(name, std::make_unique<Hooks>(options));
+}
+
 struct NodeEndpointsOptions {
   NodeFlags flags;
   // The role registered with the coordinator; ROLE_UNSPECIFIED for a node outside any cluster
@@ -91,6 +115,7 @@ class NodeEndpoints {
   explicit NodeEndpoints(NodeEndpointsOptions options) : options_(std::move(options)) {}
 
   const NodeEndpointsOptions options_;
+  std::string advertised_host_;  // how other processes reach this one
   std::string grpc_address_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopped_{false};

@@ -194,31 +194,8 @@ void CoordinatorProcess::Shutdown() {
   parts_->service.reset();
 }
 
-namespace {
-
-class CoordinatorRole final : public RoleHooks {
- public:
-  explicit CoordinatorRole(CoordinatorMainOptions options) : options_(std::move(options)) {}
-  absl::Status Start() override {
-    absl::StatusOr<std::unique_ptr<CoordinatorProcess>> process =
-        CoordinatorProcess::Start(options_);
-    if (!process.ok()) return process.status();
-    process_ = *std::move(process);
-    return absl::OkStatus();
-  }
-  void Shutdown() override {
-    if (process_) process_->Shutdown();
-  }
-
- private:
-  const CoordinatorMainOptions options_;
-  std::unique_ptr<CoordinatorProcess> process_;
-};
-
-}  // namespace
-
 int RunCoordinator(const CoordinatorMainOptions& options) {
-  return RunNode("coordinator", std::make_unique<CoordinatorRole>(options));
+  return RunProcessNode<CoordinatorProcess>("coordinator", options);
 }
 
 }  // namespace k3

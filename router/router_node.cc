@@ -136,9 +136,8 @@ absl::Status RouterNode::Start() {
   RouterCore* core_ptr = core_.get();
   Actor* actor = actor_.get();
   endpoint_options.readiness = [core_ptr, actor] {
-    absl::Status ready = actor->Call([core_ptr] { return core_ptr->Readiness(); },
-                                     absl::Now() + absl::Seconds(1));
-    return ready;
+    return actor->Call([core_ptr] { return core_ptr->Readiness(); },
+                       absl::Now() + absl::Seconds(1));
   };
   absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
       NodeEndpoints::Start(std::move(endpoint_options));

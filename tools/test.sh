@@ -10,13 +10,16 @@ cd "$(dirname "$0")/.."
 
 tools/install_deps.sh
 
+# Installs the npm packages locked in folder $1, quietly; fails without the registry.
+npm_ci() { (cd "$1" && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1); }
+
 # The tokenizer's reference encoders (js-tiktoken) come from npm; without them its reference test
 # reports itself skipped.
 if command -v npm >/dev/null; then
-  (cd tokenizer/reference && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) ||
+  npm_ci tokenizer/reference ||
     echo "tokenizer: npm ci failed; the js-tiktoken reference checks will be skipped" >&2
   # The official OpenAI client that //tests:http_front_test drives the HTTP front with.
-  (cd tests/openai_client && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) ||
+  npm_ci tests/openai_client ||
     echo "tests: npm ci failed; the openai client checks will be skipped" >&2
 fi
 
@@ -32,7 +35,7 @@ tools/check_layering.sh || status=1
 # The Kubernetes manifests, validated offline against the API schemas (needs Node.js and the npm
 # registry; skipped with a message where either is missing).
 if command -v node >/dev/null && command -v npm >/dev/null; then
-  if (cd k8s && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1); then
+  if npm_ci k8s; then
     (cd k8s && node validate.mjs) || status=1
   else
     echo "k8s: skipped manifest validation (npm ci failed: no registry?)" >&2
