@@ -111,7 +111,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalon
     const AttentionServerOptions& options, const ModelWeights* weights, RoutedMoe* routed_moe) {
   if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
-  if (absl::Status s = node->StartServing(weights, routed_moe, pb::ROLE_UNSPECIFIED); !s.ok()) return s;
+  if (absl::Status s = node->StartServing(weights, routed_moe, pb::ROLE_UNSPECIFIED); !s.ok()) {
+    return s;
+  }
   node->parts_->serving = true;
   node->parts_->endpoints->SetReady(true);
   node->parts_->ready_gauge->Set(1);
@@ -147,7 +149,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   };
   p.remote_moe =
       std::make_unique<RemoteRoutedMoe>(p.transport.get(), p.weights->config, moe_options);
-  if (absl::Status s = node->StartServing(p.weights.get(), p.remote_moe.get(), pb::ROLE_ATTENTION); !s.ok()) return s;
+  if (absl::Status s =
+          node->StartServing(p.weights.get(), p.remote_moe.get(), pb::ROLE_ATTENTION);
+      !s.ok()) {
+    return s;
+  }
 
   pb::NodeInfo info;
   info.set_transport_address(p.transport->LocalAddress());

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
   GrpcServerOptions server_options;
   server_options.address = HostPort(o.flags.host, o.flags.port);
   if (!o.readiness_service.empty()) server_options.health_services = {o.readiness_service};
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(server_options, o.services);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(server_options, o.services);
   if (!server.ok()) return server.status();
   endpoints->server_ = *std::move(server);
   endpoints->server_->SetServing("", true);

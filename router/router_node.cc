@@ -174,7 +174,8 @@ void RouterNode::Pump() {
   if (ready.ok() != serving_) {
     serving_ = ready.ok();
     endpoints_->SetReady(serving_);
-    LOG(INFO) << name_ << (serving_ ? " is ready" : absl::StrCat(" is not ready: ", ready.message()));
+    LOG(INFO) << name_
+              << (serving_ ? " is ready" : absl::StrCat(" is not ready: ", ready.message()));
   }
   actor_->Post([this] { Pump(); });
 }
@@ -183,9 +184,10 @@ void RouterNode::Shutdown() {
   if (endpoints_) endpoints_->SetReady(false);
   if (actor_) {
     // The steps in flight get their answer before the node leaves; then the mailbox closes.
-    actor_->Call([this] { core_->FailAll(absl::UnavailableError(absl::StrCat(name_, " is shutting down"))); },
-                 absl::Now() + absl::Seconds(2))
-        .IgnoreError();
+    const auto fail_all = [this] {
+      core_->FailAll(absl::UnavailableError(absl::StrCat(name_, " is shutting down")));
+    };
+    actor_->Call(fail_all, absl::Now() + absl::Seconds(2)).IgnoreError();
     actor_->Stop();
   }
   if (endpoints_) endpoints_->Leave();

@@ -28,8 +28,8 @@ void ShowProgress(size_t done, size_t total) {
   int decile = total == 0 ? 10 : static_cast<int>(10 * done / total);
   if (decile != last_decile) {
     last_decile = decile;
-    std::cerr << "\rloading weights: " << done << "/" << total << " tensors" << (done == total ? "\n" : "")
-              << std::flush;
+    std::cerr << "\rloading weights: " << done << "/" << total << " tensors"
+              << (done == total ? "\n" : "") << std::flush;
   }
 }
 
