@@ -35,6 +35,17 @@ namespace {
 
 // Distance, in bytes along each weight row, of the software prefetch.
 constexpr int64_t kPrefetchBytes = 1024;
+
+// Prefetches the line kPrefetchBytes ahead of byte `offset` of a row of `row_bytes` in a block of
+// R consecutive rows. Past the row's end it continues in the same row of the next block, which
+// this thread reads next: the model's rows are often only 1-2 KB long, and without the wrap the
+// next block would start with every row's first lines missing.
+template <int R>
+inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes) {
+  int64_t ahead = offset + kPrefetchBytes;
+  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
+  _mm_prefetch(static_cast<const char*>(row) + ahead, _MM_HINT_T0);
+}
 constexpr int kMaxGroupTokens = 4;
 // Threads get multiples of kRowsAlign rows (a multiple of every R below); the token groups take
 // turns over spans of kRowsSpan rows, whose weights stay in L2 for the groups after the first.
@@ -102,7 +113,7 @@ K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp
   for (int64_t k = 0; k < cols; k += 32) {
     const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+      PrefetchRowAhead<R>(rows[r], 2 * k, 2 * cols);
     }
     __m512 even[T], odd[T];
     for (int t = 0; t < T; ++t) {
@@ -138,7 +149,7 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
   for (int64_t k = 0; k < cols; k += 16) {
     const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
     for (int r = 0; r < R; ++r) {  // one 64-byte line per row per step
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+      PrefetchRowAhead<R>(rows[r], 4 * k, 4 * cols);
     }
     __m512 xv[T];
     for (int t = 0; t < T; ++t) {
@@ -191,7 +202,13 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(codes[r] + k / 2) + kPrefetchBytes, _MM_HINT_T0);
+        PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+      }
+      if (k == 0) {  // the next block's scales, R * cols / 32 bytes
+        for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(scales[0] + R * cols / kMxfp4Group) + b,
+                       _MM_HINT_T0);
+        }
       }
     }
     __m512 even[T], odd[T];

@@ -215,6 +215,38 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ReadSafetensorsHeader(const st
   return ParseSafetensorsHeader(header, std::numeric_limits<uint64_t>::max(), path);
 }
 
+namespace {
+
+// Maps `size` bytes of `fd` read-only at an address that is a multiple of 2 MiB and asks for huge
+// pages. Decode streams every weight once per token; with 4 KiB pages each page boundary costs a
+// TLB walk and stops the hardware prefetchers, and the page cache then hands out 2 MiB folios
+// (mapped whole) wherever the kernel supports them for this file system. Falls back to a plain
+// mapping. Returns MAP_FAILED (errno set) only if that fails too.
+void* MapForStreaming(int fd, uint64_t size) {
+  constexpr uint64_t kHugePage = uint64_t{2} << 20;
+  void* reserved = ::mmap(nullptr, size + kHugePage, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved != MAP_FAILED) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(reserved);
+    const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+    void* map = ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED,
+                       fd, 0);
+    if (map != MAP_FAILED) {
+      // Give back the reservation around the mapping.
+      if (aligned > start) ::munmap(reserved, aligned - start);
+      const uintptr_t end = aligned + size, reserved_end = start + size + kHugePage;
+      const uintptr_t tail = (end + 4095) / 4096 * 4096;
+      if (reserved_end > tail) ::munmap(reinterpret_cast<void*>(tail), reserved_end - tail);
+      ::madvise(map, size, MADV_HUGEPAGE);  // advice only: an error changes nothing
+      return map;
+    }
+    ::munmap(reserved, size + kHugePage);
+  }
+  return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);
@@ -243,7 +275,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         absl::StrCat(path, ": header length ", header_len, " does not fit the file of ", size,
                      " bytes (limit ", kMaxHeaderBytes, ")"));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = MapForStreaming(fd, size);
   ::close(fd);
   if (map == MAP_FAILED) return ErrnoError("cannot map", path);
 
