@@ -26,7 +26,8 @@ enum Slot {
   kSlotDecay,        // f, then the log-space gate g [T, P]
   kSlotBeta,         // [T, H]
   kSlotGate,         // output gate logits [T, P]
-  kSlotLowRank,      // low-rank intermediates [T, rank]
+  kSlotLowRank,      // the decay's low-rank intermediate [T, rank]
+  kSlotGateLowRank,  // the output gate's low-rank intermediate [T, rank]
   kSlotOut,          // o, then the gated norm of o [T, P]
   kSlotConvTail,     // the new conv caches [conv_window, P]
   kSlotConvWeights,  // one conv weight transposed to [kernel, P]
@@ -378,9 +379,28 @@ absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weight
   float* gate = scratch->Get(kSlotGate, rows * p);
   float* o = scratch->Get(kSlotOut, rows * p);
   float* tail = scratch->Get(kSlotConvTail, std::max<int64_t>(kernel - 1, 1) * p);
-  MatMul(weights.q_proj, x, rows, q);
-  MatMul(weights.k_proj, x, rows, k);
-  MatMul(weights.v_proj, x, rows, v);
+  // Every projection of x as one pool job: in decode, one stream of weights instead of six small
+  // products that each end in the threads waiting for one another.
+  float* low = scratch->Get(kSlotLowRank, rows * weights.f_a_proj.rows);
+  float* gate_low = la.use_full_rank_gate
+                        ? nullptr
+                        : scratch->Get(kSlotGateLowRank, rows * weights.g_a_proj.rows);
+  MatMulTask projections[6];
+  int projection_count = 0;
+  auto project = [&](const WeightMatrix& w, float* y) {
+    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
+  };
+  project(weights.q_proj, q);
+  project(weights.k_proj, k);
+  project(weights.v_proj, v);
+  project(weights.f_a_proj, low);
+  project(weights.b_proj, beta);
+  if (la.use_full_rank_gate) {
+    project(weights.g_proj, gate);
+  } else {
+    project(weights.g_a_proj, gate_low);
+  }
+  MatMulBatch(projections, projection_count, rows);
 
   // The short convs continue each sequence's own cache.
   float* conv_t = scratch->Get(kSlotConvWeights, kernel * p);
@@ -400,17 +420,8 @@ absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weight
     });
   }
 
-  float* low = scratch->Get(kSlotLowRank, rows * weights.f_a_proj.rows);
-  MatMul(weights.f_a_proj, x, rows, low);
   MatMul(weights.f_b_proj, low, rows, g);
-  MatMul(weights.b_proj, x, rows, beta);
-  if (la.use_full_rank_gate) {
-    MatMul(weights.g_proj, x, rows, gate);
-  } else {
-    low = scratch->Get(kSlotLowRank, rows * weights.g_a_proj.rows);
-    MatMul(weights.g_a_proj, x, rows, low);
-    MatMul(weights.g_b_proj, low, rows, gate);
-  }
+  if (!la.use_full_rank_gate) MatMul(weights.g_b_proj, gate_low, rows, gate);
 
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(kdim));
   const std::optional<float> lower_bound = la.gate_lower_bound;

@@ -318,21 +318,33 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
 
   // Queries for all rows, pre-scaled by 1/sqrt(q_head_dim).
   float* q = scratch->Get(kSlotQ, rows * h * qhd);
+  float* ckv = scratch->Get(kSlotCkv, rows * width);
+  float* gate = config.mla_use_output_gate ? scratch->Get(kSlotGate, rows * h * vd) : nullptr;
+  // The projections of x as one pool job (see MatMulBatch).
+  MatMulTask projections[3];
+  int projection_count = 0;
+  auto project = [&](const WeightMatrix& w, float* y) {
+    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
+  };
+  float* q_latent = nullptr;
   if (config.q_lora_rank.has_value()) {
+    q_latent = scratch->Get(kSlotQLatent, rows * *config.q_lora_rank);
+    project(weights.q_a_proj, q_latent);
+  } else {
+    project(weights.q_proj, q);
+  }
+  project(weights.kv_a_proj_with_mqa, ckv);
+  if (gate != nullptr) project(weights.g_proj, gate);
+  MatMulBatch(projections, projection_count, rows);
+  if (q_latent != nullptr) {
     const int64_t ql = *config.q_lora_rank;
-    float* q_latent = scratch->Get(kSlotQLatent, rows * ql);
-    MatMul(weights.q_a_proj, x, rows, q_latent);
     RmsNormRows(q_latent, ql, rows, ql, weights.q_a_layernorm.data(), kMlaLatentNormEps, q_latent,
                 ql);
     MatMul(weights.q_b_proj, q_latent, rows, q);
-  } else {
-    MatMul(weights.q_proj, x, rows, q);
   }
   Scale(1.0f / std::sqrt(static_cast<float>(qhd)), q, rows * h * qhd);
 
   // The new [c | k_pe] rows, appended to each cache (grown geometrically).
-  float* ckv = scratch->Get(kSlotCkv, rows * width);
-  MatMul(weights.kv_a_proj_with_mqa, x, rows, ckv);
   RmsNormRows(ckv, width, rows, c, weights.kv_a_layernorm.data(), kMlaLatentNormEps, ckv, width);
   for (int64_t s = 0; s < count; ++s) {
     MlaCache* cache = segments[s].cache;
@@ -393,11 +405,7 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
     }
   }
 
-  if (config.mla_use_output_gate) {
-    float* gate = scratch->Get(kSlotGate, rows * h * vd);
-    MatMul(weights.g_proj, x, rows, gate);
-    MulSigmoid(gate, o, rows * h * vd);
-  }
+  if (gate != nullptr) MulSigmoid(gate, o, rows * h * vd);
   MatMul(weights.o_proj, o, rows, out);
   return absl::OkStatus();
 }

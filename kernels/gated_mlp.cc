@@ -10,8 +10,9 @@ void GatedMlp(const GatedMlpMatrices& w, const GluParams& params, const float* x
   // gate and up side by side, [tokens, 2 * width], so one buffer serves both products.
   scratch->resize(static_cast<size_t>(tokens * 2 * width));
   float* gate_up = scratch->data();
-  MatMul(w.gate, x, w.gate.cols, tokens, gate_up, 2 * width);
-  MatMul(w.up, x, w.up.cols, tokens, gate_up + width, 2 * width);
+  const MatMulTask gate_and_up[2] = {{&w.gate, x, w.gate.cols, gate_up, 2 * width, false},
+                                     {&w.up, x, w.up.cols, gate_up + width, 2 * width, false}};
+  MatMulBatch(gate_and_up, 2, tokens);
   ParallelFor(tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* row = gate_up + t * 2 * width;

@@ -72,6 +72,26 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tok
                        accumulate);
 }
 
+void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens) {
+  bool rows_kernel = internal::CpuHasAvx512() && tokens > 0;
+  for (int i = 0; i < count && rows_kernel; ++i) {
+    const MatMulTask& t = tasks[i];
+    CHECK(t.w != nullptr) << "MatMulBatch: task " << i << " has no weights";
+    internal::CheckArguments(*t.w, t.x_stride, tokens, t.y_stride);
+    rows_kernel = t.w->rows > 0 && t.w->cols > 0 &&
+                  tokens <= (t.w->type == WeightType::kMxfp4 ? kMxfp4RowsKernelMaxTokens
+                                                            : kRowsKernelMaxTokens);
+  }
+  if (rows_kernel) {
+    internal::MatMulAvx512RowsBatch(tasks, count, tokens);
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    const MatMulTask& t = tasks[i];
+    MatMul(*t.w, t.x, t.x_stride, tokens, t.y, t.y_stride, t.accumulate);
+  }
+}
+
 namespace internal {
 
 bool CpuHasAvx512() {
@@ -137,8 +157,7 @@ void ParallelForRows(const WeightMatrix& w, int64_t tokens, int64_t align,
   });
 }
 
-void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int64_t x_stride,
-                int64_t tokens, float* y, int64_t y_stride, bool accumulate) {
+void CheckArguments(const WeightMatrix& w, int64_t x_stride, int64_t tokens, int64_t y_stride) {
   CHECK(w.rows >= 0 && w.cols >= 0) << "MatMul: bad weight shape [" << w.rows << ", " << w.cols
                                     << "]";
   CHECK_GE(tokens, 0) << "MatMul: negative token count";
@@ -148,6 +167,12 @@ void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int6
       << "MatMul: MXFP4 weights need scales and whole groups of " << kMxfp4Group << " inputs";
   CHECK_GE(x_stride, w.cols) << "MatMul: x row stride below the input width";
   CHECK_GE(y_stride, w.rows) << "MatMul: y row stride below the output width";
+}
+
+void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int64_t x_stride,
+                int64_t tokens, float* y, int64_t y_stride, bool accumulate) {
+  CheckArguments(w, x_stride, tokens, y_stride);
+  if (tokens == 0 || w.rows == 0) return;
   if (w.cols == 0) {
     if (!accumulate) {
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(y + t * y_stride, w.rows, 0.0f);

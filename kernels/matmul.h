@@ -38,6 +38,22 @@ struct WeightMatrix {
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens, float* y,
             int64_t y_stride, bool accumulate = false);
 
+// One product of a MatMulBatch: y[t, :] (+)= W x[t, :], strides as for MatMul.
+struct MatMulTask {
+  const WeightMatrix* w = nullptr;  // not owned
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  bool accumulate = false;
+};
+
+// Every task for the same `tokens`, as one job of the kernel pool where the row kernel serves them
+// (decode): the threads split the tasks' weight bytes evenly between them, instead of meeting
+// after each small product. Results are those of MatMul, task by task.
+// REQUIRES: no task's y overlaps another task's x or y.
+void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens);
+
 // Convenience for densely packed rows.
 inline void MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y) {
   MatMul(w, x, w.cols, tokens, y, w.rows, false);

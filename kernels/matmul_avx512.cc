@@ -11,6 +11,7 @@
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
+#include "kernels/thread_pool.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -51,6 +52,9 @@ constexpr int kMaxGroupTokens = 4;
 // turns over spans of kRowsSpan rows, whose weights stay in L2 for the groups after the first.
 constexpr int64_t kRowsAlign = 8;
 constexpr int64_t kRowsSpan = 32;
+// Least weight bytes worth handing to another thread (a few microseconds of streaming, against
+// about one for a ParallelFor).
+constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
 
 // Rows per block for a group of T tokens: 8 weight streams for 1-2 tokens, 4 for 3-4 tokens
 // (16 accumulators and 8 activation vectors; 5 rows measured no faster).
@@ -602,37 +606,94 @@ class ThreadBuffer {
 
 void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                       float* y, int64_t y_stride, bool accumulate) {
-  std::vector<const float*> xp(tokens);
-  std::vector<float*> yt(tokens);
-  for (int64_t t = 0; t < tokens; ++t) yt[t] = y + t * y_stride;
-  const int64_t cols = w.cols;
-  if (w.type == WeightType::kBf16) {
-    thread_local ThreadBuffer buffer;
-    const int64_t padded_cols = (cols + 31) / 32 * 32;
-    float* packed = buffer.Get(tokens * padded_cols);
-    PackRowInputs(x, x_stride, tokens, cols, padded_cols, packed);
-    for (int64_t t = 0; t < tokens; ++t) xp[t] = packed + t * padded_cols;
-    const uint16_t* data = static_cast<const uint16_t*>(w.data);
-    ParallelForRows(w, tokens, kRowsAlign, [&](int64_t begin, int64_t end) {
-      RowsRange(data, cols, xp.data(), yt.data(), tokens, accumulate, begin, end);
-    });
-  } else if (w.type == WeightType::kMxfp4) {
-    // The same even/odd activation layout as BF16 (cols is a multiple of 32: no padding).
-    thread_local ThreadBuffer buffer;
-    float* packed = buffer.Get(tokens * cols);
-    PackRowInputs(x, x_stride, tokens, cols, cols, packed);
-    for (int64_t t = 0; t < tokens; ++t) xp[t] = packed + t * cols;
-    const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
-    ParallelForRows(w, tokens, kRowsAlign, [&](int64_t begin, int64_t end) {
-      RowsRange(&data, cols, xp.data(), yt.data(), tokens, accumulate, begin, end);
-    });
-  } else {
-    for (int64_t t = 0; t < tokens; ++t) xp[t] = x + t * x_stride;
-    const float* data = static_cast<const float*>(w.data);
-    ParallelForRows(w, tokens, kRowsAlign, [&](int64_t begin, int64_t end) {
-      RowsRange(data, cols, xp.data(), yt.data(), tokens, accumulate, begin, end);
-    });
+  const MatMulTask task{&w, x, x_stride, y, y_stride, accumulate};
+  MatMulAvx512RowsBatch(&task, 1, tokens);
+}
+
+void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens) {
+  // Per task: its activation rows as the kernel reads them, and its output rows.
+  struct Prepared {
+    std::vector<const float*> xp;
+    std::vector<float*> yt;
+    Mxfp4Rows mxfp4;
+    int64_t blocks = 0;       // of kRowsAlign rows
+    int64_t block_bytes = 0;  // weight bytes of one block (MXFP4 rounded down: codes + scales)
+  };
+  // The caller's thread-local copies, captured by reference for the pool's threads (a lambda
+  // naming a thread_local would read the running thread's own, empty one).
+  thread_local std::vector<Prepared> t_prepared;
+  thread_local ThreadBuffer t_buffer;
+  std::vector<Prepared>& prepared = t_prepared;
+  ThreadBuffer& buffer = t_buffer;
+  prepared.resize(count);
+  int64_t packed_floats = 0;
+  for (int i = 0; i < count; ++i) {
+    const WeightMatrix& w = *tasks[i].w;
+    if (w.type != WeightType::kF32) packed_floats += tokens * ((w.cols + 31) / 32 * 32);
   }
+  float* packed = buffer.Get(packed_floats);
+  int64_t total_bytes = 0;
+  for (int i = 0; i < count; ++i) {
+    const MatMulTask& task = tasks[i];
+    const WeightMatrix& w = *task.w;
+    Prepared& p = prepared[i];
+    p.xp.resize(tokens);
+    p.yt.resize(tokens);
+    for (int64_t t = 0; t < tokens; ++t) p.yt[t] = task.y + t * task.y_stride;
+    if (w.type == WeightType::kF32) {
+      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = task.x + t * task.x_stride;
+    } else {
+      // BF16 and MXFP4 read 32-input blocks as [16 even][16 odd] (MXFP4: cols % 32 == 0).
+      const int64_t padded_cols = (w.cols + 31) / 32 * 32;
+      PackRowInputs(task.x, task.x_stride, tokens, w.cols, padded_cols, packed);
+      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = packed + t * padded_cols;
+      packed += tokens * padded_cols;
+    }
+    p.mxfp4 = Mxfp4Rows{static_cast<const uint8_t*>(w.data), w.scales};
+    p.blocks = (w.rows + kRowsAlign - 1) / kRowsAlign;
+    const int64_t elements = kRowsAlign * w.cols;
+    p.block_bytes = w.type == WeightType::kF32    ? 4 * elements
+                    : w.type == WeightType::kBf16 ? 2 * elements
+                                                  : elements / 2 + elements / kMxfp4Group;
+    total_bytes += p.blocks * p.block_bytes;
+  }
+  auto run_rows = [&](int i, int64_t begin, int64_t end) {
+    const MatMulTask& task = tasks[i];
+    const WeightMatrix& w = *task.w;
+    const Prepared& p = prepared[i];
+    if (w.type == WeightType::kBf16) {
+      RowsRange(static_cast<const uint16_t*>(w.data), w.cols, p.xp.data(), p.yt.data(), tokens,
+                task.accumulate, begin, end);
+    } else if (w.type == WeightType::kMxfp4) {
+      RowsRange(&p.mxfp4, w.cols, p.xp.data(), p.yt.data(), tokens, task.accumulate, begin, end);
+    } else {
+      RowsRange(static_cast<const float*>(w.data), w.cols, p.xp.data(), p.yt.data(), tokens,
+                task.accumulate, begin, end);
+    }
+  };
+  // Chunks of equal weight bytes (whole blocks: block j of a task goes to the chunk holding its
+  // first byte), at least kMinChunkBytes each, at most one per thread.
+  const int64_t chunks =
+      std::clamp<int64_t>(total_bytes / kMinChunkBytes, 1, KernelThreadCount());
+  ParallelFor(chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t lo = total_bytes * c / chunks, hi = total_bytes * (c + 1) / chunks;
+      int64_t base = 0;
+      for (int i = 0; i < count; ++i) {
+        const Prepared& p = prepared[i];
+        const int64_t size = p.blocks * p.block_bytes;
+        if (base < hi && base + size > lo) {
+          // Blocks whose first byte lies in [lo, hi).
+          const int64_t b0 = lo <= base ? 0 : (lo - base + p.block_bytes - 1) / p.block_bytes;
+          const int64_t b1 = std::min(p.blocks, (hi - base + p.block_bytes - 1) / p.block_bytes);
+          if (b0 < b1) {
+            run_rows(i, b0 * kRowsAlign, std::min(tasks[i].w->rows, b1 * kRowsAlign));
+          }
+        }
+        base += size;
+      }
+    }
+  });
 }
 
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,

@@ -35,6 +35,9 @@ enum class MatMulKernel { kAuto, kPortable, kAvx512Rows, kAvx512Tiles };
 // Whether the AVX-512 kernels can run here (AVX-512F and BW, checked once at run time).
 bool CpuHasAvx512();
 
+// MatMul's argument checks (a CHECK failure names the bad one).
+void CheckArguments(const WeightMatrix& w, int64_t x_stride, int64_t tokens, int64_t y_stride);
+
 // k3::MatMul with a chosen kernel. REQUIRES: CpuHasAvx512() for the kAvx512* kernels.
 void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int64_t x_stride,
                 int64_t tokens, float* y, int64_t y_stride, bool accumulate);
@@ -45,6 +48,8 @@ void MatMulPortable(const WeightMatrix& w, const float* x, int64_t x_stride, int
                     float* y, int64_t y_stride, bool accumulate);
 void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                       float* y, int64_t y_stride, bool accumulate);
+// The row kernel over several products (MatMulBatch). REQUIRES: each task checked by MatMulWith.
+void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens);
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                        float* y, int64_t y_stride, bool accumulate);
 

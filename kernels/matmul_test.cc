@@ -266,6 +266,49 @@ TEST(MatMulTest, DensePublicOverload) {
   }
 }
 
+// A batch gives every task exactly what MatMul gives it alone: the same kernel computes each row
+// whichever thread takes it. Mixed types, sizes that split across threads and rows that are not a
+// multiple of the row blocks, strides and accumulation; 13 tokens take the one-by-one path.
+TEST(MatMulBatchTest, EqualsMatMulTaskByTask) {
+  struct Spec {
+    WeightType type;
+    int64_t rows, cols, x_pad, y_pad;
+    bool accumulate;
+  };
+  const Spec specs[] = {{WeightType::kBf16, 1024, 512, 0, 0, false},
+                        {WeightType::kMxfp4, 301, 256, 3, 1, true},
+                        {WeightType::kF32, 37, 129, 0, 5, false},
+                        {WeightType::kBf16, 8, 1024, 16, 0, true},
+                        {WeightType::kBf16, 1, 33, 0, 0, false}};
+  for (int64_t tokens : {1, 2, 3, 5, 12, 13}) {
+    SCOPED_TRACE("tokens=" + std::to_string(tokens));
+    std::vector<TestWeights> weights;
+    std::vector<std::vector<float>> xs, batch_ys, single_ys;
+    std::vector<MatMulTask> tasks;
+    uint32_t seed = 100;
+    for (const Spec& s : specs) {
+      weights.emplace_back(s.type, s.rows, s.cols, 0, seed++);
+      xs.push_back(RandomVector(tokens * (s.cols + s.x_pad), seed++));
+      batch_ys.push_back(RandomVector(tokens * (s.rows + s.y_pad), seed++));
+    }
+    single_ys = batch_ys;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const Spec& s = specs[i];
+      tasks.push_back(MatMulTask{&weights[i].matrix(), xs[i].data(), s.cols + s.x_pad,
+                                 batch_ys[i].data(), s.rows + s.y_pad, s.accumulate});
+      MatMul(weights[i].matrix(), xs[i].data(), s.cols + s.x_pad, tokens, single_ys[i].data(),
+             s.rows + s.y_pad, s.accumulate);
+    }
+    MatMulBatch(tasks.data(), static_cast<int>(tasks.size()), tokens);
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      SCOPED_TRACE("task " + std::to_string(i));
+      ASSERT_EQ(batch_ys[i].size(), single_ys[i].size());
+      EXPECT_EQ(0, std::memcmp(batch_ys[i].data(), single_ys[i].data(),
+                               batch_ys[i].size() * sizeof(float)));
+    }
+  }
+}
+
 TEST(WeightMatrixTest, AtReadsEitherType) {
   const uint16_t bf16[] = {FloatToBf16(1.0f), FloatToBf16(-2.5f), FloatToBf16(3.0f),
                            FloatToBf16(0.125f)};
