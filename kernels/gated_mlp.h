@@ -28,6 +28,11 @@ inline float GluCombine(const GluParams& p, float a, float b) {
   return activated * capped;
 }
 
+// gate[i] = GluCombine(p, gate[i], up[i]) for i in [0, n), in 16-lane vectors: e^x to about 2 ulp
+// (simd::Exp) and tanh from it (a short series near 0, where 1 - 2/(e^2x + 1) would cancel). Agrees
+// with the scalar GluCombine to a few ulp of the result's magnitude.
+void GluCombineRow(const GluParams& p, float* gate, const float* up, int64_t n);
+
 struct GatedMlpMatrices {
   WeightMatrix gate;  // [f, d]
   WeightMatrix up;    // [f, d]
