@@ -5,6 +5,10 @@
 //    streams keep completing while it is down and after it is back; the restarted coordinator
 //    relearns the members (same ids, same processes) and the placement (same version) from the
 //    nodes;
+//  - a router hung with SIGSTOP: the attention worker sends the MoE layer it waits for to the other
+//    router once the step deadline (derived from measured step times, far below the 10 s MoE
+//    timeout) passes, and new layers avoid the hung router; streams stall for well under 2 s.
+//    The coordinator marks it DEAD, and ALIVE again after SIGCONT.
 // In every case no request fails and every request's tokens equal the single-process engine's.
 #include <signal.h>
 
@@ -72,11 +76,15 @@ class Load {
     absl::MutexLock lock(&mu_);
     return failures_;
   }
-  // The longest time between two token chunks of one stream, or from a request's start to its
-  // first chunk, seen so far.
+  // The longest time between two token chunks of one stream, from a request's start to its first
+  // chunk, or from its last chunk to its end, seen so far.
   absl::Duration longest_gap() const {
     absl::MutexLock lock(&mu_);
     return longest_gap_;
+  }
+  void ResetLongestGap() {
+    absl::MutexLock lock(&mu_);
+    longest_gap_ = absl::ZeroDuration();
   }
 
  private:
@@ -93,6 +101,10 @@ class Load {
       };
       absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
           address_, GreedyRequest(id, prompts_[p], kMaxNewTokens), kRequestTimeout, on_tokens);
+      {
+        absl::MutexLock lock(&mu_);  // from the last token to the end of the call
+        longest_gap_ = std::max(longest_gap_, absl::Now() - last);
+      }
       std::string failure;
       if (!outcome.ok()) {
         failure = outcome.status().ToString();
@@ -121,6 +133,16 @@ class Load {
   absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::vector<std::thread> threads_;
 };
+
+// The state the coordinator gives the member with `pid`; MEMBER_STATE_UNSPECIFIED if unknown.
+pb::MemberState StateOfPid(const LocalCluster& cluster, pid_t pid) {
+  absl::StatusOr<pb::ClusterState> state = cluster.GetClusterState(absl::Seconds(1));
+  if (!state.ok()) return pb::MEMBER_STATE_UNSPECIFIED;
+  for (const pb::Member& m : state->members()) {
+    if (m.node().pid() == pid) return m.state();
+  }
+  return pb::MEMBER_STATE_UNSPECIFIED;
+}
 
 // (node id, incarnation) of each member, with its state.
 std::map<std::pair<uint32_t, uint64_t>, pb::MemberState> Members(const pb::ClusterState& state) {
@@ -232,6 +254,46 @@ TEST_F(ClusterFailoverTest, CoordinatorRestartIsANonEvent) {
   EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
   std::cerr << load->completed() << " requests completed, " << load->failed()
             << " failed; longest wait for a token: " << absl::FormatDuration(load->longest_gap())
+            << std::endl;
+  const absl::Status running = cluster_->CheckRunning();
+  EXPECT_TRUE(running.ok()) << running;
+}
+
+TEST_F(ClusterFailoverTest, AHungRouterIsRoutedAroundWithinTwoSeconds) {
+  absl::StatusOr<const LocalCluster::Node*> router = cluster_->node("router-0");
+  ASSERT_TRUE(router.ok()) << router.status();
+  const pid_t pid = (*router)->pid;
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load->failures(), "\n");
+
+  ASSERT_TRUE(cluster_->Signal("router-0", SIGSTOP).ok());
+  struct Continue {
+    ~Continue() { (void)cluster->Signal("router-0", SIGCONT); }
+    LocalCluster* cluster;
+  } resume_at_exit{cluster_};
+  load->ResetLongestGap();
+  const absl::Time stopped = absl::Now();
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  // The coordinator's verdict, and requests keep completing after it.
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::DEAD; }, absl::Seconds(5)));
+  std::cerr << "the coordinator marked the hung router DEAD after "
+            << absl::FormatDuration(absl::Now() - stopped) << std::endl;
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  const absl::Duration stall = load->longest_gap();
+  std::cerr << "longest wait for a token while the router was hung: "
+            << absl::FormatDuration(stall) << std::endl;
+  EXPECT_LT(stall, absl::Seconds(2)) << "the hung router was not routed around in time";
+
+  // Running again, it is ALIVE again and the cluster keeps serving.
+  ASSERT_TRUE(cluster_->Signal("router-0", SIGCONT).ok());
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::ALIVE; }, absl::Seconds(5)));
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  std::cerr << load->completed() << " requests completed, " << load->failed() << " failed"
             << std::endl;
   const absl::Status running = cluster_->CheckRunning();
   EXPECT_TRUE(running.ok()) << running;
