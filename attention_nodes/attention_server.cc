@@ -83,7 +83,8 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
     LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
               << "': serving token ids only";
   }
-  p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer));
+  p.k3serve_service =
+      NewK3ServeService(p.scheduler.get(), std::move(tokenizer), &DefaultMetrics());
   p.control_service = NewAttentionControlService([this](absl::Time deadline) {
     return Drain(deadline);
   });
