@@ -57,7 +57,8 @@ struct RemoteRoutedMoeOptions {
   // The step deadline after which a layer is sent again to another router (see the file
   // comment): max(retry_floor, retry_p99_factor x the p99 round trip of the last answered
   // layers). The floor keeps noise on a loaded machine from causing retries; an early retry costs
-  // only duplicate work.
+  // only duplicate work (e.g. a prefill chunk far larger than the layers measured may be computed
+  // twice).
   absl::Duration retry_floor = absl::Milliseconds(500);
   double retry_p99_factor = 8;
   // Called (on the stepping thread; must be quick) when a router is seen to fail (a kPeerFailed
