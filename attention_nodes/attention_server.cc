@@ -83,7 +83,8 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
     LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
               << "': serving token ids only";
   }
-  p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer));
+  p.k3serve_service =
+      NewK3ServeService(p.scheduler.get(), std::move(tokenizer), &DefaultMetrics());
   p.control_service = NewAttentionControlService([this](absl::Time deadline) {
     return Drain(deadline);
   });
@@ -143,6 +144,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   p.links = std::make_unique<PeerLinks>(p.transport.get());
   RemoteRoutedMoeOptions moe_options;
   moe_options.timeout = options.moe_timeout;
+  moe_options.retry_floor = options.moe_retry_floor;
+  moe_options.retry_p99_factor = options.moe_retry_p99_factor;
   PeerLinks* links = p.links.get();
   moe_options.on_router_failed = [links](PeerId router, const absl::Status& error) {
     links->MarkFailed(router, error);
@@ -273,6 +276,11 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
                 "the longest prompt admitted");
   AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
                   "how long a MoE layer waits for its router");
+  AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,
+                  "the least a MoE layer waits for a router before it goes to another one");
+  AddBoundedInt(app, "--moe-retry-p99-factor", &options->moe_retry_p99_factor, 1, 1000,
+                "a MoE layer goes to another router after this many times the p99 round trip "
+                "(or the floor)");
   AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, kMaxMs,
                   "at shutdown, how long requests in flight may finish");
 }

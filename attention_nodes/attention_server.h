@@ -43,6 +43,10 @@ struct AttentionServerOptions {
   NodeFlags node;  // coordinator and model are ignored by StartStandalone
   SchedulerOptions scheduler;
   absl::Duration moe_timeout = absl::Seconds(10);    // RemoteRoutedMoeOptions::timeout
+  // RemoteRoutedMoeOptions::retry_floor and retry_p99_factor: the step deadline after which a MoE
+  // layer goes to another router.
+  absl::Duration moe_retry_floor = absl::Milliseconds(500);
+  int moe_retry_p99_factor = 8;
   absl::Duration drain_timeout = absl::Seconds(30);  // at shutdown, for requests in flight
 };
 

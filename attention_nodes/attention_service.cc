@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/grpc_status.h"
+#include "cluster/metrics.h"
 #include "glog/logging.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
@@ -73,9 +74,13 @@ class GenerateStream final : public GenerationSink {
  public:
   // `tokenizer` (may be null: no text) must outlive the stream. `silent_ids` (the stop tokens
   // and eos) end the answer and add nothing to its text.
+  // `calls` (may be null) counts the call's final status by code.
   GenerateStream(GenerateReactor* reactor, std::string request_id, const Tokenizer* tokenizer,
-                 std::vector<int32_t> silent_ids)
-      : reactor_(reactor), request_id_(std::move(request_id)), silent_ids_(std::move(silent_ids)) {
+                 std::vector<int32_t> silent_ids, MetricFamily<Counter>* calls)
+      : reactor_(reactor),
+        request_id_(std::move(request_id)),
+        silent_ids_(std::move(silent_ids)),
+        calls_(calls) {
     if (tokenizer != nullptr) decoder_.emplace(*tokenizer);
   }
 
@@ -151,6 +156,7 @@ class GenerateStream final : public GenerationSink {
   const std::string request_id_;
   bool id_sent_ = false;  // scheduler thread only
   const std::vector<int32_t> silent_ids_;
+  MetricFamily<Counter>* const calls_;
   std::optional<StreamingDecoder> decoder_;  // the scheduler's thread only (OnToken, OnFinish)
   absl::Mutex mu_;
   std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
@@ -163,9 +169,9 @@ class GenerateStream final : public GenerationSink {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(const std::string& request_id, const Tokenizer* tokenizer,
-                  std::vector<int32_t> silent_ids)
+                  std::vector<int32_t> silent_ids, MetricFamily<Counter>* calls)
       : stream_(std::make_shared<GenerateStream>(this, request_id, tokenizer,
-                                                 std::move(silent_ids))) {}
+                                                 std::move(silent_ids), calls)) {}
 
   const std::shared_ptr<GenerateStream>& stream() const { return stream_; }
 
@@ -198,6 +204,12 @@ GenerateStream::Action GenerateStream::NextLocked() {
   } else if (final_status_.has_value()) {
     finished_ = true;
     action.finish = *final_status_;
+    if (calls_ != nullptr) {
+      calls_
+          ->WithLabels({absl::StatusCodeToString(
+              static_cast<absl::StatusCode>(final_status_->error_code()))})
+          ->Increment();
+    }
   }
   return action;
 }
@@ -252,14 +264,23 @@ void GenerateStream::CancelRequest(const char* why) {
 
 class K3ServeService final : public v1::K3Serve::CallbackService {
  public:
-  K3ServeService(GenerationScheduler* scheduler, std::shared_ptr<const Tokenizer> tokenizer)
-      : scheduler_(scheduler), tokenizer_(std::move(tokenizer)), start_(absl::Now()) {}
+  K3ServeService(GenerationScheduler* scheduler, std::shared_ptr<const Tokenizer> tokenizer,
+                 MetricsRegistry* metrics)
+      : scheduler_(scheduler),
+        tokenizer_(std::move(tokenizer)),
+        calls_(metrics == nullptr
+                   ? nullptr
+                   : &metrics->AddCounter("k3_attention_generate_calls_total",
+                                          "Generate calls ended, by the gRPC status code they "
+                                          "ended with (rejected ones included).",
+                                          {"code"})),
+        start_(absl::Now()) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
     GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
     if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
-      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {});
+      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
       reactor->stream()->Reject(ToGrpcStatus(s));
       return reactor;
     }
@@ -277,7 +298,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
         attempt.id = absl::StrCat("srv-", next_id_++);
       }
       delete reactor;  // never started: only a rejected attempt gets here
-      reactor = new GenerateReactor(attempt.id, tokenizer_.get(), silent_ids);
+      reactor = new GenerateReactor(attempt.id, tokenizer_.get(), silent_ids, calls_);
       handle = scheduler_->Submit(std::move(attempt), reactor->stream());
     } while (assign_id && absl::IsAlreadyExists(handle.status()));
     if (!handle.ok()) {
@@ -368,6 +389,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
 
   GenerationScheduler* const scheduler_;
   const std::shared_ptr<const Tokenizer> tokenizer_;  // null: token ids only
+  MetricFamily<Counter>* const calls_;                // null: no metrics
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -397,8 +419,9 @@ class AttentionControlService final : public cpb::AttentionControl::Service {
 }  // namespace
 
 std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
-                                                 std::shared_ptr<const Tokenizer> tokenizer) {
-  return std::make_unique<K3ServeService>(scheduler, std::move(tokenizer));
+                                                 std::shared_ptr<const Tokenizer> tokenizer,
+                                                 MetricsRegistry* metrics) {
+  return std::make_unique<K3ServeService>(scheduler, std::move(tokenizer), metrics);
 }
 
 std::unique_ptr<grpc::Service> NewAttentionControlService(std::function<int(absl::Time)> drain) {

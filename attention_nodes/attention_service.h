@@ -31,6 +31,7 @@
 
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "cluster/metrics.h"
 #include "grpcpp/impl/codegen/service_type.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,9 +40,13 @@ namespace k3 {
 inline constexpr char kK3ServeServiceName[] = "k3serve.v1.K3Serve";
 inline constexpr int kDefaultMaxNewTokens = 16;
 
-// `tokenizer`: the model's, or null to serve token ids only.
+// `tokenizer`: the model's, or null to serve token ids only. `metrics` (may be null; must outlive
+// the service) gets k3_attention_generate_calls_total{code}: every Generate call, counted once
+// with the gRPC status code it ends with (OK, INVALID_ARGUMENT, UNAVAILABLE, CANCELLED, ...),
+// before the client sees that status.
 std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
-                                                 std::shared_ptr<const Tokenizer> tokenizer);
+                                                 std::shared_ptr<const Tokenizer> tokenizer,
+                                                 MetricsRegistry* metrics = nullptr);
 
 // `drain(deadline)` stops admitting, waits for requests in flight until `deadline` (infinite
 // future: until all ended), cancels what is left, and returns how many were still running when

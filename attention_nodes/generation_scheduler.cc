@@ -58,6 +58,8 @@ struct GenerationScheduler::Sequence {
   std::shared_ptr<GenerationSink> sink;
   GenerationRequest request;
   Sampler sampler;
+  const absl::Time submitted = absl::Now();
+  absl::Time last_token;  // when the last token was handed to the sink
   std::unique_ptr<SequenceState> state;  // set while admitted
   size_t consumed = 0;                   // prompt tokens fed to the model
   std::vector<int32_t> generated;
@@ -103,7 +105,26 @@ struct GenerationScheduler::Metrics {
                         .AddHistogram("k3_attention_step_tokens",
                                       "Tokens (decode tokens plus prefill chunks) per model step.",
                                       ExponentialBuckets(1, 2, 14))
-                        .Get()) {}
+                        .Get()),
+        time_to_first_token(
+            registry
+                .AddHistogram("k3_attention_time_to_first_token_seconds",
+                              "From a request's submission to its first token, for every "
+                              "request that got one.",
+                              ExponentialBuckets(0.001, 2, 16))
+                .Get()),
+        inter_token(registry
+                        .AddHistogram("k3_attention_inter_token_seconds",
+                                      "Between two consecutive tokens of one request (one "
+                                      "observation per token after the first).",
+                                      ExponentialBuckets(0.0005, 2, 16))
+                        .Get()),
+        request_seconds(registry
+                            .AddHistogram("k3_attention_request_seconds",
+                                          "End-to-end latency: from a request's submission to "
+                                          "its end, whatever the finish reason.",
+                                          ExponentialBuckets(0.01, 2, 14))
+                            .Get()) {}
 
   MetricFamily<Counter>& requests;
   Counter* rejected;
@@ -114,6 +135,9 @@ struct GenerationScheduler::Metrics {
   Gauge* state_bytes;
   Histogram* step_seconds;
   Histogram* step_tokens;
+  Histogram* time_to_first_token;
+  Histogram* inter_token;
+  Histogram* request_seconds;
 };
 
 namespace {
@@ -294,7 +318,10 @@ void GenerationScheduler::Finish(Sequence& sequence, GenerationResult result) {
     in_flight_.erase(sequence.request.id);
     if (metrics_) metrics_->active->Set(static_cast<double>(in_flight_.size()));
   }
-  if (metrics_) metrics_->requests.WithLabels({FinishReasonName(result.reason)})->Increment();
+  if (metrics_) {
+    metrics_->requests.WithLabels({FinishReasonName(result.reason)})->Increment();
+    metrics_->request_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - sequence.submitted));
+  }
   if (result.reason == FinishReason::kError) {
     LOG(WARNING) << "request " << sequence.request.id << " failed: " << result.status;
   }
@@ -406,8 +433,17 @@ void GenerationScheduler::RunStep() {
       }
       const int32_t token = sequence.sampler.Next(row, vocab);
       sequence.generated.push_back(token);
-      if (metrics_) metrics_->generated_tokens->Increment();
       const int generated = static_cast<int>(sequence.generated.size());
+      if (metrics_) {
+        const absl::Time now = absl::Now();
+        metrics_->generated_tokens->Increment();
+        if (generated == 1) {
+          metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - sequence.submitted));
+        } else {
+          metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - sequence.last_token));
+        }
+        sequence.last_token = now;
+      }
       sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
       const std::vector<int32_t>& stops = sequence.request.stop_token_ids;
       if ((token == config().eos_token_id && !sequence.request.ignore_eos) ||

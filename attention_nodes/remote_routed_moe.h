@@ -13,7 +13,16 @@
 //  - the router fails (kPeerFailed) while it owes the answer: the rows are sent again to the next
 //    usable router (x is still valid then); with no router left Wait returns UNAVAILABLE with the
 //    transport's description of the failure;
-//  - no answer within `timeout` of Begin: DEADLINE_EXCEEDED naming the router and the layer.
+//  - the router hangs (a stopped or stuck process: no failure, no answer). A MoE layer step is a
+//    pure function of its rows, so once the step deadline passes without an answer (see
+//    RemoteRoutedMoeOptions: a multiple of the measured p99 round trip, with a floor) the rows are
+//    sent again, under a new step id, to another usable router, and the first answer of any
+//    attempt is taken. The late router is suspect: new layers go to the others until any answer
+//    of it arrives (its late answers of abandoned steps, once it runs again). The same happens at
+//    once when the owner's SetRouters no longer lists the router a step waits for (e.g. the
+//    coordinator's DEAD verdict);
+//  - no answer from any attempt within `timeout` of Begin: DEADLINE_EXCEEDED naming the routers
+//    and the layer.
 // After a failed Wait the step is abandoned: answers that arrive later carry a step id nobody
 // waits for and are dropped. Step ids are unique in the process.
 //
@@ -25,8 +34,10 @@
 #ifndef K3SERVE_ATTENTION_NODES_REMOTE_ROUTED_MOE_H_
 #define K3SERVE_ATTENTION_NODES_REMOTE_ROUTED_MOE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +54,13 @@ struct RemoteRoutedMoeOptions {
   // How long Wait waits for a layer's answer, counted from Begin. Longer than the router's own
   // expert deadline, so that a lost expert worker is reported by the router with its name.
   absl::Duration timeout = absl::Seconds(10);
+  // The step deadline after which a layer is sent again to another router (see the file
+  // comment): max(retry_floor, retry_p99_factor x the p99 round trip of the last answered
+  // layers). The floor keeps noise on a loaded machine from causing retries; an early retry costs
+  // only duplicate work (e.g. a prefill chunk far larger than the layers measured may be computed
+  // twice).
+  absl::Duration retry_floor = absl::Milliseconds(500);
+  double retry_p99_factor = 8;
   // Called (on the stepping thread; must be quick) when a router is seen to fail (a kPeerFailed
   // event, or a Send refused with UNAVAILABLE), e.g. to stop linking it. Optional; may be called
   // more than once for one router.
@@ -67,12 +85,29 @@ class RemoteRoutedMoe final : public RoutedMoe {
 
   // Answers dropped because no step waited for them (late answers of abandoned steps).
   uint64_t stale_answers() const { return stale_answers_; }
+  // Layers sent again to another router because theirs hung or was declared gone, since start.
+  // Any thread.
+  uint64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+  // The current step deadline (see RemoteRoutedMoeOptions). Stepping thread.
+  absl::Duration step_deadline() const { return step_deadline_; }
 
  private:
-  // Sends the current layer's rows, under a fresh step id, to the next usable router; routers
-  // whose Send fails are dropped from the set. UNAVAILABLE when none takes them.
+  struct Attempt {
+    uint64_t step_id = 0;
+    PeerId router = 0;
+    absl::Time sent;
+  };
+
+  // Sends the current layer's rows, under a fresh step id, to the next usable router this layer
+  // has not tried, preferring routers that are not suspect; routers whose Send fails are dropped
+  // from the set. UNAVAILABLE when none takes them.
   absl::Status SendToNextRouter();
+  // Sends the layer to another router when its last attempt's router is late or no longer
+  // usable (see the file comment).
+  void MaybeRetry(absl::Time now);
   void DropRouter(PeerId router);
+  bool Usable(PeerId router) const;
+  void RecordRoundTrip(absl::Duration round_trip);
 
   Transport* const transport_;
   const int hidden_size_;
@@ -88,10 +123,17 @@ class RemoteRoutedMoe final : public RoutedMoe {
   int layer_ = -1;
   const float* x_ = nullptr;
   int64_t tokens_ = 0;
-  uint64_t step_id_ = 0;
-  PeerId router_ = 0;
-  absl::Time deadline_;
+  std::vector<Attempt> attempts_;  // the current layer's attempts that may still answer
+  std::vector<PeerId> tried_;      // every router the current layer was sent to
+  bool last_superseded_ = false;   // the last attempt was already followed by a retry decision
+  absl::Time deadline_;            // Begin + timeout
+  absl::Time retry_at_;            // the last attempt's step deadline
+  std::set<PeerId> suspects_;      // late routers that have not answered since
   uint64_t stale_answers_ = 0;
+  std::vector<absl::Duration> round_trips_;  // a ring of the last kRoundTripWindow answered layers
+  size_t next_round_trip_ = 0;
+  absl::Duration step_deadline_;
+  std::atomic<uint64_t> retries_{0};
 };
 
 }  // namespace k3

@@ -227,6 +227,14 @@ void CoordinatorClient::FetchState() {
     LOG_EVERY_N(WARNING, 20) << "GetClusterState: " << status;
     return;
   }
+  if (state.recovering()) {
+    // A restarted coordinator that has not relearned every live node yet: acting on its partial
+    // view would drop links and workers that serve. Keep the last state; fetch again with the
+    // next heartbeat.
+    VLOG(1) << "the coordinator is relearning the cluster; keeping the last cluster state";
+    seen_placement_version_ = -1;
+    return;
+  }
   seen_placement_version_ = state.placement().version();
   seen_members_version_ = state.members_version();
   {

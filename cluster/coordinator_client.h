@@ -8,7 +8,10 @@
 // as a new node.
 //
 // Every RPC carries `rpc_timeout` as its deadline. A coordinator that stays unreachable does not
-// stop the node: it keeps its last state and keeps trying.
+// stop the node: it keeps its last state and keeps trying (heartbeats at their interval; the
+// channel reconnects with a backoff of 100 ms to 1 s). A state marked `recovering` (a restarted
+// coordinator still relearning the cluster) is not taken: the node keeps its last state, so the
+// callbacks never see the partial view, and fetches again with the next heartbeat.
 //
 // The background thread starts with Start, not with the constructor: a callback may run as soon as
 // the thread does, so whatever the callbacks reach (the owner's pointer to this client included)

@@ -90,6 +90,15 @@ absl::StatusOr<pb::RegisterResponse> CoordinatorState::Register(const pb::Regist
     id = next_id_;
   } else {
     auto it = members_.find(id);
+    if (it == members_.end() && !InRecovery(now)) {
+      // An id this process never handed out: the coordinator restarted under a running cluster.
+      // Relearn it before acting on what is known so far (see the file comment).
+      recovery_end_ = now + std::max(options_.recovery_window, options_.heartbeat_timeout);
+      LOG(WARNING) << pb::Role_Name(role) << " node " << id << " (" << info.grpc_address()
+                   << ") registers with an id this coordinator never assigned: it restarted; "
+                   << "relearning the cluster from the nodes for "
+                   << absl::FormatDuration(recovery_end_ - now);
+    }
     if (it != members_.end()) {
       const Member& old = it->second;
       if (old.info.role() != role) {
@@ -205,6 +214,7 @@ pb::ClusterState CoordinatorState::State() const {
   state.set_ready(ready());
   state.set_not_ready_reason(not_ready_reason_);
   state.set_members_version(members_version_);
+  state.set_recovering(recovering_);
   return state;
 }
 
@@ -367,7 +377,12 @@ absl::Status CoordinatorState::CommitPlacement(const ClusterPlacement& placement
 
 void CoordinatorState::ComputeReadiness(absl::Time now) {
   not_ready_reason_.clear();
-  if (InRecovery(now)) {
+  if (recovering_ && !InRecovery(now)) {
+    LOG(INFO) << "relearned the cluster: " << members_.size() << " member(s), placement version "
+              << placement_.version();
+  }
+  recovering_ = InRecovery(now);
+  if (recovering_) {
     not_ready_reason_ = absl::StrCat("relearning members for another ",
                                      absl::FormatDuration(recovery_end_ - now));
     return;

@@ -11,10 +11,15 @@
 // The cluster is ready when each required role has an alive, non-draining member and every
 // expert of every MoE layer has a live host.
 //
-// Nothing here is persisted. A restarted coordinator rebuilds itself from the nodes: during the
-// first `recovery_window` it assigns no new ids and computes no placement; live nodes, told
-// "unknown node" by their next heartbeat, register again with their old ids and their current
-// placement, which is adopted when newer than what the coordinator has.
+// Nothing here is persisted. A restarted coordinator rebuilds itself from the nodes: while it
+// recovers it assigns no new ids and computes no placement; live nodes, told "unknown node" by
+// their next heartbeat, register again with their old ids and their current placement, which is
+// adopted when newer than what the coordinator has. It recovers during the first
+// `recovery_window` after its start, and also (however that window was set, e.g. 0 for a fresh
+// cluster) for `heartbeat_timeout` from the first registration of an id it never handed out: the
+// sign that it restarted under a running cluster. Every live node re-registers within that time,
+// since a node silent that long would be DEAD anyway. While it recovers, State() says
+// `recovering`: its members and placement may lack live nodes, and nodes do not act on them.
 //
 // Time is an argument of every call, so tests drive it. Thread-safety: none; CoordinatorService
 // confines an instance to one actor.
@@ -87,6 +92,8 @@ class CoordinatorState {
   k3serve::cluster::v1::ClusterState State() const;
 
   bool ready() const { return not_ready_reason_.empty(); }
+  // Relearning the cluster after a restart (see the file comment), as of the last call.
+  bool recovering() const { return recovering_; }
   // Why the cluster is not ready; empty when it is.
   const std::string& not_ready_reason() const { return not_ready_reason_; }
   const ClusterPlacement& placement() const { return placement_; }
@@ -130,7 +137,8 @@ class CoordinatorState {
   int64_t NextVersion();
 
   const CoordinatorOptions options_;
-  const absl::Time recovery_end_;
+  absl::Time recovery_end_;
+  bool recovering_ = false;  // InRecovery as of the last Update
   std::map<uint32_t, Member> members_;  // by node id
   uint32_t next_id_ = 1;
   uint64_t members_version_ = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cluster/coordinator_client.h"
 #include "coordinator/coordinator_main.h"
@@ -414,6 +415,72 @@ TEST(CoordinatorProcessTest, ARestartedCoordinatorRelearnsTheClusterFromItsNodes
   auto late = StartClient(port, pb::ROLE_ROUTER);
   const uint32_t late_id = late->WaitRegistered(absl::Now() + absl::Seconds(5)).value();
   for (const pb::Member& m : before.members()) EXPECT_GT(late_id, m.node().node_id());
+}
+
+// A coordinator restarted with the flags of a fresh cluster (no recovery window, as `k3serve local`
+// runs it) sees nodes re-register one by one. No node is handed the partial states of that
+// time: acting on them would drop the links and workers of members not back yet.
+TEST(CoordinatorProcessTest, NodesNeverActOnTheStateOfACoordinatorStillRelearningThem) {
+  CoordinatorMainOptions options = TestOptions();
+  auto first = CoordinatorProcess::Start(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  struct Seen {
+    absl::Mutex mu;
+    int states = 0;
+    int most_members = 0;
+    int fewest_after_most = 1 << 30;  // the fewest members of a state after the most were seen
+    bool recovering = false;          // a state marked recovering reached the node
+  };
+  std::vector<std::unique_ptr<Seen>> seen;
+  std::vector<std::unique_ptr<CoordinatorClient>> nodes;
+  const std::vector<std::pair<pb::Role, int>> roles = {
+      {pb::ROLE_ATTENTION, 0}, {pb::ROLE_ROUTER, 0}, {pb::ROLE_EXPERT, 4}, {pb::ROLE_EXPERT, 4}};
+  for (const auto& [role, slots] : roles) {
+    seen.push_back(std::make_unique<Seen>());
+    Seen* mine = seen.back().get();
+    CoordinatorCallbacks callbacks;
+    callbacks.on_cluster_state = [mine](const pb::ClusterState& state) {
+      absl::MutexLock lock(&mine->mu);
+      ++mine->states;
+      mine->recovering |= state.recovering();
+      const int members = state.members_size();
+      if (members >= mine->most_members) {
+        mine->most_members = members;
+      } else {
+        mine->fewest_after_most = std::min(mine->fewest_after_most, members);
+      }
+    };
+    nodes.push_back(StartClient(port, role, slots, std::move(callbacks)));
+  }
+  for (auto& node : nodes) {
+    ASSERT_TRUE(WaitFor([&] { return node->cluster_state().members_size() == 4; }));
+  }
+  (*first)->Shutdown();
+  first->reset();
+
+  options.node.port = port;
+  auto second = CoordinatorProcess::Start(options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto stub = Stub(port);
+  const pb::ClusterState after = WaitForState(stub.get(), [](const pb::ClusterState& s) {
+    return s.ready() && !s.recovering() && s.members_size() == 4;
+  });
+  ASSERT_TRUE(after.ready()) << after.not_ready_reason();
+  // Every node takes the relearned state (its members_version restarted from scratch).
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    EXPECT_TRUE(WaitFor([&] {
+      return nodes[i]->cluster_state().members_version() == GetState(stub.get()).members_version();
+    })) << "node " << i;
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    absl::MutexLock lock(&seen[i]->mu);
+    EXPECT_FALSE(seen[i]->recovering) << "node " << i;
+    EXPECT_EQ(seen[i]->most_members, 4) << "node " << i;
+    EXPECT_EQ(seen[i]->fewest_after_most, 1 << 30)
+        << "node " << i << " was handed a state with only " << seen[i]->fewest_after_most
+        << " members";
+  }
 }
 
 }  // namespace

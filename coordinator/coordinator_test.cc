@@ -374,6 +374,48 @@ TEST(CoordinatorTest, ARestartedCoordinatorRelearnsMembersAndPlacementFromTheNod
   for (const pb::NodeInfo& info : cl.infos) EXPECT_GT(id, info.node_id());
 }
 
+// A coordinator restarted with the flags of a fresh cluster (no recovery window) still relearns
+// the cluster: the first node that registers with an id it never handed out starts a window of
+// one heartbeat timeout, during which its state says `recovering` and it places nothing anew.
+TEST(CoordinatorTest, ARegistrationWithAnUnknownIdStartsRecoveryWithoutAWindow) {
+  Cluster cl(/*experts=*/3);
+  ASSERT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_FALSE(cl.c.State().recovering());
+  const ClusterPlacement before = cl.c.placement();
+  pb::ExpertPlacement known;
+  ClusterPlacementToProto(before, &known);
+
+  CoordinatorState fresh(Options(2, 8, 2), cl.now);  // recovery_window 0
+  EXPECT_FALSE(fresh.State().recovering());
+  const absl::Time restart = cl.now + absl::Milliseconds(10);
+  // Expert nodes first: alone, they would be enough to compute a new placement version 1.
+  std::vector<pb::NodeInfo> order;
+  for (const pb::NodeInfo& info : cl.infos) {
+    if (info.role() == pb::ROLE_EXPERT) order.push_back(info);
+  }
+  for (const pb::NodeInfo& info : cl.infos) {
+    if (info.role() != pb::ROLE_EXPERT) order.push_back(info);
+  }
+  absl::Time now = restart;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const pb::NodeInfo& info = order[i];
+    const bool has_placement = info.role() != pb::ROLE_ATTENTION;
+    EXPECT_EQ(Join(fresh, info, now, has_placement ? &known : nullptr), info.node_id());
+    EXPECT_TRUE(fresh.State().recovering()) << "after " << i + 1 << " registrations";
+    EXPECT_FALSE(fresh.ready());
+    now += absl::Milliseconds(20);
+  }
+  // A brand-new node must wait: its id could collide with a live node's.
+  EXPECT_EQ(TryJoin(fresh, Node(pb::ROLE_ROUTER), now).code(), absl::StatusCode::kUnavailable);
+  fresh.Tick(restart + CoordinatorOptions().heartbeat_timeout);
+  EXPECT_FALSE(fresh.State().recovering());
+  EXPECT_TRUE(fresh.ready()) << fresh.not_ready_reason();
+  EXPECT_EQ(fresh.placement(), before);  // adopted, not recomputed
+  for (const pb::NodeInfo& info : cl.infos) {
+    EXPECT_EQ(StateOf(fresh, info.node_id()), pb::ALIVE) << info.node_id();
+  }
+}
+
 TEST(CoordinatorTest, AnIncompatibleKnownPlacementIsIgnored) {
   CoordinatorState c(Options(2, 8, 1), kStart);
   ClusterPlacement wrong;

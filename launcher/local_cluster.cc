@@ -364,8 +364,11 @@ absl::Status LocalCluster::Launch(Node& node) {
   node.pid = pid;
   node.exit_status = 0;
   Progress(absl::StrCat("started ", node.name, " (pid ", pid, ") on ", node.grpc_address,
-                        site.netns.empty() ? "" : absl::StrCat(" in netns ", site.netns), ", log ",
-                        node.log_path));
+                        site.netns.empty() ? "" : absl::StrCat(" in netns ", site.netns),
+                        node.metrics_address.empty()
+                            ? ""
+                            : absl::StrCat(", metrics on ", node.metrics_address),
+                        ", log ", node.log_path));
   return absl::OkStatus();
 }
 

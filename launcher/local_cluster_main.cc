@@ -56,7 +56,11 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");
-  app->add_flag("--metrics", c.metrics, "every process serves HTTP /metrics");
+  c.metrics = true;  // `k3serve local` gives every process a /metrics port unless told not to
+  CLI::Option* metrics_flag =
+      app->add_flag("--metrics,!--no-metrics", c.metrics,
+                    "every process serves HTTP /metrics, printed as `metrics address: NODE "
+                    "HOST:PORT` (default: on, off with --prompt)");
   c.http_port = 0;  // `k3serve local` starts the HTTP front unless told not to
   CLI::Option* http_flag =
       AddBoundedInt(app, "--http-port", &c.http_port, -1, 65535,
@@ -72,10 +76,11 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 20,
                 "new tokens for --prompt")
       ->needs(prompt);
-  app->final_callback([options, host, slots, expert_slots, host_flag, http_flag] {
+  app->final_callback([options, host, slots, expert_slots, host_flag, http_flag, metrics_flag] {
     LocalClusterOptions& c = options->cluster;
-    // A one-shot --prompt run has no use for the front.
+    // A one-shot --prompt run has no use for the front or metrics.
     if (!options->prompt.empty() && http_flag->count() == 0) c.http_port = -1;
+    if (!options->prompt.empty() && metrics_flag->count() == 0) c.metrics = false;
     if (expert_slots->count() > 0) {
       if (static_cast<int>(slots->size()) != c.experts) {
         throw CLI::ValidationError(absl::StrCat("--expert-slots lists ", slots->size(),
@@ -122,6 +127,11 @@ int LocalClusterCommand(LocalCommandOptions options) {
   }
   if (const std::string http = (*cluster)->http_address(); !http.empty()) {
     std::cout << "http address: " << http << std::endl;
+  }
+  for (const LocalCluster::Node& node : (*cluster)->nodes()) {
+    if (!node.metrics_address.empty()) {
+      std::cout << "metrics address: " << node.name << " " << node.metrics_address << std::endl;
+    }
   }
 
   int exit_status = 0;

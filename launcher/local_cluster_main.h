@@ -1,18 +1,19 @@
 // `k3serve local`: a whole cluster on this host (launcher/local_cluster.h) from one command.
 //
 //   k3serve local --model DIR [--attention A] [--routers R] [--experts E] [--expert-slots 3,5,8]
-//       [--base-port P] [--host H] [--metrics] [--log-dir DIR] [--startup-timeout-ms T]
+//       [--base-port P] [--host H] [--no-metrics] [--log-dir DIR] [--startup-timeout-ms T]
 //       [--stop-grace-ms T] [--http-port P] [--prompt 1,2,3 [--max-new-tokens N]]
 //
 // Starts the coordinator and A attention, R router and E expert processes (default 1 each;
 // --expert-slots gives each expert node its share, default an even split), shows startup progress
 // on stderr, and once the cluster is ready prints one line `generate address: HOST:PORT` per
 // attention node on stdout, then `http address: HOST:PORT` for the OpenAI-compatible HTTP front
-// (`k3serve http` in front of every attention node; --http-port, default a free port; -1: none).
-// Then it serves until SIGINT/SIGTERM, reporting nodes that exit, and stops the tiers in order.
-// With --prompt it instead runs one greedy generation through the first attention node (without
-// an HTTP front unless --http-port is given), prints the new tokens (space-separated, like
-// `k3serve generate`) and stops.
+// (`k3serve http` in front of every attention node; --http-port, default a free port; -1: none),
+// then `metrics address: NODE HOST:PORT` for every process's Prometheus /metrics (unless
+// --no-metrics). Then it serves until SIGINT/SIGTERM, reporting nodes that exit, and stops the
+// tiers in order. With --prompt it instead runs one greedy generation through the first attention
+// node (without an HTTP front unless --http-port is given, nor metrics unless --metrics is),
+// prints the new tokens (space-separated, like `k3serve generate`) and stops.
 #ifndef K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 #define K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 

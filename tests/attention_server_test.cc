@@ -429,6 +429,45 @@ TEST_F(AttentionServerTest, InvalidRequestsAreRejectedWithInvalidArgument) {
   EXPECT_TRUE(WaitStateFreed());
 }
 
+// The latency histograms and call counts users watch, against what this test did: one
+// time-to-first-token and one end-to-end observation per request, one inter-token observation per
+// token after a request's first, one call per status code.
+TEST_F(AttentionServerTest, LatencyHistogramsAndCallCountsMatchTheRequestsMade) {
+  const std::string ttft = "k3_attention_time_to_first_token_seconds";
+  const std::string itl = "k3_attention_inter_token_seconds";
+  const std::string e2e = "k3_attention_request_seconds";
+  const std::string ok_calls = "k3_attention_generate_calls_total{code=\"OK\"}";
+  const std::string invalid_calls = "k3_attention_generate_calls_total{code=\"INVALID_ARGUMENT\"}";
+  auto count = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  const double ttft0 = count(ttft + "_count"), itl0 = count(itl + "_count");
+  const double e2e0 = count(e2e + "_count"), ttft_sum0 = count(ttft + "_sum");
+  const double e2e_sum0 = count(e2e + "_sum");
+  const double ok0 = count(ok_calls), invalid0 = count(invalid_calls);
+
+  constexpr int kRequests = 4;
+  int tokens_after_first = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    absl::StatusOr<GenerateOutcome> outcome = Generate(Request(Prompt(3 + i, 40 + i), 2 + 3 * i));
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    ASSERT_FALSE(outcome->tokens.empty());
+    tokens_after_first += static_cast<int>(outcome->tokens.size()) - 1;
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Generate(Request({}, 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+
+  EXPECT_EQ(count(ttft + "_count") - ttft0, kRequests);
+  EXPECT_EQ(count(itl + "_count") - itl0, tokens_after_first);
+  EXPECT_EQ(count(e2e + "_count") - e2e0, kRequests);
+  EXPECT_EQ(count(ok_calls) - ok0, kRequests);
+  EXPECT_EQ(count(invalid_calls) - invalid0, 2);
+  // Every request's first token came before its end.
+  EXPECT_GT(count(ttft + "_sum") - ttft_sum0, 0);
+  EXPECT_GE(count(e2e + "_sum") - e2e_sum0, count(ttft + "_sum") - ttft_sum0);
+  // The +Inf bucket of a histogram holds its count.
+  EXPECT_EQ(MetricValue(itl + "_bucket{le=\"+Inf\"}"), count(itl + "_count"));
+}
+
 TEST_F(AttentionServerTest, CancelledStreamFreesItsState) {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =

@@ -26,6 +26,7 @@
 #include "attention_nodes/generate_client.h"
 #include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "tests/cluster_testing.h"
 
 extern char** environ;
@@ -219,10 +220,37 @@ TEST(LocalCommandTest, InterruptStopsEveryProcessCleanly) {
       {"--model", RandomCheckpointDir("k3-tiny", 7), "--experts", "2", "--routers", "2"});
   const std::string line = local.ReadLine(absl::Seconds(60));
   ASSERT_EQ(line.rfind("generate address: 127.0.0.1:", 0), 0u) << line << "\n" << local.Stderr();
-  // The launcher prints the HTTP front's address after the attention nodes'.
+  // The launcher prints the HTTP front's address after the attention nodes', then every
+  // process's metrics address.
   EXPECT_EQ(local.ReadLine(absl::Seconds(5)).rfind("http address: 127.0.0.1:", 0), 0u);
   const std::vector<pid_t> nodes = local.NodePids();
   ASSERT_EQ(nodes.size(), 7u) << local.Stderr();  // with the HTTP front
+  std::vector<std::string> metrics_nodes;
+  std::string attention_metrics;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<std::string> words = absl::StrSplit(local.ReadLine(absl::Seconds(5)), ' ');
+    ASSERT_EQ(words.size(), 4u) << absl::StrJoin(words, " ");
+    EXPECT_EQ(words[0] + " " + words[1], "metrics address:");
+    EXPECT_EQ(words[3].rfind("127.0.0.1:", 0), 0u) << words[3];
+    metrics_nodes.push_back(words[2]);
+    if (words[2] == "attention-0") attention_metrics = words[3];
+  }
+  EXPECT_EQ(metrics_nodes,
+            (std::vector<std::string>{"coordinator", "attention-0", "router-0", "router-1",
+                                      "expert-0", "expert-1", "http-0"}));
+  // The attention worker's metrics have the latency histograms users expect.
+  std::vector<std::string> port = absl::StrSplit(attention_metrics, ':');
+  ASSERT_EQ(port.size(), 2u);
+  httplib::Client client("127.0.0.1", std::stoi(port[1]));
+  client.set_connection_timeout(2);
+  httplib::Result scraped = client.Get("/metrics");
+  ASSERT_TRUE(scraped) << httplib::to_string(scraped.error());
+  EXPECT_EQ(scraped->status, 200);
+  for (const char* name :
+       {"k3_attention_time_to_first_token_seconds_count", "k3_attention_inter_token_seconds_count",
+        "k3_attention_request_seconds_count"}) {
+    EXPECT_NE(scraped->body.find(name), std::string::npos) << name;
+  }
   kill(local.pid(), SIGINT);
   EXPECT_EQ(local.Wait(absl::Seconds(20)), 0) << local.Stderr();
   EXPECT_TRUE(AllGoneWithin(nodes, absl::Seconds(1)));

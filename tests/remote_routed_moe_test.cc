@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/test_wait.h"
 #include "attention_nodes/model_runner.h"
 #include "cluster/inproc_transport.h"
 #include "gtest/gtest.h"
@@ -74,6 +75,14 @@ class FakeRouter {
 
   InProcTransport& transport() { return *transport_; }
   int requests() const { return requests_; }
+  // While held, requests are taken but not answered (a stopped process); Release answers them.
+  void Hold() { held_ = true; }
+  void Release() { held_ = false; }
+  // Simulated compute time before each answer.
+  void set_delay(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    delay_ = delay;
+  }
 
  private:
   void Loop() {
@@ -83,10 +92,19 @@ class FakeRouter {
       if (!received.ok() && !absl::IsDeadlineExceeded(received.status())) {
         absl::SleepFor(absl::Milliseconds(1));  // killed: nothing more will arrive
       }
-      if (!received.ok() || received->kind != Received::Kind::kMessage) continue;
+      if (received.ok() && received->kind == Received::Kind::kMessage) {
+        backlog_.push_back(*std::move(received));
+        ++requests_;
+      }
+      if (held_ || backlog_.empty()) continue;
+      received = std::move(backlog_.front());
+      backlog_.erase(backlog_.begin());
       MoeRequest request;
       ASSERT_TRUE(Decode(received->bytes, &request).ok());
-      ++requests_;
+      {
+        absl::MutexLock lock(&mu_);
+        if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
+      }
       MoeResponse response;
       response.step_id = request.step_id;
       switch (mode_) {
@@ -123,6 +141,10 @@ class FakeRouter {
   const Mode mode_;
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
+  std::atomic<bool> held_{false};
+  std::vector<Received> backlog_;  // loop thread only
+  absl::Mutex mu_;
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::thread thread_;
 };
 
@@ -288,6 +310,110 @@ TEST_F(RemoteRoutedMoeTest, RowsMoveToAnotherRouterWhenTheirRouterDies) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(healthy.requests(), 1);
   EXPECT_EQ(remote.usable_routers(), 1);
+}
+
+// A router that hangs (no failure, no answer) costs a layer one step deadline: the rows go to the
+// other router, new layers avoid the late one until it answers again.
+TEST_F(RemoteRoutedMoeTest, AHungRouterIsRoutedAroundAfterTheStepDeadline) {
+  FakeRouter hung(&network_, weights_, FakeRouter::Mode::kAnswer);
+  FakeRouter healthy(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(hung, 1);
+  Link(healthy, 2);
+  RemoteRoutedMoeOptions options;
+  options.retry_floor = absl::Milliseconds(300);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1, 2});
+  EXPECT_EQ(remote.step_deadline(), absl::Milliseconds(300));
+  LocalRoutedMoe local(weights_);
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(3, config().hidden_size, 8);
+  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
+  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
+  ASSERT_TRUE(local.Wait(want.data()).ok());
+
+  hung.Hold();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());  // round-robin starts with router 1
+  ASSERT_TRUE(remote.Wait(got.data()).ok());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(remote.retries(), 1u);
+  EXPECT_EQ(hung.requests(), 1);
+  EXPECT_EQ(healthy.requests(), 1);
+
+  // The hung router is suspect: the next layers all go to the other one, without waiting.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());
+    ASSERT_TRUE(remote.Wait(got.data()).ok());
+    EXPECT_EQ(got, want);
+  }
+  EXPECT_EQ(hung.requests(), 1);
+  EXPECT_EQ(healthy.requests(), 5);
+  EXPECT_EQ(remote.retries(), 1u);
+
+  // Running again, it answers the abandoned step (dropped as stale) and gets layers again.
+  hung.Release();
+  const bool used_again = WaitFor([&] {
+    EXPECT_TRUE(remote.Begin(layer, x.data(), 3).ok());
+    EXPECT_TRUE(remote.Wait(got.data()).ok());
+    EXPECT_EQ(got, want);
+    return hung.requests() > 1;
+  });
+  EXPECT_TRUE(used_again);
+  EXPECT_EQ(remote.stale_answers(), 1u);
+}
+
+// When the owner stops listing the router a layer waits for (the coordinator declared it DEAD),
+// the rows go to another router at once, long before the step deadline.
+TEST_F(RemoteRoutedMoeTest, ARouterNoLongerListedIsRoutedAroundAtOnce) {
+  FakeRouter hung(&network_, weights_, FakeRouter::Mode::kAnswer);
+  FakeRouter healthy(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(hung, 1);
+  Link(healthy, 2);
+  RemoteRoutedMoeOptions options;
+  options.retry_floor = absl::Seconds(60);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1, 2});
+  hung.Hold();
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 9);
+  std::vector<float> out(2 * config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  absl::Time dropped;
+  std::thread verdict([&] {
+    ASSERT_TRUE(WaitFor([&] { return hung.requests() == 1; }));
+    dropped = absl::Now();
+    remote.SetRouters({2});
+  });
+  const absl::Status status = remote.Wait(out.data());
+  verdict.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_LT(absl::Now() - dropped, absl::Seconds(1));
+  EXPECT_EQ(healthy.requests(), 1);
+  EXPECT_EQ(remote.retries(), 1u);
+}
+
+// The step deadline is a multiple of the measured p99 round trip, never below the floor.
+TEST_F(RemoteRoutedMoeTest, TheStepDeadlineFollowsTheMeasuredRoundTrips) {
+  FakeRouter slow(&network_, weights_, FakeRouter::Mode::kAnswer);
+  slow.set_delay(absl::Milliseconds(20));
+  Link(slow, 1);
+  RemoteRoutedMoeOptions options;
+  options.retry_floor = absl::Milliseconds(1);
+  options.retry_p99_factor = 4;
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
+  EXPECT_EQ(remote.step_deadline(), absl::Milliseconds(1));  // no measurement yet: the floor
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 10);
+  std::vector<float> out(config().ExpertWidth());
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
+    ASSERT_TRUE(remote.Wait(out.data()).ok());
+  }
+  EXPECT_GE(remote.step_deadline(), absl::Milliseconds(80));
+  EXPECT_LT(remote.step_deadline(), absl::Seconds(10));
+  EXPECT_EQ(remote.retries(), 0u);
 }
 
 TEST_F(RemoteRoutedMoeTest, LayersAlternateBetweenRouters) {

@@ -1,0 +1,303 @@
+// Faults that must cost no request, in a real multi-process cluster (coordinator, one attention
+// worker, two routers, two expert workers of //:k3serve over UCX, k3-tiny) under a steady load of
+// greedy streams:
+//  - the coordinator killed with SIGKILL and restarted with the same flags on the same port: the
+//    streams keep completing while it is down and after it is back; the restarted coordinator
+//    relearns the members (same ids, same processes) and the placement (same version) from the
+//    nodes;
+//  - a router hung with SIGSTOP: the attention worker sends the MoE layer it waits for to the other
+//    router once the step deadline (derived from measured step times, far below the 10 s MoE
+//    timeout) passes, and new layers avoid the hung router; streams stall for well under 2 s.
+//    The coordinator marks it DEAD, and ALIVE again after SIGCONT.
+// In every case no request fails and every request's tokens equal the single-process engine's.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attention_nodes/generate_client.h"
+#include "cluster/test_wait.h"
+#include "gtest/gtest.h"
+#include "launcher/local_cluster.h"
+#include "model/config.h"
+#include "proto/cluster.pb.h"
+#include "tests/cluster_testing.h"
+
+namespace k3 {
+namespace {
+
+namespace pb = k3serve::cluster::v1;
+
+constexpr int kClients = 4;
+constexpr int kMaxNewTokens = 24;
+constexpr absl::Duration kRequestTimeout = absl::Seconds(30);
+
+// kClients threads, each sending greedy requests one after the other (prompt i of the client's
+// own prompts, in turn) until Stop. Every outcome is checked against the expected tokens.
+class Load {
+ public:
+  Load(std::string address, std::vector<std::vector<int32_t>> prompts,
+       std::vector<std::vector<int32_t>> expected)
+      : address_(std::move(address)), prompts_(std::move(prompts)), expected_(std::move(expected)) {
+    for (int c = 0; c < kClients; ++c) threads_.emplace_back([this, c] { Run(c); });
+  }
+  ~Load() { Stop(); }
+
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  int completed() const { return completed_.load(); }
+  // Waits until `more` requests completed after the call.
+  bool WaitMore(int more, absl::Duration timeout) {
+    const int target = completed() + more;
+    return WaitFor([&] { return completed() >= target || failed() > 0; }, timeout) &&
+           failed() == 0;
+  }
+  int failed() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(failures_.size());
+  }
+  std::vector<std::string> failures() const {
+    absl::MutexLock lock(&mu_);
+    return failures_;
+  }
+  // The longest time between two token chunks of one stream, from a request's start to its first
+  // chunk, or from its last chunk to its end, seen so far.
+  absl::Duration longest_gap() const {
+    absl::MutexLock lock(&mu_);
+    return longest_gap_;
+  }
+  void ResetLongestGap() {
+    absl::MutexLock lock(&mu_);
+    longest_gap_ = absl::ZeroDuration();
+  }
+
+ private:
+  void Run(int client) {
+    for (int n = 0; !stop_; ++n) {
+      const size_t p = (client + n * kClients) % prompts_.size();
+      const std::string id = absl::StrCat("client-", client, "-", n);
+      absl::Time last = absl::Now();
+      auto on_tokens = [&](absl::Span<const int32_t>) {
+        const absl::Time now = absl::Now();
+        absl::MutexLock lock(&mu_);
+        longest_gap_ = std::max(longest_gap_, now - last);
+        last = now;
+      };
+      absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+          address_, GreedyRequest(id, prompts_[p], kMaxNewTokens), kRequestTimeout, on_tokens);
+      {
+        absl::MutexLock lock(&mu_);  // from the last token to the end of the call
+        longest_gap_ = std::max(longest_gap_, absl::Now() - last);
+      }
+      std::string failure;
+      if (!outcome.ok()) {
+        failure = outcome.status().ToString();
+      } else if (outcome->tokens != expected_[p]) {
+        failure = absl::StrCat("tokens ", absl::StrJoin(outcome->tokens, ","), " differ from ",
+                               absl::StrJoin(expected_[p], ","));
+      }
+      if (!failure.empty()) {
+        std::cerr << id << " failed after " << absl::FormatDuration(absl::Now() - last) << ": "
+                  << failure << std::endl;
+        absl::MutexLock lock(&mu_);
+        failures_.push_back(absl::StrCat(id, ": ", failure));
+      } else {
+        ++completed_;
+      }
+    }
+  }
+
+  const std::string address_;
+  const std::vector<std::vector<int32_t>> prompts_;
+  const std::vector<std::vector<int32_t>> expected_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> completed_{0};
+  mutable absl::Mutex mu_;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::vector<std::thread> threads_;
+};
+
+// The state the coordinator gives the member with `pid`; MEMBER_STATE_UNSPECIFIED if unknown.
+pb::MemberState StateOfPid(const LocalCluster& cluster, pid_t pid) {
+  absl::StatusOr<pb::ClusterState> state = cluster.GetClusterState(absl::Seconds(1));
+  if (!state.ok()) return pb::MEMBER_STATE_UNSPECIFIED;
+  for (const pb::Member& m : state->members()) {
+    if (m.node().pid() == pid) return m.state();
+  }
+  return pb::MEMBER_STATE_UNSPECIFIED;
+}
+
+// (node id, incarnation) of each member, with its state.
+std::map<std::pair<uint32_t, uint64_t>, pb::MemberState> Members(const pb::ClusterState& state) {
+  std::map<std::pair<uint32_t, uint64_t>, pb::MemberState> members;
+  for (const pb::Member& m : state.members()) {
+    members[{m.node().node_id(), m.node().incarnation()}] = m.state();
+  }
+  return members;
+}
+
+class ClusterFailoverTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new std::string(RandomCheckpointDir("k3-tiny", 5));
+    prompts_ = new std::vector<std::vector<int32_t>>(
+        TestPrompts(2 * kClients, NamedConfig("k3-tiny")->vocab_size, 11));
+    absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+        SingleProcessTokens(*model_, *prompts_, kMaxNewTokens);
+    if (!expected.ok()) {
+      start_error_ = new std::string(expected.status().ToString());
+      return;
+    }
+    expected_ = new std::vector<std::vector<int32_t>>(*std::move(expected));
+    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+        LocalCluster::Start(TestClusterOptions(*model_, 1, 2, 2));
+    if (!cluster.ok()) {
+      start_error_ = new std::string(cluster.status().ToString());
+      return;
+    }
+    cluster_ = cluster->release();
+  }
+
+  static void TearDownTestSuite() {
+    if (cluster_ != nullptr) {
+      const absl::Status stopped = cluster_->Stop();
+      EXPECT_TRUE(stopped.ok()) << stopped;
+    }
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr) << *start_error_;
+    const absl::Status running = cluster_->CheckRunning();
+    ASSERT_TRUE(running.ok()) << running;
+  }
+
+  std::unique_ptr<Load> StartLoad() {
+    return std::make_unique<Load>(cluster_->generate_addresses()[0], *prompts_, *expected_);
+  }
+
+  static std::string* model_;
+  static std::string* start_error_;
+  static std::vector<std::vector<int32_t>>* prompts_;
+  static std::vector<std::vector<int32_t>>* expected_;
+  static LocalCluster* cluster_;
+};
+
+std::string* ClusterFailoverTest::model_ = nullptr;
+std::string* ClusterFailoverTest::start_error_ = nullptr;
+std::vector<std::vector<int32_t>>* ClusterFailoverTest::prompts_ = nullptr;
+std::vector<std::vector<int32_t>>* ClusterFailoverTest::expected_ = nullptr;
+LocalCluster* ClusterFailoverTest::cluster_ = nullptr;
+
+TEST_F(ClusterFailoverTest, CoordinatorRestartIsANonEvent) {
+  absl::StatusOr<pb::ClusterState> before = cluster_->GetClusterState(absl::Seconds(2));
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(before->ready()) << before->not_ready_reason();
+  ASSERT_EQ(before->members_size(), 5);
+
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load->failures(), "\n");
+
+  ASSERT_TRUE(cluster_->Signal("coordinator", SIGKILL).ok());
+  absl::StatusOr<int> exit = cluster_->WaitExit("coordinator", absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_EQ(*exit, 128 + SIGKILL);
+  // The data plane serves without a coordinator: several heartbeat timeouts' worth of requests.
+  const absl::Time down = absl::Now();
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  EXPECT_TRUE(WaitFor([&] { return absl::Now() - down > absl::Seconds(2); }, absl::Seconds(3)));
+  EXPECT_TRUE(load->WaitMore(kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+
+  // Same flags, same port. It relearns every member (same ids, same processes, ALIVE) and the
+  // placement from the nodes, and is ready again.
+  ASSERT_TRUE(cluster_->Restart("coordinator").ok());
+  const absl::Time restarted = absl::Now();
+  absl::StatusOr<pb::ClusterState> after;
+  const bool relearned = WaitFor(
+      [&] {
+        after = cluster_->GetClusterState(absl::Seconds(1));
+        return after.ok() && after->ready() && !after->recovering() &&
+               Members(*after) == Members(*before);
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(relearned) << (after.ok() ? after->DebugString() : after.status().ToString());
+  std::cerr << "the restarted coordinator relearned the cluster in "
+            << absl::FormatDuration(absl::Now() - restarted) << std::endl;
+  EXPECT_EQ(after->placement().SerializeAsString(), before->placement().SerializeAsString())
+      << "before: " << before->placement().ShortDebugString()
+      << "\nafter: " << after->placement().ShortDebugString();
+
+  // Requests keep succeeding after it is back, on links the nodes kept.
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  std::cerr << load->completed() << " requests completed, " << load->failed()
+            << " failed; longest wait for a token: " << absl::FormatDuration(load->longest_gap())
+            << std::endl;
+  const absl::Status running = cluster_->CheckRunning();
+  EXPECT_TRUE(running.ok()) << running;
+}
+
+TEST_F(ClusterFailoverTest, AHungRouterIsRoutedAroundWithinTwoSeconds) {
+  absl::StatusOr<const LocalCluster::Node*> router = cluster_->node("router-0");
+  ASSERT_TRUE(router.ok()) << router.status();
+  const pid_t pid = (*router)->pid;
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load->failures(), "\n");
+
+  ASSERT_TRUE(cluster_->Signal("router-0", SIGSTOP).ok());
+  struct Continue {
+    ~Continue() { (void)cluster->Signal("router-0", SIGCONT); }
+    LocalCluster* cluster;
+  } resume_at_exit{cluster_};
+  load->ResetLongestGap();
+  const absl::Time stopped = absl::Now();
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  // The coordinator's verdict, and requests keep completing after it.
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::DEAD; }, absl::Seconds(5)));
+  std::cerr << "the coordinator marked the hung router DEAD after "
+            << absl::FormatDuration(absl::Now() - stopped) << std::endl;
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  const absl::Duration stall = load->longest_gap();
+  std::cerr << "longest wait for a token while the router was hung: "
+            << absl::FormatDuration(stall) << std::endl;
+  EXPECT_LT(stall, absl::Seconds(2)) << "the hung router was not routed around in time";
+
+  // Running again, it is ALIVE again and the cluster keeps serving.
+  ASSERT_TRUE(cluster_->Signal("router-0", SIGCONT).ok());
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::ALIVE; }, absl::Seconds(5)));
+  EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load->failures(), "\n");
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  std::cerr << load->completed() << " requests completed, " << load->failed() << " failed"
+            << std::endl;
+  const absl::Status running = cluster_->CheckRunning();
+  EXPECT_TRUE(running.ok()) << running;
+}
+
+}  // namespace
+}  // namespace k3
