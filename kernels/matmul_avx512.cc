@@ -2,6 +2,7 @@
 // target attribute (the rest of the binary stays baseline x86-64); callers check CpuHasAvx512().
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +56,8 @@ constexpr int64_t kRowsSpan = 32;
 // Least weight bytes worth handing to another thread (a few microseconds of streaming, against
 // about one for a ParallelFor).
 constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
+// Weight bytes of the units a thread takes from another's share when its own is done.
+constexpr int64_t kUnitBytes = int64_t{32} << 10;
 
 // Rows per block for a group of T tokens: 8 weight streams for 1-2 tokens, 4 for 3-4 tokens
 // (16 accumulators and 8 activation vectors; 5 rows measured no faster).
@@ -671,26 +674,79 @@ void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens) {
                 task.accumulate, begin, end);
     }
   };
-  // Chunks of equal weight bytes (whole blocks: block j of a task goes to the chunk holding its
-  // first byte), at least kMinChunkBytes each, at most one per thread.
-  const int64_t chunks =
+  // One share of equal weight bytes per thread (whole blocks: block j of a task goes to the share
+  // holding its first byte), at least kMinChunkBytes each, cut into units of about kUnitBytes.
+  // A thread works through its own share from the front, one contiguous stream, then takes units
+  // from the back of the others' shares: a thread that started late or was slowed down does not
+  // hold up the whole job.
+  const int64_t shares =
       std::clamp<int64_t>(total_bytes / kMinChunkBytes, 1, KernelThreadCount());
-  ParallelFor(chunks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      const int64_t lo = total_bytes * c / chunks, hi = total_bytes * (c + 1) / chunks;
-      int64_t base = 0;
-      for (int i = 0; i < count; ++i) {
-        const Prepared& p = prepared[i];
-        const int64_t size = p.blocks * p.block_bytes;
-        if (base < hi && base + size > lo) {
-          // Blocks whose first byte lies in [lo, hi).
-          const int64_t b0 = lo <= base ? 0 : (lo - base + p.block_bytes - 1) / p.block_bytes;
-          const int64_t b1 = std::min(p.blocks, (hi - base + p.block_bytes - 1) / p.block_bytes);
-          if (b0 < b1) {
-            run_rows(i, b0 * kRowsAlign, std::min(tasks[i].w->rows, b1 * kRowsAlign));
-          }
+  struct Unit {
+    int task;
+    int64_t row_begin, row_end;
+  };
+  thread_local std::vector<Unit> t_units;
+  thread_local std::vector<int64_t> t_share_start;
+  thread_local std::unique_ptr<std::atomic<uint64_t>[]> t_cursors;
+  thread_local int64_t t_cursor_capacity = 0;
+  std::vector<Unit>& units = t_units;
+  std::vector<int64_t>& share_start = t_share_start;
+  units.clear();
+  share_start.assign(shares + 1, 0);
+  for (int64_t c = 0; c < shares; ++c) {
+    share_start[c] = static_cast<int64_t>(units.size());
+    const int64_t lo = total_bytes * c / shares, hi = total_bytes * (c + 1) / shares;
+    int64_t base = 0;
+    for (int i = 0; i < count; ++i) {
+      const Prepared& p = prepared[i];
+      const int64_t size = p.blocks * p.block_bytes;
+      if (base < hi && base + size > lo) {
+        const int64_t b0 = lo <= base ? 0 : (lo - base + p.block_bytes - 1) / p.block_bytes;
+        const int64_t b1 = std::min(p.blocks, (hi - base + p.block_bytes - 1) / p.block_bytes);
+        const int64_t step = std::max<int64_t>(1, kUnitBytes / p.block_bytes);
+        for (int64_t b = b0; b < b1; b += step) {
+          units.push_back(Unit{i, b * kRowsAlign,
+                               std::min(tasks[i].w->rows, std::min(b1, b + step) * kRowsAlign)});
         }
-        base += size;
+      }
+      base += size;
+    }
+  }
+  share_start[shares] = static_cast<int64_t>(units.size());
+  if (t_cursor_capacity < shares) {
+    t_cursors.reset(new std::atomic<uint64_t>[shares]);
+    t_cursor_capacity = shares;
+  }
+  // Share c's next unit from the front (high 32 bits) and one past its last from the back.
+  std::atomic<uint64_t>* cursors = t_cursors.get();
+  for (int64_t c = 0; c < shares; ++c) {
+    cursors[c].store(static_cast<uint64_t>(share_start[c]) << 32 |
+                         static_cast<uint64_t>(share_start[c + 1]),
+                     std::memory_order_relaxed);
+  }
+  // Takes a unit of share c from the front or the back; false when none is left.
+  auto take = [&](int64_t c, bool front, int64_t* unit) {
+    uint64_t word = cursors[c].load(std::memory_order_relaxed);
+    while (true) {
+      const uint64_t next = word >> 32, end = word & 0xffffffffu;
+      if (next >= end) return false;
+      const uint64_t updated = front ? word + (uint64_t{1} << 32) : word - 1;
+      if (cursors[c].compare_exchange_weak(word, updated, std::memory_order_relaxed)) {
+        *unit = static_cast<int64_t>(front ? next : end - 1);
+        return true;
+      }
+    }
+  };
+  ParallelFor(shares, 1, [&](int64_t first, int64_t last) {
+    int64_t unit;
+    for (int64_t c = first; c < last; ++c) {
+      while (take(c, true, &unit)) {
+        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
+      }
+    }
+    for (int64_t c = 0; c < shares; ++c) {
+      while (take(c, false, &unit)) {
+        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
       }
     }
   });
