@@ -21,6 +21,9 @@ absl::Status CoordinatorOptions::Validate() const {
         "num_experts (", num_experts, ") and num_moe_layers (", num_moe_layers,
         ") must be both zero (dense model) or both positive"));
   }
+  if (replica_slots_per_worker < 0) {
+    return absl::InvalidArgumentError("replica_slots_per_worker must not be negative");
+  }
   if (num_experts > 0 && expected_expert_nodes < 1) {
     return absl::InvalidArgumentError("expected_expert_nodes must be at least 1 with experts");
   }
@@ -280,10 +283,15 @@ void CoordinatorState::PlaceInitially() {
     placement_error_ = std::string(experts.status().message());
     return;
   }
+  AddRingReplicas(&*experts, options_.replica_slots_per_worker);
   placement_.experts = *std::move(experts);
   placement_.worker_nodes = nodes;
   placement_error_.clear();
-  LOG(INFO) << "initial placement version 1 on expert nodes " << absl::StrJoin(nodes, ",");
+  LOG(INFO) << "initial placement version 1 on expert nodes " << absl::StrJoin(nodes, ",")
+            << (options_.replica_slots_per_worker > 0
+                    ? absl::StrCat(", with up to ", options_.replica_slots_per_worker,
+                                   " replicas per node and layer")
+                    : "");
 }
 
 void CoordinatorState::ReplaceDeadWorkers() {

@@ -3,7 +3,10 @@
 // Members register, heartbeat and leave; a member whose heartbeats stop for `heartbeat_timeout`
 // is DEAD (a later heartbeat revives it). The expert placement is computed once the expected
 // number of expert nodes is alive: contiguous slices of the expert ids over the lowest-id expert
-// nodes, each slice proportional to the node's declared slots (ContiguousPlacement). Expert nodes
+// nodes, each slice proportional to the node's declared slots (ContiguousPlacement), plus, with
+// `replica_slots_per_worker`, replicas of the next nodes' experts in that many extra slots of
+// each node (AddRingReplicas), so that a router can send a dead node's rows to a live replica
+// (router/router_core.h). Expert nodes
 // beyond those are spares: when a placed node is dead or gone and some of its experts have no
 // other live replica, the lowest-id spare with enough slots takes over its worker index (a new
 // placement version; the spare loads the experts when it sees it).
@@ -50,6 +53,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(250);  // told to nodes
   absl::Duration heartbeat_timeout = absl::Milliseconds(1500);
   absl::Duration recovery_window = absl::Milliseconds(1500);
+  // Experts per layer each node of the initial placement holds beyond its share, as replicas for
+  // failover (the coordinator's --spare-slots-per-worker); 0: no replicas.
+  int replica_slots_per_worker = 0;
 
   // INVALID_ARGUMENT naming the field for inconsistent values.
   absl::Status Validate() const;

@@ -57,6 +57,8 @@ absl::Status Resolve(const ModelFlags& flags, CoordinatorMainOptions* options) {
     c.num_experts = config->num_experts;
     c.num_moe_layers = config->num_experts > 0 ? config->NumMoeLayers() : 0;
   }
+  // Spare slots hold replicas from the start (failover), and hot replicas after a rebalance.
+  c.replica_slots_per_worker = options->balancing.spare_slots_per_worker;
   if (flags.num_experts >= 0) c.num_experts = flags.num_experts;
   if (flags.num_moe_layers >= 0) c.num_moe_layers = flags.num_moe_layers;
   if (c.num_experts == 0 && flags.model.empty() && flags.num_experts < 0) {

@@ -48,8 +48,10 @@ struct CoordinatorMainOptions {
 //                             for GetLoadReport refreshes, rebalancing and bias pushes)
 //   --rebalance-interval-ms T   re-plan the expert placement from the load every T ms and roll it
 //                             out when worth it (default 0: only on a Rebalance RPC)
-//   --spare-slots-per-worker S  experts per MoE layer a worker may hold beyond its share, for
-//                             replicas of hot experts (default 0)
+//   --spare-slots-per-worker S  experts per MoE layer a worker may hold beyond its share: the
+//                             initial placement fills them with replicas of the next workers'
+//                             experts (failover, coordinator.h), a rebalance with replicas of hot
+//                             experts (default 0)
 //   --rebalance-min-improvement F  roll out only when the mean worker MaxVio drops by this
 //                             fraction of its value (default 0.1)
 //   --retire-delay-ms T         after the routers switched, how long the expert nodes keep the

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <ctime>
 #include <iostream>
 
@@ -41,6 +42,53 @@ class BlockedStopSignals {
   sigset_t previous_;
 };
 
+// Serves until a stop signal, restarting processes that exit (see the header); 0, or 1 after
+// giving up on a process.
+int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSignals& signals) {
+  RestartSupervisor supervisor(policy);
+  for (const LocalCluster::Node& node : cluster.nodes()) {
+    supervisor.Started(node.name, absl::Now());
+  }
+  // True to go on; false after giving up on `name`.
+  auto exited = [&](const std::string& name, int exit_status) {
+    const RestartSupervisor::Decision decision =
+        supervisor.Exited(name, exit_status, absl::Now());
+    std::cerr << "k3serve local: " << decision.message << std::endl;
+    if (decision.give_up) {
+      std::cerr << "k3serve local: stopping the cluster" << std::endl;
+      return false;
+    }
+    return true;
+  };
+  while (true) {
+    const absl::Duration wait = std::clamp(supervisor.NextDue() - absl::Now(),
+                                           absl::ZeroDuration(), absl::Milliseconds(100));
+    const int sig = signals.Wait(wait);
+    if (sig != 0) {
+      std::cerr << "k3serve local: got signal " << sig << "; stopping the cluster" << std::endl;
+      return 0;
+    }
+    for (const LocalCluster::Node* node : cluster.Reap()) {
+      std::cerr << "k3serve local: " << node->name << " "
+                << (node->exit_status > 128
+                        ? absl::StrCat("was killed by signal ", node->exit_status - 128)
+                        : absl::StrCat("exited with status ", node->exit_status))
+                << "; the end of " << node->log_path << ":\n"
+                << LocalCluster::LogTail(node->log_path) << std::endl;
+      if (!exited(node->name, node->exit_status)) return 1;
+    }
+    for (const std::string& name : supervisor.TakeDue(absl::Now())) {
+      if (absl::Status s = cluster.Restart(name); !s.ok()) {
+        std::cerr << "k3serve local: restarting " << name << " failed: " << s.message()
+                  << std::endl;
+        if (!exited(name, 127)) return 1;
+        continue;
+      }
+      supervisor.Started(name, absl::Now());
+    }
+  }
+}
+
 }  // namespace
 
 void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
@@ -76,6 +124,9 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 20,
                 "new tokens for --prompt")
       ->needs(prompt);
+  AddBoundedInt(app, "--max-restarts", &options->restart.max_failures_in_a_row, 0, 1000,
+                "restarts of a process that keeps dying (each within 10 s) before the launcher "
+                "gives up (0: never restart)");
   app->final_callback([options, host, slots, expert_slots, host_flag, http_flag, metrics_flag] {
     LocalClusterOptions& c = options->cluster;
     // A one-shot --prompt run has no use for the front or metrics.
@@ -154,21 +205,7 @@ int LocalClusterCommand(LocalCommandOptions options) {
     }
   } else {
     std::cerr << "serving; Ctrl-C stops the cluster" << std::endl;
-    while (true) {
-      const int sig = signals.Wait(absl::Milliseconds(200));
-      if (sig != 0) {
-        std::cerr << "k3serve local: got signal " << sig << "; stopping the cluster" << std::endl;
-        break;
-      }
-      for (const LocalCluster::Node* node : (*cluster)->Reap()) {
-        std::cerr << "k3serve local: " << node->name
-                  << (node->exit_status > 128
-                          ? absl::StrCat(" was killed by signal ", node->exit_status - 128)
-                          : absl::StrCat(" exited with status ", node->exit_status))
-                  << "; the end of " << node->log_path << ":\n"
-                  << LocalCluster::LogTail(node->log_path) << std::endl;
-      }
-    }
+    exit_status = Supervise(**cluster, options.restart, signals);
   }
   if (absl::Status s = (*cluster)->Stop(); !s.ok()) {
     std::cerr << "k3serve local: " << s.message() << std::endl;

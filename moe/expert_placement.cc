@@ -1,5 +1,7 @@
 #include "moe/expert_placement.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace k3 {
@@ -81,6 +83,29 @@ absl::StatusOr<ExpertPlacement> ContiguousPlacement(int num_layers, int num_expe
   }
   placement.hosts.assign(num_layers, layer);
   return placement;
+}
+
+void AddRingReplicas(ExpertPlacement* placement, int spare_per_worker) {
+  const int n = placement->num_workers;
+  if (n < 2 || spare_per_worker <= 0) return;
+  for (int layer = 0; layer < placement->num_layers(); ++layer) {
+    std::vector<std::vector<int>> held(n);  // before any replica was added
+    for (int w = 0; w < n; ++w) held[w] = placement->ExpertsOn(w, layer);
+    std::vector<std::vector<int>>& hosts = placement->hosts[layer];
+    for (int w = 0; w < n; ++w) {
+      int added = 0;
+      for (int k = 1; k < n && added < spare_per_worker; ++k) {
+        for (int e : held[(w + k) % n]) {
+          if (added >= spare_per_worker) break;
+          std::vector<int>& h = hosts[e];
+          auto at = std::lower_bound(h.begin(), h.end(), w);
+          if (at != h.end() && *at == w) continue;
+          h.insert(at, w);
+          ++added;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace k3

@@ -53,6 +53,15 @@ absl::StatusOr<ExpertPlacement> ContiguousPlacement(int num_layers, int num_expe
                                                     const std::vector<int>& worker_capacity,
                                                     int64_t version = 0);
 
+// Replicas for failover: in every layer, each worker w also takes up to `spare_per_worker`
+// experts it does not hold yet, from the other workers' experts in ring order (worker w+1's
+// first, then w+2's, ...; each worker's as they were before any were added). With
+// spare_per_worker at least the largest worker's share, every expert gets a replica on another
+// worker, and all experts of worker w+1 are also on worker w, so one live worker can take over a
+// dead one's rows. A placement of one worker, or spare_per_worker <= 0, stays as it is.
+// REQUIRES: placement->Validate().ok().
+void AddRingReplicas(ExpertPlacement* placement, int spare_per_worker);
+
 }  // namespace k3
 
 #endif  // K3SERVE_MOE_EXPERT_PLACEMENT_H_

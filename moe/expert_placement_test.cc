@@ -87,6 +87,33 @@ TEST(ExpertPlacementTest, ReplicasSplitTokensEvenlyByTokenIndex) {
   EXPECT_EQ(placement.ExpertsOn(3, 0), (Experts{0}));
 }
 
+TEST(ExpertPlacementTest, RingReplicasLetOneLiveWorkerCoverADeadOne) {
+  absl::StatusOr<ExpertPlacement> p = ContiguousPlacement(2, 6, {2, 2, 2});
+  ASSERT_TRUE(p.ok()) << p.status();
+  AddRingReplicas(&*p, 2);
+  ASSERT_TRUE(p->Validate().ok()) << p->Validate();
+  for (int layer = 0; layer < 2; ++layer) {
+    EXPECT_EQ(p->ExpertsOn(0, layer), (std::vector<int>{0, 1, 2, 3}));
+    EXPECT_EQ(p->ExpertsOn(1, layer), (std::vector<int>{2, 3, 4, 5}));
+    EXPECT_EQ(p->ExpertsOn(2, layer), (std::vector<int>{0, 1, 4, 5}));
+    for (int e = 0; e < 6; ++e) EXPECT_EQ(p->WorkersFor(layer, e).size(), 2u) << e;
+  }
+  // Fewer spare slots than a share: part of the next worker's experts; none: unchanged.
+  absl::StatusOr<ExpertPlacement> q = ContiguousPlacement(1, 6, {3, 3});
+  ASSERT_TRUE(q.ok());
+  const ExpertPlacement before = *q;
+  AddRingReplicas(&*q, 0);
+  EXPECT_EQ(*q, before);
+  AddRingReplicas(&*q, 1);
+  EXPECT_EQ(q->ExpertsOn(0, 0), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(q->ExpertsOn(1, 0), (std::vector<int>{0, 3, 4, 5}));
+  // More spare slots than other experts: every worker holds everything once.
+  AddRingReplicas(&*q, 100);
+  EXPECT_TRUE(q->Validate().ok());
+  EXPECT_EQ(q->ExpertsOn(0, 0).size(), 6u);
+  EXPECT_EQ(q->ExpertsOn(1, 0).size(), 6u);
+}
+
 TEST(ExpertPlacementTest, ValidateNamesWhatIsWrong) {
   ExpertPlacement good;
   good.num_workers = 2;

@@ -23,9 +23,9 @@ PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, ExpertResponse response
   PendingStep& step = *it->second;
   int slot = -1;
   for (size_t w = 0; w < step.nodes.size(); ++w) {
-    if (step.nodes[w] == node && !step.answered[w]) {
+    if (step.nodes[w] != node || step.answered[w]) continue;
+    if (slot < 0 || (step.sent.size() == step.nodes.size() && step.sent[w] < step.sent[slot])) {
       slot = static_cast<int>(w);
-      break;
     }
   }
   if (slot < 0) return answer;

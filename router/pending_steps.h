@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,14 @@ struct PendingStep {
   std::vector<std::vector<float>> partials;
   std::vector<bool> answered;
   int outstanding = 0;  // slots with rows and no answer yet
+  // Per worker slot, optional: the encoded ExpertRequest, kept to send again to a replica when
+  // the node dies or hangs (router/router_core.h); empty when not kept.
+  std::vector<std::string> requests;
+  // Per worker slot, optional: when its request went out (a router-wide sequence number). A node
+  // answers in the order it was sent requests, so when one node owes a step answers for several
+  // slots (its own and a dead node's sent to it again), an answer belongs to the earliest sent.
+  // Empty: slot order.
+  std::vector<uint64_t> sent;
 };
 
 class PendingSteps {

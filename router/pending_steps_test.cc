@@ -57,6 +57,20 @@ TEST(PendingStepsTest, CompletesWhenEveryWorkerAnsweredInAnyOrder) {
   EXPECT_EQ(second.step->partials[2], std::vector<float>(kWidth, 2.5f));
 }
 
+// Slot 0's rows went again to node 9 (its node died) after node 9's own slot 1: node 9's first
+// answer is for slot 1, its second for slot 0.
+TEST(PendingStepsTest, ANodeOwingSeveralSlotsAnswersInTheOrderItWasSent) {
+  PendingSteps table;
+  std::unique_ptr<PendingStep> step = MakeStep(1, {9, 9}, {2, 1}, kT0);
+  step->sent = {5, 4};
+  table.Add(std::move(step));
+  EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 3.f)).outcome, PendingSteps::Outcome::kWaiting);
+  PendingSteps::Answer done = table.OnAnswer(9, Answer(1, 2, 4.f));
+  ASSERT_EQ(done.outcome, PendingSteps::Outcome::kComplete) << done.error;
+  EXPECT_EQ(done.step->partials[0], std::vector<float>(2 * kWidth, 4.f));
+  EXPECT_EQ(done.step->partials[1], std::vector<float>(kWidth, 3.f));
+}
+
 TEST(PendingStepsTest, DropsLateDuplicateAndForeignAnswers) {
   PendingSteps table;
   table.Add(MakeStep(1, {7, 9}, {1, 1}, kT0));

@@ -1,5 +1,6 @@
 #include "router/router_core.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -193,6 +194,10 @@ void RouterCore::ApplyClusterState() {
       }
       placement_ = *std::move(placement);
       placement_problem_.clear();
+      has_replicas_ = false;
+      for (const auto& layer : placement_.experts.hosts) {
+        for (const std::vector<int>& hosts : layer) has_replicas_ |= hosts.size() > 1;
+      }
     } else {
       // Acting on an older placement would send rows to the wrong workers.
       placement_ = ClusterPlacement();
@@ -284,10 +289,22 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->deadline = start + options_.step_timeout;
   const ExpertPlacement& placement = placement_.experts;
   const int layer = *moe_layer;
+  // Tokens go to live replicas only: while every host of an expert lives, the placement's own
+  // choice (the same on every router); otherwise the same rule over the live hosts.
+  std::vector<bool> live(placement.num_workers);
+  for (int w = 0; w < placement.num_workers; ++w) live[w] = WorkerStatus(w).ok();
   PrepareRouterStep(routers_[request.layer], config_, request.rows.data(),
                     request.tokens, placement.num_workers,
-                    [&placement, layer](int32_t expert, int64_t token) {
-                      return placement.WorkerForToken(layer, expert, token);
+                    [&placement, &live, layer](int32_t expert, int64_t token) {
+                      const std::vector<int>& hosts = placement.WorkersFor(layer, expert);
+                      std::vector<int> alive;
+                      for (int h : hosts) {
+                        if (live[h]) alive.push_back(h);
+                      }
+                      if (alive.size() == hosts.size() || alive.empty()) {
+                        return placement.WorkerForToken(layer, expert, token);
+                      }
+                      return alive[static_cast<size_t>(token % static_cast<int64_t>(alive.size()))];
                     },
                     &step->step);
   stats_->Record(layer, step->step.routing);
@@ -310,6 +327,8 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
+  step->sent.assign(workers, 0);
+  if (has_replicas_) step->requests.resize(workers);
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     ExpertRequest expert_request;
@@ -321,7 +340,10 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
     expert_request.assignments = dispatch[w].assignments;
     expert_request.rows = std::move(step->step.worker_rows[w]);
     const PeerId node = placement_.worker_nodes[w];
-    if (absl::Status sent = transport_->Send(node, Encode(expert_request)); !sent.ok()) {
+    std::string bytes = Encode(expert_request);
+    if (has_replicas_) step->requests[w] = bytes;
+    step->sent[w] = next_send_++;
+    if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
       // Answers to what was already sent arrive for a step no longer pending and are dropped.
       Reply(from, request.step_id, start,
             absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message())));
@@ -385,14 +407,61 @@ void RouterCore::ExpireSteps(absl::Time now) {
                    << "; it counts as lost until it answers again";
       messages.push_back(std::string(NodeStatus(node).message()));
     }
-    Reply(step->origin, step->origin_step, step->start,
-          absl::UnavailableError(absl::StrJoin(messages, "; ")));
+    bool resent = true;
+    for (PeerId node : late) resent = resent && SendToReplicas(*step, node);
+    if (resent) {
+      step->deadline = now + options_.step_timeout;
+      pending_.Add(std::move(step));
+    } else {
+      Reply(step->origin, step->origin_step, step->start,
+            absl::UnavailableError(absl::StrJoin(messages, "; ")));
+    }
     for (PeerId node : late) FailWaitingOn(node, NodeStatus(node));
   }
 }
 
+bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
+  if (step.requests.size() != step.nodes.size()) return false;
+  absl::StatusOr<int> layer = MoeLayerIndex(config_, step.model_layer);
+  if (!layer.ok() || !placement_.placed()) return false;
+  const ExpertPlacement& placement = placement_.experts;
+  for (size_t w = 0; w < step.nodes.size(); ++w) {
+    if (step.nodes[w] != node || step.answered[w]) continue;
+    if (step.requests[w].empty() || static_cast<int>(w) >= placement.num_workers) return false;
+    // A live worker holding every expert the slot's rows need: it computes the same partials.
+    const std::vector<ExpertAssignment>& assignments = step.step.plan.workers[w].assignments;
+    int target = -1;
+    for (int r = 0; r < placement.num_workers && target < 0; ++r) {
+      const PeerId candidate = placement_.worker_nodes[r];
+      if (candidate == node || !NodeStatus(candidate).ok()) continue;
+      bool hosts_all = true;
+      for (const ExpertAssignment& a : assignments) {
+        const std::vector<int>& hosts = placement.WorkersFor(*layer, a.expert);
+        if (!std::binary_search(hosts.begin(), hosts.end(), r)) {
+          hosts_all = false;
+          break;
+        }
+      }
+      if (hosts_all) target = r;
+    }
+    if (target < 0) return false;
+    const PeerId replica = placement_.worker_nodes[target];
+    if (!transport_->Send(replica, step.requests[w]).ok()) return false;
+    LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
+                             << ": the rows for " << WorkerName(node) << " went again to "
+                             << WorkerName(replica) << " (every 20th logged)";
+    step.nodes[w] = replica;
+    step.sent[w] = next_send_++;
+  }
+  return true;
+}
+
 void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
+    if (SendToReplicas(*step, node)) {
+      pending_.Add(std::move(step));
+      continue;
+    }
     Reply(step->origin, step->origin_step, step->start, status);
   }
 }
@@ -432,7 +501,22 @@ void RouterCore::UpdateReadiness() {
   if (!placement_problem_.empty()) {
     ready = absl::UnavailableError(placement_problem_);
   } else {
-    for (int w = 0; w < placement_.experts.num_workers && ready.ok(); ++w) ready = WorkerStatus(w);
+    // Ready while every expert has a live host (a dead worker's replicas take its rows).
+    const ExpertPlacement& placement = placement_.experts;
+    std::vector<absl::Status> workers;
+    bool all_live = true;
+    for (int w = 0; w < placement.num_workers; ++w) {
+      workers.push_back(WorkerStatus(w));
+      all_live = all_live && workers.back().ok();
+    }
+    for (int layer = 0; layer < placement.num_layers() && !all_live && ready.ok(); ++layer) {
+      for (int e = 0; e < placement.num_experts && ready.ok(); ++e) {
+        const std::vector<int>& hosts = placement.WorkersFor(layer, e);
+        if (std::none_of(hosts.begin(), hosts.end(), [&](int h) { return workers[h].ok(); })) {
+          ready = workers[hosts[0]];
+        }
+      }
+    }
   }
   absl::MutexLock lock(&ready_mu_);
   readiness_ = std::move(ready);

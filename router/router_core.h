@@ -8,14 +8,19 @@
 // reached as PeerId = node id through PeerLinks. Steps from several attention workers and layers may
 // be in flight at once (PendingSteps), each with a deadline.
 //
-// Failures never hang a step; the attention worker gets UNAVAILABLE naming the worker, as in
-// "expert worker node 5 (pid 1234 on host-a) lost: <why>", when
+// A worker node is lost when
 //   - the transport reports the node failed (its process died),
 //   - the coordinator marks it DEAD or it leaves,
 //   - it does not answer within step_timeout (it then counts as lost until it answers anything).
-// Every pending step waiting for that node fails at once, and later steps whose tokens need its
-// slot fail fast, until the coordinator's state puts a live, connected node behind the slot again
-// (a restarted expert node registers anew and the coordinator hands it the dead node's slot).
+// A MoE layer step is a pure function of its rows, so when the placement has replicas
+// (coordinator/coordinator.h) every pending step waiting for a lost node sends that node's
+// request again, unchanged, to a live worker that holds every expert the request names, and
+// keeps waiting (a new step_timeout); later steps send each token's rows to live replicas only.
+// Without such a worker, failures never hang a step: the attention worker gets UNAVAILABLE naming
+// the worker, as in "expert worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose
+// tokens need an expert with no live host fail fast, until the coordinator's state puts a live,
+// connected node behind the slot again (a restarted expert node registers anew and the
+// coordinator hands it the dead node's slot). Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
 // INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
@@ -115,8 +120,11 @@ class RouterCore {
   void HandleExpertResponse(PeerId from, const std::string& bytes);
   void ExpireSteps(absl::Time now);
   void Finish(std::unique_ptr<PendingStep> step);
-  // Fails every pending step waiting for `node`.
+  // Sends every pending step waiting for `node` to replicas (SendToReplicas), or fails it.
   void FailWaitingOn(PeerId node, const absl::Status& status);
+  // Sends the requests `step` sent to `node` and still waits for again, each to a live worker
+  // holding all of its experts. False (step unchanged or partly resent) when one has none.
+  bool SendToReplicas(PendingStep& step, PeerId node);
   void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
              int64_t tokens = 0, std::vector<float> rows = {});
   // OK when worker slot `worker` of the placement can take rows now; else UNAVAILABLE naming it.
@@ -149,6 +157,8 @@ class RouterCore {
   std::map<PeerId, Suspect> suspects_;  // timed out, by node
   PendingSteps pending_;
   uint64_t next_step_id_ = 1;
+  uint64_t next_send_ = 1;     // PendingStep::sent
+  bool has_replicas_ = false;  // some expert of the placement has several hosts
 
   mutable absl::Mutex ready_mu_;
   absl::Status readiness_ ABSL_GUARDED_BY(ready_mu_) =

@@ -9,6 +9,9 @@
 //    router once the step deadline (derived from measured step times, far below the 10 s MoE
 //    timeout) passes, and new layers avoid the hung router; streams stall for well under 2 s.
 //    The coordinator marks it DEAD, and ALIVE again after SIGCONT.
+//  - an expert worker killed with SIGKILL in a cluster whose spare slots hold a replica of every
+//    expert (A1/R1/E2, --spare-slots-per-worker): the router sends the dead worker's rows to the
+//    live replica, so the streams go on.
 // In every case no request fails and every request's tokens equal the single-process engine's.
 #include <signal.h>
 
@@ -297,6 +300,74 @@ TEST_F(ClusterFailoverTest, AHungRouterIsRoutedAroundWithinTwoSeconds) {
             << std::endl;
   const absl::Status running = cluster_->CheckRunning();
   EXPECT_TRUE(running.ok()) << running;
+}
+
+// A1/R1/E2 of k3-tiny (32 experts, 16 slots each) with 16 spare slots per worker: each expert
+// worker holds its share and a replica of the other's.
+class ExpertReplicaFailoverTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = RandomCheckpointDir("k3-tiny", 5);
+    prompts_ = TestPrompts(2 * kClients, NamedConfig("k3-tiny")->vocab_size, 11);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+        SingleProcessTokens(model_, prompts_, kMaxNewTokens);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    expected_ = *std::move(expected);
+    LocalClusterOptions options = TestClusterOptions(model_, 1, 1, 2);
+    options.extra_args[NodeRole::kCoordinator] = {"--spare-slots-per-worker", "16"};
+    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+  }
+
+  void TearDown() override {
+    if (cluster_ != nullptr) {
+      // The killed expert stays dead; the rest must stop cleanly.
+      const absl::Status stopped = cluster_->Stop();
+      EXPECT_TRUE(stopped.ok()) << stopped;
+    }
+  }
+
+  std::string model_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<std::vector<int32_t>> expected_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_F(ExpertReplicaFailoverTest, AKilledExpertWorkerCostsNoRequest) {
+  absl::StatusOr<pb::ClusterState> state = cluster_->GetClusterState(absl::Seconds(2));
+  ASSERT_TRUE(state.ok()) << state.status();
+  // Every expert of every MoE layer has two hosts.
+  for (const auto& layer : state->placement().layers()) {
+    for (const auto& expert : layer.experts()) {
+      ASSERT_EQ(expert.workers_size(), 2) << state->placement().ShortDebugString();
+    }
+  }
+  Load load(cluster_->generate_addresses()[0], prompts_, expected_);
+  ASSERT_TRUE(load.WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load.failures(), "\n");
+
+  load.ResetLongestGap();
+  ASSERT_TRUE(cluster_->Signal("expert-1", SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  const int before = load.completed();
+  EXPECT_TRUE(load.WaitMore(1, absl::Seconds(30))) << absl::StrJoin(load.failures(), "\n");
+  std::cerr << "first request completed " << absl::FormatDuration(absl::Now() - killed)
+            << " after the kill" << std::endl;
+  EXPECT_TRUE(load.WaitMore(3 * kClients, absl::Seconds(60)))
+      << absl::StrJoin(load.failures(), "\n");
+  load.Stop();
+  absl::StatusOr<int> exit = cluster_->WaitExit("expert-1", absl::Seconds(2));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 128 + SIGKILL);
+  EXPECT_EQ(load.failed(), 0) << absl::StrJoin(load.failures(), "\n");
+  std::cerr << load.completed() - before << " requests completed after the kill, " << load.failed()
+            << " failed; longest wait for a token: " << absl::FormatDuration(load.longest_gap())
+            << std::endl;
+  EXPECT_LT(load.longest_gap(), absl::Seconds(2));
+  // Nothing else died.
+  for (const LocalCluster::Node* node : cluster_->Reap()) {
+    if (node->name != "expert-1") ADD_FAILURE() << node->name << " exited";
+  }
 }
 
 }  // namespace

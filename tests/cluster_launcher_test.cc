@@ -1,7 +1,8 @@
 // The local cluster launcher itself (LocalCluster and `k3serve local`): bad options are refused
 // before anything starts, a node that dies during startup is named with its log, Ctrl-C stops
-// every process cleanly, a SIGKILLed launcher leaves no orphans, and --prompt prints the tokens
-// the single-process engine generates.
+// every process cleanly, a SIGKILLed launcher leaves no orphans, processes killed while it serves
+// are restarted (and it gives up on one that keeps dying), and --prompt prints the tokens the
+// single-process engine generates.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -22,11 +25,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "launcher/local_cluster.h"
 #include "attention_nodes/generate_client.h"
-#include "launcher/local_cluster.h"
+#include "cluster/grpc_server.h"
+#include "cluster/test_wait.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "launcher/local_cluster.h"
+#include "proto/cluster.grpc.pb.h"
 #include "tests/cluster_testing.h"
 
 extern char** environ;
@@ -126,6 +134,22 @@ class LocalCommand {
       pids.push_back(std::stoi((*it)[1]));
     }
     return pids;
+  }
+
+  struct Started {
+    pid_t pid = -1;
+    std::string address;  // gRPC host:port
+  };
+  // The latest start of each node it reported on stderr, by node name.
+  std::map<std::string, Started> LatestStarts() const {
+    const std::string text = Stderr();
+    std::map<std::string, Started> starts;
+    static const std::regex kStarted(R"(started (\S+) \(pid (\d+)\) on ([^,\s]+))");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kStarted);
+         it != std::sregex_iterator(); ++it) {
+      starts[(*it)[1]] = {std::stoi((*it)[2]), (*it)[3]};
+    }
+    return starts;
   }
 
   std::string Stderr() const {
@@ -266,6 +290,138 @@ TEST(LocalCommandTest, KilledLauncherLeavesNoOrphans) {
   kill(local.pid(), SIGKILL);
   EXPECT_EQ(local.Wait(absl::Seconds(5)), 128 + SIGKILL);
   EXPECT_TRUE(AllGoneWithin(nodes, absl::Seconds(2))) << "orphaned cluster processes";
+}
+
+namespace pb = k3serve::cluster::v1;
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+absl::StatusOr<pb::ClusterState> ClusterStateAt(const std::string& coordinator) {
+  auto stub = pb::Coordinator::NewStub(Channel(coordinator));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  pb::ClusterState state;
+  const grpc::Status status = stub->GetClusterState(&context, pb::GetClusterStateRequest(), &state);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  return state;
+}
+
+// Supervision: an expert worker and a router killed with SIGKILL while `k3serve local` serves are
+// started again (same flags and ports) after the logged backoff; the coordinator shows the new
+// processes ALIVE, every node is ready again, and requests give the single-process tokens.
+TEST(LocalCommandTest, KilledProcessesAreRestartedAndServeAgain) {
+  const std::string model = RandomCheckpointDir("k3-tiny", 7);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  constexpr int kTokens = 6;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(model, {prompt}, kTokens);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  LocalCommand local({"--model", model, "--routers", "2", "--experts", "2", "--no-metrics",
+                      "--http-port", "-1"});
+  const std::string line = local.ReadLine(absl::Seconds(60));
+  ASSERT_EQ(line.rfind("generate address: ", 0), 0u) << line << "\n" << local.Stderr();
+  const std::string generate = line.substr(std::string("generate address: ").size());
+  const std::map<std::string, LocalCommand::Started> before = local.LatestStarts();
+  ASSERT_EQ(before.size(), 6u) << local.Stderr();
+
+  const absl::Time killed = absl::Now();
+  for (const char* victim : {"expert-1", "router-1"}) {
+    ASSERT_EQ(kill(before.at(victim).pid, SIGKILL), 0) << victim;
+  }
+  // Both come back as new processes on the same ports, and the launcher says so.
+  std::map<std::string, LocalCommand::Started> after;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        after = local.LatestStarts();
+        return after.at("expert-1").pid != before.at("expert-1").pid &&
+               after.at("router-1").pid != before.at("router-1").pid;
+      },
+      absl::Seconds(10)))
+      << local.Stderr();
+  for (const char* victim : {"expert-1", "router-1"}) {
+    EXPECT_EQ(after.at(victim).address, before.at(victim).address) << victim;
+    EXPECT_NE(local.Stderr().find(absl::StrCat("restarting ", victim,
+                                               " (exit: killed by signal 9), attempt 1 in 200 ms")),
+              std::string::npos)
+        << local.Stderr();
+  }
+  // The coordinator has the new processes ALIVE (the new expert in the placement, in place of the
+  // dead one), and every node says it is ready.
+  const std::map<std::string, std::string> readiness = {
+      {"attention-0", "k3serve.v1.K3Serve"},
+      {"router-0", "k3serve.cluster.v1.RouterControl"},
+      {"router-1", "k3serve.cluster.v1.RouterControl"},
+      {"expert-0", "k3serve.cluster.v1.ExpertWorker"},
+      {"expert-1", "k3serve.cluster.v1.ExpertWorker"}};
+  std::string why = "not checked";
+  const bool recovered = WaitFor(
+      [&] {
+        absl::StatusOr<pb::ClusterState> state = ClusterStateAt(after.at("coordinator").address);
+        if (!state.ok()) return (why = state.status().ToString()), false;
+        if (!state->ready()) return (why = state->not_ready_reason()), false;
+        std::map<pid_t, std::pair<pb::MemberState, uint32_t>> by_pid;
+        for (const pb::Member& m : state->members()) {
+          by_pid[m.node().pid()] = {m.state(), m.node().node_id()};
+        }
+        for (const char* node : {"expert-1", "router-1"}) {
+          auto it = by_pid.find(after.at(node).pid);
+          if (it == by_pid.end() || it->second.first != pb::ALIVE) {
+            return (why = absl::StrCat(node, " is not an ALIVE member yet")), false;
+          }
+        }
+        const auto& workers = state->placement().worker_node_ids();
+        if (std::find(workers.begin(), workers.end(),
+                      by_pid[after.at("expert-1").pid].second) == workers.end()) {
+          return (why = "the new expert-1 holds no experts yet"), false;
+        }
+        for (const auto& [node, service] : readiness) {
+          absl::StatusOr<bool> serving =
+              CheckServing(Channel(after.at(node).address), service, absl::Seconds(1));
+          if (!serving.ok() || !*serving) return (why = absl::StrCat(node, " not ready")), false;
+        }
+        return true;
+      },
+      absl::Seconds(30));
+  ASSERT_TRUE(recovered) << why << "\n" << local.Stderr();
+  std::cerr << "serving again " << absl::FormatDuration(absl::Now() - killed)
+            << " after the kills" << std::endl;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+        generate, GreedyRequest(absl::StrCat("after-restart-", i), prompt, kTokens),
+        absl::Seconds(30));
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(outcome->tokens, (*expected)[0]);
+  }
+  kill(local.pid(), SIGINT);
+  EXPECT_EQ(local.Wait(absl::Seconds(20)), 0) << local.Stderr();
+  EXPECT_TRUE(AllGoneWithin(local.NodePids(), absl::Seconds(1)));
+}
+
+// A process that keeps dying right after each restart makes the launcher give up: a clear message,
+// the cluster stopped, exit status 1.
+TEST(LocalCommandTest, GivesUpOnAProcessThatKeepsDying) {
+  LocalCommand local({"--model", RandomCheckpointDir("k3-tiny", 7), "--no-metrics",
+                      "--http-port", "-1", "--max-restarts", "2"});
+  const std::string line = local.ReadLine(absl::Seconds(60));
+  ASSERT_EQ(line.rfind("generate address: ", 0), 0u) << line << "\n" << local.Stderr();
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const pid_t pid = local.LatestStarts().at("expert-0").pid;
+    ASSERT_EQ(kill(pid, SIGKILL), 0) << "attempt " << attempt;
+    if (attempt == 3) break;
+    ASSERT_TRUE(WaitFor([&] { return local.LatestStarts().at("expert-0").pid != pid; },
+                        absl::Seconds(10)))
+        << local.Stderr();
+  }
+  EXPECT_EQ(local.Wait(absl::Seconds(30)), 1) << local.Stderr();
+  const std::string err = local.Stderr();
+  EXPECT_NE(err.find("attempt 2 in 400 ms"), std::string::npos) << err;
+  EXPECT_NE(err.find("expert-0 died again (exit: killed by signal 9) after 2 restarts in a row"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("giving up"), std::string::npos) << err;
+  EXPECT_TRUE(AllGoneWithin(local.NodePids(), absl::Seconds(1)));
 }
 
 TEST(LocalCommandTest, PromptPrintsTheSingleProcessTokens) {
