@@ -35,7 +35,8 @@ absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& 
   absl::StatusOr<std::string> pem = ReadFile(flag, path);
   if (!pem.ok()) return pem.status();
   const size_t begin = pem->find("-----BEGIN ");
-  const size_t end = pem->find(absl::StrCat(label, "-----"), begin == std::string::npos ? 0 : begin);
+  const size_t end =
+      pem->find(absl::StrCat(label, "-----"), begin == std::string::npos ? 0 : begin);
   if (begin == std::string::npos || end == std::string::npos ||
       pem->find("-----END ", end) == std::string::npos) {
     return absl::InvalidArgumentError(

@@ -122,7 +122,8 @@ TEST_F(SecurityTest, KeyOfAnotherCertificateIsAnErrorNotACrash) {
 }
 
 TEST_F(SecurityTest, TlsServerWantsTheCa) {
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> node = StartNode({certs_.cert, certs_.key, "", ""});
+  absl::StatusOr<std::unique_ptr<NodeEndpoints>> node =
+      StartNode({certs_.cert, certs_.key, "", ""});
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_TRUE(*Check(**node, {"", "", certs_.ca, ""}));
   // Plaintext, the system's roots, or another CA: no connection.

@@ -436,7 +436,8 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
     for (const Node& node : nodes_) {
       if (node.role == NodeRole::kCoordinator) continue;
       absl::StatusOr<bool> up =
-          CheckServing(Channel(node.grpc_address, tls_), ReadinessService(node.role), absl::Seconds(1));
+          CheckServing(Channel(node.grpc_address, tls_), ReadinessService(node.role),
+                       absl::Seconds(1));
       if (up.ok() && *up) ++serving[node.role];
     }
     const int fronts = options_.http_port >= 0 ? 1 : 0;
