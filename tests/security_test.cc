@@ -260,13 +260,13 @@ TEST_F(AttentionLimitsTest, StreamsBeyondThePerClientLimitAreResourceExhausted) 
   grpc::ClientContext first_context, second_context;
   auto first = stub->Generate(&first_context, GreedyRequest("a", {1, 2, 3}, 2));
   auto second = stub->Generate(&second_context, GreedyRequest("b", {4, 5, 6}, 2));
-  ASSERT_TRUE(WaitFor([&] { return moe_->begun() >= 1; }, absl::Seconds(30)));
+  // Both hold their slots once the scheduler has them (the slot is taken before Submit).
   ASSERT_TRUE(WaitFor(
       [&] {
-        // Both streams are admitted once a third is refused; until then it may still run.
-        absl::StatusOr<GenerateOutcome> third =
-            GenerateOverGrpc(address_, GreedyRequest("", {7, 8}, 1), absl::Seconds(1));
-        return absl::IsResourceExhausted(third.status());
+        grpc::ClientContext context;
+        v1::ServerInfo info;
+        return stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+               info.active_requests() == 2;
       },
       absl::Seconds(30)));
   absl::StatusOr<GenerateOutcome> third =
@@ -278,10 +278,12 @@ TEST_F(AttentionLimitsTest, StreamsBeyondThePerClientLimitAreResourceExhausted) 
   v1::GenerateResponse response;
   while (first->Read(&response)) {
   }
-  EXPECT_TRUE(first->Finish().ok());
+  const grpc::Status first_status = first->Finish();
+  EXPECT_TRUE(first_status.ok()) << first_status.error_message();
   while (second->Read(&response)) {
   }
-  EXPECT_TRUE(second->Finish().ok());
+  const grpc::Status second_status = second->Finish();
+  EXPECT_TRUE(second_status.ok()) << second_status.error_message();
   // The slots are free again.
   absl::StatusOr<GenerateOutcome> after =
       GenerateOverGrpc(address_, GreedyRequest("d", {7, 8}, 1), absl::Seconds(30));
