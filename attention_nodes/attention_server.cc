@@ -11,6 +11,7 @@
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
+#include "cluster/security.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
 #include "model/checkpoint.h"
@@ -83,8 +84,16 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
     LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
               << "': serving token ids only";
   }
-  p.k3serve_service =
-      NewK3ServeService(p.scheduler.get(), std::move(tokenizer), &DefaultMetrics());
+  K3ServeLimits limits;
+  limits.max_streams_per_client = p.options.max_streams_per_client;
+  if (!p.options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadTokenFile("--auth-token-file", p.options.auth_token_file);
+    if (!token.ok()) return token.status();
+    limits.auth_token = *std::move(token);
+  }
+  p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer),
+                                        &DefaultMetrics(), std::move(limits));
   p.control_service = NewAttentionControlService([this](absl::Time deadline) {
     return Drain(deadline);
   });
@@ -93,6 +102,7 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   endpoint_options.role = role;
   endpoint_options.readiness_service = kK3ServeServiceName;
   endpoint_options.services = {p.k3serve_service.get(), p.control_service.get()};
+  endpoint_options.max_receive_message_bytes = p.options.max_request_bytes;
   absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
       NodeEndpoints::Start(std::move(endpoint_options));
   if (!endpoints.ok()) return endpoints.status();
@@ -283,6 +293,14 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
                 "(or the floor)");
   AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, kMaxMs,
                   "at shutdown, how long requests in flight may finish");
+  app->add_option("--auth-token-file", options->auth_token_file,
+                  "file holding the bearer token every K3Serve call must send "
+                  "(authorization: Bearer <token>); health checks stay open");
+  AddBoundedInt(app, "--max-request-bytes", &options->max_request_bytes, 1024, 1 << 30,
+                "the largest request message accepted (RESOURCE_EXHAUSTED beyond)");
+  AddBoundedInt(app, "--max-streams-per-client", &options->max_streams_per_client, 0, 1 << 20,
+                "Generate streams in flight per client address (RESOURCE_EXHAUSTED beyond; "
+                "0: no limit)");
 }
 
 absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {

@@ -1,6 +1,14 @@
 // The attention node: `k3serve attention --coordinator HOST:PORT --model DIR [--port P]
 //   [--metrics-port P] [--host H] [--max-batch-tokens N] [--max-sequences N]
-//   [--max-new-tokens-limit N] [--max-prompt-tokens N] [--moe-timeout-ms T] [--drain-timeout-ms T]`.
+//   [--max-new-tokens-limit N] [--max-prompt-tokens N] [--moe-timeout-ms T] [--drain-timeout-ms T]
+//   [--tls-cert F --tls-key F [--tls-ca F]] [--auth-token-file F] [--max-request-bytes N]
+//   [--max-streams-per-client N]`.
+//
+// Security (README "Security"): the TLS flags secure its gRPC port (mutual TLS with --tls-ca)
+// and its calls to the coordinator; --auth-token-file makes K3Serve calls without the bearer
+// token UNAUTHENTICATED (health checks stay open); a request message above --max-request-bytes
+// is refused RESOURCE_EXHAUSTED by gRPC, and so is a Generate call beyond
+// --max-streams-per-client streams in flight from one client address.
 //
 // It maps everything but the routed experts and the router tensors (WeightSelection::
 // AttentionOnly()), owns every request's KV/KDA state, and serves the public API,
@@ -48,6 +56,9 @@ struct AttentionServerOptions {
   absl::Duration moe_retry_floor = absl::Milliseconds(500);
   int moe_retry_p99_factor = 8;
   absl::Duration drain_timeout = absl::Seconds(30);  // at shutdown, for requests in flight
+  std::string auth_token_file;               // empty: no token required
+  int max_request_bytes = 4 << 20;           // gRPC max receive message size
+  int max_streams_per_client = 128;          // 0: no limit
 };
 
 // INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -10,9 +13,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
+#include "cluster/security.h"
 #include "glog/logging.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
@@ -26,6 +31,40 @@ namespace {
 
 namespace v1 = k3serve::v1;
 namespace cpb = k3serve::cluster::v1;
+
+// Generate streams in flight per client address (K3ServeLimits::max_streams_per_client).
+class StreamCounts {
+ public:
+  explicit StreamCounts(int limit) : limit_(limit) {}
+
+  // A stream of `client` while the returned object lives; null when the client has `limit` of
+  // them already.
+  std::unique_ptr<void, std::function<void(void*)>> Acquire(const std::string& client) {
+    absl::MutexLock lock(&mu_);
+    int& count = counts_[client];
+    if (limit_ > 0 && count >= limit_) return nullptr;
+    ++count;
+    // Any non-null pointer: the deleter only needs `client`.
+    return std::unique_ptr<void, std::function<void(void*)>>(this, [this, client](void*) {
+      absl::MutexLock lock(&mu_);
+      if (--counts_[client] == 0) counts_.erase(client);
+    });
+  }
+
+  int limit() const { return limit_; }
+
+ private:
+  const int limit_;
+  absl::Mutex mu_;
+  std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
+};
+
+// The call's "authorization" metadata ("" when absent).
+std::string Authorization(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationMetadata);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
 
 uint64_t RandomSeed() {
   std::random_device device;
@@ -174,6 +213,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                                                  std::move(silent_ids), calls)) {}
 
   const std::shared_ptr<GenerateStream>& stream() const { return stream_; }
+  // Held until the call is done (a StreamCounts slot).
+  void Hold(std::unique_ptr<void, std::function<void(void*)>> slot) { slot_ = std::move(slot); }
 
   void OnWriteDone(bool ok) override { stream_->WriteDone(ok); }
   void OnCancel() override { stream_->Cancelled(); }
@@ -181,6 +222,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
  private:
   std::shared_ptr<GenerateStream> stream_;
+  std::unique_ptr<void, std::function<void(void*)>> slot_;
 };
 
 void GenerateStream::Push(v1::GenerateResponse message, std::optional<grpc::Status> final_status) {
@@ -265,8 +307,10 @@ void GenerateStream::CancelRequest(const char* why) {
 class K3ServeService final : public v1::K3Serve::CallbackService {
  public:
   K3ServeService(GenerationScheduler* scheduler, std::shared_ptr<const Tokenizer> tokenizer,
-                 MetricsRegistry* metrics)
+                 MetricsRegistry* metrics, K3ServeLimits limits)
       : scheduler_(scheduler),
+        auth_token_(std::move(limits.auth_token)),
+        streams_(limits.max_streams_per_client),
         tokenizer_(std::move(tokenizer)),
         calls_(metrics == nullptr
                    ? nullptr
@@ -278,10 +322,25 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
+    if (absl::Status s = CheckBearer(auth_token_, Authorization(*context)); !s.ok()) {
+      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
+      reactor->stream()->Reject(ToGrpcStatus(s));
+      return reactor;
+    }
+    const std::string client = PeerHost(context->peer());
+    std::unique_ptr<void, std::function<void(void*)>> slot = streams_.Acquire(client);
+    if (slot == nullptr) {
+      auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
+      reactor->stream()->Reject(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("client ", client, " has ", streams_.limit(),
+                       " Generate streams in flight already (--max-streams-per-client)"))));
+      return reactor;
+    }
     GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
     if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
       auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
       reactor->stream()->Reject(ToGrpcStatus(s));
+      reactor->Hold(std::move(slot));
       return reactor;
     }
     // The id is fixed before Submit so that the stream can name it in every message. An id the
@@ -304,8 +363,10 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     if (!handle.ok()) {
       VLOG(1) << "Generate from " << context->peer() << " rejected: " << handle.status();
       reactor->stream()->Reject(ToGrpcStatus(handle.status()));
+      reactor->Hold(std::move(slot));
       return reactor;
     }
+    reactor->Hold(std::move(slot));
     reactor->stream()->set_handle(*handle);
     // A cancellation that arrived before the handle was set found nothing to cancel.
     if (context->IsCancelled()) (*handle)->Cancel(absl::CancelledError("cancelled"), "cancelled");
@@ -315,6 +376,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const v1::AbortRequest* request,
                                   v1::AbortResponse* response) override {
+    if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
     response->set_found(scheduler_->Abort(request->request_id(), "aborted by an Abort call"));
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -324,6 +386,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* /*request*/,
                                          v1::ModelInfo* response) override {
+    if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
     const ModelConfig& config = scheduler_->config();
     response->set_model_type(config.model_type);
     response->set_vocab_size(config.vocab_size);
@@ -340,6 +403,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* /*request*/,
                                           v1::ServerInfo* response) override {
+    if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
     const SchedulerInfo info = scheduler_->Info();
     response->set_active_requests(info.active_requests);
     response->set_cached_sequences(info.cached_sequences);
@@ -352,6 +416,16 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   }
 
  private:
+  // A reactor that finished the call UNAUTHENTICATED when the token is missing or wrong; null
+  // when the call may go on.
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context) const {
+    absl::Status s = CheckBearer(auth_token_, Authorization(*context));
+    if (s.ok()) return nullptr;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
   // Fills generation->prompt from the request's text or messages, if it has either.
   absl::Status EncodeTextPrompt(const v1::GenerateRequest& request,
                                 GenerationRequest* generation) const {
@@ -388,6 +462,8 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   }
 
   GenerationScheduler* const scheduler_;
+  const std::string auth_token_;  // empty: none required
+  StreamCounts streams_;
   const std::shared_ptr<const Tokenizer> tokenizer_;  // null: token ids only
   MetricFamily<Counter>* const calls_;                // null: no metrics
   const absl::Time start_;
@@ -420,8 +496,21 @@ class AttentionControlService final : public cpb::AttentionControl::Service {
 
 std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
                                                  std::shared_ptr<const Tokenizer> tokenizer,
-                                                 MetricsRegistry* metrics) {
-  return std::make_unique<K3ServeService>(scheduler, std::move(tokenizer), metrics);
+                                                 MetricsRegistry* metrics,
+                                                 K3ServeLimits limits) {
+  return std::make_unique<K3ServeService>(scheduler, std::move(tokenizer), metrics,
+                                          std::move(limits));
+}
+
+std::string PeerHost(const std::string& peer) {
+  absl::string_view rest = peer;
+  if (!absl::ConsumePrefix(&rest, "ipv4:") && !absl::ConsumePrefix(&rest, "ipv6:")) return peer;
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return std::string(rest);
+  absl::string_view host = rest.substr(0, colon);
+  absl::ConsumePrefix(&host, "[");
+  absl::ConsumeSuffix(&host, "]");
+  return std::string(host);
 }
 
 std::unique_ptr<grpc::Service> NewAttentionControlService(std::function<int(absl::Time)> drain) {

@@ -18,6 +18,11 @@
 //    INVALID_ARGUMENT and chunks carry ids only.
 //  - Abort: cancels by id (the stream ends with CANCELLED and status OK); `found` says whether.
 //  - GetModelInfo, GetServerInfo (the scheduler's counts, uptime, draining).
+//  Access (K3ServeLimits): with an auth token, every K3Serve call without "authorization: Bearer
+//  <token>" metadata, or with another token, ends UNAUTHENTICATED before anything else (compared
+//  in constant time; grpc.health.v1 and AttentionControl are other services and stay open). A
+//  Generate call beyond max_streams_per_client streams in flight from one client address (the
+//  peer's IP, whatever its port) ends RESOURCE_EXHAUSTED before any message.
 //
 // k3serve.cluster.v1.AttentionControl.Drain, synchronous (it blocks until drained): calls the
 // owner's drain function.
@@ -28,6 +33,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
@@ -44,9 +50,19 @@ inline constexpr int kDefaultMaxNewTokens = 16;
 // the service) gets k3_attention_generate_calls_total{code}: every Generate call, counted once
 // with the gRPC status code it ends with (OK, INVALID_ARGUMENT, UNAVAILABLE, CANCELLED, ...),
 // before the client sees that status.
+struct K3ServeLimits {
+  std::string auth_token;          // empty: no token required
+  int max_streams_per_client = 0;  // Generate streams in flight per client address; 0: no limit
+};
+
 std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
                                                  std::shared_ptr<const Tokenizer> tokenizer,
-                                                 MetricsRegistry* metrics = nullptr);
+                                                 MetricsRegistry* metrics = nullptr,
+                                                 K3ServeLimits limits = K3ServeLimits());
+
+// The client address of a gRPC peer string without its port: "ipv4:10.0.0.1:5000" -> "10.0.0.1",
+// "ipv6:[::1]:5000" -> "::1"; anything else unchanged.
+std::string PeerHost(const std::string& peer);
 
 // `drain(deadline)` stops admitting, waits for requests in flight until `deadline` (infinite
 // future: until all ended), cancels what is left, and returns how many were still running when

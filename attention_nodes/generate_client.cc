@@ -16,9 +16,16 @@ namespace v1 = k3serve::v1;
 absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
     const std::string& address, const v1::GenerateRequest& request, absl::Duration timeout,
     const std::function<void(absl::Span<const int32_t>)>& on_tokens) {
-  std::unique_ptr<v1::K3Serve::Stub> stub =
-      v1::K3Serve::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return GenerateOverGrpc(GenerateClientOptions(), address, request, timeout, on_tokens);
+}
+
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
+    const GenerateClientOptions& client, const std::string& address,
+    const v1::GenerateRequest& request, absl::Duration timeout,
+    const std::function<void(absl::Span<const int32_t>)>& on_tokens) {
+  std::unique_ptr<v1::K3Serve::Stub> stub = v1::K3Serve::NewStub(client.tls.Connect(address));
   grpc::ClientContext context;
+  AddBearer(client.auth_token, &context);
   if (timeout != absl::InfiniteDuration()) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cluster/security.h"
 #include "proto/generate.pb.h"
 
 namespace k3 {
@@ -32,6 +33,21 @@ struct GenerateOutcome {
 absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
     const std::string& address, const k3serve::v1::GenerateRequest& request,
     absl::Duration timeout,
+    const std::function<void(absl::Span<const int32_t>)>& on_tokens = nullptr);
+
+// How a client reaches a secured server: TLS (plaintext by default) and the bearer token
+// (empty: none sent).
+struct GenerateClientOptions {
+  ClientTls tls;
+  std::string auth_token;
+};
+
+// GenerateOverGrpc with `client`'s TLS and token; UNAUTHENTICATED from a server that wants a
+// token this one lacks, UNAVAILABLE when the TLS handshake fails (wrong CA, no client
+// certificate under mutual TLS).
+absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
+    const GenerateClientOptions& client, const std::string& address,
+    const k3serve::v1::GenerateRequest& request, absl::Duration timeout,
     const std::function<void(absl::Span<const int32_t>)>& on_tokens = nullptr);
 
 }  // namespace k3

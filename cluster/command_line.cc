@@ -83,6 +83,19 @@ void AddListenFlags(CLI::App* app, NodeFlags* flags) {
   AddBoundedInt(app, "--port", &flags->port, 0, 65535, "gRPC port (0 picks a free one)");
   AddBoundedInt(app, "--metrics-port", &flags->metrics_port, -1, 65535,
                 "HTTP /metrics port (-1: none, 0 picks a free one)");
+  AddTlsFlags(app, &flags->tls);
+}
+
+void AddTlsFlags(CLI::App* app, TlsFlags* tls) {
+  app->add_option("--tls-cert", tls->cert,
+                  "PEM certificate (chain) of this process for gRPC TLS (needs --tls-key)");
+  app->add_option("--tls-key", tls->key, "PEM private key of --tls-cert");
+  app->add_option("--tls-ca", tls->ca,
+                  "PEM CA certificates that sign the peers': clients verify servers with them, "
+                  "servers require client certificates signed by them (mutual TLS)");
+  app->add_option("--tls-server-name", tls->server_name,
+                  "the name clients expect in the servers' certificates (default: the host "
+                  "dialled)");
 }
 
 CLI::Option* AddBoundedInt(CLI::App* app, const std::string& name, int64_t* value, int64_t min,

@@ -23,19 +23,40 @@
 
 namespace k3 {
 
+// TLS for gRPC, the same on every role and every gRPC client of the cluster (cluster/tls.h turns
+// them into credentials): --tls-cert and --tls-key (PEM) are this process's certificate chain and
+// key, served by its gRPC server and shown by its clients; --tls-ca (PEM) the certificates that
+// sign the peers': a client verifies servers with it, a server with it requires and verifies
+// client certificates (mutual TLS). --tls-server-name: the name a client expects in the servers'
+// certificates instead of the host of the address it dials (one certificate for every pod).
+// All empty: plaintext, as without TLS.
+struct TlsFlags {
+  std::string cert;
+  std::string key;
+  std::string ca;
+  std::string server_name;
+
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
+// Declares --tls-cert, --tls-key, --tls-ca and --tls-server-name.
+void AddTlsFlags(CLI::App* app, TlsFlags* tls);
+
 // The flags every node role takes: --coordinator HOST:PORT and --model DIR (required), --host
-// (listen address, advertised unless a wildcard), --port (gRPC; 0 picks a free one) and
-// --metrics-port (HTTP /metrics; -1: none, 0 picks one).
+// (listen address, advertised unless a wildcard), --port (gRPC; 0 picks a free one),
+// --metrics-port (HTTP /metrics; -1: none, 0 picks one) and the TLS flags.
 struct NodeFlags {
   std::string coordinator;
   std::string model;
   std::string host = "0.0.0.0";
   int port = 0;
   int metrics_port = -1;
+  TlsFlags tls;
 };
 
 void AddNodeFlags(CLI::App* app, NodeFlags* flags);
-// Only --host, --port and --metrics-port (a role that registers with no coordinator).
+// Only --host, --port, --metrics-port and the TLS flags (a role that registers with no
+// coordinator).
 void AddListenFlags(CLI::App* app, NodeFlags* flags);
 
 // --name N, an integer in [min, max]; the default shown in --help is *value's.

@@ -33,15 +33,14 @@ uint64_t RandomIncarnation() {
 
 class CoordinatorClient::Rpc {
  public:
-  explicit Rpc(const std::string& address) {
+  Rpc(const std::string& address, const ClientTls& tls) {
     grpc::ChannelArguments args;
     // gRPC's default reconnect backoff grows to two minutes; a restarted coordinator must be
     // found again within a heartbeat or two.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub_ = pb::Coordinator::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stub_ = pb::Coordinator::NewStub(tls.Connect(address, args));
   }
 
   // Calls stub method `call` with a deadline of `timeout`.
@@ -63,7 +62,7 @@ CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options,
       callbacks_(std::move(callbacks)),
       incarnation_(options_.node.incarnation() != 0 ? options_.node.incarnation()
                                                     : RandomIncarnation()),
-      rpc_(std::make_unique<Rpc>(options_.coordinator_address)) {
+      rpc_(std::make_unique<Rpc>(options_.coordinator_address, options_.tls)) {
   {
     absl::MutexLock lock(&mu_);
     node_id_ = options_.node.node_id();

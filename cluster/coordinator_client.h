@@ -34,12 +34,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/security.h"
 #include "proto/cluster.pb.h"
 
 namespace k3 {
 
 struct CoordinatorClientOptions {
   std::string coordinator_address;  // host:port
+  ClientTls tls;                    // how to dial it (plaintext by default)
   // This node. node_id 0 asks for a new id; incarnation 0 picks a random one; pid and host are
   // filled in when unset.
   k3serve::cluster::v1::NodeInfo node;

@@ -25,22 +25,30 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &port);
+  const bool tls = options.credentials != nullptr;
+  builder.AddListeningPort(options.address,
+                           tls ? options.credentials : grpc::InsecureServerCredentials(), &port);
+  if (options.max_receive_message_bytes > 0) {
+    builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  }
   // Without this two servers can bind one port and silently split its calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     if (server != nullptr) server->Shutdown();
-    return absl::UnavailableError(
-        absl::StrCat("cannot start a gRPC server on ", options.address,
-                     " (address in use or not bindable?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot start a gRPC server on ", options.address,
+        tls ? " (address in use or not bindable, or --tls-cert and --tls-key are not a valid "
+              "certificate and its key?)"
+            : " (address in use or not bindable?)"));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   CHECK(health != nullptr) << "the default health service is enabled above";
   health->SetServingStatus("", false);
   for (const std::string& name : options.health_services) health->SetServingStatus(name, false);
-  LOG(INFO) << "gRPC server listening on " << options.address << " (port " << port << ")";
+  LOG(INFO) << "gRPC server listening on " << options.address << " (port " << port << ")"
+            << (tls ? " with TLS" : "");
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
 }
 

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 
 namespace k3 {
@@ -30,12 +31,17 @@ struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";
   // Service names the health service reports besides "".
   std::vector<std::string> health_services;
+  // Null: plaintext (cluster/security.h makes TLS credentials).
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // The largest request message accepted (RESOURCE_EXHAUSTED beyond); 0: gRPC's default (4 MiB).
+  int max_receive_message_bytes = 0;
 };
 
 class GrpcServer {
  public:
   // Builds and starts the server. `services` are not owned and must outlive the server.
-  // UNAVAILABLE when the address cannot be bound, INVALID_ARGUMENT for a malformed one.
+  // UNAVAILABLE when the address cannot be bound or the TLS certificate and key are not usable
+  // together, INVALID_ARGUMENT for a malformed address.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
 

@@ -40,8 +40,16 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
     NodeEndpointsOptions options) {
   std::unique_ptr<NodeEndpoints> endpoints(new NodeEndpoints(std::move(options)));
   const NodeEndpointsOptions& o = endpoints->options_;
+  absl::StatusOr<ClientTls> client_tls = LoadClientTls(o.flags.tls);
+  if (!client_tls.ok()) return client_tls.status();
+  endpoints->client_tls_ = *std::move(client_tls);
   GrpcServerOptions server_options;
   server_options.address = HostPort(o.flags.host, o.flags.port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      LoadServerCredentials(o.flags.tls);
+  if (!credentials.ok()) return credentials.status();
+  server_options.credentials = *std::move(credentials);
+  server_options.max_receive_message_bytes = o.max_receive_message_bytes;
   if (!o.readiness_service.empty()) server_options.health_services = {o.readiness_service};
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
       GrpcServer::Start(server_options, o.services);
@@ -79,6 +87,7 @@ void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) 
   if (http_) node.set_metrics_address(HostPort(advertised_host_, http_->port()));
   CoordinatorClientOptions client_options;
   client_options.coordinator_address = options_.flags.coordinator;
+  client_options.tls = client_tls_;
   client_options.node = node;
   LOG(INFO) << pb::Role_Name(options_.role) << " serving gRPC on " << grpc_address_
             << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "")
@@ -90,7 +99,9 @@ void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) 
 
 void NodeEndpoints::SetReady(bool ready) {
   ready_ = ready;
-  if (!options_.readiness_service.empty()) server_->SetServing(options_.readiness_service, ready);
+  if (server_ != nullptr && !options_.readiness_service.empty()) {
+    server_->SetServing(options_.readiness_service, ready);
+  }
 }
 
 bool NodeEndpoints::ready() const { return ready_; }
@@ -104,7 +115,8 @@ void NodeEndpoints::Stop() {
   SetReady(false);
   Leave();
   if (http_) http_->Stop();
-  server_->Shutdown(options_.shutdown_grace);
+  // Null when Start failed before the server started.
+  if (server_) server_->Shutdown(options_.shutdown_grace);
 }
 
 }  // namespace k3

@@ -22,6 +22,7 @@
 #include "cluster/coordinator_client.h"
 #include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
+#include "cluster/security.h"
 #include "proto/cluster.pb.h"
 
 namespace k3 {
@@ -80,12 +81,18 @@ struct NodeEndpointsOptions {
   // The readiness /healthz reports on the metrics port; null: the readiness service's state.
   std::function<absl::Status()> readiness;
   absl::Duration shutdown_grace = absl::Seconds(1);  // for RPCs in flight at Stop
+  // GrpcServerOptions::max_receive_message_bytes (0: gRPC's default).
+  int max_receive_message_bytes = 0;
 };
 
 // The gRPC server, the optional metrics endpoint and the coordinator client of one node.
+// TLS (flags.tls, cluster/security.h): the gRPC server serves it and the coordinator client and
+// client_tls() dial with it; the metrics endpoint stays plain HTTP.
 // Thread-safe; Stop from one thread.
 class NodeEndpoints {
  public:
+  // INVALID_ARGUMENT naming the flag and file for unusable TLS flags; UNAVAILABLE when the
+  // gRPC or metrics port cannot be bound.
   static absl::StatusOr<std::unique_ptr<NodeEndpoints>> Start(NodeEndpointsOptions options);
   ~NodeEndpoints();  // Stop()
 
@@ -104,6 +111,8 @@ class NodeEndpoints {
   const std::string& grpc_address() const { return grpc_address_; }  // advertised host:port
   // Null before Register.
   CoordinatorClient* client() const { return client_.get(); }
+  // How this node dials other nodes of the cluster (the TLS flags as client credentials).
+  const ClientTls& client_tls() const { return client_tls_; }
 
   // Leaves the cluster (the coordinator client stops, so peers stop sending here); the servers
   // keep answering until Stop.
@@ -119,6 +128,7 @@ class NodeEndpoints {
   std::string grpc_address_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopped_{false};
+  ClientTls client_tls_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<CoordinatorClient> client_;

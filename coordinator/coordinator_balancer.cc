@@ -218,8 +218,7 @@ std::shared_ptr<grpc::Channel> LoadBalancer::ChannelTo(const std::string& addres
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = options_.tls.Connect(address, args);
   channels_.emplace(address, channel);
   return channel;
 }

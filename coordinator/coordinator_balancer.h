@@ -51,6 +51,7 @@
 #include "moe/cluster_placement.h"
 #include "coordinator/coordinator_load.h"
 #include "cluster/metrics.h"
+#include "cluster/security.h"
 #include "proto/cluster.pb.h"
 
 namespace grpc {
@@ -70,6 +71,7 @@ struct LoadBalancerOptions {
   absl::Duration load_timeout = absl::Seconds(60);             // LoadExperts of a rollout
   absl::Duration switch_timeout = absl::Seconds(10);           // routers taking up a new placement
   absl::Duration retire_delay = absl::Seconds(5);              // then, before old experts may go
+  ClientTls tls;  // how the balancer dials routers and expert workers (plaintext by default)
 
   // INVALID_ARGUMENT naming the field for negative durations or counts, non-positive timeouts,
   // or min_improvement outside [0, 1).

@@ -146,9 +146,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const CoordinatorMainOptions& options) {
   if (absl::Status s = options.coordinator.Validate(); !s.ok()) return s;
   if (absl::Status s = options.balancing.Validate(); !s.ok()) return s;
+  // The balancer calls the routers and expert workers with the node's TLS flags.
+  LoadBalancerOptions balancing = options.balancing;
+  absl::StatusOr<ClientTls> tls = LoadClientTls(options.node.tls);
+  if (!tls.ok()) return tls.status();
+  balancing.tls = *std::move(tls);
   auto parts = std::make_unique<Parts>();
-  parts->service = std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics(),
-                                                        options.balancing);
+  parts->service =
+      std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics(), balancing);
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags = options.node;
   endpoint_options.readiness_service = kCoordinatorServiceName;

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
+#include "cluster/security.h"
 #include "glog/logging.h"
 #include "http_front/openai_protocol.h"
 #include "http_front/stop_matcher.h"
@@ -282,7 +283,8 @@ void HttpFront::Impl::Route() {
       [this](const httplib::Request& request, httplib::Response& response) {
         if (api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
         const std::string authorization = request.get_header_value("Authorization");
-        if (authorization == absl::StrCat("Bearer ", api_key)) {
+        absl::string_view key = authorization;
+        if (absl::ConsumePrefix(&key, "Bearer ") && ConstantTimeEquals(key, api_key)) {
           return httplib::Server::HandlerResponse::Unhandled;
         }
         Reply(response,
@@ -348,6 +350,15 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
     if (!key.ok()) return key.status();
     f.api_key = *std::move(key);
   }
+  std::string worker_token;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile("--auth-token-file", options.auth_token_file);
+    if (!token.ok()) return token.status();
+    worker_token = *std::move(token);
+    if (f.api_key.empty()) f.api_key = worker_token;  // the clients send the same token
+  }
+  absl::StatusOr<ClientTls> tls = LoadClientTls(options.tls);
+  if (!tls.ok()) return tls.status();
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.model);
   if (!tokenizer.ok()) {
     return absl::FailedPreconditionError(
@@ -359,7 +370,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   if (absl::StatusOr<int32_t> turn_end = TurnEndId(*f.tokenizer); turn_end.ok()) {
     f.turn_end_id = *turn_end;
   }
-  f.pool = std::make_unique<WorkerPool>(options.servers);
+  f.pool = std::make_unique<WorkerPool>(options.servers, *tls, std::move(worker_token));
 
   MetricFamily<Counter>& responses = DefaultMetrics().AddCounter(
       "k3_http_responses_total", "HTTP responses of the OpenAI front, by status.", {"status"});
@@ -400,6 +411,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   endpoint_options.flags.host = options.host;
   endpoint_options.flags.port = options.grpc_port;
   endpoint_options.flags.metrics_port = options.metrics_port;
+  endpoint_options.flags.tls = options.tls;
   WorkerPool* pool = f.pool.get();
   endpoint_options.readiness = [pool] { return pool->Ping(kReadinessTimeout); };
   absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
@@ -438,6 +450,10 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
                   "file holding the API key clients must send as a bearer token");
   app->add_option("--served-model-name", options->served_model_name,
                   "the model's name in the API (default: the model folder's name)");
+  app->add_option("--auth-token-file", options->auth_token_file,
+                  "file holding the attention workers' bearer token: sent to them, and required "
+                  "from this front's clients unless --api-key-file is given");
+  AddTlsFlags(app, &options->tls);
 }
 
 namespace {

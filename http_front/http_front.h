@@ -1,6 +1,12 @@
 // The OpenAI-compatible HTTP front: `k3serve http --server HOST:PORT[,HOST:PORT...] --model DIR
 //   [--host H] [--port P] [--metrics-port P] [--grpc-port P] [--api-key-file F]
-//   [--served-model-name NAME]`.
+//   [--served-model-name NAME] [--auth-token-file F] [--tls-cert F --tls-key F] [--tls-ca F]`.
+//
+// Security: --auth-token-file holds the attention workers' bearer token (their
+// --auth-token-file): the front sends it with every gRPC call, and its own clients must send
+// `Authorization: Bearer <token>` too (401 otherwise), unless --api-key-file gives them a key of
+// their own. The TLS flags are the front's gRPC client credentials towards the workers (and its
+// gRPC health port's); the HTTP API itself is plain HTTP (terminate TLS in front of it).
 //
 // A separate role in front of the attention workers (docs/ARCHITECTURE.md): it holds no model
 // state, only the model folder's tokenizer, and calls k3serve.v1.K3Serve on the workers
@@ -34,6 +40,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
+#include "cluster/command_line.h"
 
 namespace k3 {
 
@@ -46,6 +53,8 @@ struct HttpFrontOptions {
   int grpc_port = 0;  // the node runtime's grpc.health.v1 (process liveness); 0 picks a free one
   std::string api_key_file;       // empty: no authentication
   std::string served_model_name;  // empty: the model folder's name
+  std::string auth_token_file;    // the workers' bearer token; empty: none
+  TlsFlags tls;                   // towards the workers
 };
 
 void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options);

@@ -32,14 +32,15 @@ absl::Status GenerateCall::Finish() {
   return FromGrpcStatus(reader_->Finish());
 }
 
-WorkerPool::WorkerPool(const std::vector<std::string>& addresses) {
+WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls,
+                       std::string auth_token)
+    : auth_token_(std::move(auth_token)) {
   // An address that resolves to several workers (dns:///a headless Service) spreads its calls
   // over all of them, not only the first.
   grpc::ChannelArguments arguments;
   arguments.SetLoadBalancingPolicyName("round_robin");
   for (const std::string& address : addresses) {
-    stubs_.push_back({address, v1::K3Serve::NewStub(grpc::CreateCustomChannel(
-                                   address, grpc::InsecureChannelCredentials(), arguments))});
+    stubs_.push_back({address, v1::K3Serve::NewStub(tls.Connect(address, arguments))});
   }
 }
 
@@ -49,6 +50,7 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
   for (size_t attempt = 0; attempt < stubs_.size(); ++attempt) {
     const Worker& worker = stubs_[next_.fetch_add(1) % stubs_.size()];
     std::unique_ptr<GenerateCall> call(new GenerateCall());
+    AddBearer(auth_token_, &call->context_);
     call->reader_ = worker.stub->Generate(&call->context_, request);
     if (call->reader_->Read(&call->first_)) {
       call->has_first_ = true;
@@ -71,6 +73,7 @@ absl::Status WorkerPool::Ping(absl::Duration timeout) {
   for (const Worker& worker : stubs_) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    AddBearer(auth_token_, &context);
     v1::ModelInfo info;
     const grpc::Status status = worker.stub->GetModelInfo(&context, {}, &info);
     if (status.ok()) return absl::OkStatus();

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/security.h"
 #include "grpcpp/client_context.h"
 #include "proto/generate.grpc.pb.h"
 
@@ -45,7 +46,9 @@ class WorkerPool {
  public:
   // `addresses`: gRPC targets of the attention workers (host:port, or dns:///name:port for a name
   // that resolves to several, whose calls go round-robin over them); at least one.
-  explicit WorkerPool(const std::vector<std::string>& addresses);
+  // `tls`: how to dial them; `auth_token`: the bearer token sent with every call (empty: none).
+  explicit WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls = ClientTls(),
+                      std::string auth_token = "");
 
   // Starts Generate on the next worker and waits for its first message, so that a rejected
   // request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
@@ -64,6 +67,7 @@ class WorkerPool {
     std::unique_ptr<k3serve::v1::K3Serve::Stub> stub;
   };
   std::vector<Worker> stubs_;
+  const std::string auth_token_;
   std::atomic<size_t> next_{0};
 };
 

@@ -243,6 +243,51 @@ async function check({ kustomization, docs }) {
       errors.push(`ConfigMap/${cmName}: K3_EXPECTED_EXPERTS exceeds the expert replicas`);
     }
   }
+  // NetworkPolicies: every pod is selected by one; a rule open to every source (no `from`, or an
+  // empty selector) admits only the public ports (the attention nodes' gRPC API, the HTTP front's
+  // API); named ports are ones the selected pods open; sources within the namespace are the
+  // cluster's own pods.
+  const selects = (selector, labels) =>
+    matches(selector?.matchLabels, labels) &&
+    (selector?.matchExpressions ?? []).every((e) =>
+      e.operator === "In" ? e.values.includes(labels?.[e.key])
+        : e.operator === "NotIn" ? !e.values.includes(labels?.[e.key])
+        : e.operator === "Exists" ? e.key in (labels ?? {}) : !(e.key in (labels ?? {})));
+  const publicPorts = { attention: ["grpc"], http: ["http"] };
+  const policies = of("NetworkPolicy");
+  for (const w of workloads) {
+    const labels = w.doc.spec.template.metadata?.labels;
+    if (!policies.some((p) => selects(p.doc.spec.podSelector, labels))) {
+      errors.push(`${where(w)}: no NetworkPolicy selects its pods`);
+    }
+  }
+  for (const p of policies) {
+    const pods = workloads.filter((w) => selects(p.doc.spec.podSelector, w.doc.spec.template.metadata?.labels));
+    if (pods.length === 0) errors.push(`${where(p)}: selects no pods`);
+    for (const rule of p.doc.spec.ingress ?? []) {
+      const open = !rule.from || rule.from.length === 0 ||
+        rule.from.some((f) => (f.ipBlock && f.ipBlock.cidr.endsWith("/0")) ||
+          (f.namespaceSelector && Object.keys(f.namespaceSelector).length === 0));
+      for (const f of rule.from ?? []) {
+        if (f.podSelector && !f.namespaceSelector &&
+            f.podSelector.matchLabels?.["app.kubernetes.io/part-of"] !== "k3serve") {
+          errors.push(`${where(p)}: admits pods other than the cluster's own`);
+        }
+      }
+      for (const w of pods) {
+        const role = w.doc.spec.template.spec.containers[0].args?.[0];
+        const opened = new Set(w.doc.spec.template.spec.containers.flatMap((c) => (c.ports ?? []).map((q) => q.name)));
+        for (const port of rule.ports ?? []) {
+          if (typeof port.port === "string" && !opened.has(port.port)) {
+            errors.push(`${where(p)}: port ${port.port} is not one ${where(w)} opens`);
+          }
+        }
+        if (open && (!rule.ports || !rule.ports.every((q) => (publicPorts[role] ?? []).includes(q.port)))) {
+          errors.push(`${where(p)}: opens ${role} pods' non-public ports to every source`);
+        }
+      }
+    }
+  }
   // The GPU overlay patches workloads that exist.
   for (const p of overlay.patches ?? []) {
     if (!byName(p.target.kind, p.target.name)) {
@@ -287,6 +332,17 @@ const breakages = {
   "GPU request in the base": (m) => {
     const d = m.docs.find((d) => d.doc.kind === "StatefulSet");
     d.doc.spec.template.spec.containers[0].resources.requests["nvidia.com/gpu"] = "1";
+  },
+  "control plane open to all": (m) => {
+    const p = m.docs.find((d) => d.doc.metadata.name === "k3serve-internal" && d.doc.kind === "NetworkPolicy");
+    delete p.doc.spec.ingress[0].from;
+  },
+  "pods without a NetworkPolicy": (m) => {
+    m.docs = m.docs.filter((d) => d.doc.metadata.name !== "k3serve-internal");
+  },
+  "NetworkPolicy names an unopened port": (m) => {
+    const p = m.docs.find((d) => d.doc.metadata.name === "k3serve-attention" && d.doc.kind === "NetworkPolicy");
+    p.doc.spec.ingress[1].ports[0].port = "api";
   },
   "schema violation": (m) => {
     const d = m.docs.find((d) => d.doc.kind === "StatefulSet");

@@ -99,8 +99,22 @@ std::string DescribeExit(int status) {
                       : absl::StrCat("exited with status ", status);
 }
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+std::shared_ptr<grpc::Channel> Channel(const std::string& address, const ClientTls& tls) {
+  return tls.Connect(address);
+}
+
+// The TLS flags as a node's arguments.
+std::vector<std::string> TlsArgs(const TlsFlags& tls) {
+  std::vector<std::string> args;
+  const std::pair<const char*, const std::string*> flags[] = {{"--tls-cert", &tls.cert},
+                                                              {"--tls-key", &tls.key},
+                                                              {"--tls-ca", &tls.ca},
+                                                              {"--tls-server-name",
+                                                               &tls.server_name}};
+  for (const auto& [flag, value] : flags) {
+    if (!value->empty()) args.insert(args.end(), {flag, *value});
+  }
+  return args;
 }
 
 }  // namespace
@@ -149,6 +163,9 @@ LocalCluster::~LocalCluster() {
 
 absl::Status LocalCluster::Plan() {
   const LocalClusterOptions& o = options_;
+  absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
+  if (!tls.ok()) return tls.status();
+  tls_ = *std::move(tls);
   if (o.attention < 1 || o.routers < 1 || o.experts < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a cluster needs at least one attention node and one router (got ",
@@ -263,6 +280,11 @@ absl::Status LocalCluster::Plan() {
     if (o.metrics) {
       node.metrics_address = HostPort(host, ports[count + i]);
       node.argv.insert(node.argv.end(), {"--metrics-port", absl::StrCat(ports[count + i])});
+    }
+    const std::vector<std::string> tls_args = TlsArgs(o.tls);
+    node.argv.insert(node.argv.end(), tls_args.begin(), tls_args.end());
+    if (!o.auth_token_file.empty() && (role == NodeRole::kAttention || role == NodeRole::kHttp)) {
+      node.argv.insert(node.argv.end(), {"--auth-token-file", o.auth_token_file});
     }
     node.argv.insert(node.argv.end(), args.begin(), args.end());
     if (auto extra = o.extra_args.find(role); extra != o.extra_args.end()) {
@@ -380,7 +402,7 @@ absl::Status LocalCluster::WaitCoordinatorUp(absl::Time deadline) {
     // A fresh channel each time: a reused one would wait out its reconnect backoff after the
     // first attempt found nothing listening yet.
     absl::StatusOr<bool> serving =
-        CheckServing(Channel(coordinator.grpc_address), "", absl::Milliseconds(500));
+        CheckServing(Channel(coordinator.grpc_address, tls_), "", absl::Milliseconds(500));
     if (serving.ok() && *serving) return absl::OkStatus();
     if (options_.cancelled && options_.cancelled()) {
       return absl::CancelledError("cancelled while the coordinator started");
@@ -414,7 +436,8 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
     for (const Node& node : nodes_) {
       if (node.role == NodeRole::kCoordinator) continue;
       absl::StatusOr<bool> up =
-          CheckServing(Channel(node.grpc_address), ReadinessService(node.role), absl::Seconds(1));
+          CheckServing(Channel(node.grpc_address, tls_), ReadinessService(node.role),
+                       absl::Seconds(1));
       if (up.ok() && *up) ++serving[node.role];
     }
     const int fronts = options_.http_port >= 0 ? 1 : 0;
@@ -445,7 +468,7 @@ absl::Status LocalCluster::WaitReady(absl::Time deadline) {
 }
 
 absl::StatusOr<pb::ClusterState> LocalCluster::GetClusterState(absl::Duration timeout) const {
-  auto stub = pb::Coordinator::NewStub(Channel(coordinator_address()));
+  auto stub = pb::Coordinator::NewStub(Channel(coordinator_address(), tls_));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   pb::ClusterState state;

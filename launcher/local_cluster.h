@@ -33,6 +33,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/command_line.h"
+#include "cluster/security.h"
 #include "proto/cluster.pb.h"
 
 namespace k3 {
@@ -71,6 +73,10 @@ struct LocalClusterOptions {
   bool metrics = false;                // give every node an HTTP /metrics port
   std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
   std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
+  // TLS flags given to every node (and used by the launcher's own health checks); a bearer token
+  // file given to the attention nodes and the HTTP front. Empty: none (README "Security").
+  TlsFlags tls;
+  std::string auth_token_file;
   // Extra flags for every node of a role, appended after the launcher's own.
   std::map<NodeRole, std::vector<std::string>> extra_args;
   absl::Duration startup_timeout = absl::Seconds(60);
@@ -160,6 +166,7 @@ class LocalCluster {
   Node* Find(const std::string& name);
 
   const LocalClusterOptions options_;
+  ClientTls tls_;  // options_.tls as the launcher's client credentials
   std::string log_dir_;
   std::vector<Node> nodes_;  // coordinator first, then attention, routers, experts
   bool stopped_ = false;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attention_nodes/generate_client.h"
+#include "cluster/security.h"
 #include "proto/generate.pb.h"
 #include "cluster/command_line.h"
 
@@ -115,6 +116,9 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                     "the OpenAI-compatible HTTP front's port (0: a free one, -1: no front; "
                     "none by default with --prompt)");
   app->add_option("--log-dir", c.log_dir, "where each process's log goes (default: a new folder)");
+  AddTlsFlags(app, &c.tls);
+  app->add_option("--auth-token-file", c.auth_token_file,
+                  "bearer token file of the attention workers and the HTTP front");
   AddMilliseconds(app, "--startup-timeout-ms", &c.startup_timeout, 1, 86400000,
                   "how long the cluster may take to become ready");
   AddMilliseconds(app, "--stop-grace-ms", &c.stop_grace, 0, 3600000,
@@ -192,8 +196,16 @@ int LocalClusterCommand(LocalCommandOptions options) {
     request.mutable_prompt_token_ids()->Add(options.prompt.begin(), options.prompt.end());
     request.mutable_sampling()->set_temperature(0.0f);
     request.mutable_sampling()->set_max_new_tokens(options.max_new_tokens);
-    absl::StatusOr<GenerateOutcome> outcome =
-        GenerateOverGrpc((*cluster)->generate_addresses()[0], request, absl::Minutes(10));
+    GenerateClientOptions client;
+    absl::StatusOr<ClientTls> tls = LoadClientTls(c.tls);
+    absl::StatusOr<std::string> token =
+        c.auth_token_file.empty() ? std::string()
+                                  : ReadTokenFile("--auth-token-file", c.auth_token_file);
+    // Both were read when the cluster started.
+    if (tls.ok()) client.tls = *std::move(tls);
+    if (token.ok()) client.auth_token = *std::move(token);
+    absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+        client, (*cluster)->generate_addresses()[0], request, absl::Minutes(10));
     if (!outcome.ok()) {
       exit_status = Fail(outcome.status());
     } else if (outcome->complete.finish_reason() == k3serve::v1::Complete::ERROR ||

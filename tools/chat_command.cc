@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cluster/command_line.h"
 #include "cluster/grpc_status.h"
+#include "cluster/security.h"
 #include "engine/local_engine.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -71,15 +72,22 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
       });
 }
 
-Answerer ThroughServer(const ChatCommandOptions& o) {
-  std::shared_ptr<v1::K3Serve::Stub> stub =
-      v1::K3Serve::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+absl::StatusOr<Answerer> ThroughServer(const ChatCommandOptions& o) {
+  absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
+  if (!tls.ok()) return tls.status();
+  std::string token;
+  if (!o.auth_token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile("--auth-token-file", o.auth_token_file);
+    if (!read.ok()) return read.status();
+    token = *std::move(read);
+  }
+  std::shared_ptr<v1::K3Serve::Stub> stub = v1::K3Serve::NewStub(tls->Connect(o.server));
   v1::GenerateRequest base;
   base.set_thinking(o.thinking);
   base.mutable_sampling()->set_max_new_tokens(o.max_new_tokens);
   base.mutable_sampling()->set_temperature(static_cast<float>(o.temperature));
   base.mutable_sampling()->set_seed(o.seed);
-  return [stub, base](
+  return [stub, base, token](
              const std::vector<ChatMessage>& messages,
              const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
     v1::GenerateRequest request = base;
@@ -89,6 +97,7 @@ Answerer ThroughServer(const ChatCommandOptions& o) {
       message->set_content(m.content);
     }
     grpc::ClientContext context;
+    AddBearer(token, &context);
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
         stub->Generate(&context, request);
     std::string answer;
@@ -126,6 +135,10 @@ void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
   app->add_option("--seed", options->seed, "sampling seed")->capture_default_str();
   app->add_flag("--thinking", options->thinking, "K3: answers open with a think block");
   app->add_option("--system", options->system, "a system message opening the chat");
+  AddTlsFlags(app, &options->tls);
+  app->add_option("--auth-token-file", options->auth_token_file,
+                  "with --server: file holding the bearer token the server requires")
+      ->needs(server);
   app->final_callback([options] {
     if (options->model.empty() && options->server.empty()) {
       throw CLI::ValidationError("give --model DIR or --server HOST:PORT");
@@ -134,9 +147,8 @@ void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
 }
 
 int ChatCommand(const ChatCommandOptions& options) {
-  absl::StatusOr<Answerer> answerer = options.server.empty()
-                                          ? InProcess(options)
-                                          : absl::StatusOr<Answerer>(ThroughServer(options));
+  absl::StatusOr<Answerer> answerer =
+      options.server.empty() ? InProcess(options) : ThroughServer(options);
   if (!answerer.ok()) return ReportError("chat", answerer.status());
   std::vector<ChatMessage> messages;
   if (!options.system.empty()) messages.push_back({.role = "system", .content = options.system});

@@ -1,5 +1,7 @@
 // `k3serve chat --model DIR | --server HOST:PORT [--max-new-tokens N] [--temperature T]
-//   [--seed S] [--thinking] [--system TEXT]`: an interactive chat in the terminal.
+//   [--seed S] [--thinking] [--system TEXT] [--tls-cert F --tls-key F --tls-ca F]
+//   [--auth-token-file F]`: an interactive chat in the terminal (TLS and the bearer token: with
+//   --server, as `generate --server` takes them).
 //
 // Reads one user message per line from stdin (EOF or "/exit" ends), keeps the conversation, and
 // streams each answer to stdout as it is generated: in process with the model's tokenizer and
@@ -10,6 +12,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "cluster/command_line.h"
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +27,8 @@ struct ChatCommandOptions {
   uint64_t seed = 0;
   bool thinking = false;  // K3: answers open with a think block
   std::string system;     // an optional system message
+  TlsFlags tls;                 // with --server
+  std::string auth_token_file;  // with --server
 };
 
 void AddChatFlags(CLI::App* app, ChatCommandOptions* options);

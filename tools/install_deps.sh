@@ -9,7 +9,7 @@ packages=(
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils libdnnl-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3-regex
-  iproute2 procps
+  iproute2 procps openssl
 )
 
 missing=()

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
+#include "cluster/security.h"
 #include "engine/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -77,8 +78,17 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
       std::cout << std::flush;
     };
   }
+  GenerateClientOptions client;
+  absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
+  if (!tls.ok()) return ReportError("generate", tls.status());
+  client.tls = *std::move(tls);
+  if (!o.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile("--auth-token-file", o.auth_token_file);
+    if (!token.ok()) return ReportError("generate", token.status());
+    client.auth_token = *std::move(token);
+  }
   absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-      o.server, request,
+      client, o.server, request,
       o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::InfiniteDuration(),
       print_tokens);
   if (outcome.ok() && !o.prompt.empty()) std::cout << outcome->text;
@@ -194,6 +204,10 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   app->add_option("--request-id", options->request_id, "with --server")->needs(server);
   AddBoundedInt(app, "--timeout-ms", &options->timeout_ms, 0, int64_t{1} << 40,
                 "with --server; 0: none")
+      ->needs(server);
+  AddTlsFlags(app, &options->tls);
+  app->add_option("--auth-token-file", options->auth_token_file,
+                  "with --server: file holding the bearer token the server requires")
       ->needs(server);
   app->final_callback([options] {
     if (options->model.empty() && options->server.empty()) {

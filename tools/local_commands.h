@@ -47,6 +47,8 @@ struct GenerateCommandOptions {
   GenerateOptions generate;
   std::string request_id;  // with --server
   int64_t timeout_ms = 0;  // with --server; 0: none
+  TlsFlags tls;                 // with --server: the server's TLS (README "Security")
+  std::string auth_token_file;  // with --server: the bearer token to send
   // With --server, the sampling flags the user gave: the others stay unset (server defaults).
   bool has_max_new_tokens = false, has_temperature = false, has_top_p = false, has_top_k = false,
        has_seed = false;
