@@ -57,17 +57,6 @@ double Now() {
       .count();
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-template <typename T>
-using Buffer = std::unique_ptr<T[], FreeDeleter>;
-
-template <typename T>
-Buffer<T> Allocate(size_t count) {
-  const size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
-  return Buffer<T>(static_cast<T*>(std::aligned_alloc(4096, bytes)));
-}
 
 struct Stats {
   double best = 0;

@@ -1,5 +1,7 @@
 #include "bench/machine_limits.h"
 
+#include <sys/mman.h>
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -27,17 +29,6 @@ double Now() {
       .count();
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-template <typename T>
-using Buffer = std::unique_ptr<T[], FreeDeleter>;
-
-template <typename T>
-Buffer<T> Allocate(size_t count) {
-  const size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
-  return Buffer<T>(static_cast<T*>(std::aligned_alloc(4096, bytes)));
-}
 
 // Runs fn(thread) on `threads` threads started together; returns the wall time of the slowest.
 double RunOnThreads(int threads, const std::function<void(int)>& fn) {
@@ -148,6 +139,14 @@ double Peak(float (*loop)(float), double flops_per_instruction) {
 }  // namespace
 
 double NowSeconds() { return Now(); }
+
+void* AllocateStreamingBytes(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, bytes);
+  if (p != nullptr) ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only
+  return p;
+}
 
 bool HasLimitLoops() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

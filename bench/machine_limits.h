@@ -5,6 +5,8 @@
 #define K3SERVE_BENCH_MACHINE_LIMITS_H_
 
 #include <cstddef>
+#include <cstdlib>
+#include <memory>
 
 namespace k3::bench {
 
@@ -23,6 +25,21 @@ MachineLimits MeasureMachineLimits();
 MachineLimits BestOf(const MachineLimits& a, const MachineLimits& b);
 
 bool HasLimitLoops();
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+using Buffer = std::unique_ptr<T[], FreeDeleter>;
+
+// `bytes` (rounded up to 2 MiB) at a 2 MiB boundary, advised to use huge pages: the engine maps
+// checkpoints that way (model/safetensors.cc), so limits and kernels are measured the same way.
+void* AllocateStreamingBytes(size_t bytes);
+
+template <typename T>
+Buffer<T> Allocate(size_t count) {
+  return Buffer<T>(static_cast<T*>(AllocateStreamingBytes(count * sizeof(T))));
+}
 
 double NowSeconds();
 
