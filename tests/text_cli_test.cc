@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +83,49 @@ TEST_F(TextCliTest, ChatStreamsEachAnswerAndKeepsTheConversation) {
   const std::string second = Expected(
       model_, *tokenizer_, *RenderChat(*tokenizer_, messages, {.thinking = false}), turn_end);
   EXPECT_EQ(out, first + "\n" + second + "\n");
+}
+
+// `generate` ends at the model's eos_token_id (printed last), and goes on past it with
+// --ignore-eos: a copy of the checkpoint names the third greedy token as its eos token.
+TEST_F(TextCliTest, GenerateStopsAtEosUnlessIgnoreEos) {
+  const std::vector<int32_t> ids = {5, 9, 2, 6};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> tokens =
+      SingleProcessTokens(model_, {ids}, kMaxNewTokens);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  const std::vector<int32_t>& greedy = (*tokens)[0];
+  ASSERT_EQ(greedy.size(), static_cast<size_t>(kMaxNewTokens));
+  const int32_t eos = greedy[2];
+  const size_t first_eos = std::find(greedy.begin(), greedy.end(), eos) - greedy.begin();
+
+  const std::string copy = ::testing::TempDir() + "/eos_model";
+  std::filesystem::remove_all(copy);
+  std::filesystem::create_directories(copy);
+  for (const auto& entry : std::filesystem::directory_iterator(model_)) {
+    if (entry.path().filename() == "config.json") continue;
+    std::filesystem::create_symlink(std::filesystem::absolute(entry.path()),
+                                    copy + "/" + entry.path().filename().string());
+  }
+  std::string config;
+  {
+    std::ifstream in(model_ + "/config.json");
+    config.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string key = "\"eos_token_id\": ";
+  const size_t at = config.find(key);
+  ASSERT_NE(at, std::string::npos) << config;
+  const size_t end = config.find_first_of(",\n}", at + key.size());
+  config.replace(at + key.size(), end - at - key.size(), std::to_string(eos));
+  std::ofstream(copy + "/config.json") << config;
+
+  auto expect = [&](size_t count) {
+    std::string line;
+    for (size_t i = 0; i < count; ++i) absl::StrAppend(&line, i ? " " : "", greedy[i]);
+    return line + "\n";
+  };
+  const std::string command = absl::StrCat(binary_, " generate --model ", copy,
+                                           " --tokens 5,9,2,6 --max-new-tokens ", kMaxNewTokens);
+  EXPECT_EQ(Output(command), expect(first_eos + 1));
+  EXPECT_EQ(Output(command + " --ignore-eos"), expect(kMaxNewTokens));
 }
 
 }  // namespace

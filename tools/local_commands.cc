@@ -66,6 +66,7 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
   if (o.has_top_k) sampling.set_top_k(g.sampling.top_k);
   if (o.has_seed) sampling.set_seed(g.sampling.seed);
   sampling.mutable_stop_token_ids()->Add(g.stop_token_ids.begin(), g.stop_token_ids.end());
+  if (g.ignore_eos) sampling.set_ignore_eos(true);
   // Token ids print as they stream; text prints once the call ends.
   bool first = true;
   std::function<void(absl::Span<const int32_t>)> print_tokens;
@@ -201,6 +202,8 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
       "sampling seed");
   AddIntList(app, "--stop-token-ids", &g.stop_token_ids, 0, INT32_MAX,
              "tokens that end the generation");
+  app->add_flag("--ignore-eos", g.ignore_eos,
+                "the model's eos_token_id does not end the generation");
   app->add_option("--request-id", options->request_id, "with --server")->needs(server);
   AddBoundedInt(app, "--timeout-ms", &options->timeout_ms, 0, int64_t{1} << 40,
                 "with --server; 0: none")
