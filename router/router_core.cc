@@ -498,17 +498,20 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
   absl::StatusOr<int> layer = MoeLayerIndex(config_, step.model_layer);
   if (!layer.ok() || !placement_.placed()) return false;
   const ExpertPlacement& placement = placement_.experts;
-  for (size_t w = 0; w < step.nodes.size(); ++w) {
+  auto usable = [&](int r) {
+    const PeerId candidate = placement_.worker_nodes[r];
+    return candidate != node && NodeStatus(candidate).ok() && slow_.count(candidate) == 0;
+  };
+  // Slots added by SplitToReplicas are not visited again here (they go to other nodes).
+  const size_t slots = step.nodes.size();
+  for (size_t w = 0; w < slots; ++w) {
     if (step.nodes[w] != node || step.answered[w]) continue;
-    if (step.requests[w].empty() || static_cast<int>(w) >= placement.num_workers) return false;
+    if (step.requests[w].empty()) return false;
     // A live worker holding every expert the slot's rows need: it computes the same partials.
     const std::vector<ExpertAssignment>& assignments = step.step.plan.workers[w].assignments;
     int target = -1;
     for (int r = 0; r < placement.num_workers && target < 0; ++r) {
-      const PeerId candidate = placement_.worker_nodes[r];
-      if (candidate == node || !NodeStatus(candidate).ok() || slow_.count(candidate) > 0) {
-        continue;
-      }
+      if (!usable(r)) continue;
       bool hosts_all = true;
       for (const ExpertAssignment& a : assignments) {
         const std::vector<int>& hosts = placement.WorkersFor(*layer, a.expert);
@@ -519,7 +522,14 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
       }
       if (hosts_all) target = r;
     }
-    if (target < 0) return false;
+    if (target < 0) {
+      // No one worker holds them all: split the rows over live hosts of each expert.
+      if (!SplitToReplicas(step, w, *layer, usable)) return false;
+      LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
+                               << ": the rows for " << WorkerName(node)
+                               << " went again to several replicas (every 20th logged)";
+      continue;
+    }
     const PeerId replica = placement_.worker_nodes[target];
     if (!transport_->Send(replica, step.requests[w]).ok()) return false;
     LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
@@ -528,6 +538,70 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
     step.nodes[w] = replica;
     step.resent = true;
     step.sent[w] = next_send_++;
+  }
+  return true;
+}
+
+bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
+                                 const std::function<bool(int)>& usable) {
+  const ExpertPlacement& placement = placement_.experts;
+  ExpertRequest original;
+  if (!Decode(step.requests[slot], &original).ok()) return false;
+  const WorkerDispatch& dispatch = step.step.plan.workers[slot];
+  // Target worker -> the slot's assignments it takes: the first usable host of each expert.
+  std::map<int, std::vector<ExpertAssignment>> by_target;
+  for (const ExpertAssignment& a : dispatch.assignments) {
+    const std::vector<int>& hosts = placement.WorkersFor(moe_layer, a.expert);
+    auto host = std::find_if(hosts.begin(), hosts.end(), usable);
+    if (host == hosts.end()) return false;
+    by_target[*host].push_back(a);
+  }
+  const int64_t width = step.step.width;
+  std::vector<std::pair<PeerId, std::string>> requests;
+  std::vector<WorkerDispatch> dispatches;
+  for (auto& [target, assignments] : by_target) {
+    // The rows these assignments name, in the slot's order, renumbered.
+    std::map<int32_t, int32_t> rows;  // slot row -> new row
+    for (const ExpertAssignment& a : assignments) rows.emplace(a.row, 0);
+    WorkerDispatch part;
+    ExpertRequest request;
+    request.step_id = step.id;
+    request.layer = step.model_layer;
+    request.placement_version = original.placement_version;
+    request.width = original.width;
+    for (auto& [row, renumbered] : rows) {
+      renumbered = static_cast<int32_t>(part.tokens.size());
+      part.tokens.push_back(dispatch.tokens[row]);
+      request.rows.insert(request.rows.end(), original.rows.begin() + row * width,
+                          original.rows.begin() + (row + 1) * width);
+    }
+    for (ExpertAssignment a : assignments) {
+      a.row = rows[a.row];
+      part.assignments.push_back(a);
+    }
+    request.rows_count = static_cast<int64_t>(part.tokens.size());
+    request.assignments = part.assignments;
+    requests.emplace_back(placement_.worker_nodes[target], Encode(request));
+    dispatches.push_back(std::move(part));
+  }
+  // The slot answers nothing now; one new slot per target does.
+  step.step.plan.workers[slot] = WorkerDispatch();
+  step.partials[slot].clear();
+  step.answered[slot] = true;
+  step.requests[slot].clear();
+  --step.outstanding;
+  step.resent = true;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PeerId target = requests[i].first;
+    std::string bytes = requests[i].second;
+    step.step.plan.workers.push_back(std::move(dispatches[i]));
+    step.nodes.push_back(target);
+    step.partials.emplace_back();
+    step.answered.push_back(false);
+    step.requests.push_back(std::move(requests[i].second));
+    step.sent.push_back(next_send_++);
+    ++step.outstanding;
+    if (!transport_->Send(target, std::move(bytes)).ok()) return false;
   }
   return true;
 }

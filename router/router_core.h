@@ -42,6 +42,7 @@
 #define K3SERVE_ROUTER_ROUTER_CORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -137,6 +138,11 @@ class RouterCore {
   // Sends the requests `step` sent to `node` and still waits for again, each to a live worker
   // holding all of its experts. False (step unchanged or partly resent) when one has none.
   bool SendToReplicas(PendingStep& step, PeerId node);
+  // Replaces slot `slot` of `step` (owed by a lost or slow node) by one new slot per live worker
+  // that takes some of its experts' rows (the first host of each expert that `usable` accepts),
+  // and sends them. False when an expert has no usable host (step unchanged) or a send failed.
+  bool SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
+                       const std::function<bool(int)>& usable);
   // `node` missed a step's expert deadline: every pending step's rows it owes go to replicas
   // where one holds all their experts (SendToReplicas); the rest keep waiting for it.
   void ResendWaitingOnSlow(PeerId node);

@@ -171,15 +171,25 @@ class Supervision {
   std::string error_;
 };
 
-// Why the cluster is not recovered: empty when the coordinator is ready, relearned everything and
-// every expert of every MoE layer has at least two ALIVE hosts.
+// Why the cluster is not recovered: empty when the coordinator is ready, relearned everything,
+// knows every running process as an ALIVE member and every expert of every MoE layer has at least
+// two ALIVE hosts.
 std::string NotRecovered(const LocalCluster& cluster) {
   absl::StatusOr<pb::ClusterState> state = cluster.GetClusterState(absl::Seconds(1));
   if (!state.ok()) return state.status().ToString();
   if (!state->ready()) return absl::StrCat("not ready: ", state->not_ready_reason());
   if (state->recovering()) return "the coordinator is relearning the cluster";
   std::map<uint32_t, pb::MemberState> members;
-  for (const pb::Member& m : state->members()) members[m.node().node_id()] = m.state();
+  std::map<pid_t, pb::MemberState> pids;
+  for (const pb::Member& m : state->members()) {
+    members[m.node().node_id()] = m.state();
+    pids[static_cast<pid_t>(m.node().pid())] = m.state();
+  }
+  for (const LocalCluster::Node& node : cluster.nodes()) {
+    if (node.role == NodeRole::kCoordinator) continue;
+    if (node.pid <= 0) return absl::StrCat(node.name, " is not running");
+    if (pids[node.pid] != pb::ALIVE) return absl::StrCat(node.name, " is not an ALIVE member");
+  }
   const pb::ExpertPlacement& placement = state->placement();
   for (int l = 0; l < placement.layers_size(); ++l) {
     for (int e = 0; e < placement.layers(l).experts_size(); ++e) {
@@ -236,13 +246,14 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
   int faults = 0;
   std::vector<std::string> log;
   while (absl::Now() < end && supervision.error().empty()) {
-    supervise_for(absl::Milliseconds(std::uniform_int_distribution<int>(1000, 3000)(random)));
+    supervise_for(absl::Milliseconds(std::uniform_int_distribution<int>(1500, 3000)(random)));
     const std::string target =
         targets[std::uniform_int_distribution<size_t>(0, targets.size() - 1)(random)];
     const bool kill = std::uniform_int_distribution<int>(0, 1)(random) == 0;
     const absl::Duration hang =
         absl::Milliseconds(std::uniform_int_distribution<int>(500, 3000)(random));
     const absl::Time at = absl::Now();
+    const pid_t pid = (*cluster->node(target))->pid;
     if (kill) {
       ASSERT_TRUE(cluster->Signal(target, SIGKILL).ok()) << target;
     } else {
@@ -257,6 +268,8 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
     const bool recovered = WaitFor(
         [&] {
           if (!supervision.Tick()) return true;
+          // A killed node is back only once the supervisor restarted it.
+          if (kill && (*cluster->node(target))->pid == pid) return false;
           if (!supervision.settled() || absl::Now() < next_check) return false;
           next_check = absl::Now() + absl::Milliseconds(100);
           why = NotRecovered(*cluster);
