@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -179,24 +180,33 @@ std::string NotRecovered(const LocalCluster& cluster) {
   if (!state.ok()) return state.status().ToString();
   if (!state->ready()) return absl::StrCat("not ready: ", state->not_ready_reason());
   if (state->recovering()) return "the coordinator is relearning the cluster";
-  std::map<uint32_t, pb::MemberState> members;
-  std::map<pid_t, pb::MemberState> pids;
-  for (const pb::Member& m : state->members()) {
-    members[m.node().node_id()] = m.state();
-    pids[static_cast<pid_t>(m.node().pid())] = m.state();
-  }
+  std::set<pid_t> running;
   for (const LocalCluster::Node& node : cluster.nodes()) {
     if (node.role == NodeRole::kCoordinator) continue;
     if (node.pid <= 0) return absl::StrCat(node.name, " is not running");
-    if (pids[node.pid] != pb::ALIVE) return absl::StrCat(node.name, " is not an ALIVE member");
+    running.insert(node.pid);
+  }
+  // ALIVE members that are running processes (a killed one may still look ALIVE until its
+  // heartbeats time out).
+  std::map<uint32_t, bool> members;
+  std::set<pid_t> alive;
+  for (const pb::Member& m : state->members()) {
+    const pid_t pid = static_cast<pid_t>(m.node().pid());
+    const bool live = m.state() == pb::ALIVE && running.count(pid) > 0;
+    members[m.node().node_id()] = live;
+    if (live) alive.insert(pid);
+  }
+  for (const LocalCluster::Node& node : cluster.nodes()) {
+    if (node.role != NodeRole::kCoordinator && alive.count(node.pid) == 0) {
+      return absl::StrCat(node.name, " is not an ALIVE member");
+    }
   }
   const pb::ExpertPlacement& placement = state->placement();
   for (int l = 0; l < placement.layers_size(); ++l) {
     for (int e = 0; e < placement.layers(l).experts_size(); ++e) {
       int alive = 0;
       for (int w : placement.layers(l).experts(e).workers()) {
-        if (w < placement.worker_node_ids_size() &&
-            members[placement.worker_node_ids(w)] == pb::ALIVE) {
+        if (w < placement.worker_node_ids_size() && members[placement.worker_node_ids(w)]) {
           ++alive;
         }
       }
