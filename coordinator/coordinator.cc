@@ -318,7 +318,9 @@ void CoordinatorState::ReplaceDeadWorkers() {
     // nothing either.
     for (const auto& [id, m] : members_) {
       if (m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining &&
-          used.count(id) == 0 && m.info.expert_slots() >= needed_slots) {
+          used.count(id) == 0 &&
+          m.info.expert_slots() + std::max(0, options_.replica_slots_per_worker) >=
+              needed_slots) {
         LOG(WARNING) << "expert node " << node << " is gone; spare node " << id
                      << " takes over worker " << w
                      << (sole_host ? "" : " (its experts have live replicas: restoring them)");
