@@ -17,15 +17,16 @@
 // max(expert_retry_floor, expert_retry_p99_factor x the p99 time from sending a step's
 // ExpertRequests to its last answer, over the last steps answered without a resend). A worker that
 // misses it (a hung process: no failure, no answer) is slow: the rows it owes go again, unchanged,
-// to a live worker that holds every expert they name, and new steps send its experts' rows to
-// live replicas only, until it answers anything. Rows without such a replica keep waiting for it
-// until step_timeout; a slow node alone never fails a step.
-// When a node is lost and the placement has replicas, every pending step waiting for a lost node sends that node's
-// request again, unchanged, to a live worker that holds every expert the request names, and
-// keeps waiting (a new step_timeout); later steps send each token's rows to live replicas only.
-// Without such a worker, failures never hang a step: the attention worker gets UNAVAILABLE naming
-// the worker, as in "expert worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose
-// tokens need an expert with no live host fail fast, until the coordinator's state puts a live,
+// to a live worker that holds every expert they name (or, when no one worker holds them all,
+// split by expert over live hosts of each), and new steps send its experts' rows to live replicas
+// only, until it answers anything. Rows without a live replica keep waiting for it until
+// step_timeout; a slow node alone never fails a step.
+// When a node is lost and the placement has replicas, every pending step waiting for it sends
+// that node's request again, unchanged, to a live worker that holds every expert the request
+// names (or split by expert over live hosts of each), and keeps waiting (a new step_timeout);
+// later steps send each token's rows to live replicas only. Without live replicas, failures
+// never hang a step: the attention worker gets UNAVAILABLE naming the worker, as in "expert
+// worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose tokens need an expert with no live host fail fast, until the coordinator's state puts a live,
 // connected node behind the slot again (a restarted expert node registers anew and the
 // coordinator hands it the dead node's slot). Readiness: every expert has a live host.
 //
