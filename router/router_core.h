@@ -26,8 +26,9 @@
 // names (or split by expert over live hosts of each), and keeps waiting (a new step_timeout);
 // later steps send each token's rows to live replicas only. Without live replicas, failures
 // never hang a step: the attention worker gets UNAVAILABLE naming the worker, as in "expert
-// worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose tokens need an expert with no live host fail fast, until the coordinator's state puts a live,
-// connected node behind the slot again (a restarted expert node registers anew and the
+// worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose tokens need an expert
+// with no live host fail fast, until the coordinator's state puts a live, connected node behind
+// the slot again (a restarted expert node registers anew and the
 // coordinator hands it the dead node's slot). Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
