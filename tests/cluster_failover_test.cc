@@ -402,6 +402,9 @@ TEST_F(ExpertReplicaFailoverTest, AHungExpertWorkerIsRoutedAroundWithinTwoSecond
   std::cerr << "longest wait for a token while the expert worker was hung: "
             << absl::FormatDuration(stall) << std::endl;
   EXPECT_LT(stall, absl::Seconds(2)) << "the hung expert worker was not routed around in time";
+  // Before the coordinator's DEAD verdict (1.5 s of silent heartbeats), which alone would also
+  // end the stall: the router's own expert deadline did it.
+  EXPECT_LT(stall, absl::Milliseconds(1250)) << "only the DEAD verdict ended the stall";
 
   // Running again, it is ALIVE again and the cluster keeps serving.
   ASSERT_TRUE(cluster_->Signal("expert-0", SIGCONT).ok());
