@@ -480,6 +480,30 @@ TEST_F(RouterCoreTest, HungWorkerWithReplicasIsRoutedAroundAfterTheExpertDeadlin
   ExpectMatchesLocal(Await(4), 5, rows);
 }
 
+// Three workers with ring replicas: worker 0's rows name experts whose other hosts are worker 1
+// (worker 1's share) and worker 2 (worker 0's own share), so no one worker can take them all. A
+// hung worker 0's rows are split over the two; the answer still equals the local engine's.
+TEST_F(RouterCoreTest, AHungWorkersRowsAreSplitOverTheLiveHostsOfEachExpert) {
+  StartRouter(absl::Seconds(20), absl::Milliseconds(100));
+  absl::StatusOr<ExpertPlacement> experts =
+      ContiguousPlacement(config().NumMoeLayers(), config().num_experts, {11, 11, 10}, 1);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  AddRingReplicas(&*experts, 11);
+  const ClusterPlacement placement{*experts, {kExpertA, kExpertB, kExpertC}};
+  FakeExpert* a = AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  AddExpert(kExpertC, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}, {kExpertC, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(48, 13);
+  a->Pause(true);
+  Send(1, 5, rows);
+  ExpectMatchesLocal(Await(1, absl::Seconds(10)), 5, rows);
+  Send(2, 5, rows);
+  ExpectMatchesLocal(Await(2, absl::Seconds(10)), 5, rows);
+  a->Pause(false);
+}
+
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
   StartRouter(kWait);
   EXPECT_EQ(core_->Readiness().code(), absl::StatusCode::kUnavailable);
