@@ -229,6 +229,16 @@ void RouterCore::ApplyClusterState() {
     absl::Status status = NodeStatus(node);
     if (!status.ok()) FailWaitingOn(node, status);
   }
+  // A slow node the coordinator declared DEAD (or that left) may never answer what it owed (its
+  // links are dropped): once it is ALIVE again it starts afresh.
+  for (auto it = slow_.begin(); it != slow_.end();) {
+    auto member = members_.find(static_cast<uint32_t>(*it));
+    if (member == members_.end() || member->second.state() != pb::ALIVE) {
+      it = slow_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::string RouterCore::WorkerName(PeerId node) const {
