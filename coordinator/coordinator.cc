@@ -313,12 +313,17 @@ void CoordinatorState::ReplaceDeadWorkers() {
         });
       }
     }
-    if (!sole_host) continue;
+    // Also when every expert of w has another live replica: the spare restores the redundancy
+    // (e.g. a killed expert node restarted under a new id), so that the next failure costs
+    // nothing either.
     for (const auto& [id, m] : members_) {
       if (m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining &&
-          used.count(id) == 0 && m.info.expert_slots() >= needed_slots) {
+          used.count(id) == 0 &&
+          m.info.expert_slots() + std::max(0, options_.replica_slots_per_worker) >=
+              needed_slots) {
         LOG(WARNING) << "expert node " << node << " is gone; spare node " << id
-                     << " takes over worker " << w;
+                     << " takes over worker " << w
+                     << (sole_host ? "" : " (its experts have live replicas: restoring them)");
         placement_.worker_nodes[w] = id;
         used.insert(id);
         changed = true;

@@ -7,9 +7,9 @@
 // `replica_slots_per_worker`, replicas of the next nodes' experts in that many extra slots of
 // each node (AddRingReplicas), so that a router can send a dead node's rows to a live replica
 // (router/router_core.h). Expert nodes
-// beyond those are spares: when a placed node is dead or gone and some of its experts have no
-// other live replica, the lowest-id spare with enough slots takes over its worker index (a new
-// placement version; the spare loads the experts when it sees it).
+// beyond those are spares: when a placed node is dead or gone, the lowest-id spare with enough
+// slots takes over its worker index (a new placement version; the spare loads the experts when it
+// sees it), also when its experts have live replicas, which restores their redundancy.
 //
 // The cluster is ready when each required role has an alive, non-draining member and every
 // expert of every MoE layer has a live host.

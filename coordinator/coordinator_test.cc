@@ -159,8 +159,14 @@ TEST(CoordinatorTest, TooFewSlotsIsNotReadyWithAReason) {
 
 // A cluster of attention, router and `experts` expert nodes (4 slots each, 8 experts, 2 layers,
 // the first two expert nodes placed), heartbeating every 250 ms from kStart until `until`.
+CoordinatorOptions WithReplicas(CoordinatorOptions options, int replica_slots) {
+  options.replica_slots_per_worker = replica_slots;
+  return options;
+}
+
 struct Cluster {
-  explicit Cluster(int experts) : c(Options(2, 8, 2), kStart) {
+  explicit Cluster(int experts, int replica_slots = 0)
+      : c(WithReplicas(Options(2, 8, 2), replica_slots), kStart) {
     infos.push_back(Node(pb::ROLE_ATTENTION));
     infos.push_back(Node(pb::ROLE_ROUTER));
     for (int i = 0; i < experts; ++i) infos.push_back(Node(pb::ROLE_EXPERT, 4));
@@ -223,6 +229,27 @@ TEST(CoordinatorTest, ASilentNodeIsDeadAfterTheTimeoutAndASpareTakesOverItsWorke
   EXPECT_EQ(back.placement_version, 2);
   EXPECT_EQ(StateOf(cl.c, victim), pb::ALIVE);
   EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{spare, cl.id(3)}));
+}
+
+// With ring replicas every expert of a dead worker still has a live host; a spare (its declared
+// slots plus the spare slots every node has) takes over anyway, so that each expert has two live
+// hosts again.
+TEST(CoordinatorTest, ASpareRestoresTheReplicasOfADeadWorker) {
+  Cluster cl(/*experts=*/3, /*replica_slots=*/4);
+  ASSERT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  const uint32_t victim = cl.id(2);  // worker 0
+  const uint32_t spare = cl.id(4);
+  ASSERT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{victim, cl.id(3)}));
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int e = 0; e < 8; ++e) {
+      ASSERT_EQ(cl.c.placement().experts.WorkersFor(layer, e).size(), 2u);
+    }
+  }
+  cl.Run(absl::Seconds(3), {victim});
+  EXPECT_EQ(StateOf(cl.c, victim), pb::DEAD);
+  EXPECT_EQ(cl.c.placement().version(), 2);
+  EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{spare, cl.id(3)}));
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
 }
 
 // A rebalancing rollout reserves its version first; a spare taking over meanwhile gets a later one,

@@ -27,7 +27,12 @@ struct PendingStep {
   uint64_t origin_step = 0;  // its MoeRequest's step id, echoed in the MoeResponse
   int model_layer = 0;
   absl::Time start;
+  // When the next look at the step is due: the expert deadline (router/router_core.h), at most
+  // `timeout_at`.
   absl::Time deadline;
+  absl::Time timeout_at;   // the step timeout: late workers count as lost
+  absl::Time dispatched;   // when its ExpertRequests went out
+  bool resent = false;     // some rows went again to a replica (its time is no round trip)
   RouterStep step;
   // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer.
   std::vector<PeerId> nodes;

@@ -15,6 +15,16 @@ namespace k3 {
 
 namespace pb = k3serve::cluster::v1;
 
+namespace {
+
+// Expert round trips the expert deadline is computed from, how often it is recomputed, and how
+// many it waits for before the first time (until then: the floor).
+constexpr size_t kRoundTripWindow = 512;
+constexpr size_t kRecomputeEvery = 32;
+constexpr size_t kMinRoundTrips = 32;
+
+}  // namespace
+
 struct RouterCore::Metrics {
   explicit Metrics(MetricsRegistry* registry)
       : steps(registry->AddCounter("k3_router_steps_total",
@@ -52,6 +62,13 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeight
     return absl::InvalidArgumentError(absl::StrCat(
         "step timeout must be positive, not ", absl::FormatDuration(options.step_timeout)));
   }
+  if (options.expert_retry_floor <= absl::ZeroDuration() ||
+      !(options.expert_retry_p99_factor >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the expert deadline needs a positive floor and a p99 factor of at least 1, not ",
+        absl::FormatDuration(options.expert_retry_floor), " and ",
+        options.expert_retry_p99_factor));
+  }
   std::vector<std::vector<float>> bias;
   for (int moe = 0; moe < config.NumMoeLayers(); ++moe) {
     const int layer = *ModelLayerOfMoe(config, moe);
@@ -79,7 +96,8 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       options_(options),
       stats_(std::move(stats)),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
-      placement_problem_("no cluster state from the coordinator yet") {
+      placement_problem_("no cluster state from the coordinator yet"),
+      expert_deadline_(options.expert_retry_floor) {
   routers_.resize(weights_->layers.size());
   for (size_t layer = 0; layer < weights_->layers.size(); ++layer) {
     if (weights_->layers[layer].is_moe) routers_[layer] = weights_->layers[layer].moe.router;
@@ -211,6 +229,16 @@ void RouterCore::ApplyClusterState() {
     absl::Status status = NodeStatus(node);
     if (!status.ok()) FailWaitingOn(node, status);
   }
+  // A slow node the coordinator declared DEAD (or that left) may never answer what it owed (its
+  // links are dropped): once it is ALIVE again it starts afresh.
+  for (auto it = slow_.begin(); it != slow_.end();) {
+    auto member = members_.find(static_cast<uint32_t>(*it));
+    if (member == members_.end() || member->second.state() != pb::ALIVE) {
+      it = slow_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::string RouterCore::WorkerName(PeerId node) const {
@@ -286,13 +314,16 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->origin_step = request.step_id;
   step->model_layer = request.layer;
   step->start = start;
-  step->deadline = start + options_.step_timeout;
+  step->timeout_at = start + options_.step_timeout;
   const ExpertPlacement& placement = placement_.experts;
   const int layer = *moe_layer;
   // Tokens go to live replicas only: while every host of an expert lives, the placement's own
   // choice (the same on every router); otherwise the same rule over the live hosts.
+  // A slow worker (router_core.h) counts as not live here, but does not fail the step.
   std::vector<bool> live(placement.num_workers);
-  for (int w = 0; w < placement.num_workers; ++w) live[w] = WorkerStatus(w).ok();
+  for (int w = 0; w < placement.num_workers; ++w) {
+    live[w] = WorkerStatus(w).ok() && slow_.count(placement_.worker_nodes[w]) == 0;
+  }
   PrepareRouterStep(routers_[request.layer], config_, request.rows.data(),
                     request.tokens, placement.num_workers,
                     [&placement, &live, layer](int32_t expert, int64_t token) {
@@ -352,13 +383,39 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
     step->nodes[w] = node;
     ++step->outstanding;
   }
+  step->dispatched = absl::Now();
+  step->deadline = StepDeadline(step->dispatched, step->timeout_at);
   pending_.Add(std::move(step));
+}
+
+absl::Time RouterCore::StepDeadline(absl::Time now, absl::Time timeout_at) const {
+  // Without replicas there is nowhere to send rows again: only the step timeout counts.
+  if (!has_replicas_) return timeout_at;
+  return std::min(timeout_at, now + expert_deadline_);
+}
+
+void RouterCore::RecordRoundTrip(absl::Duration round_trip) {
+  if (round_trips_.size() < kRoundTripWindow) {
+    round_trips_.push_back(round_trip);
+  } else {
+    round_trips_[next_round_trip_ % kRoundTripWindow] = round_trip;
+  }
+  ++next_round_trip_;
+  if (round_trips_.size() < kMinRoundTrips || next_round_trip_ % kRecomputeEvery != 0) return;
+  std::vector<absl::Duration> sorted = round_trips_;
+  const size_t p99 = sorted.size() * 99 / 100;
+  std::nth_element(sorted.begin(), sorted.begin() + p99, sorted.end());
+  expert_deadline_ =
+      std::max(options_.expert_retry_floor, sorted[p99] * options_.expert_retry_p99_factor);
 }
 
 void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
   if (auto suspect = suspects_.find(from); suspect != suspects_.end()) {
     LOG(INFO) << WorkerName(from) << " answers again; it no longer counts as lost";
     suspects_.erase(suspect);
+  }
+  if (slow_.erase(from) > 0) {
+    LOG(INFO) << WorkerName(from) << " answers again; new steps may send it rows";
   }
   ExpertResponse response;
   if (absl::Status decoded = Decode(bytes, &response); !decoded.ok()) {
@@ -373,6 +430,7 @@ void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
     case PendingSteps::Outcome::kWaiting:
       return;
     case PendingSteps::Outcome::kComplete:
+      if (!answer.step->resent) RecordRoundTrip(absl::Now() - answer.step->dispatched);
       Finish(std::move(answer.step));
       return;
     case PendingSteps::Outcome::kFailed:
@@ -396,6 +454,29 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
 void RouterCore::ExpireSteps(absl::Time now) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeExpired(now)) {
     const std::vector<PeerId> late = PendingSteps::Unanswered(*step);
+    if (now < step->timeout_at) {
+      // The expert deadline: the late workers are slow; their rows go to replicas where they can.
+      // Rows without one keep waiting until the step timeout.
+      std::vector<PeerId> slow;
+      bool all_resent = true;
+      for (PeerId node : late) {
+        const bool resent = SendToReplicas(*step, node);
+        all_resent = all_resent && resent;
+        if (resent) slow.push_back(node);
+      }
+      step->resent = step->resent || !slow.empty();
+      step->deadline = all_resent ? StepDeadline(now, step->timeout_at) : step->timeout_at;
+      pending_.Add(std::move(step));
+      for (PeerId node : slow) {
+        if (slow_.insert(node).second) {
+          LOG(WARNING) << WorkerName(node) << " did not answer a step within the expert deadline "
+                       << "of " << absl::FormatDuration(expert_deadline_)
+                       << "; its rows go to replicas until it answers again";
+        }
+        ResendWaitingOnSlow(node);
+      }
+      continue;
+    }
     std::vector<std::string> messages;
     for (PeerId node : late) {
       auto member = members_.find(static_cast<uint32_t>(node));
@@ -410,7 +491,9 @@ void RouterCore::ExpireSteps(absl::Time now) {
     bool resent = true;
     for (PeerId node : late) resent = resent && SendToReplicas(*step, node);
     if (resent) {
-      step->deadline = now + options_.step_timeout;
+      step->resent = true;
+      step->timeout_at = now + options_.step_timeout;
+      step->deadline = StepDeadline(now, step->timeout_at);
       pending_.Add(std::move(step));
     } else {
       Reply(step->origin, step->origin_step, step->start,
@@ -425,15 +508,20 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
   absl::StatusOr<int> layer = MoeLayerIndex(config_, step.model_layer);
   if (!layer.ok() || !placement_.placed()) return false;
   const ExpertPlacement& placement = placement_.experts;
-  for (size_t w = 0; w < step.nodes.size(); ++w) {
+  auto usable = [&](int r) {
+    const PeerId candidate = placement_.worker_nodes[r];
+    return candidate != node && NodeStatus(candidate).ok() && slow_.count(candidate) == 0;
+  };
+  // Slots added by SplitToReplicas are not visited again here (they go to other nodes).
+  const size_t slots = step.nodes.size();
+  for (size_t w = 0; w < slots; ++w) {
     if (step.nodes[w] != node || step.answered[w]) continue;
-    if (step.requests[w].empty() || static_cast<int>(w) >= placement.num_workers) return false;
+    if (step.requests[w].empty()) return false;
     // A live worker holding every expert the slot's rows need: it computes the same partials.
     const std::vector<ExpertAssignment>& assignments = step.step.plan.workers[w].assignments;
     int target = -1;
     for (int r = 0; r < placement.num_workers && target < 0; ++r) {
-      const PeerId candidate = placement_.worker_nodes[r];
-      if (candidate == node || !NodeStatus(candidate).ok()) continue;
+      if (!usable(r)) continue;
       bool hosts_all = true;
       for (const ExpertAssignment& a : assignments) {
         const std::vector<int>& hosts = placement.WorkersFor(*layer, a.expert);
@@ -444,21 +532,102 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
       }
       if (hosts_all) target = r;
     }
-    if (target < 0) return false;
+    if (target < 0) {
+      // No one worker holds them all: split the rows over live hosts of each expert.
+      if (!SplitToReplicas(step, w, *layer, usable)) return false;
+      LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
+                               << ": the rows for " << WorkerName(node)
+                               << " went again to several replicas (every 20th logged)";
+      continue;
+    }
     const PeerId replica = placement_.worker_nodes[target];
     if (!transport_->Send(replica, step.requests[w]).ok()) return false;
     LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
                              << ": the rows for " << WorkerName(node) << " went again to "
                              << WorkerName(replica) << " (every 20th logged)";
     step.nodes[w] = replica;
+    step.resent = true;
     step.sent[w] = next_send_++;
   }
   return true;
 }
 
+bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
+                                 const std::function<bool(int)>& usable) {
+  const ExpertPlacement& placement = placement_.experts;
+  ExpertRequest original;
+  if (!Decode(step.requests[slot], &original).ok()) return false;
+  const WorkerDispatch& dispatch = step.step.plan.workers[slot];
+  // Target worker -> the slot's assignments it takes: the first usable host of each expert.
+  std::map<int, std::vector<ExpertAssignment>> by_target;
+  for (const ExpertAssignment& a : dispatch.assignments) {
+    const std::vector<int>& hosts = placement.WorkersFor(moe_layer, a.expert);
+    auto host = std::find_if(hosts.begin(), hosts.end(), usable);
+    if (host == hosts.end()) return false;
+    by_target[*host].push_back(a);
+  }
+  const int64_t width = step.step.width;
+  std::vector<std::pair<PeerId, std::string>> requests;
+  std::vector<WorkerDispatch> dispatches;
+  for (auto& [target, assignments] : by_target) {
+    // The rows these assignments name, in the slot's order, renumbered.
+    std::map<int32_t, int32_t> rows;  // slot row -> new row
+    for (const ExpertAssignment& a : assignments) rows.emplace(a.row, 0);
+    WorkerDispatch part;
+    ExpertRequest request;
+    request.step_id = step.id;
+    request.layer = step.model_layer;
+    request.placement_version = original.placement_version;
+    request.width = original.width;
+    for (auto& [row, renumbered] : rows) {
+      renumbered = static_cast<int32_t>(part.tokens.size());
+      part.tokens.push_back(dispatch.tokens[row]);
+      request.rows.insert(request.rows.end(), original.rows.begin() + row * width,
+                          original.rows.begin() + (row + 1) * width);
+    }
+    for (ExpertAssignment a : assignments) {
+      a.row = rows[a.row];
+      part.assignments.push_back(a);
+    }
+    request.rows_count = static_cast<int64_t>(part.tokens.size());
+    request.assignments = part.assignments;
+    requests.emplace_back(placement_.worker_nodes[target], Encode(request));
+    dispatches.push_back(std::move(part));
+  }
+  // The slot answers nothing now; one new slot per target does.
+  step.step.plan.workers[slot] = WorkerDispatch();
+  step.partials[slot].clear();
+  step.answered[slot] = true;
+  step.requests[slot].clear();
+  --step.outstanding;
+  step.resent = true;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PeerId target = requests[i].first;
+    std::string bytes = requests[i].second;
+    step.step.plan.workers.push_back(std::move(dispatches[i]));
+    step.nodes.push_back(target);
+    step.partials.emplace_back();
+    step.answered.push_back(false);
+    step.requests.push_back(std::move(requests[i].second));
+    step.sent.push_back(next_send_++);
+    ++step.outstanding;
+    if (!transport_->Send(target, std::move(bytes)).ok()) return false;
+  }
+  return true;
+}
+
+void RouterCore::ResendWaitingOnSlow(PeerId node) {
+  for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
+    // Rows that find no replica stay with the node (SendToReplicas changes only resent slots).
+    if (SendToReplicas(*step, node)) step->resent = true;
+    pending_.Add(std::move(step));
+  }
+}
+
 void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
     if (SendToReplicas(*step, node)) {
+      step->resent = true;
       pending_.Add(std::move(step));
       continue;
     }

@@ -13,13 +13,22 @@
 //   - the coordinator marks it DEAD or it leaves,
 //   - it does not answer within step_timeout (it then counts as lost until it answers anything).
 // A MoE layer step is a pure function of its rows, so when the placement has replicas
-// (coordinator/coordinator.h) every pending step waiting for a lost node sends that node's
-// request again, unchanged, to a live worker that holds every expert the request names, and
-// keeps waiting (a new step_timeout); later steps send each token's rows to live replicas only.
-// Without such a worker, failures never hang a step: the attention worker gets UNAVAILABLE naming
-// the worker, as in "expert worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose
-// tokens need an expert with no live host fail fast, until the coordinator's state puts a live,
-// connected node behind the slot again (a restarted expert node registers anew and the
+// (coordinator/coordinator.h), a step also has an expert deadline far below step_timeout:
+// max(expert_retry_floor, expert_retry_p99_factor x the p99 time from sending a step's
+// ExpertRequests to its last answer, over the last steps answered without a resend). A worker that
+// misses it (a hung process: no failure, no answer) is slow: the rows it owes go again, unchanged,
+// to a live worker that holds every expert they name (or, when no one worker holds them all,
+// split by expert over live hosts of each), and new steps send its experts' rows to live replicas
+// only, until it answers anything. Rows without a live replica keep waiting for it until
+// step_timeout; a slow node alone never fails a step.
+// When a node is lost and the placement has replicas, every pending step waiting for it sends
+// that node's request again, unchanged, to a live worker that holds every expert the request
+// names (or split by expert over live hosts of each), and keeps waiting (a new step_timeout);
+// later steps send each token's rows to live replicas only. Without live replicas, failures
+// never hang a step: the attention worker gets UNAVAILABLE naming the worker, as in "expert
+// worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose tokens need an expert
+// with no live host fail fast, until the coordinator's state puts a live, connected node behind
+// the slot again (a restarted expert node registers anew and the
 // coordinator hands it the dead node's slot). Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
@@ -35,9 +44,11 @@
 #define K3SERVE_ROUTER_ROUTER_CORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,6 +70,10 @@ namespace k3 {
 
 struct RouterCoreOptions {
   absl::Duration step_timeout = absl::Seconds(5);
+  // The expert deadline (see the file comment): max(floor, factor x p99). The floor keeps noise
+  // on a loaded machine from causing resends; an early resend costs only duplicate work.
+  absl::Duration expert_retry_floor = absl::Milliseconds(300);
+  double expert_retry_p99_factor = 8;
   int qb_bins = 100;  // QB histogram bins per expert (router/router_load_stats.h); 0: none
 };
 
@@ -125,6 +140,17 @@ class RouterCore {
   // Sends the requests `step` sent to `node` and still waits for again, each to a live worker
   // holding all of its experts. False (step unchanged or partly resent) when one has none.
   bool SendToReplicas(PendingStep& step, PeerId node);
+  // Replaces slot `slot` of `step` (owed by a lost or slow node) by one new slot per live worker
+  // that takes some of its experts' rows (the first host of each expert that `usable` accepts),
+  // and sends them. False when an expert has no usable host (step unchanged) or a send failed.
+  bool SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
+                       const std::function<bool(int)>& usable);
+  // `node` missed a step's expert deadline: every pending step's rows it owes go to replicas
+  // where one holds all their experts (SendToReplicas); the rest keep waiting for it.
+  void ResendWaitingOnSlow(PeerId node);
+  // The deadline of a step whose requests went out at `now`.
+  absl::Time StepDeadline(absl::Time now, absl::Time timeout_at) const;
+  void RecordRoundTrip(absl::Duration round_trip);
   void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
              int64_t tokens = 0, std::vector<float> rows = {});
   // OK when worker slot `worker` of the placement can take rows now; else UNAVAILABLE naming it.
@@ -155,6 +181,10 @@ class RouterCore {
   std::string placement_problem_;  // why no placement is in force; empty when one is
   std::map<uint32_t, k3serve::cluster::v1::Member> members_;
   std::map<PeerId, Suspect> suspects_;  // timed out, by node
+  std::set<PeerId> slow_;               // missed an expert deadline, no answer since
+  absl::Duration expert_deadline_;      // the expert deadline now
+  std::vector<absl::Duration> round_trips_;  // a ring of the last steps' expert round trips
+  size_t next_round_trip_ = 0;
   PendingSteps pending_;
   uint64_t next_step_id_ = 1;
   uint64_t next_send_ = 1;     // PendingStep::sent

@@ -120,6 +120,8 @@ absl::Status RouterNode::Start() {
   links_ = std::make_unique<PeerLinks>(transport_.get());
   RouterCoreOptions core_options;
   core_options.step_timeout = options_.step_timeout;
+  core_options.expert_retry_floor = options_.expert_retry_floor;
+  core_options.expert_retry_p99_factor = options_.expert_retry_p99_factor;
   core_options.qb_bins = options_.qb_bins;
   absl::StatusOr<std::unique_ptr<RouterCore>> core = RouterCore::Create(
       weights_.get(), transport_.get(), links_.get(), core_options, &DefaultMetrics());
@@ -202,6 +204,12 @@ void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options) {
   AddNodeFlags(app, &options->node);
   AddMilliseconds(app, "--step-timeout-ms", &options->step_timeout, 1, 3600 * 1000,
                   "how long a MoE step waits for its expert workers");
+  AddMilliseconds(app, "--expert-retry-floor-ms", &options->expert_retry_floor, 1, 3600 * 1000,
+                  "with replicas, the least a step waits for an expert worker before its rows go "
+                  "to a replica");
+  AddBoundedInt(app, "--expert-retry-p99-factor", &options->expert_retry_p99_factor, 1, 1000,
+                "with replicas, rows go to a replica after this many times the p99 expert round "
+                "trip (or the floor)");
   AddBoundedInt(app, "--qb-bins", &options->qb_bins, 0, 100000,
                 "bins of the QB load histograms (0: token counts only)");
 }

@@ -37,6 +37,8 @@ namespace k3 {
 struct RouterNodeOptions {
   NodeFlags node;
   absl::Duration step_timeout = absl::Seconds(5);
+  absl::Duration expert_retry_floor = absl::Milliseconds(300);
+  int expert_retry_p99_factor = 8;
   int qb_bins = 100;
 };
 

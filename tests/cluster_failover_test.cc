@@ -11,7 +11,11 @@
 //    The coordinator marks it DEAD, and ALIVE again after SIGCONT.
 //  - an expert worker killed with SIGKILL in a cluster whose spare slots hold a replica of every
 //    expert (A1/R1/E2, --spare-slots-per-worker): the router sends the dead worker's rows to the
-//    live replica, so the streams go on.
+//    live replica, so the streams go on;
+//  - an expert worker hung with SIGSTOP in the same cluster: the router sends the rows it owes to
+//    the live replica once the expert deadline (derived from measured expert round trips, far
+//    below the router's 5 s step timeout) passes, and new steps avoid it; streams stall for well
+//    under 2 s.
 // In every case no request fails and every request's tokens equal the single-process engine's.
 #include <signal.h>
 
@@ -368,6 +372,51 @@ TEST_F(ExpertReplicaFailoverTest, AKilledExpertWorkerCostsNoRequest) {
   for (const LocalCluster::Node* node : cluster_->Reap()) {
     if (node->name != "expert-1") ADD_FAILURE() << node->name << " exited";
   }
+}
+
+TEST_F(ExpertReplicaFailoverTest, AHungExpertWorkerIsRoutedAroundWithinTwoSeconds) {
+  absl::StatusOr<const LocalCluster::Node*> expert = cluster_->node("expert-0");
+  ASSERT_TRUE(expert.ok()) << expert.status();
+  const pid_t pid = (*expert)->pid;
+  Load load(cluster_->generate_addresses()[0], prompts_, expected_);
+  // Enough answered steps for the router to measure its expert round trips.
+  ASSERT_TRUE(load.WaitMore(2 * kClients, absl::Seconds(60)))
+      << absl::StrJoin(load.failures(), "\n");
+
+  ASSERT_TRUE(cluster_->Signal("expert-0", SIGSTOP).ok());
+  struct Continue {
+    ~Continue() { (void)cluster->Signal("expert-0", SIGCONT); }
+    LocalCluster* cluster;
+  } resume_at_exit{cluster_.get()};
+  load.ResetLongestGap();
+  const absl::Time stopped = absl::Now();
+  EXPECT_TRUE(load.WaitMore(1, absl::Seconds(30))) << absl::StrJoin(load.failures(), "\n");
+  std::cerr << "first request completed " << absl::FormatDuration(absl::Now() - stopped)
+            << " after the SIGSTOP" << std::endl;
+  EXPECT_TRUE(load.WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load.failures(), "\n");
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::DEAD; }, absl::Seconds(5)));
+  EXPECT_TRUE(load.WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load.failures(), "\n");
+  const absl::Duration stall = load.longest_gap();
+  std::cerr << "longest wait for a token while the expert worker was hung: "
+            << absl::FormatDuration(stall) << std::endl;
+  EXPECT_LT(stall, absl::Seconds(2)) << "the hung expert worker was not routed around in time";
+  // Before the coordinator's DEAD verdict (1.5 s of silent heartbeats), which alone would also
+  // end the stall: the router's own expert deadline did it.
+  EXPECT_LT(stall, absl::Milliseconds(1250)) << "only the DEAD verdict ended the stall";
+
+  // Running again, it is ALIVE again and the cluster keeps serving.
+  ASSERT_TRUE(cluster_->Signal("expert-0", SIGCONT).ok());
+  EXPECT_TRUE(WaitFor([&] { return StateOfPid(*cluster_, pid) == pb::ALIVE; }, absl::Seconds(5)));
+  EXPECT_TRUE(load.WaitMore(2 * kClients, absl::Seconds(30)))
+      << absl::StrJoin(load.failures(), "\n");
+  load.Stop();
+  EXPECT_EQ(load.failed(), 0) << absl::StrJoin(load.failures(), "\n");
+  std::cerr << load.completed() << " requests completed, " << load.failed() << " failed"
+            << std::endl;
+  const absl::Status running = cluster_->CheckRunning();
+  EXPECT_TRUE(running.ok()) << running;
 }
 
 }  // namespace

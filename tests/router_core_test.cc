@@ -124,12 +124,14 @@ class RouterCoreTest : public ::testing::Test {
     StopRouter();
   }
 
-  void StartRouter(absl::Duration step_timeout) {
+  void StartRouter(absl::Duration step_timeout,
+                   absl::Duration expert_retry_floor = absl::Milliseconds(300)) {
     router_transport_ = network_.CreateTransport();
     attention_ = network_.CreateTransport();
     links_ = std::make_unique<PeerLinks>(router_transport_.get(), absl::Milliseconds(20));
     RouterCoreOptions options;
     options.step_timeout = step_timeout;
+    options.expert_retry_floor = expert_retry_floor;
     options.qb_bins = 20;
     absl::StatusOr<std::unique_ptr<RouterCore>> core =
         RouterCore::Create(router_only_, router_transport_.get(), links_.get(), options, &metrics_);
@@ -448,6 +450,58 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
   WaitReady();
   Send(3, 5, rows);
   ExpectMatchesLocal(Await(3), 5, rows);
+}
+
+// With replicas, a hung worker's rows go to the replica after the expert deadline (here its
+// 100 ms floor), far below the step timeout, and new steps avoid it until it answers again.
+TEST_F(RouterCoreTest, HungWorkerWithReplicasIsRoutedAroundAfterTheExpertDeadline) {
+  StartRouter(absl::Seconds(20), absl::Milliseconds(100));
+  ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddRingReplicas(&placement.experts, 20);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 9);
+  Send(1, 5, rows);
+  ExpectMatchesLocal(Await(1), 5, rows);
+
+  b->Pause(true);
+  Send(2, 5, rows);
+  ExpectMatchesLocal(Await(2, absl::Seconds(10)), 5, rows);
+  // Step 2 waited for the deadline; step 3 goes to the live replica at once. Neither waits for
+  // the 20 s step timeout.
+  Send(3, 5, rows);
+  ExpectMatchesLocal(Await(3, absl::Seconds(10)), 5, rows);
+  EXPECT_TRUE(core_->Readiness().ok()) << core_->Readiness();
+
+  b->Pause(false);  // it answers step 2 late and takes rows again
+  Send(4, 5, rows);
+  ExpectMatchesLocal(Await(4), 5, rows);
+}
+
+// Three workers with ring replicas: worker 0's rows name experts whose other hosts are worker 1
+// (worker 1's share) and worker 2 (worker 0's own share), so no one worker can take them all. A
+// hung worker 0's rows are split over the two; the answer still equals the local engine's.
+TEST_F(RouterCoreTest, AHungWorkersRowsAreSplitOverTheLiveHostsOfEachExpert) {
+  StartRouter(absl::Seconds(20), absl::Milliseconds(100));
+  absl::StatusOr<ExpertPlacement> experts =
+      ContiguousPlacement(config().NumMoeLayers(), config().num_experts, {11, 11, 10}, 1);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  AddRingReplicas(&*experts, 11);
+  const ClusterPlacement placement{*experts, {kExpertA, kExpertB, kExpertC}};
+  FakeExpert* a = AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  AddExpert(kExpertC, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}, {kExpertC, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(48, 13);
+  a->Pause(true);
+  Send(1, 5, rows);
+  ExpectMatchesLocal(Await(1, absl::Seconds(10)), 5, rows);
+  Send(2, 5, rows);
+  ExpectMatchesLocal(Await(2, absl::Seconds(10)), 5, rows);
+  a->Pause(false);
 }
 
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
