@@ -29,6 +29,10 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError("max_new_tokens_limit must be >= 1");
   }
   if (max_prompt_tokens < 1) return absl::InvalidArgumentError("max_prompt_tokens must be >= 1");
+  if (!(prefill_target_factor >= 1.0)) {
+    return absl::InvalidArgumentError("prefill_target_factor must be >= 1");
+  }
+  if (min_prefill_chunk < 1) return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   return absl::OkStatus();
 }
 
@@ -152,6 +156,15 @@ absl::Status StepFailure(const absl::Status& cause) {
                       absl::StrCat("model step failed: ", cause.message()));
 }
 
+PrefillChunkOptions ChunkOptions(const SchedulerOptions& options) {
+  PrefillChunkOptions chunk;
+  chunk.max_chunk = std::max<int64_t>(options.max_batch_tokens, 1);
+  chunk.min_chunk = std::clamp<int64_t>(options.min_prefill_chunk, 1, chunk.max_chunk);
+  chunk.granule = std::min<int64_t>(kKdaChunk, chunk.max_chunk);
+  chunk.target_factor = std::max(options.prefill_target_factor, 1.0);
+  return chunk;
+}
+
 GenerationResult ErrorResult(absl::Status status) {
   GenerationResult result;
   result.reason = FinishReason::kError;
@@ -169,6 +182,7 @@ GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe*
       options_(options),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(*metrics) : nullptr),
       runner_(weights, routed_moe),
+      chunk_controller_(ChunkOptions(options)),
       actor_("scheduler") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
@@ -395,6 +409,10 @@ void GenerationScheduler::RunStep() {
     decode_cursor_ = (start + take) % count;
     budget -= static_cast<int64_t>(take);
   }
+  const int64_t decode_tokens = options_.max_batch_tokens - budget;
+  if (options_.adaptive_prefill) {
+    budget = std::min(budget, chunk_controller_.ChunkTokens(decode_tokens > 0));
+  }
   int64_t prefill_tokens = 0;
   for (auto& sequence : running_) {
     if (budget == 0) break;
@@ -412,9 +430,11 @@ void GenerationScheduler::RunStep() {
 
   const absl::Time start = absl::Now();
   const absl::Status status = runner_.Step(batch, &logits_);
+  const absl::Duration step_time = absl::Now() - start;
+  if (status.ok()) chunk_controller_.ObserveStep(decode_tokens, prefill_tokens, step_time);
   if (metrics_) {
-    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    metrics_->step_tokens->Observe(static_cast<double>(options_.max_batch_tokens - budget));
+    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
+    metrics_->step_tokens->Observe(static_cast<double>(decode_tokens + prefill_tokens));
   }
   if (!status.ok()) {
     const GenerationResult result = ErrorResult(StepFailure(status));
