@@ -105,6 +105,26 @@ struct GenerationScheduler::Metrics {
                                        "Wall time of one batched model step.",
                                        ExponentialBuckets(0.0005, 2, 16))
                          .Get()),
+        step_compute(registry
+                         .AddHistogram("k3_attention_step_compute_seconds",
+                                       "Time of one model step spent computing here (attention, "
+                                       "dense layer, shared experts, LM head): the step's wall "
+                                       "time less its MoE wait.",
+                                       ExponentialBuckets(0.0005, 2, 16))
+                         .Get()),
+        step_moe_wait(registry
+                          .AddHistogram("k3_attention_step_moe_wait_seconds",
+                                        "Time of one model step spent sending MoE layers' rows "
+                                        "and waiting for the routed answers, over all layers.",
+                                        ExponentialBuckets(0.0005, 2, 16))
+                          .Get()),
+        layer_moe_wait(registry
+                           .AddHistogram("k3_attention_layer_moe_wait_seconds",
+                                         "Sending one MoE layer's rows and waiting for its "
+                                         "routed answer (one observation per MoE layer of a "
+                                         "step).",
+                                         ExponentialBuckets(1e-5, 2, 20))
+                           .Get()),
         step_tokens(registry
                         .AddHistogram("k3_attention_step_tokens",
                                       "Tokens (decode tokens plus prefill chunks) per model step.",
@@ -138,6 +158,9 @@ struct GenerationScheduler::Metrics {
   Gauge* cached;
   Gauge* state_bytes;
   Histogram* step_seconds;
+  Histogram* step_compute;
+  Histogram* step_moe_wait;
+  Histogram* layer_moe_wait;
   Histogram* step_tokens;
   Histogram* time_to_first_token;
   Histogram* inter_token;
@@ -434,6 +457,12 @@ void GenerationScheduler::RunStep() {
   if (status.ok()) chunk_controller_.ObserveStep(decode_tokens, prefill_tokens, step_time);
   if (metrics_) {
     metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
+    const StepProfile& profile = runner_.last_profile();
+    metrics_->step_compute->Observe(absl::ToDoubleSeconds(profile.compute()));
+    metrics_->step_moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
+    for (absl::Duration wait : profile.layer_moe_wait) {
+      metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
+    }
     metrics_->step_tokens->Observe(static_cast<double>(decode_tokens + prefill_tokens));
   }
   if (!status.ok()) {

@@ -27,6 +27,7 @@ struct PendingStep {
   uint64_t origin_step = 0;  // its MoeRequest's step id, echoed in the MoeResponse
   int model_layer = 0;
   absl::Time start;
+  absl::Time dispatched;  // when its last ExpertRequest went out
   absl::Time deadline;
   RouterStep step;
   // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer.

@@ -214,6 +214,33 @@ TEST_F(AttentionServerTest, GreedyGenerationEqualsLocalEngine) {
   EXPECT_TRUE(WaitStateFreed());
 }
 
+// Where each step's time went: one compute and one MoE-wait observation per step, one
+// per-layer MoE wait per MoE layer of each step, and the parts fit in the step.
+TEST_F(AttentionServerTest, StepProfileHistogramsCountEveryStepAndMoeLayer) {
+  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  const char* const samples[] = {
+      "k3_attention_step_seconds_count", "k3_attention_step_compute_seconds_count",
+      "k3_attention_step_moe_wait_seconds_count", "k3_attention_layer_moe_wait_seconds_count",
+      "k3_attention_step_seconds_sum", "k3_attention_step_compute_seconds_sum",
+      "k3_attention_step_moe_wait_seconds_sum"};
+  std::vector<double> before;
+  for (const char* sample : samples) before.push_back(value(sample));
+  constexpr int kTokens = 5;  // one prefill step, then a decode step per later token
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(Prompt(6, 9), kTokens));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  std::vector<double> delta;
+  for (size_t i = 0; i < before.size(); ++i) delta.push_back(value(samples[i]) - before[i]);
+  EXPECT_EQ(delta[0], kTokens);
+  EXPECT_EQ(delta[1], kTokens);
+  EXPECT_EQ(delta[2], kTokens);
+  const int moe_layers = weights_->config.NumMoeLayers();
+  ASSERT_GT(moe_layers, 0);
+  EXPECT_EQ(delta[3], kTokens * moe_layers);
+  EXPECT_GT(delta[5], 0);
+  EXPECT_GT(delta[6], 0);
+  EXPECT_LE(delta[5] + delta[6], delta[4] * 1.001 + 1e-6);
+}
+
 TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
   SchedulerOptions scheduler;
   scheduler.max_batch_tokens = 5;  // a 23-token prompt takes five steps
