@@ -146,13 +146,16 @@ void PrintBreakdown(const std::string& name, const LocalCluster& cluster) {
   const double share = step.sum > 0 ? wait.sum / step.sum : 0;
   std::cout << absl::StrFormat(
       "%-10s breakdown (whole run, from /metrics): attention %.0f steps, %.3f ms/step = compute "
-      "%.3f + MoE wait %.3f (%.0f%% waiting); per MoE layer: wait %.3f ms | router %.0f layer "
-      "steps: compute %.3f ms + expert wait %.3f ms | experts %.0f requests: compute %.3f ms "
-      "(wire+queue ~ %.3f ms per layer step)\n",
-      name, step.count, step.MeanMs(), compute.MeanMs(), wait.MeanMs(), 100 * share,
-      layer.MeanMs(), router_compute.count, router_compute.MeanMs(), router_wait.MeanMs(),
-      expert.count, expert.MeanMs(),
-      router_wait.count > 0 ? router_wait.MeanMs() - expert.sum * 1e3 / router_wait.count : 0);
+      "%.3f + MoE wait %.3f (%.0f%% waiting)\n"
+      "%-10s   per MoE layer step: attention waits %.3f ms = router compute %.3f + router's "
+      "expert wait %.3f (experts compute %.3f over %.2f requests, wire+queue ~%.3f) + "
+      "attention<->router wire+queue ~%.3f\n",
+      name, step.count, step.MeanMs(), compute.MeanMs(), wait.MeanMs(), 100 * share, name,
+      layer.MeanMs(), router_compute.MeanMs(), router_wait.MeanMs(),
+      router_wait.count > 0 ? expert.sum * 1e3 / router_wait.count : 0,
+      router_wait.count > 0 ? expert.count / router_wait.count : 0,
+      router_wait.count > 0 ? router_wait.MeanMs() - expert.sum * 1e3 / router_wait.count : 0,
+      layer.MeanMs() - router_compute.MeanMs() - router_wait.MeanMs());
 }
 
 absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
