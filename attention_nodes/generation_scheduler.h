@@ -39,7 +39,8 @@
 // k3_attention_cached_sequences, k3_attention_request_state_bytes, k3_attention_step_seconds,
 // k3_attention_step_tokens, where each step's time went (ModelRunner's StepProfile):
 // k3_attention_step_compute_seconds and k3_attention_step_moe_wait_seconds (one observation per
-// step each), k3_attention_layer_moe_wait_seconds (one per MoE layer of a step), and the latencies users see, from Submit:
+// step each), k3_attention_layer_moe_wait_seconds (one per MoE layer of a step), and the
+// latencies users see, from Submit:
 // k3_attention_time_to_first_token_seconds (one observation per request with a token),
 // k3_attention_inter_token_seconds (one per token after a request's first) and
 // k3_attention_request_seconds (end to end: one per request that ends, whatever the reason).

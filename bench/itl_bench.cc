@@ -150,6 +150,9 @@ struct Result {
 };
 
 absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, bool adaptive) {
+  // Declared first, so that it outlives the scheduler: a sink's OnFinish may still run after
+  // WaitIdle returns (the request leaves the in-flight set just before it).
+  Recorder recorder(options.streams);
   LocalRoutedMoe moe(&weights);
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch_tokens = options.max_batch_tokens;
@@ -157,7 +160,6 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   scheduler_options.max_new_tokens_limit = 1 << 20;
   scheduler_options.adaptive_prefill = adaptive;
   GenerationScheduler scheduler(&weights, &moe, scheduler_options, nullptr);
-  Recorder recorder(options.streams);
   const int vocab = static_cast<int>(weights.config.vocab_size);
 
   std::vector<std::shared_ptr<RequestHandle>> handles;
