@@ -29,6 +29,10 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError("max_new_tokens_limit must be >= 1");
   }
   if (max_prompt_tokens < 1) return absl::InvalidArgumentError("max_prompt_tokens must be >= 1");
+  if (!(prefill_target_factor >= 1.0)) {
+    return absl::InvalidArgumentError("prefill_target_factor must be >= 1");
+  }
+  if (min_prefill_chunk < 1) return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   return absl::OkStatus();
 }
 
@@ -101,6 +105,26 @@ struct GenerationScheduler::Metrics {
                                        "Wall time of one batched model step.",
                                        ExponentialBuckets(0.0005, 2, 16))
                          .Get()),
+        step_compute(registry
+                         .AddHistogram("k3_attention_step_compute_seconds",
+                                       "Time of one model step spent computing here (attention, "
+                                       "dense layer, shared experts, LM head): the step's wall "
+                                       "time less its MoE wait.",
+                                       ExponentialBuckets(0.0005, 2, 16))
+                         .Get()),
+        step_moe_wait(registry
+                          .AddHistogram("k3_attention_step_moe_wait_seconds",
+                                        "Time of one model step spent sending MoE layers' rows "
+                                        "and waiting for the routed answers, over all layers.",
+                                        ExponentialBuckets(0.0005, 2, 16))
+                          .Get()),
+        layer_moe_wait(registry
+                           .AddHistogram("k3_attention_layer_moe_wait_seconds",
+                                         "Sending one MoE layer's rows and waiting for its "
+                                         "routed answer (one observation per MoE layer of a "
+                                         "step).",
+                                         ExponentialBuckets(1e-5, 2, 20))
+                           .Get()),
         step_tokens(registry
                         .AddHistogram("k3_attention_step_tokens",
                                       "Tokens (decode tokens plus prefill chunks) per model step.",
@@ -134,6 +158,9 @@ struct GenerationScheduler::Metrics {
   Gauge* cached;
   Gauge* state_bytes;
   Histogram* step_seconds;
+  Histogram* step_compute;
+  Histogram* step_moe_wait;
+  Histogram* layer_moe_wait;
   Histogram* step_tokens;
   Histogram* time_to_first_token;
   Histogram* inter_token;
@@ -150,6 +177,15 @@ absl::Status StepFailure(const absl::Status& cause) {
                          absl::IsResourceExhausted(cause);
   return absl::Status(transient ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
                       absl::StrCat("model step failed: ", cause.message()));
+}
+
+PrefillChunkOptions ChunkOptions(const SchedulerOptions& options) {
+  PrefillChunkOptions chunk;
+  chunk.max_chunk = std::max<int64_t>(options.max_batch_tokens, 1);
+  chunk.min_chunk = std::clamp<int64_t>(options.min_prefill_chunk, 1, chunk.max_chunk);
+  chunk.granule = std::min<int64_t>(kKdaChunk, chunk.max_chunk);
+  chunk.target_factor = std::max(options.prefill_target_factor, 1.0);
+  return chunk;
 }
 
 GenerationResult ErrorResult(absl::Status status) {
@@ -169,6 +205,7 @@ GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe*
       options_(options),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(*metrics) : nullptr),
       runner_(weights, routed_moe),
+      chunk_controller_(ChunkOptions(options)),
       actor_("scheduler") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
@@ -395,6 +432,10 @@ void GenerationScheduler::RunStep() {
     decode_cursor_ = (start + take) % count;
     budget -= static_cast<int64_t>(take);
   }
+  const int64_t decode_tokens = options_.max_batch_tokens - budget;
+  if (options_.adaptive_prefill) {
+    budget = std::min(budget, chunk_controller_.ChunkTokens(decode_tokens > 0));
+  }
   int64_t prefill_tokens = 0;
   for (auto& sequence : running_) {
     if (budget == 0) break;
@@ -412,9 +453,17 @@ void GenerationScheduler::RunStep() {
 
   const absl::Time start = absl::Now();
   const absl::Status status = runner_.Step(batch, &logits_);
+  const absl::Duration step_time = absl::Now() - start;
+  if (status.ok()) chunk_controller_.ObserveStep(decode_tokens, prefill_tokens, step_time);
   if (metrics_) {
-    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    metrics_->step_tokens->Observe(static_cast<double>(options_.max_batch_tokens - budget));
+    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
+    const StepProfile& profile = runner_.last_profile();
+    metrics_->step_compute->Observe(absl::ToDoubleSeconds(profile.compute()));
+    metrics_->step_moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
+    for (absl::Duration wait : profile.layer_moe_wait) {
+      metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
+    }
+    metrics_->step_tokens->Observe(static_cast<double>(decode_tokens + prefill_tokens));
   }
   if (!status.ok()) {
     const GenerationResult result = ErrorResult(StepFailure(status));

@@ -7,7 +7,12 @@
 //   1. one decode token for every sequence that has consumed its prompt (if there are more such
 //      sequences than the budget, a rotating window of them, so none starves);
 //   2. the rest of the budget goes to prompts, as prefill chunks, in admission order; a prompt
-//      longer than what is left is continued in the next steps (chunked prefill).
+//      longer than what is left is continued in the next steps (chunked prefill). While some
+//      sequences decode and `adaptive_prefill` is on, the prefill part of the budget is what a
+//      PrefillChunkController (prefill_chunk_controller.h) allows: it keeps the step time near
+//      `prefill_target_factor` x the decode-only step time, so a long prompt being admitted
+//      raises the running streams' inter-token latency by about that factor, not by the time of
+//      a max_batch_tokens step. Where a prompt is cut does not change its tokens.
 // A sequence whose prompt completes in a step samples its first token from that step's logits;
 // a decoding sequence samples one token per step. Each sequence samples with its own Sampler
 // (seeded per request), so its tokens do not depend on what it is batched with, up to the
@@ -32,7 +37,10 @@
 // k3_attention_rejected_requests_total, k3_attention_prompt_tokens_total,
 // k3_attention_generated_tokens_total, k3_attention_active_requests,
 // k3_attention_cached_sequences, k3_attention_request_state_bytes, k3_attention_step_seconds,
-// k3_attention_step_tokens, and the latencies users see, from Submit:
+// k3_attention_step_tokens, where each step's time went (ModelRunner's StepProfile):
+// k3_attention_step_compute_seconds and k3_attention_step_moe_wait_seconds (one observation per
+// step each), k3_attention_layer_moe_wait_seconds (one per MoE layer of a step), and the
+// latencies users see, from Submit:
 // k3_attention_time_to_first_token_seconds (one observation per request with a token),
 // k3_attention_inter_token_seconds (one per token after a request's first) and
 // k3_attention_request_seconds (end to end: one per request that ends, whatever the reason).
@@ -56,6 +64,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
+#include "attention_nodes/prefill_chunk_controller.h"
 #include "attention_nodes/sampler.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
@@ -69,6 +78,13 @@ struct SchedulerOptions {
   int max_sequences = 64;           // requests holding KV/KDA state at once
   int max_new_tokens_limit = 4096;  // requests asking for more are rejected
   int max_prompt_tokens = 32768;    // longer prompts are rejected
+  // Prefill chunk sizing while sequences decode (see above); off: prompts take the whole rest of
+  // the budget, as before.
+  bool adaptive_prefill = true;
+  double prefill_target_factor = 2.0;  // >= 1
+  // >= 1; capped at max_batch_tokens. 1: where a prompt token costs more than the decode step
+  // (k3-tiny at a long prefix), even one more token per step keeps the latency bound.
+  int64_t min_prefill_chunk = 1;
 
   // INVALID_ARGUMENT naming the first option out of range.
   absl::Status Validate() const;
@@ -209,6 +225,7 @@ class GenerationScheduler {
 
   // Scheduler thread only.
   ModelRunner runner_;
+  PrefillChunkController chunk_controller_;
   std::deque<std::shared_ptr<Sequence>> waiting_;
   std::vector<std::shared_ptr<Sequence>> running_;  // in admission order
   size_t decode_cursor_ = 0;

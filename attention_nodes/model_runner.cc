@@ -56,12 +56,23 @@ absl::Status ModelRunner::FeedForward(int layer, int64_t rows, float* out) {
     return absl::OkStatus();
   }
   // The routed answer is in flight (possibly on other hosts) while the shared experts run here.
-  if (absl::Status s = routed_moe_->Begin(layer, normed_.data(), rows); !s.ok()) return s;
+  const absl::Time begin = absl::Now();
+  const absl::Status begun = routed_moe_->Begin(layer, normed_.data(), rows);
+  absl::Duration waited = absl::Now() - begin;
+  if (!begun.ok()) {
+    profile_.moe_wait += waited;
+    return begun;
+  }
   const GatedMlpWeights& shared = lw.moe.shared;
   GatedMlp(GatedMlpMatrices{shared.gate, shared.up, shared.down}, glu_, normed_.data(), rows, out,
            false, &mlp_scratch_);
   routed_.resize(static_cast<size_t>(rows * config.ExpertWidth()));
-  if (absl::Status s = routed_moe_->Wait(routed_.data()); !s.ok()) return s;
+  const absl::Time wait = absl::Now();
+  const absl::Status answered = routed_moe_->Wait(routed_.data());
+  waited += absl::Now() - wait;
+  profile_.moe_wait += waited;
+  profile_.layer_moe_wait.push_back(waited);
+  if (!answered.ok()) return answered;
   if (config.IsLatentMoe()) {
     MatMul(lw.moe.latent_up, routed_.data(), config.ExpertWidth(), rows, out, config.hidden_size,
            /*accumulate=*/true);
@@ -72,6 +83,16 @@ absl::Status ModelRunner::FeedForward(int layer, int64_t rows, float* out) {
 }
 
 absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) {
+  const absl::Time start = absl::Now();
+  profile_.moe_wait = absl::ZeroDuration();
+  profile_.layer_moe_wait.clear();
+  absl::Status status = StepLayers(batch, logits);
+  profile_.total = absl::Now() - start;
+  return status;
+}
+
+absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
+                                     std::vector<float>* logits) {
   const ModelConfig& config = weights_->config;
   const int64_t d = config.hidden_size;
   int64_t rows = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
@@ -41,6 +42,18 @@ struct BatchEntry {
   bool all_logits = false;           // logits for every new token, or only for the last
 };
 
+// Where one Step's time went. The MoE wait is the time spent inside RoutedMoe::Begin and
+// RoutedMoe::Wait (sending the rows, then waiting for the routed answer: the router tier across
+// the wire, or the routed experts themselves in process); the shared experts computed while the
+// answer is in flight count as compute.
+struct StepProfile {
+  absl::Duration total = absl::ZeroDuration();     // the whole Step
+  absl::Duration moe_wait = absl::ZeroDuration();  // over every MoE layer
+  std::vector<absl::Duration> layer_moe_wait;      // one per MoE layer the step ran, in order
+  // Attention, Block AttnRes, the dense layer, shared experts, up projection and LM head.
+  absl::Duration compute() const { return total - moe_wait; }
+};
+
 class ModelRunner {
  public:
   ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
@@ -55,7 +68,12 @@ class ModelRunner {
 
   const ModelConfig& config() const { return weights_->config; }
 
+  // The last Step's profile (a failed Step's up to its failure; empty before any Step).
+  const StepProfile& last_profile() const { return profile_; }
+
  private:
+  absl::Status StepLayers(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+
   // Depth attention over the completed blocks and the current prefix.
   void DepthRead(const std::vector<float>& proj, const std::vector<float>& norm, int64_t rows,
                    float* out);
@@ -64,6 +82,7 @@ class ModelRunner {
   const ModelWeights* weights_;
   RoutedMoe* routed_moe_;
   GluParams glu_;
+  StepProfile profile_;
 
   // Per-step buffers, kept to avoid allocating on every decode step.
   std::vector<std::vector<float>> blocks_;  // completed AttnRes blocks, each [rows, d]

@@ -34,6 +34,19 @@ struct RouterCore::Metrics {
                                         "Time from a MoeRequest's arrival to its MoeResponse",
                                         ExponentialBuckets(1e-4, 2, 18))
                          .Get()),
+        step_compute(registry
+                         ->AddHistogram("k3_router_step_compute_seconds",
+                                        "Router compute of one answered MoE layer step: gate, "
+                                        "top-k, dispatch plan and encoding, then the combine",
+                                        ExponentialBuckets(1e-5, 2, 20))
+                         .Get()),
+        step_expert_wait(registry
+                             ->AddHistogram("k3_router_step_expert_wait_seconds",
+                                            "From a MoE layer step's last ExpertRequest sent to "
+                                            "its last answer: the wire both ways plus the expert "
+                                            "workers' k3_expert_request_seconds",
+                                            ExponentialBuckets(1e-5, 2, 20))
+                             .Get()),
         pending(registry->AddGauge("k3_router_pending_steps", "MoE layer steps in flight").Get()),
         tokens(registry->AddCounter("k3_router_routed_tokens_total",
                                     "Tokens routed, by MoE layer index", {"layer"})),
@@ -44,6 +57,8 @@ struct RouterCore::Metrics {
 
   MetricFamily<Counter>& steps;
   Histogram* step_seconds;
+  Histogram* step_compute;
+  Histogram* step_expert_wait;
   Gauge* pending;
   MetricFamily<Counter>& tokens;
   MetricFamily<Gauge>& max_vio;
@@ -442,11 +457,17 @@ void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
 }
 
 void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
+  const absl::Time combine = absl::Now();
   std::vector<const float*> partials;
   for (const std::vector<float>& partial : step->partials) partials.push_back(partial.data());
   std::vector<float> out(static_cast<size_t>(step->step.tokens * step->step.width));
   FinishRouterStep(routers_[step->model_layer], config_, step->step, partials,
                    out.data());
+  if (metrics_ != nullptr) {
+    metrics_->step_compute->Observe(
+        absl::ToDoubleSeconds((step->dispatched - step->start) + (absl::Now() - combine)));
+    metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
+  }
   Reply(step->origin, step->origin_step, step->start, absl::OkStatus(), step->step.tokens,
         std::move(out));
 }

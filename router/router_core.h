@@ -35,6 +35,9 @@
 // INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
 //
 // Metrics (when a registry is given): k3_router_steps_total{code}, k3_router_step_seconds,
+// where an answered step's time went: k3_router_step_compute_seconds (gate, plan, encoding,
+// combine) and k3_router_step_expert_wait_seconds (wire both ways plus expert compute; one
+// observation each per step answered OK),
 // k3_router_pending_steps, k3_router_routed_tokens_total{layer} and k3_router_expert_load_max_vio
 // {layer} (MoE layer index; the window of GetLoadStats).
 //

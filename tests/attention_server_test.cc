@@ -24,6 +24,7 @@
 #include "engine/local_engine.h"
 #include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
+#include "cluster/test_wait.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -214,6 +215,33 @@ TEST_F(AttentionServerTest, GreedyGenerationEqualsLocalEngine) {
   EXPECT_TRUE(WaitStateFreed());
 }
 
+// Where each step's time went: one compute and one MoE-wait observation per step, one
+// per-layer MoE wait per MoE layer of each step, and the parts fit in the step.
+TEST_F(AttentionServerTest, StepProfileHistogramsCountEveryStepAndMoeLayer) {
+  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  const char* const samples[] = {
+      "k3_attention_step_seconds_count", "k3_attention_step_compute_seconds_count",
+      "k3_attention_step_moe_wait_seconds_count", "k3_attention_layer_moe_wait_seconds_count",
+      "k3_attention_step_seconds_sum", "k3_attention_step_compute_seconds_sum",
+      "k3_attention_step_moe_wait_seconds_sum"};
+  std::vector<double> before;
+  for (const char* sample : samples) before.push_back(value(sample));
+  constexpr int kTokens = 5;  // one prefill step, then a decode step per later token
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(Prompt(6, 9), kTokens));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  std::vector<double> delta;
+  for (size_t i = 0; i < before.size(); ++i) delta.push_back(value(samples[i]) - before[i]);
+  EXPECT_EQ(delta[0], kTokens);
+  EXPECT_EQ(delta[1], kTokens);
+  EXPECT_EQ(delta[2], kTokens);
+  const int moe_layers = weights_->config.NumMoeLayers();
+  ASSERT_GT(moe_layers, 0);
+  EXPECT_EQ(delta[3], kTokens * moe_layers);
+  EXPECT_GT(delta[5], 0);
+  EXPECT_GT(delta[6], 0);
+  EXPECT_LE(delta[5] + delta[6], delta[4] * 1.001 + 1e-6);
+}
+
 TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
   SchedulerOptions scheduler;
   scheduler.max_batch_tokens = 5;  // a 23-token prompt takes five steps
@@ -222,6 +250,34 @@ TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
   absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 8));
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(outcome->tokens, Reference(prompt, 8));
+}
+
+// A prompt admitted while another stream decodes is prefilled in adaptive chunks (from one
+// token, growing: PrefillChunkController), not in one step; neither stream's tokens change.
+TEST_F(AttentionServerTest, AdaptivePrefillWhileAStreamDecodesGivesTheSameTokens) {
+  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  const std::vector<int32_t> running = Prompt(4, 21);
+  constexpr int kRunningTokens = 400;  // decodes through the whole prefill below
+  const double generated_before = value("k3_attention_generated_tokens_total");
+  absl::StatusOr<GenerateOutcome> running_outcome = absl::UnknownError("unset");
+  std::thread decoder([&] { running_outcome = Generate(Request(running, kRunningTokens)); });
+  ASSERT_TRUE(WaitFor(
+      [&] { return value("k3_attention_generated_tokens_total") >= generated_before + 1; },
+      absl::Seconds(30)));
+  const std::vector<int32_t> prompt = Prompt(70, 5);  // crosses KDA's chunk boundaries
+  const double steps_before = value("k3_attention_step_tokens_count");
+  absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 4));
+  const double steps = value("k3_attention_step_tokens_count") - steps_before;
+  const double running_generated = value("k3_attention_generated_tokens_total");
+  decoder.join();
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  ASSERT_TRUE(running_outcome.ok()) << running_outcome.status();
+  EXPECT_EQ(outcome->tokens, Reference(prompt, 4));
+  EXPECT_EQ(running_outcome->tokens, Reference(running, kRunningTokens));
+  // One step for the whole prompt plus three decode steps would be 4; chunks of 1, 2, 4, ...
+  // tokens take more, as long as the other stream was still decoding.
+  if (running_generated < generated_before + kRunningTokens + 4) EXPECT_GT(steps, 4 + 2);
+  EXPECT_TRUE(WaitStateFreed());
 }
 
 // Batching changes the rounding of matrix products (rows of a batch go through other kernels),

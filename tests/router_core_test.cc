@@ -321,6 +321,12 @@ TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
   EXPECT_NE(metrics_.ExpositionText().find("k3_router_steps_total{code=\"OK\"} 3"),
             std::string::npos)
       << metrics_.ExpositionText();
+  // Where the steps' time went: one compute and one expert-wait observation per step.
+  for (const char* sample : {"k3_router_step_compute_seconds_count 3",
+                             "k3_router_step_expert_wait_seconds_count 3"}) {
+    EXPECT_NE(metrics_.ExpositionText().find(sample), std::string::npos)
+        << sample << "\n" << metrics_.ExpositionText();
+  }
 }
 
 // Online bias: after SetBias the layer routes with the new bias, exactly as the single-process
