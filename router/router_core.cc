@@ -375,6 +375,7 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->answered.assign(workers, false);
   step->sent.assign(workers, 0);
   if (has_replicas_) step->requests.resize(workers);
+  std::vector<PeerId> unsent;  // nodes whose Send failed
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     ExpertRequest expert_request;
@@ -390,13 +391,29 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
     if (has_replicas_) step->requests[w] = bytes;
     step->sent[w] = next_send_++;
     if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
-      // Answers to what was already sent arrive for a step no longer pending and are dropped.
-      Reply(from, request.step_id, start,
-            absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message())));
-      return;
+      // The link died after the liveness check above (its failure is not yet polled): with
+      // replicas the rows go there below; without, the step fails. Answers to what was already
+      // sent then arrive for a step no longer pending and are dropped.
+      if (!has_replicas_) {
+        Reply(from, request.step_id, start,
+              absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message())));
+        return;
+      }
+      LOG(WARNING) << "cannot send step rows to " << WorkerName(node) << ": " << sent
+                   << "; they go to replicas";
+      unsent.push_back(node);
     }
     step->nodes[w] = node;
     ++step->outstanding;
+  }
+  for (PeerId node : unsent) {
+    if (!SendToReplicas(*step, node)) {
+      Reply(from, request.step_id, start,
+            absl::UnavailableError(absl::StrCat(
+                WorkerName(node), " lost: its rows could not be sent, and no live replica takes "
+                                  "them")));
+      return;
+    }
   }
   step->dispatched = absl::Now();
   step->deadline = StepDeadline(step->dispatched, step->timeout_at);

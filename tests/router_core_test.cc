@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "moe/expert_placement.h"
+#include "absl/strings/str_cat.h"
 #include "cluster/inproc_transport.h"
+#include "cluster/transport.h"
 #include "cluster/test_wait.h"
 #include "expert_nodes/expert_worker.h"
 #include "gtest/gtest.h"
@@ -94,6 +96,32 @@ class FakeExpert {
   std::thread thread_;
 };
 
+// The router's transport, whose Send to one chosen peer fails as to a peer whose death the router
+// has not polled yet (the transport knows, the failure event is still queued).
+class SendFailingTransport : public Transport {
+ public:
+  explicit SendFailingTransport(Transport* inner) : inner_(inner) {}
+  void FailSendsTo(PeerId peer) { failing_ = peer; }
+
+  std::string LocalAddress() const override { return inner_->LocalAddress(); }
+  absl::Status Connect(PeerId peer, const std::string& address) override {
+    return inner_->Connect(peer, address);
+  }
+  void Disconnect(PeerId peer) override { inner_->Disconnect(peer); }
+  absl::Status Send(PeerId peer, std::string message) override {
+    if (peer == failing_) return absl::UnavailableError(absl::StrCat("peer ", peer, " failed"));
+    return inner_->Send(peer, std::move(message));
+  }
+  absl::StatusOr<Received> Receive(absl::Time deadline) override {
+    return inner_->Receive(deadline);
+  }
+  void Close() override { inner_->Close(); }
+
+ private:
+  Transport* const inner_;
+  std::atomic<PeerId> failing_{0};
+};
+
 class RouterCoreTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -127,6 +155,7 @@ class RouterCoreTest : public ::testing::Test {
   void StartRouter(absl::Duration step_timeout,
                    absl::Duration expert_retry_floor = absl::Milliseconds(300)) {
     router_transport_ = network_.CreateTransport();
+    router_sends_ = std::make_unique<SendFailingTransport>(router_transport_.get());
     attention_ = network_.CreateTransport();
     links_ = std::make_unique<PeerLinks>(router_transport_.get(), absl::Milliseconds(20));
     RouterCoreOptions options;
@@ -134,7 +163,7 @@ class RouterCoreTest : public ::testing::Test {
     options.expert_retry_floor = expert_retry_floor;
     options.qb_bins = 20;
     absl::StatusOr<std::unique_ptr<RouterCore>> core =
-        RouterCore::Create(router_only_, router_transport_.get(), links_.get(), options, &metrics_);
+        RouterCore::Create(router_only_, router_sends_.get(), links_.get(), options, &metrics_);
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
     ASSERT_TRUE(attention_->Connect(kRouter, router_transport_->LocalAddress()).ok());
@@ -268,6 +297,7 @@ class RouterCoreTest : public ::testing::Test {
   InProcNetwork network_;
   MetricsRegistry metrics_;
   std::unique_ptr<InProcTransport> router_transport_;
+  std::unique_ptr<SendFailingTransport> router_sends_;
   std::unique_ptr<InProcTransport> attention_;
   std::unique_ptr<PeerLinks> links_;
   std::unique_ptr<RouterCore> core_;
@@ -508,6 +538,41 @@ TEST_F(RouterCoreTest, AHungWorkersRowsAreSplitOverTheLiveHostsOfEachExpert) {
   Send(2, 5, rows);
   ExpectMatchesLocal(Await(2, absl::Seconds(10)), 5, rows);
   a->Pause(false);
+}
+
+// A worker that dies between the router's liveness check and its Send: with replicas its rows
+// go to them at once and the step still equals the local engine's; without, the step fails
+// naming the worker.
+TEST_F(RouterCoreTest, RowsThatCannotBeSentGoToReplicas) {
+  StartRouter(absl::Seconds(20), absl::Seconds(10));
+  ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddRingReplicas(&placement.experts, 20);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 9);
+  router_sends_->FailSendsTo(kExpertB);
+  Send(1, 5, rows);
+  // Well within the 10 s expert deadline: nothing waited for B.
+  ExpectMatchesLocal(Await(1, absl::Seconds(3)), 5, rows);
+}
+
+TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasFailTheStep) {
+  StartRouter(absl::Seconds(20));
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 9);
+  router_sends_->FailSendsTo(kExpertB);
+  Send(1, 5, rows);
+  MoeResponse lost = Await(1, absl::Seconds(3));
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost"),
+            absl::string_view::npos)
+      << lost.status;
 }
 
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
