@@ -123,7 +123,10 @@ absl::StatusOr<pb::RegisterResponse> CoordinatorState::Register(const pb::Regist
   m.info.set_node_id(id);
   m.state = pb::ALIVE;
   m.last_heartbeat = now;
-  if (!same_process) m.draining = false;  // a drain request was for the previous process
+  if (!same_process) {
+    m.draining = false;  // a drain request was for the previous process
+    m.registered = now;
+  }
   ++members_version_;
   LOG(INFO) << "registered node " << id << " (" << pb::Role_Name(role) << ", "
             << info.grpc_address() << ", pid " << info.pid() << ")";
@@ -218,6 +221,7 @@ pb::ClusterState CoordinatorState::State() const {
   state.set_not_ready_reason(not_ready_reason_);
   state.set_members_version(members_version_);
   state.set_recovering(recovering_);
+  state.set_lost_experts_reason(lost_experts_reason_);
   return state;
 }
 
@@ -373,23 +377,123 @@ absl::Status CoordinatorState::CommitPlacement(const ClusterPlacement& placement
     return absl::AbortedError(absl::StrCat("the placement moved from version ", base_version,
                                            " to ", placement_.version(), " meanwhile"));
   }
-  if (placement.worker_nodes != placement_.worker_nodes) {
-    return absl::AbortedError("the placement's worker nodes changed meanwhile");
-  }
+  // The worker set may differ (a resize): the rollout had every node of it load its experts.
   for (uint32_t node : placement.worker_nodes) {
-    if (!Alive(node)) {
-      return absl::AbortedError(absl::StrCat("worker node ", node, " is not alive"));
+    if (!Usable(node)) {
+      return absl::AbortedError(
+          absl::StrCat("worker node ", node, " is not an alive, non-draining expert node"));
     }
   }
+  LOG(INFO) << "placement version " << placement.version() << " places the experts on nodes "
+            << absl::StrJoin(placement.worker_nodes, ",") << " (version " << placement_.version()
+            << ": " << absl::StrJoin(placement_.worker_nodes, ",") << ")";
   placement_ = placement;
-  LOG(INFO) << "placement version " << placement_.version() << " rebalances the experts over "
-            << "nodes " << absl::StrJoin(placement_.worker_nodes, ",");
   Update(now);
   return absl::OkStatus();
 }
 
+bool CoordinatorState::Usable(uint32_t node_id) const {
+  auto it = members_.find(node_id);
+  return it != members_.end() && it->second.state == pb::ALIVE && !it->second.draining &&
+         it->second.info.role() == pb::ROLE_EXPERT;
+}
+
+absl::StatusOr<ClusterPlacement> CoordinatorState::PlaceOn(
+    const std::vector<uint32_t>& nodes) const {
+  std::vector<int> slots;
+  std::vector<int> with_replicas;
+  int total = 0;
+  for (uint32_t node : nodes) {
+    const int declared = members_.at(node).info.expert_slots();
+    slots.push_back(declared);
+    with_replicas.push_back(declared + options_.replica_slots_per_worker);
+    total += declared;
+  }
+  absl::StatusOr<ExpertPlacement> experts =
+      ContiguousPlacement(options_.num_moe_layers, options_.num_experts, slots);
+  if (experts.ok()) {
+    AddRingReplicas(&*experts, options_.replica_slots_per_worker);
+  } else if (options_.replica_slots_per_worker > 0) {
+    // Fewer nodes than the cluster was sized for: their replica slots hold shares instead.
+    experts = ContiguousPlacement(options_.num_moe_layers, options_.num_experts, with_replicas);
+  }
+  if (!experts.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the live expert nodes (", absl::StrJoin(nodes, ","), ") offer ", total,
+        " slots per MoE layer (",
+        total + options_.replica_slots_per_worker * static_cast<int>(nodes.size()),
+        " with replica slots) for ", options_.num_experts, " experts"));
+  }
+  ClusterPlacement placement;
+  placement.experts = *std::move(experts);
+  placement.worker_nodes = nodes;
+  return placement;
+}
+
+std::optional<CoordinatorState::Resize> CoordinatorState::PlanResize(absl::Time now) {
+  if (options_.num_experts == 0 || !placement_.placed() || InRecovery(now)) return std::nullopt;
+  const ExpertPlacement& experts = placement_.experts;
+  std::vector<uint32_t> nodes;  // the new worker set: the usable workers in order, then joiners
+  std::vector<std::string> why;
+  for (int w = 0; w < experts.num_workers; ++w) {
+    const uint32_t node = placement_.worker_nodes[w];
+    if (Usable(node)) {
+      nodes.push_back(node);
+    } else if (Alive(node)) {
+      why.push_back(absl::StrCat("node ", node, " drains"));
+    } else {
+      // A dead worker whose experts all have live replicas waits for a spare (ReplaceDeadWorkers);
+      // one that was the last host of an expert leaves now. A resize drops both.
+      bool last_host = false;
+      for (int layer = 0; layer < experts.num_layers() && !last_host; ++layer) {
+        for (int e : experts.ExpertsOn(w, layer)) {
+          const std::vector<int>& hosts = experts.WorkersFor(layer, e);
+          last_host |= std::none_of(hosts.begin(), hosts.end(),
+                                    [&](int h) { return Alive(placement_.worker_nodes[h]); });
+        }
+      }
+      if (last_host) why.push_back(absl::StrCat("dead node ", node, " was the last host of experts"));
+    }
+  }
+  const absl::Duration join_delay = options_.heartbeat_timeout + options_.heartbeat_interval;
+  const std::set<uint32_t> placed(placement_.worker_nodes.begin(), placement_.worker_nodes.end());
+  for (const auto& [id, m] : members_) {
+    if (Usable(id) && placed.count(id) == 0 && now - m.registered >= join_delay) {
+      nodes.push_back(id);
+      why.push_back(absl::StrCat("node ", id, " joins"));
+    }
+  }
+  if (why.empty()) return std::nullopt;
+  absl::StatusOr<ClusterPlacement> next =
+      nodes.empty() ? absl::FailedPreconditionError("no alive, non-draining expert node is left")
+                    : PlaceOn(nodes);
+  if (!next.ok()) {
+    const std::string problem =
+        absl::StrCat(absl::StrJoin(why, ", "), ": ", next.status().message());
+    if (problem != last_resize_problem_) {
+      LOG(ERROR) << "cannot resize the expert placement: " << problem;
+      last_resize_problem_ = problem;
+    }
+    return std::nullopt;
+  }
+  last_resize_problem_.clear();
+  Resize resize;
+  resize.placement = *std::move(next);
+  resize.base_version = placement_.version();
+  resize.why = absl::StrJoin(why, ", ");
+  return resize;
+}
+
+void CoordinatorState::ResizeFailed(int64_t base_version, const absl::Status& status,
+                                    absl::Time now) {
+  resize_error_ = std::string(status.message());
+  resize_error_version_ = base_version;
+  ComputeReadiness(now);
+}
+
 void CoordinatorState::ComputeReadiness(absl::Time now) {
   not_ready_reason_.clear();
+  lost_experts_reason_.clear();
   if (recovering_ && !InRecovery(now)) {
     LOG(INFO) << "relearned the cluster: " << members_.size() << " member(s), placement version "
               << placement_.version();
@@ -433,9 +537,32 @@ void CoordinatorState::ComputeReadiness(absl::Time now) {
     for (int e = 0; e < experts.num_experts; ++e) {
       const std::vector<int>& hosts = experts.WorkersFor(layer, e);
       if (std::none_of(hosts.begin(), hosts.end(), [&](int w) { return worker_alive[w]; })) {
+        // No spare took over (ReplaceDeadWorkers ran first): can a resize move it (PlanResize)?
+        if (!resize_error_.empty() && resize_error_version_ == placement_.version()) {
+          lost_experts_reason_ = absl::StrCat("moving its experts failed: ", resize_error_);
+        } else {
+          std::vector<uint32_t> usable;
+          for (uint32_t node : placement_.worker_nodes) {
+            if (Usable(node)) usable.push_back(node);
+          }
+          for (const auto& [id, m] : members_) {
+            if (Usable(id) && std::find(placement_.worker_nodes.begin(),
+                                        placement_.worker_nodes.end(),
+                                        id) == placement_.worker_nodes.end()) {
+              usable.push_back(id);
+            }
+          }
+          if (usable.empty()) {
+            lost_experts_reason_ = "no alive, non-draining expert node is left";
+          } else if (absl::StatusOr<ClusterPlacement> p = PlaceOn(usable); !p.ok()) {
+            lost_experts_reason_ = std::string(p.status().message());
+          }
+        }
         not_ready_reason_ = absl::StrCat(
             "expert ", e, " of MoE layer ", layer, " has no live host (worker ", hosts[0],
-            " on node ", placement_.worker_nodes[hosts[0]], ") and no spare can take over");
+            " on node ", placement_.worker_nodes[hosts[0]], "); ",
+            lost_experts_reason_.empty() ? "moving it onto the live expert nodes"
+                                         : lost_experts_reason_);
         return;
       }
     }

@@ -11,6 +11,24 @@
 // slots takes over its worker index (a new placement version; the spare loads the experts when it
 // sees it), also when its experts have live replicas, which restores their redundancy.
 //
+// Elastic expert tier: the placement's worker set also grows and shrinks, always rolled out
+// reserve -> load -> commit (ReservePlacementVersion, the nodes' LoadExperts, CommitPlacement;
+// coordinator/coordinator_balancer.h runs it), so that no step is routed to a node before it
+// holds its experts. PlanResize says when a new worker set is due and computes its placement
+// (ContiguousPlacement over the new set's slots plus AddRingReplicas, as initially):
+//  - join: an alive, non-draining expert node outside the placement that registered at least
+//    heartbeat_timeout + heartbeat_interval ago joins it. The wait lets a restarted node take a
+//    dead worker's slot as a spare first (that is immediate once the dead node is DEAD, and its
+//    death is declared within that time);
+//  - drain: a draining worker leaves it (it keeps serving older versions' steps meanwhile, and
+//    exits once a placement without it is in force: expert_nodes/expert_node.h);
+//  - repair: a dead worker hosting an expert with no other live host, when no spare can take
+//    over, leaves it: the survivors load its experts from the checkpoint. When they cannot hold
+//    every expert (too few slots, even counting the replica slots; or their LoadExperts failed:
+//    ResizeFailed), lost_experts_reason() says why, and routers stop holding steps that need them.
+// A resize drops every dead worker. Committing a placement needs every worker node alive, an
+// expert node and not draining.
+//
 // The cluster is ready when each required role has an alive, non-draining member and every
 // expert of every MoE layer has a live host.
 //
@@ -31,6 +49,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +127,9 @@ class CoordinatorState {
   std::map<std::pair<k3serve::cluster::v1::Role, k3serve::cluster::v1::MemberState>, int>
   CountMembers() const;
 
+  // Why experts without a live host cannot be moved (see the file comment); empty otherwise.
+  const std::string& lost_experts_reason() const { return lost_experts_reason_; }
+
   // Rebalancing (coordinator/coordinator_balancer.h) rolls a placement out in two steps: it reserves
   // a version, has the expert nodes load that version's experts, then commits it. Any other
   // placement change meanwhile (a spare taking over a dead worker) gets a later version, so no
@@ -117,10 +139,24 @@ class CoordinatorState {
   // current placement has version `base_version`.
   absl::StatusOr<int64_t> ReservePlacementVersion(int64_t base_version);
   // Publishes `placement`, whose version must have been reserved. ABORTED when the placement is
-  // no longer at `base_version`, its worker nodes changed or one of them is not alive;
-  // INVALID_ARGUMENT when `placement` does not validate or does not fit the model.
+  // no longer at `base_version` or one of its worker nodes is not an alive, non-draining expert
+  // node; INVALID_ARGUMENT when `placement` does not validate or does not fit the model.
   absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
                                absl::Time now);
+
+  // The worker-set change due now (see the file comment): the placement to roll out, with
+  // version 0 (reserve one) and base_version the current placement's; nullopt when none is due
+  // (also while recovering, and when the due change cannot be placed: that is logged, and for
+  // lost experts it sets lost_experts_reason).
+  struct Resize {
+    ClusterPlacement placement;
+    int64_t base_version = 0;
+    std::string why;  // "node 5 joins", "node 3 drains", ... for the logs
+  };
+  std::optional<Resize> PlanResize(absl::Time now);
+  // The rollout of a resize from `base_version` failed (e.g. a node could not load its experts):
+  // while the placement stays at that version, lost experts are reported with this cause.
+  void ResizeFailed(int64_t base_version, const absl::Status& status, absl::Time now);
 
  private:
   struct Member {
@@ -129,6 +165,7 @@ class CoordinatorState {
     absl::Time last_heartbeat;
     bool draining = false;
     k3serve::cluster::v1::LoadStats load;
+    absl::Time registered;  // this process's first registration (join waits from here)
   };
 
   bool Alive(uint32_t node_id) const;
@@ -139,6 +176,12 @@ class CoordinatorState {
   void PlaceInitially();
   void ReplaceDeadWorkers();
   void ComputeReadiness(absl::Time now);
+  // An alive, non-draining expert node.
+  bool Usable(uint32_t node_id) const;
+  // The placement of experts over `nodes` (worker order), as initially: contiguous shares of
+  // the declared slots plus ring replicas; with too few declared slots, shares of the slots plus
+  // the replica slots, without replicas. Version 0.
+  absl::StatusOr<ClusterPlacement> PlaceOn(const std::vector<uint32_t>& nodes) const;
   // The version for a new placement: above every version used or reserved.
   int64_t NextVersion();
 
@@ -151,6 +194,10 @@ class CoordinatorState {
   ClusterPlacement placement_;
   int64_t reserved_version_ = 0;  // the highest version handed out by ReservePlacementVersion
   std::string placement_error_;  // why the initial placement failed, if it did
+  std::string lost_experts_reason_;
+  std::string resize_error_;        // why the last resize failed (see ResizeFailed)
+  int64_t resize_error_version_ = 0;  // the base version it failed from
+  std::string last_resize_problem_;   // logged once per distinct problem
   std::string not_ready_reason_ = "starting";
 };
 

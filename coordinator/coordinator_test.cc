@@ -165,11 +165,11 @@ CoordinatorOptions WithReplicas(CoordinatorOptions options, int replica_slots) {
 }
 
 struct Cluster {
-  explicit Cluster(int experts, int replica_slots = 0)
+  explicit Cluster(int experts, int replica_slots = 0, int slots = 4)
       : c(WithReplicas(Options(2, 8, 2), replica_slots), kStart) {
     infos.push_back(Node(pb::ROLE_ATTENTION));
     infos.push_back(Node(pb::ROLE_ROUTER));
-    for (int i = 0; i < experts; ++i) infos.push_back(Node(pb::ROLE_EXPERT, 4));
+    for (int i = 0; i < experts; ++i) infos.push_back(Node(pb::ROLE_EXPERT, slots));
     for (pb::NodeInfo& info : infos) info.set_node_id(Join(c, info, kStart));
     now = kStart;
   }
@@ -275,7 +275,7 @@ TEST(CoordinatorTest, AReservedVersionIsNeverReusedAndAStaleRolloutIsRefused) {
   invalid.experts.hosts[0][0] = {};
   EXPECT_EQ(cl.c.CommitPlacement(invalid, 1, cl.now).code(), absl::StatusCode::kInvalidArgument);
   ClusterPlacement other_nodes = next;
-  other_nodes.worker_nodes[0] = cl.id(4);
+  other_nodes.worker_nodes[0] = cl.id(1);  // the router
   EXPECT_EQ(cl.c.CommitPlacement(other_nodes, 1, cl.now).code(), absl::StatusCode::kAborted);
 
   // Worker 0 dies; the spare takes over under version 3, not the reserved 2.
@@ -310,6 +310,140 @@ TEST(CoordinatorTest, WithoutASpareTheClusterIsNotReadyUntilTheNodeReturns) {
   cl.Run(kBeat);
   EXPECT_EQ(StateOf(cl.c, victim), pb::ALIVE);
   EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+}
+
+// Rolls out what PlanResize asks for as the balancer does (reserve, load, commit); false when
+// nothing is due.
+bool RollOutResize(Cluster& cl, std::string* why = nullptr) {
+  std::optional<CoordinatorState::Resize> resize = cl.c.PlanResize(cl.now);
+  if (!resize.has_value()) return false;
+  if (why != nullptr) *why = resize->why;
+  absl::StatusOr<int64_t> version = cl.c.ReservePlacementVersion(resize->base_version);
+  EXPECT_TRUE(version.ok()) << version.status();
+  resize->placement.experts.version = *version;
+  const absl::Status committed =
+      cl.c.CommitPlacement(resize->placement, resize->base_version, cl.now);
+  EXPECT_TRUE(committed.ok()) << committed;
+  return committed.ok();
+}
+
+// A node that joins a placed cluster becomes a worker once it has been up for the heartbeat
+// timeout plus an interval (a restarted node takes a dead worker's slot first, as a spare).
+TEST(CoordinatorTest, AJoiningExpertNodeJoinsThePlacementAfterTheJoinDelay) {
+  Cluster cl(/*experts=*/2);
+  ASSERT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{cl.id(2), cl.id(3)}));
+  cl.Run(absl::Seconds(1));
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+  pb::NodeInfo joiner = Node(pb::ROLE_EXPERT, 4);
+  joiner.set_node_id(Join(cl.c, joiner, cl.now));
+  cl.infos.push_back(joiner);
+  cl.Run(absl::Milliseconds(1500));
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value()) << "too early";
+  EXPECT_EQ(cl.c.placement().version(), 1);
+  cl.Run(absl::Milliseconds(500));
+  std::string why;
+  ASSERT_TRUE(RollOutResize(cl, &why));
+  EXPECT_NE(why.find(absl::StrCat("node ", joiner.node_id(), " joins")), std::string::npos)
+      << why;
+  EXPECT_EQ(cl.c.placement().version(), 2);
+  EXPECT_EQ(cl.c.placement().worker_nodes,
+            (std::vector<uint32_t>{cl.id(2), cl.id(3), joiner.node_id()}));
+  ExpectSlices(cl.c.placement().experts, {0, 2, 5, 8});  // 8 experts over 3 x 4 slots
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+}
+
+// A draining worker keeps its experts (and the cluster stays ready) until a placement without it
+// is committed; a placement that still names it is refused.
+TEST(CoordinatorTest, ADrainingWorkerLeavesThePlacementThroughARollout) {
+  Cluster cl(/*experts=*/2, /*replica_slots=*/4);
+  const uint32_t drained = cl.id(2);
+  const uint32_t survivor = cl.id(3);
+  ASSERT_TRUE(cl.c.Drain(drained, cl.now).ok());
+  EXPECT_TRUE(cl.c.Heartbeat(drained, cl.infos[2].incarnation(), {}, cl.now).drain);
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{drained, survivor}));
+
+  absl::StatusOr<int64_t> version = cl.c.ReservePlacementVersion(1);
+  ASSERT_TRUE(version.ok());
+  ClusterPlacement stale = cl.c.placement();
+  stale.experts.version = *version;
+  EXPECT_EQ(cl.c.CommitPlacement(stale, 1, cl.now).code(), absl::StatusCode::kAborted);
+
+  // The survivor's 4 slots cannot hold 8 experts, but with its 4 replica slots they can.
+  std::string why;
+  ASSERT_TRUE(RollOutResize(cl, &why));
+  EXPECT_NE(why.find(absl::StrCat("node ", drained, " drains")), std::string::npos) << why;
+  EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{survivor}));
+  EXPECT_GT(cl.c.placement().version(), *version);
+  ExpectSlices(cl.c.placement().experts, {0, 8});
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+}
+
+// A drain the other nodes cannot absorb waits: nothing is planned.
+TEST(CoordinatorTest, ADrainWithoutRoomForTheExpertsWaits) {
+  Cluster cl(/*experts=*/2);
+  ASSERT_TRUE(cl.c.Drain(cl.id(2), cl.now).ok());
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();  // the draining node still serves
+}
+
+// A dead worker whose experts all have live replicas needs no resize: a spare restores them.
+TEST(CoordinatorTest, ADeadWorkerWithLiveReplicasIsNotResizedAway) {
+  Cluster cl(/*experts=*/2, /*replica_slots=*/4);
+  cl.Run(absl::Seconds(2), {cl.id(2)});
+  ASSERT_EQ(StateOf(cl.c, cl.id(2)), pb::DEAD);
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+}
+
+// The last host of some experts dies and no spare exists: the survivor loads them (a resize) when
+// it has the slots, and until then the state says they are being moved.
+TEST(CoordinatorTest, ExpertsWhoseLastHostDiedMoveOntoTheSurvivors) {
+  Cluster cl(/*experts=*/2, /*replica_slots=*/0, /*slots=*/8);
+  const uint32_t victim = cl.id(2);
+  const uint32_t survivor = cl.id(3);
+  cl.Run(absl::Seconds(2), {victim});
+  ASSERT_EQ(StateOf(cl.c, victim), pb::DEAD);
+  EXPECT_FALSE(cl.c.ready());
+  EXPECT_NE(cl.c.not_ready_reason().find("moving it onto the live expert nodes"),
+            std::string::npos)
+      << cl.c.not_ready_reason();
+  EXPECT_EQ(cl.c.lost_experts_reason(), "");
+  EXPECT_EQ(cl.c.State().lost_experts_reason(), "");
+
+  // A failed rollout names its cause until the placement moves.
+  cl.c.ResizeFailed(1, absl::UnavailableError("node 4 could not map the experts"), cl.now);
+  EXPECT_NE(cl.c.lost_experts_reason().find("could not map"), std::string::npos);
+  EXPECT_NE(cl.c.State().lost_experts_reason().find("could not map"), std::string::npos);
+
+  std::string why;
+  ASSERT_TRUE(RollOutResize(cl, &why));
+  EXPECT_NE(why.find(absl::StrCat("dead node ", victim)), std::string::npos) << why;
+  EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{survivor}));
+  ExpectSlices(cl.c.placement().experts, {0, 8});
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_EQ(cl.c.lost_experts_reason(), "");
+}
+
+// When the survivors cannot hold the dead worker's experts, the state says why (routers then fail
+// the steps that need them, naming it).
+TEST(CoordinatorTest, ExpertsThatCannotMoveAreReportedLost) {
+  Cluster cl(/*experts=*/2);  // 4 slots each, 8 experts
+  const uint32_t victim = cl.id(3);
+  cl.Run(absl::Seconds(2), {victim});
+  ASSERT_EQ(StateOf(cl.c, victim), pb::DEAD);
+  EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
+  EXPECT_FALSE(cl.c.ready());
+  EXPECT_NE(cl.c.lost_experts_reason().find("offer 4 slots"), std::string::npos)
+      << cl.c.lost_experts_reason();
+  EXPECT_NE(cl.c.not_ready_reason().find(cl.c.lost_experts_reason()), std::string::npos);
+  EXPECT_EQ(cl.c.State().lost_experts_reason(), cl.c.lost_experts_reason());
+  // It comes back: nothing is lost any more.
+  cl.Run(kBeat);
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  EXPECT_EQ(cl.c.lost_experts_reason(), "");
 }
 
 TEST(CoordinatorTest, HeartbeatsFromStrangersAskThemToRegister) {
