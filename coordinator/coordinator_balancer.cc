@@ -140,7 +140,11 @@ struct LoadBalancer::Metrics {
                                  {"outcome"})),
         bias_pushes(r->AddCounter("k3_coordinator_bias_pushes_total",
                                   "RouterControl.SetBias calls (online bias), by status code",
-                                  {"code"})) {}
+                                  {"code"})),
+        resizes(r->AddCounter("k3_coordinator_resizes_total",
+                              "Expert worker-set changes (joins, drains, lost experts): "
+                              "rolled_out or failed",
+                              {"outcome"})) {}
 
   MetricFamily<Gauge>& expert_max_vio;
   MetricFamily<Gauge>& worker_max_vio;
@@ -148,6 +152,7 @@ struct LoadBalancer::Metrics {
   MetricFamily<Counter>& gathers;
   MetricFamily<Counter>& rebalances;
   MetricFamily<Counter>& bias_pushes;
+  MetricFamily<Counter>& resizes;
 };
 
 LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, int num_experts,
@@ -162,6 +167,7 @@ LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, i
   ScheduleGather();
   ScheduleRebalance();
   ScheduleBias();
+  ScheduleResize();
 }
 
 LoadBalancer::~LoadBalancer() { Stop(); }
@@ -206,6 +212,15 @@ void LoadBalancer::ScheduleBias() {
     if (stopping_) return;
     PushBias();
     ScheduleBias();
+  });
+}
+
+void LoadBalancer::ScheduleResize() {
+  if (options_.resize_interval == absl::ZeroDuration()) return;
+  actor_.PostAfter(options_.resize_interval, [this] {
+    if (stopping_) return;
+    Resize();
+    ScheduleResize();
   });
 }
 
@@ -408,7 +423,6 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
   }
   std::map<uint32_t, const pb::Member*> members;
   for (const pb::Member& m : state.members()) members[m.node().node_id()] = &m;
-  std::vector<std::string> workers;
   std::vector<int> declared;
   for (uint32_t node : current->worker_nodes) {
     auto it = members.find(node);
@@ -416,7 +430,6 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker node ", node, " of placement version ", current->version(), " is not alive"));
     }
-    workers.push_back(it->second->node().grpc_address());
     declared.push_back(it->second->node().expert_slots());
   }
 
@@ -466,9 +479,39 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
             << response.worker_max_vio_after() << " (" << window_.total_tokens()
             << " tokens in the window); loading its experts";
 
+  if (absl::Status rolled = RollOut(next, current->version(), state,
+                                    absl::StrCat("placement version ", *version));
+      !rolled.ok()) {
+    metrics_->rebalances.WithLabels({"failed"})->Increment();
+    return rolled;
+  }
+  ++rebalances_;
+  metrics_->rebalances.WithLabels({"rolled_out"})->Increment();
+  window_.Reset(absl::Now());
+  PublishReport(next, 0, 0);
+  response.set_rolled_out(true);
+  response.set_placement_version(*version);
+  return response;
+}
+
+absl::Status LoadBalancer::RollOut(const ClusterPlacement& next, int64_t base_version,
+                                   const pb::ClusterState& state, const std::string& what) {
+  std::map<uint32_t, std::string> addresses;
+  for (const pb::Member& m : state.members()) {
+    addresses[m.node().node_id()] = m.node().grpc_address();
+  }
   // 1. Every worker loads its experts of the new version (and keeps the old ones).
+  std::vector<std::string> workers;
   std::vector<pb::LoadExpertsRequest> requests;
-  for (int w = 0; w < next.experts.num_workers; ++w) requests.push_back(LoadRequest(next, w, 0));
+  for (int w = 0; w < next.experts.num_workers; ++w) {
+    auto it = addresses.find(next.worker_nodes[w]);
+    if (it == addresses.end()) {
+      return absl::AbortedError(absl::StrCat("rollout of ", what, ": worker node ",
+                                             next.worker_nodes[w], " is not a member"));
+    }
+    workers.push_back(it->second);
+    requests.push_back(LoadRequest(next, w, 0));
+  }
   std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded = CallAll<pb::LoadExpertsResponse>(
       workers, options_.load_timeout,
       [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
@@ -486,35 +529,64 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
     }
   }
   if (!failures.empty()) {
-    metrics_->rebalances.WithLabels({"failed"})->Increment();
-    return absl::UnavailableError(absl::StrCat("rollout of placement version ", *version,
-                                               " abandoned: ", absl::StrJoin(failures, "; ")));
+    return absl::UnavailableError(
+        absl::StrCat("rollout of ", what, " abandoned: ", absl::StrJoin(failures, "; ")));
   }
 
   // 2. Publish: routers switch between steps.
   if (absl::Status committed =
-          control_->CommitPlacement(next, current->version(), absl::Now() + options_.rpc_timeout);
+          control_->CommitPlacement(next, base_version, absl::Now() + options_.rpc_timeout);
       !committed.ok()) {
-    metrics_->rebalances.WithLabels({"failed"})->Increment();
     return committed;
   }
-  ++rebalances_;
-  metrics_->rebalances.WithLabels({"rolled_out"})->Increment();
-  window_.Reset(absl::Now());
-  PublishReport(next, 0, 0);
-  response.set_rolled_out(true);
-  response.set_placement_version(*version);
 
   // 3. Wait for the routers, then let the workers drop what only old versions needed.
-  if (!RoutersUse(*version, absl::Now() + options_.switch_timeout)) {
-    LOG(WARNING) << "not every router uses placement version " << *version << " after "
+  if (!RoutersUse(next.version(), absl::Now() + options_.switch_timeout)) {
+    LOG(WARNING) << "not every router uses placement version " << next.version() << " after "
                  << absl::FormatDuration(options_.switch_timeout)
                  << "; the workers keep the old experts until they do";
   } else {
-    LOG(INFO) << "every router uses placement version " << *version;
+    LOG(INFO) << "every router uses placement version " << next.version();
   }
   actor_.PostAfter(options_.retire_delay, [this] { Retire(kRetireAttempts); });
-  return response;
+  return absl::OkStatus();
+}
+
+void LoadBalancer::Resize() {
+  if (absl::Now() < resize_after_) return;
+  absl::StatusOr<std::optional<CoordinatorState::Resize>> plan =
+      control_->PlanResize(absl::Now() + options_.rpc_timeout);
+  if (!plan.ok() || !plan->has_value()) return;
+  CoordinatorState::Resize& resize = **plan;
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
+  if (!state.ok()) return;
+  // FAILED_PRECONDITION: the placement moved since the plan; plan again next time.
+  absl::StatusOr<int64_t> version =
+      control_->ReservePlacementVersion(resize.base_version, absl::Now() + options_.rpc_timeout);
+  if (!version.ok()) return;
+  resize.placement.experts.version = *version;
+  const absl::Time start = absl::Now();
+  LOG(INFO) << "resizing the expert tier (" << resize.why << "): placement version " << *version
+            << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",")
+            << "; loading its experts";
+  absl::Status rolled = RollOut(resize.placement, resize.base_version, *state,
+                                absl::StrCat("placement version ", *version));
+  if (!rolled.ok()) {
+    metrics_->resizes.WithLabels({"failed"})->Increment();
+    LOG(WARNING) << "resizing the expert tier (" << resize.why << "): " << rolled;
+    // ABORTED: the cluster moved meanwhile (a spare took over, a node died): plan again. Other
+    // errors are the nodes' own, and name the cause of experts that stay lost.
+    if (rolled.code() != absl::StatusCode::kAborted) {
+      control_->ResizeFailed(resize.base_version, rolled);
+      resize_after_ = absl::Now() + options_.resize_retry;
+    }
+    return;
+  }
+  metrics_->resizes.WithLabels({"rolled_out"})->Increment();
+  LOG(INFO) << "resized the expert tier (" << resize.why << ") in "
+            << absl::FormatDuration(absl::Now() - start) << ": placement version " << *version
+            << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",");
 }
 
 bool LoadBalancer::RoutersUse(int64_t version, absl::Time deadline) {

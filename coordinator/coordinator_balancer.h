@@ -26,6 +26,14 @@
 //    The window restarts after every rollout. Placement moves no math: tokens do not change
 //    (up to fp32 summation order across workers).
 //
+//  - Resizing (every `resize_interval`): the elastic expert tier (coordinator/coordinator.h). When
+//    CoordinatorState::PlanResize has a new worker set due (a node joins, a worker drains, or a
+//    dead worker was the last host of experts), it is rolled out as above: reserve, LoadExperts
+//    on every worker of the new set (the joiners map their experts; the others keep what older
+//    versions use), commit, wait for the routers, retire. A failed LoadExperts abandons it and
+//    is reported (CoordinatorState::ResizeFailed); it is tried again after `resize_retry`.
+//      k3_coordinator_resizes_total{outcome}     rolled_out, failed
+//
 //  - Online bias (every `online_bias_interval`; off by default). CHANGES THE MODEL'S OUTPUTS:
 //    pushes each layer's centred QB estimate (spec §8) as the routers' new
 //    e_score_correction_bias (RouterControl.SetBias), then restarts the window.
@@ -39,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -48,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/actor.h"
+#include "coordinator/coordinator.h"
 #include "moe/cluster_placement.h"
 #include "coordinator/coordinator_load.h"
 #include "cluster/metrics.h"
@@ -71,6 +81,8 @@ struct LoadBalancerOptions {
   absl::Duration load_timeout = absl::Seconds(60);             // LoadExperts of a rollout
   absl::Duration switch_timeout = absl::Seconds(10);           // routers taking up a new placement
   absl::Duration retire_delay = absl::Seconds(5);              // then, before old experts may go
+  absl::Duration resize_interval = absl::Milliseconds(100);    // zero: the worker set never changes
+  absl::Duration resize_retry = absl::Seconds(1);              // after a failed resize
   ClientTls tls;  // how the balancer dials routers and expert workers (plaintext by default)
 
   // INVALID_ARGUMENT naming the field for negative durations or counts, non-positive timeouts,
@@ -89,6 +101,10 @@ class PlacementControl {
                                                           absl::Time deadline) = 0;
   virtual absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
                                        absl::Time deadline) = 0;
+  // CoordinatorState::PlanResize / ResizeFailed, with a deadline.
+  virtual absl::StatusOr<std::optional<CoordinatorState::Resize>> PlanResize(
+      absl::Time deadline) = 0;
+  virtual void ResizeFailed(int64_t base_version, const absl::Status& status) = 0;
 };
 
 class LoadBalancer {
@@ -125,6 +141,14 @@ class LoadBalancer {
   void ScheduleGather();
   void ScheduleRebalance();
   void ScheduleBias();
+  void ScheduleResize();
+  // Rolls out the worker-set change PlanResize asks for, if any.
+  void Resize();
+  // Steps 1-4 of a rollout (see the file comment) for `next` over `base_version`, whose version
+  // is reserved already; `what` names it in errors. Errors: the first failed LoadExperts
+  // (UNAVAILABLE naming the nodes) or the commit's.
+  absl::Status RollOut(const ClusterPlacement& next, int64_t base_version,
+                       const k3serve::cluster::v1::ClusterState& state, const std::string& what);
   // GetLoadStats on every alive router into the window; refreshes the report and the metrics.
   // The cluster state it used goes to *state when not null.
   absl::Status Gather(k3serve::cluster::v1::ClusterState* state);
@@ -152,6 +176,7 @@ class LoadBalancer {
   LoadWindow window_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   int64_t rebalances_ = 0;
+  absl::Time resize_after_ = absl::InfinitePast();  // no resize before (after a failure)
 
   mutable absl::Mutex mu_;
   k3serve::cluster::v1::LoadReport report_ ABSL_GUARDED_BY(mu_);

@@ -67,6 +67,18 @@ absl::Status CoordinatorService::CommitPlacement(const ClusterPlacement& placeme
       deadline);
 }
 
+absl::StatusOr<std::optional<CoordinatorState::Resize>> CoordinatorService::PlanResize(
+    absl::Time deadline) {
+  return actor_.Call([this] { return state_.PlanResize(absl::Now()); }, deadline);
+}
+
+void CoordinatorService::ResizeFailed(int64_t base_version, const absl::Status& status) {
+  actor_.Post([this, base_version, status] {
+    state_.ResizeFailed(base_version, status, absl::Now());
+    PublishMetrics();
+  });
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::OnActor(grpc::CallbackServerContext* context,
                                                       const char* method,
                                                       std::function<absl::Status()> fn) {

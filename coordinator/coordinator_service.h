@@ -50,6 +50,9 @@ class CoordinatorService final : public k3serve::cluster::v1::Coordinator::Callb
                                                   absl::Time deadline) override;
   absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
                                absl::Time deadline) override;
+  absl::StatusOr<std::optional<CoordinatorState::Resize>> PlanResize(
+      absl::Time deadline) override;
+  void ResizeFailed(int64_t base_version, const absl::Status& status) override;
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const k3serve::cluster::v1::RegisterRequest* request,
