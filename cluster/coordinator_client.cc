@@ -85,6 +85,31 @@ absl::StatusOr<uint32_t> CoordinatorClient::WaitRegistered(absl::Time deadline) 
   return node_id_;
 }
 
+absl::StatusOr<pb::ClusterState> CoordinatorClient::DrainSelf() {
+  pb::DrainRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!registered_) {
+      return absl::FailedPreconditionError("not registered with the coordinator at " +
+                                           options_.coordinator_address);
+    }
+    request.set_node_id(node_id_);
+  }
+  pb::DrainResponse response;
+  if (absl::Status s =
+          rpc_->Call(&pb::Coordinator::Stub::Drain, request, &response, options_.rpc_timeout);
+      !s.ok()) {
+    return s;
+  }
+  pb::ClusterState state;
+  if (absl::Status s = rpc_->Call(&pb::Coordinator::Stub::GetClusterState,
+                                  pb::GetClusterStateRequest(), &state, options_.rpc_timeout);
+      !s.ok()) {
+    return s;
+  }
+  return state;
+}
+
 void CoordinatorClient::SetLoad(const pb::LoadStats& load) {
   absl::MutexLock lock(&mu_);
   load_ = load;

@@ -76,6 +76,12 @@ class CoordinatorClient {
   // Load reported with the following heartbeats.
   void SetLoad(const k3serve::cluster::v1::LoadStats& load);
 
+  // Asks the coordinator to drain this node (Coordinator.Drain with its own id; e.g. an expert
+  // node's experts move elsewhere first) and returns the cluster state fetched right after.
+  // FAILED_PRECONDITION before registration; otherwise the RPCs' errors. Blocks for up to two
+  // rpc_timeouts.
+  absl::StatusOr<k3serve::cluster::v1::ClusterState> DrainSelf();
+
   // The last cluster state received (empty before the first).
   k3serve::cluster::v1::ClusterState cluster_state() const;
   uint64_t incarnation() const { return incarnation_; }

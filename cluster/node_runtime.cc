@@ -29,6 +29,10 @@ int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role) {
         LOG(ERROR) << name << " failed: " << status;
         break;
       }
+      if (role->Finished()) {
+        LOG(INFO) << name << " finished its work; shutting down";
+        break;
+      }
       absl::SleepFor(kWatchInterval);
     }
   }

@@ -37,12 +37,16 @@ class RoleHooks {
   // Non-OK once the role can no longer serve and the process should exit with an error.
   // Called from RunNode's thread; implementations make it thread-safe.
   virtual absl::Status Failure() { return absl::OkStatus(); }
+  // True once the role has finished its work and the process should exit 0 as after a signal
+  // (e.g. an expert node drained by the coordinator). Called like Failure.
+  virtual bool Finished() { return false; }
   // Drains what is in flight (within the role's own deadline) and releases everything.
   virtual void Shutdown() = 0;
 };
 
-// Runs `role` as this process until SIGINT/SIGTERM or Failure(). Returns the exit status: 0 after
-// a signal, 1 when it could not start or failed. `name` prefixes the log lines ("router node").
+// Runs `role` as this process until SIGINT/SIGTERM, Failure() or Finished(). Returns the exit
+// status: 0 after a signal or once finished, 1 when it could not start or failed. `name`
+// prefixes the log lines ("router node").
 int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role);
 
 // RunNode for a role whose whole process is one object: `Process::Start(options)` returns it

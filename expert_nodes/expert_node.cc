@@ -1,6 +1,7 @@
 #include "expert_nodes/expert_node.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -39,6 +40,10 @@ constexpr absl::Duration kGaugeInterval = absl::Seconds(1);
 constexpr absl::Duration kDeferLimit = absl::Seconds(2);
 // The longest a LoadExperts call waits for the serving thread (less when its deadline is sooner).
 constexpr absl::Duration kMaxLoadWait = absl::Minutes(10);
+// A draining node exits once the published placement has no slot for it and no request came for
+// this long: routers switch placements between steps, within a heartbeat of the commit, and the
+// steps they planned before finish here on the old experts.
+constexpr absl::Duration kDrainQuiet = absl::Seconds(1);
 
 struct NodeMetrics {
   explicit NodeMetrics(MetricsRegistry* r)
@@ -74,6 +79,7 @@ class ExpertNode final : public RoleHooks {
     absl::MutexLock lock(&failure_mu_);
     return failure_;
   }
+  bool Finished() override { return drained_; }
   void Shutdown() override;
 
   // The ExpertWorker RPCs, run on the actor.
@@ -98,6 +104,13 @@ class ExpertNode final : public RoleHooks {
   void Serve(const Received& received, bool may_defer);
   // Hands deferred requests to the current worker: all of them, or those past their limit.
   void ServeDeferred(bool all);
+  // Starts draining (the coordinator's drain flag, or SIGTERM through DrainFirst).
+  void StartDraining(const std::string& why);
+  // Sets drained_ once a draining node may go (see kDrainQuiet).
+  void CheckDrained();
+  // SIGTERM on a worker: asks the coordinator to move its experts and serves until they moved
+  // (drained_), up to options_.drain_timeout; returns at once when nothing needs it.
+  void DrainFirst();
 
   const ExpertNodeOptions options_;
   NodeMetrics metrics_;
@@ -110,6 +123,7 @@ class ExpertNode final : public RoleHooks {
 
   absl::Mutex failure_mu_;
   absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
+  std::atomic<bool> drained_{false};  // set on the actor; RunNode then shuts the node down
 
   // Actor thread only.
   pb::ExpertStatusResponse status_;  // the Status RPC's answer
@@ -119,6 +133,11 @@ class ExpertNode final : public RoleHooks {
   std::unique_ptr<ExpertWorker> worker_;  // holds every placement version still in use
   int64_t published_ = 0;      // the newest placement version of the cluster state
   int64_t retire_floor_ = 0;   // versions below this one may go (see Retain)
+  bool draining_ = false;
+  // Since when the published placement has had no worker slot for this node (InfiniteFuture
+  // while it has one), and when the last request came.
+  absl::Time unplaced_since_ = absl::Now();
+  absl::Time last_request_ = absl::InfinitePast();
   struct Deferred {
     Received received;
     absl::Time until;  // answered by whatever worker is current then
@@ -198,6 +217,9 @@ absl::Status ExpertNode::Start() {
       if (absl::Status s = OnClusterState(state); !s.ok()) Fail(s);
     });
   };
+  callbacks.on_drain = [this] {
+    actor_->Post([this] { StartDraining("the coordinator asked this node to drain"); });
+  };
   LOG(INFO) << "expert node with " << options_.slots << " expert slots";
   endpoints_->Register(std::move(node), std::move(callbacks));
   actor_->Post([this] { Pump(); });
@@ -211,6 +233,7 @@ void ExpertNode::Fail(absl::Status status) {
 
 void ExpertNode::Pump() {
   if (!deferred_.empty()) ServeDeferred(/*all=*/false);
+  if (draining_) CheckDrained();
   absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
   if (received.ok()) {
     Serve(*received, /*may_defer=*/true);
@@ -236,6 +259,7 @@ void ExpertNode::Serve(const Received& received, bool may_defer) {
     return;
   }
   const absl::Time start = absl::Now();
+  last_request_ = start;
   const int64_t rows_before = worker_->rows_processed();
   ExpertWorker::Outcome outcome = worker_->Handle(transport_.get(), received, may_defer);
   if (outcome.deferred) {
@@ -291,6 +315,13 @@ absl::Status ExpertNode::OnClusterState(const pb::ClusterState& state) {
   retire_floor_ = std::max(retire_floor_, published_);
   published_ = version;
   ExpertHosting hosting = HostingFor(*placement, node_id_);
+  if (hosting.worker >= 0) {
+    unplaced_since_ = absl::InfiniteFuture();
+  } else if (unplaced_since_ == absl::InfiniteFuture()) {
+    unplaced_since_ = absl::Now();
+    LOG(INFO) << name_ << " has no worker slot in placement version " << version
+              << (draining_ ? "; it exits once the routers stopped sending it steps" : "");
+  }
   const ExpertHosting* held = worker_->FindVersion(version);
   if (held == nullptr || !(*held == hosting)) {
     if (held != nullptr) {
@@ -412,6 +443,51 @@ void ExpertNode::Retain() {
   }
 }
 
+void ExpertNode::StartDraining(const std::string& why) {
+  if (draining_) return;
+  draining_ = true;
+  LOG(INFO) << name_ << " drains (" << why << "): it serves until a placement without it is in "
+            << "force, then exits";
+}
+
+void ExpertNode::CheckDrained() {
+  if (drained_ || unplaced_since_ == absl::InfiniteFuture()) return;
+  const absl::Time now = absl::Now();
+  if (now - std::max(unplaced_since_, last_request_) < kDrainQuiet) return;
+  LOG(INFO) << name_ << " drained: no worker slot since "
+            << absl::FormatDuration(now - unplaced_since_) << " ago and no request for "
+            << absl::FormatDuration(kDrainQuiet);
+  drained_ = true;
+}
+
+void ExpertNode::DrainFirst() {
+  absl::StatusOr<bool> placed =
+      actor_->Call([this] { return unplaced_since_ == absl::InfiniteFuture(); },
+                   absl::Now() + absl::Seconds(2));
+  if (!placed.ok() || !*placed) return;  // no experts of its own to move
+  absl::StatusOr<pb::ClusterState> state = endpoints_->client()->DrainSelf();
+  if (!state.ok()) {
+    LOG(WARNING) << "expert node: cannot ask the coordinator to move its experts ("
+                 << state.status() << "); leaving with them";
+    return;
+  }
+  // The cluster is stopping (the launcher stops routers before expert nodes): nobody needs them.
+  const bool routers = std::any_of(
+      state->members().begin(), state->members().end(), [](const pb::Member& m) {
+        return m.node().role() == pb::ROLE_ROUTER && m.state() == pb::ALIVE;
+      });
+  if (!routers) return;
+  actor_->Post([this] { StartDraining("SIGTERM"); });
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  while (!drained_ && absl::Now() < deadline && Failure().ok()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!drained_) {
+    LOG(WARNING) << "expert node: its experts did not move within "
+                 << absl::FormatDuration(options_.drain_timeout) << "; leaving with them";
+  }
+}
+
 void ExpertNode::PublishStatus() {
   const ExpertHosting& hosting = worker_->hosting();
   const int64_t weight_bytes = worker_->weight_bytes();
@@ -431,6 +507,9 @@ void ExpertNode::PublishStatus() {
 }
 
 void ExpertNode::Shutdown() {
+  if (actor_ && endpoints_ && endpoints_->client() != nullptr && !drained_ && Failure().ok()) {
+    DrainFirst();
+  }
   if (endpoints_) endpoints_->SetReady(false);
   if (actor_) {
     actor_->Call(
@@ -464,6 +543,8 @@ void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
   AddBoundedInt(app, "--slots", &options->slots, 1, 1 << 20,
                 "experts per MoE layer this node can host")
       ->required();
+  AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, 24 * 3600 * 1000,
+                  "on SIGTERM, how long to wait for the coordinator to move this node's experts");
 }
 
 absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {

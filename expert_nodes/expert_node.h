@@ -24,7 +24,16 @@
 // ExpertWorker RPCs are messages of its one mailbox, so the worker needs no lock. Start-up,
 // endpoints and shutdown are the node runtime's (cluster/node_runtime.h).
 //
-// SIGINT/SIGTERM: reports NOT_SERVING, leaves the cluster, closes the transport, exits 0.
+// Draining (the elastic expert tier, coordinator/coordinator.h): on the coordinator's drain flag
+// (its Drain RPC) the node keeps serving until the published placement has no worker slot for it
+// (the coordinator moved its experts to other nodes: reserve, load, commit) and no request came
+// for a second (routers switch between steps; steps planned before finish here on the old
+// experts), then exits 0. SIGTERM on a node that holds a worker slot asks the coordinator to drain
+// it and waits the same way, up to --drain-timeout-ms (default 60 s), unless no router is alive
+// (the cluster is being stopped) or the coordinator cannot be reached.
+//
+// SIGINT/SIGTERM: (drains as above,) reports NOT_SERVING, leaves the cluster, closes the
+// transport, exits 0.
 // The data plane is UCX (cluster/ucx_transport.h); UCX_TLS / UCX_NET_DEVICES in the environment
 // choose its transports and devices.
 #ifndef K3SERVE_EXPERT_NODES_EXPERT_NODE_H_
@@ -34,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cluster/command_line.h"
 
 namespace k3 {
@@ -41,6 +51,7 @@ namespace k3 {
 struct ExpertNodeOptions {
   NodeFlags node;
   int slots = 0;  // experts per MoE layer it can host, >= 1
+  absl::Duration drain_timeout = absl::Seconds(60);  // on SIGTERM, for its experts to move
 };
 
 // Declares the expert node's flags on `app`; parsing fills `options`.
