@@ -33,6 +33,9 @@ struct PendingStep {
   absl::Time timeout_at;   // the step timeout: late workers count as lost
   absl::Time dispatched;   // when its ExpertRequests went out
   bool resent = false;     // some rows went again to a replica (its time is no round trip)
+  // The encoded MoeRequest: planned again from scratch when rows find no live host (a lost
+  // expert the coordinator is moving, router/router_core.h).
+  std::string request;
   RouterStep step;
   // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer.
   std::vector<PeerId> nodes;

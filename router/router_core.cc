@@ -22,6 +22,9 @@ namespace {
 constexpr size_t kRoundTripWindow = 512;
 constexpr size_t kRecomputeEvery = 32;
 constexpr size_t kMinRoundTrips = 32;
+// How often held steps (router_core.h) are planned again without a new cluster state: a link that
+// comes up changes no state.
+constexpr absl::Duration kHeldRetry = absl::Milliseconds(100);
 
 }  // namespace
 
@@ -127,14 +130,15 @@ void RouterCore::UpdateClusterState(const pb::ClusterState& state) {
 }
 
 absl::Status RouterCore::Poll(absl::Time deadline) {
-  ApplyClusterState();
+  if (ApplyClusterState() || (!held_.empty() && absl::Now() >= next_held_retry_)) RetryHeld();
   ApplyBias();
-  absl::StatusOr<Received> received =
-      transport_->Receive(std::min(deadline, pending_.NextDeadline()));
+  absl::Time wake = std::min(deadline, pending_.NextDeadline());
+  if (!held_.empty()) wake = std::min(wake, next_held_retry_);
+  absl::StatusOr<Received> received = transport_->Receive(wake);
   if (received.ok()) {
     // A state that came while waiting may be what let the message through (its sender was just
     // connected): act on it first. A bias set meanwhile applies to this step already.
-    ApplyClusterState();
+    if (ApplyClusterState()) RetryHeld();
     ApplyBias();
     if (received->kind == Received::Kind::kPeerFailed) {
       links_->MarkFailed(received->from, received->error);
@@ -142,7 +146,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
     } else {
       absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received->bytes);
       if (kind.ok() && *kind == MoeMessageKind::kMoeRequest) {
-        HandleMoeRequest(received->from, received->bytes);
+        HandleMoeRequest(received->from, std::move(received->bytes), absl::Now());
       } else if (kind.ok() && *kind == MoeMessageKind::kExpertResponse) {
         HandleExpertResponse(received->from, received->bytes);
       } else {
@@ -155,6 +159,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
     return received.status();
   }
   ExpireSteps(absl::Now());
+  ExpireHeld(absl::Now());
   UpdateReadiness();
   if (metrics_ != nullptr) metrics_->pending->Set(static_cast<double>(pending_.size()));
   return absl::OkStatus();
@@ -189,13 +194,14 @@ void RouterCore::ApplyBias() {
   }
 }
 
-void RouterCore::ApplyClusterState() {
+bool RouterCore::ApplyClusterState() {
   std::optional<pb::ClusterState> state;
   {
     absl::MutexLock lock(&state_mu_);
     state.swap(new_state_);
   }
-  if (!state.has_value()) return;
+  if (!state.has_value()) return false;
+  lost_experts_reason_ = state->lost_experts_reason();
   members_.clear();
   for (const pb::Member& member : state->members()) members_[member.node().node_id()] = member;
   for (auto it = suspects_.begin(); it != suspects_.end();) {
@@ -254,6 +260,53 @@ void RouterCore::ApplyClusterState() {
       ++it;
     }
   }
+  return true;
+}
+
+void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start,
+                            std::string request, const absl::Status& why) {
+  if (!lost_experts_reason_.empty()) {
+    Reply(origin, origin_step, start,
+          absl::UnavailableError(absl::StrCat(why.message(),
+                                              "; the coordinator cannot move its experts: ",
+                                              lost_experts_reason_)));
+    return;
+  }
+  if (absl::Now() - start >= options_.step_timeout) {
+    Reply(origin, origin_step, start,
+          absl::UnavailableError(absl::StrCat(why.message(), "; no live node took its experts "
+                                              "within ",
+                                              absl::FormatDuration(options_.step_timeout))));
+    return;
+  }
+  if (held_.empty()) {
+    LOG(WARNING) << "holding steps whose rows need experts without a live host (" << why.message()
+                 << ") until the coordinator moves them";
+    next_held_retry_ = absl::Now() + kHeldRetry;
+  }
+  held_.push_back(Held{origin, origin_step, start, std::move(request), why});
+}
+
+void RouterCore::RetryHeld() {
+  next_held_retry_ = absl::Now() + kHeldRetry;
+  std::vector<Held> held;
+  held.swap(held_);
+  for (Held& h : held) HandleMoeRequest(h.origin, std::move(h.request), h.start);
+  if (!held.empty() && held_.empty()) {
+    LOG(INFO) << held.size() << " held step(s) planned again under placement version "
+              << placement_.version();
+  }
+}
+
+void RouterCore::ExpireHeld(absl::Time now) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (now - it->start < options_.step_timeout) {
+      ++it;
+      continue;
+    }
+    HoldOrFail(it->origin, it->origin_step, it->start, std::string(), it->why);
+    it = held_.erase(it);
+  }
 }
 
 std::string RouterCore::WorkerName(PeerId node) const {
@@ -294,8 +347,7 @@ absl::Status RouterCore::WorkerStatus(int worker) const {
   return NodeStatus(placement_.worker_nodes[worker]);
 }
 
-void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
-  const absl::Time start = absl::Now();
+void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time start) {
   MoeRequest request;
   if (absl::Status decoded = Decode(bytes, &request); !decoded.ok()) {
     // Decode reads the step id first: the attention worker can match the answer if it got there.
@@ -362,14 +414,15 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
 
   const int workers = placement.num_workers;
   const std::vector<WorkerDispatch>& dispatch = step->step.plan.workers;
-  // Fail fast, before sending anything, when a worker the tokens need is gone.
+  // Before sending anything: a worker the tokens need is gone (no live replica either).
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     if (absl::Status status = WorkerStatus(w); !status.ok()) {
-      Reply(from, request.step_id, start, status);
+      HoldOrFail(from, request.step_id, start, std::move(bytes), status);
       return;
     }
   }
+  step->request = std::move(bytes);
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
@@ -395,8 +448,9 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
       // replicas the rows go there below; without, the step fails. Answers to what was already
       // sent then arrive for a step no longer pending and are dropped.
       if (!has_replicas_) {
-        Reply(from, request.step_id, start,
-              absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message())));
+        HoldOrFail(from, request.step_id, start, std::move(step->request),
+                   absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ",
+                                                       sent.message())));
         return;
       }
       LOG(WARNING) << "cannot send step rows to " << WorkerName(node) << ": " << sent
@@ -408,10 +462,10 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   }
   for (PeerId node : unsent) {
     if (!SendToReplicas(*step, node)) {
-      Reply(from, request.step_id, start,
-            absl::UnavailableError(absl::StrCat(
-                WorkerName(node), " lost: its rows could not be sent, and no live replica takes "
-                                  "them")));
+      HoldOrFail(from, request.step_id, start, std::move(step->request),
+                 absl::UnavailableError(absl::StrCat(
+                     WorkerName(node), " lost: its rows could not be sent, and no live replica "
+                                       "takes them")));
       return;
     }
   }
@@ -669,7 +723,8 @@ void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
       pending_.Add(std::move(step));
       continue;
     }
-    Reply(step->origin, step->origin_step, step->start, status);
+    // Answers to what the step sent elsewhere come for a step no longer pending: dropped.
+    HoldOrFail(step->origin, step->origin_step, step->start, std::move(step->request), status);
   }
 }
 
@@ -677,6 +732,8 @@ void RouterCore::FailAll(const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) {
     Reply(step->origin, step->origin_step, step->start, status);
   }
+  for (const Held& h : held_) Reply(h.origin, h.origin_step, h.start, status);
+  held_.clear();
 }
 
 void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,

@@ -24,12 +24,15 @@
 // When a node is lost and the placement has replicas, every pending step waiting for it sends
 // that node's request again, unchanged, to a live worker that holds every expert the request
 // names (or split by expert over live hosts of each), and keeps waiting (a new step_timeout);
-// later steps send each token's rows to live replicas only. Without live replicas, failures
-// never hang a step: the attention worker gets UNAVAILABLE naming the worker, as in "expert
-// worker node 5 (pid 1234 on host-a) lost: <why>", and later steps whose tokens need an expert
-// with no live host fail fast, until the coordinator's state puts a live, connected node behind
-// the slot again (a restarted expert node registers anew and the
-// coordinator hands it the dead node's slot). Readiness: every expert has a live host.
+// later steps send each token's rows to live replicas only. A step whose rows need an expert with
+// no live host (its last host died; or it is not connected yet) is held, not failed: the
+// coordinator hands the dead node's slot to a spare or moves its experts onto the survivors
+// (coordinator/coordinator.h, "Elastic expert tier"), and with every new cluster state (and every
+// 100 ms) held steps are planned again from their MoeRequest, under the placement then in force:
+// the step resumes. It fails, with UNAVAILABLE naming the worker and the cause, as in "expert
+// worker node 5 (pid 1234 on host-a) lost: <why>; the coordinator cannot move its experts: <why>",
+// as soon as the cluster state says the experts cannot be moved (lost_experts_reason), or once
+// it was held step_timeout. Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
 // INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
@@ -132,9 +135,18 @@ class RouterCore {
              const RouterCoreOptions& options, std::unique_ptr<RouterLoadStats> stats,
              MetricsRegistry* metrics);
 
-  void ApplyClusterState();
+  // True when a new state was applied.
+  bool ApplyClusterState();
   void ApplyBias();
-  void HandleMoeRequest(PeerId from, const std::string& bytes);
+  // `start`: when the request first arrived (earlier for a held request planned again).
+  void HandleMoeRequest(PeerId from, std::string bytes, absl::Time start);
+  // Holds a request whose rows need an expert without a live host (see the file comment), or
+  // fails it when the coordinator says the experts cannot move or it waited step_timeout.
+  void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, std::string request,
+                  const absl::Status& why);
+  // Plans the held requests again (all: a new cluster state) or fails those held too long.
+  void RetryHeld();
+  void ExpireHeld(absl::Time now);
   void HandleExpertResponse(PeerId from, const std::string& bytes);
   void ExpireSteps(absl::Time now);
   void Finish(std::unique_ptr<PendingStep> step);
@@ -189,6 +201,16 @@ class RouterCore {
   std::vector<absl::Duration> round_trips_;  // a ring of the last steps' expert round trips
   size_t next_round_trip_ = 0;
   PendingSteps pending_;
+  struct Held {
+    PeerId origin = 0;
+    uint64_t origin_step = 0;
+    absl::Time start;
+    std::string request;  // the encoded MoeRequest
+    absl::Status why;     // the lost worker, for the error if it is never planned
+  };
+  std::vector<Held> held_;
+  absl::Time next_held_retry_ = absl::InfinitePast();
+  std::string lost_experts_reason_;  // the cluster state's
   uint64_t next_step_id_ = 1;
   uint64_t next_send_ = 1;     // PendingStep::sent
   bool has_replicas_ = false;  // some expert of the placement has several hosts

@@ -199,8 +199,11 @@ class RouterCoreTest : public ::testing::Test {
   }
 
   // Publishes a cluster state of the attention node, the router and `experts` (node -> state).
-  void Publish(const ClusterPlacement& placement, const std::map<uint32_t, pb::MemberState>& experts) {
+  // `lost_experts_reason`: the coordinator cannot move experts that lost every host.
+  void Publish(const ClusterPlacement& placement, const std::map<uint32_t, pb::MemberState>& experts,
+               const std::string& lost_experts_reason = "") {
     pb::ClusterState state;
+    state.set_lost_experts_reason(lost_experts_reason);
     auto add = [&](uint32_t id, pb::Role role, pb::MemberState member_state,
                    const std::string& address) {
       pb::Member* member = state.add_members();
@@ -402,7 +405,9 @@ TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
   ExpectMatchesLocal(Await(2), layer + 1, rows);
 }
 
-TEST_F(RouterCoreTest, KilledWorkerFailsItsStepsFastUntilItsSlotHasALiveNodeAgain) {
+// Steps whose rows need a dead worker's experts (no replicas) are held, not failed, while the
+// coordinator repairs the placement; they resume under the new one.
+TEST_F(RouterCoreTest, AKilledWorkersStepsAreHeldUntilItsSlotHasALiveNodeAgain) {
   StartRouter(kWait);
   const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
   AddExpert(kExpertA, placement);
@@ -413,35 +418,29 @@ TEST_F(RouterCoreTest, KilledWorkerFailsItsStepsFastUntilItsSlotHasALiveNodeAgai
   Send(1, 2, rows);
   ExpectMatchesLocal(Await(1), 2, rows);
 
-  // A step in flight when B dies, and one after.
+  // A step in flight when B dies, and one after: both wait.
   b->Pause(true);
   Send(2, 2, rows);
   WaitPending(1);
-  const absl::Time killed = absl::Now();
   b->Kill();
-  MoeResponse lost = Await(2);
-  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
-  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost"),
-            absl::string_view::npos)
-      << lost.status;
   Send(3, 2, rows);
-  MoeResponse fast = Await(3, absl::Milliseconds(500));
-  EXPECT_EQ(fast.status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(fast.status.message().find("expert worker node 9"), absl::string_view::npos)
-      << fast.status;
+  EXPECT_EQ(Await(2, absl::Milliseconds(500)).status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(core_->Readiness().ok());
 
-  // The coordinator declares B dead and gives its slot to a new node.
+  // The coordinator declares B dead and gives its slot to a new node: the held steps resume.
   const ClusterPlacement repaired = Placement(2, kExpertA, kExpertC);
   AddExpert(kExpertC, repaired);
   Publish(repaired, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}, {kExpertC, pb::ALIVE}});
+  ExpectMatchesLocal(Await(2), 2, rows);
+  ExpectMatchesLocal(Await(3), 2, rows);
   WaitReady();
   Send(4, 2, rows);
   ExpectMatchesLocal(Await(4), 2, rows);
 }
 
-TEST_F(RouterCoreTest, CoordinatorMarkingAWorkerDeadEndsItsPendingSteps) {
+// When the coordinator says the experts cannot move, held steps and new ones fail at once with
+// UNAVAILABLE naming the worker and the cause.
+TEST_F(RouterCoreTest, StepsFailNamingTheCauseWhenTheExpertsCannotMove) {
   StartRouter(kWait);
   const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
   AddExpert(kExpertA, placement);
@@ -453,12 +452,26 @@ TEST_F(RouterCoreTest, CoordinatorMarkingAWorkerDeadEndsItsPendingSteps) {
   Send(1, 3, rows);
   WaitPending(1);
   Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}});
+  EXPECT_EQ(Await(1, absl::Milliseconds(300)).status.code(), absl::StatusCode::kDeadlineExceeded);
+  const absl::Time told = absl::Now();
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}},
+          "the live expert nodes (8) offer 12 slots per MoE layer for 32 experts");
   MoeResponse lost = Await(1, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - told, absl::Milliseconds(500));
   EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost: the "
                                        "coordinator marked it DEAD"),
             absl::string_view::npos)
       << lost.status;
+  EXPECT_NE(lost.status.message().find("the coordinator cannot move its experts: the live "
+                                       "expert nodes (8) offer 12 slots"),
+            absl::string_view::npos)
+      << lost.status;
+  Send(2, 3, rows);
+  MoeResponse fast = Await(2, absl::Milliseconds(500));
+  EXPECT_EQ(fast.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(fast.status.message().find("offer 12 slots"), absl::string_view::npos)
+      << fast.status;
 }
 
 TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
@@ -479,8 +492,13 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
                                        "answer"),
             absl::string_view::npos)
       << late.status;
+  // Held, then failed after the step timeout: B counts as lost.
   Send(2, 5, rows);
-  EXPECT_EQ(Await(2, absl::Milliseconds(200)).status.code(), absl::StatusCode::kUnavailable);
+  MoeResponse held = Await(2, absl::Seconds(2));
+  EXPECT_EQ(held.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(held.status.message().find("no live node took its experts within"),
+            absl::string_view::npos)
+      << held.status;
 
   b->Pause(false);  // it answers step 1 late: alive after all
   WaitReady();
@@ -558,7 +576,7 @@ TEST_F(RouterCoreTest, RowsThatCannotBeSentGoToReplicas) {
   ExpectMatchesLocal(Await(1, absl::Seconds(3)), 5, rows);
 }
 
-TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasFailTheStep) {
+TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasWaitForANewPlacement) {
   StartRouter(absl::Seconds(20));
   const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
   AddExpert(kExpertA, placement);
@@ -568,11 +586,11 @@ TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasFailTheStep) {
   const std::vector<float> rows = RandomRows(24, 9);
   router_sends_->FailSendsTo(kExpertB);
   Send(1, 5, rows);
-  MoeResponse lost = Await(1, absl::Seconds(3));
-  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost"),
-            absl::string_view::npos)
-      << lost.status;
+  EXPECT_EQ(Await(1, absl::Milliseconds(500)).status.code(), absl::StatusCode::kDeadlineExceeded);
+  const ClusterPlacement moved = Placement(2, kExpertA, kExpertC);
+  AddExpert(kExpertC, moved);
+  Publish(moved, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}, {kExpertC, pb::ALIVE}});
+  ExpectMatchesLocal(Await(1, absl::Seconds(3)), 5, rows);
 }
 
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
