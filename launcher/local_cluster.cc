@@ -572,6 +572,41 @@ absl::Status LocalCluster::Restart(const std::string& name) {
   return Launch(*node);
 }
 
+absl::StatusOr<std::string> LocalCluster::AddExpertNode(int slots) {
+  const Node* first = nullptr;
+  int count = 0;
+  for (const Node& node : nodes_) {
+    if (node.role != NodeRole::kExpert) continue;
+    if (first == nullptr) first = &node;
+    ++count;
+  }
+  if (first == nullptr) return absl::FailedPreconditionError("the cluster has no expert node");
+  absl::StatusOr<std::vector<int>> ports = PickFreePorts(2);
+  if (!ports.ok()) return ports.status();
+  Node node;
+  node.role = NodeRole::kExpert;
+  node.index = count;
+  node.name = absl::StrCat(NodeRoleName(NodeRole::kExpert), "-", count);
+  node.argv = first->argv;
+  node.log_path = absl::StrCat(log_dir_, "/", node.name, ".log");
+  const std::string host = first->grpc_address.substr(0, first->grpc_address.rfind(':'));
+  node.grpc_address = HostPort(host, (*ports)[0]);
+  for (size_t i = 0; i + 1 < node.argv.size(); ++i) {
+    if (node.argv[i] == "--port") node.argv[i + 1] = absl::StrCat((*ports)[0]);
+    if (node.argv[i] == "--slots") node.argv[i + 1] = absl::StrCat(slots);
+    if (node.argv[i] == "--metrics-port") {
+      node.argv[i + 1] = absl::StrCat((*ports)[1]);
+      node.metrics_address = HostPort(host, (*ports)[1]);
+    }
+  }
+  nodes_.push_back(std::move(node));
+  if (absl::Status launched = Launch(nodes_.back()); !launched.ok()) {
+    nodes_.pop_back();
+    return launched;
+  }
+  return nodes_.back().name;
+}
+
 absl::Status LocalCluster::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;

@@ -135,6 +135,11 @@ class LocalCluster {
   absl::StatusOr<int> WaitExit(const std::string& name, absl::Duration timeout);
   // Starts a node that exited again with the same flags (same ports).
   absl::Status Restart(const std::string& name);
+  // Starts one more expert node ("expert-N", N the next index) with `slots` expert slots and the
+  // first expert node's other flags on free ports, and returns its name: it joins the running
+  // cluster (the coordinator makes it a worker, coordinator/coordinator.h). FAILED_PRECONDITION
+  // without an expert node to copy the flags of.
+  absl::StatusOr<std::string> AddExpertNode(int slots);
 
   // Reaps nodes that exited (without blocking) and returns those that did since the last call.
   std::vector<const Node*> Reap();

@@ -1,0 +1,360 @@
+// The elastic expert tier (coordinator/coordinator.h) in real multi-process clusters (coordinator,
+// one attention worker, routers and expert workers of //:k3serve over UCX, k3-tiny: 32 experts per
+// MoE layer) under a steady load of greedy streams:
+//  - scale up and drain: an expert node started while the cluster serves joins the placement
+//    (its experts are loaded before any step is routed to it); an expert node sent SIGTERM, and
+//    then one drained with the coordinator's Drain RPC, hand their experts to the others and exit
+//    0. No request fails, every request's tokens equal the single-process engine's, and the
+//    placement ends on the one node left;
+//  - lost experts that can move: an expert worker killed with SIGKILL in a cluster without
+//    replicas; the survivor has the slots for every expert, so the coordinator has it load the
+//    dead worker's from the checkpoint, and the routers hold the steps that need them until then:
+//    no request fails;
+//  - lost experts that cannot move: the same with a survivor too small to hold them; the streams
+//    end with UNAVAILABLE naming the dead worker and the cause, within 2 s of the kill.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attention_nodes/generate_client.h"
+#include "cluster/test_wait.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "launcher/local_cluster.h"
+#include "model/config.h"
+#include "proto/cluster.grpc.pb.h"
+#include "tests/cluster_testing.h"
+
+namespace k3 {
+namespace {
+
+namespace pb = k3serve::cluster::v1;
+
+constexpr int kClients = 4;
+constexpr int kMaxNewTokens = 24;
+constexpr absl::Duration kRequestTimeout = absl::Seconds(30);
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// kClients threads, each sending greedy requests one after the other until Stop; every outcome is
+// checked against the expected tokens. (As in cluster_failover_test.cc, with the first failure's
+// time kept.)
+class Load {
+ public:
+  Load(std::string address, std::vector<std::vector<int32_t>> prompts,
+       std::vector<std::vector<int32_t>> expected)
+      : address_(std::move(address)), prompts_(std::move(prompts)), expected_(std::move(expected)) {
+    for (int c = 0; c < kClients; ++c) threads_.emplace_back([this, c] { Run(c); });
+  }
+  ~Load() { Stop(); }
+
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  int completed() const { return completed_.load(); }
+  // Waits until `more` requests completed after the call (false on a failure or the timeout).
+  bool WaitMore(int more, absl::Duration timeout) {
+    const int target = completed() + more;
+    return WaitFor([&] { return completed() >= target || failed() > 0; }, timeout) &&
+           failed() == 0;
+  }
+  // Waits until a request failed.
+  bool WaitFailed(absl::Duration timeout) {
+    return WaitFor([&] { return failed() > 0; }, timeout);
+  }
+  int failed() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(failures_.size());
+  }
+  std::vector<std::string> failures() const {
+    absl::MutexLock lock(&mu_);
+    return failures_;
+  }
+  absl::Time first_failure() const {
+    absl::MutexLock lock(&mu_);
+    return first_failure_;
+  }
+  // The longest time between two token chunks of one stream (or from its start to its first,
+  // or from its last to its end) since the last reset.
+  absl::Duration longest_gap() const {
+    absl::MutexLock lock(&mu_);
+    return longest_gap_;
+  }
+  void ResetLongestGap() {
+    absl::MutexLock lock(&mu_);
+    longest_gap_ = absl::ZeroDuration();
+  }
+
+ private:
+  void Run(int client) {
+    for (int n = 0; !stop_; ++n) {
+      const size_t p = (client + n * kClients) % prompts_.size();
+      const std::string id = absl::StrCat("client-", client, "-", n);
+      absl::Time last = absl::Now();
+      auto on_tokens = [&](absl::Span<const int32_t>) {
+        const absl::Time now = absl::Now();
+        absl::MutexLock lock(&mu_);
+        longest_gap_ = std::max(longest_gap_, now - last);
+        last = now;
+      };
+      absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+          address_, GreedyRequest(id, prompts_[p], kMaxNewTokens), kRequestTimeout, on_tokens);
+      const absl::Time end = absl::Now();
+      std::string failure;
+      if (!outcome.ok()) {
+        failure = outcome.status().ToString();
+      } else if (outcome->tokens != expected_[p]) {
+        failure = absl::StrCat("tokens ", absl::StrJoin(outcome->tokens, ","), " differ from ",
+                               absl::StrJoin(expected_[p], ","));
+      }
+      absl::MutexLock lock(&mu_);
+      longest_gap_ = std::max(longest_gap_, end - last);
+      if (!failure.empty()) {
+        std::cerr << id << " failed: " << failure << std::endl;
+        if (failures_.empty()) first_failure_ = end;
+        failures_.push_back(absl::StrCat(id, ": ", failure));
+      } else {
+        ++completed_;
+      }
+    }
+  }
+
+  const std::string address_;
+  const std::vector<std::vector<int32_t>> prompts_;
+  const std::vector<std::vector<int32_t>> expected_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> completed_{0};
+  mutable absl::Mutex mu_;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_failure_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::vector<std::thread> threads_;
+};
+
+class ElasticExpertsTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new std::string(RandomCheckpointDir("k3-tiny", 5));
+    prompts_ = new std::vector<std::vector<int32_t>>(
+        TestPrompts(2 * kClients, NamedConfig("k3-tiny")->vocab_size, 13));
+    absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+        SingleProcessTokens(*model_, *prompts_, kMaxNewTokens);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    expected_ = new std::vector<std::vector<int32_t>>(*std::move(expected));
+  }
+
+  void Start(int routers, std::vector<int> slots) {
+    LocalClusterOptions options =
+        TestClusterOptions(*model_, 1, routers, static_cast<int>(slots.size()), slots);
+    // Old experts go soon after a switch, so that a drained node's are provably not needed.
+    options.extra_args[NodeRole::kCoordinator] = {"--load-stats-interval-ms", "0",
+                                                  "--retire-delay-ms", "200"};
+    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+  }
+
+  void TearDown() override {
+    if (cluster_ != nullptr) {
+      const absl::Status stopped = cluster_->Stop();
+      EXPECT_TRUE(stopped.ok()) << stopped;
+    }
+  }
+
+  std::unique_ptr<Load> StartLoad() {
+    return std::make_unique<Load>(cluster_->generate_addresses()[0], *prompts_, *expected_);
+  }
+
+  pb::ClusterState State() {
+    absl::StatusOr<pb::ClusterState> state = cluster_->GetClusterState(absl::Seconds(2));
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.ok() ? *state : pb::ClusterState();
+  }
+
+  // The node id of the running node called `name`; 0 if the coordinator does not list it.
+  uint32_t NodeId(const std::string& name) {
+    absl::StatusOr<const LocalCluster::Node*> node = cluster_->node(name);
+    if (!node.ok()) return 0;
+    for (const pb::Member& m : State().members()) {
+      if (m.node().pid() == (*node)->pid && m.state() == pb::ALIVE) return m.node().node_id();
+    }
+    return 0;
+  }
+
+  std::vector<uint32_t> Workers() {
+    const pb::ClusterState state = State();
+    return {state.placement().worker_node_ids().begin(), state.placement().worker_node_ids().end()};
+  }
+
+  // Waits until the placement's worker nodes are `want`; returns how long that took.
+  absl::Duration WaitWorkers(const std::vector<uint32_t>& want) {
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE(WaitFor([&] { return Workers() == want; }, kWait))
+        << "worker nodes " << absl::StrJoin(Workers(), ",") << ", expected "
+        << absl::StrJoin(want, ",");
+    return absl::Now() - start;
+  }
+
+  static std::string* model_;
+  static std::vector<std::vector<int32_t>>* prompts_;
+  static std::vector<std::vector<int32_t>>* expected_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+std::string* ElasticExpertsTest::model_ = nullptr;
+std::vector<std::vector<int32_t>>* ElasticExpertsTest::prompts_ = nullptr;
+std::vector<std::vector<int32_t>>* ElasticExpertsTest::expected_ = nullptr;
+
+TEST_F(ElasticExpertsTest, ScaleUpAndDrainCostNoRequest) {
+  // 16 + 16 slots for 32 experts; the joiner brings 32, so that it can end up alone.
+  ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/2, {16, 16}));
+  const uint32_t e0 = NodeId("expert-0");
+  const uint32_t e1 = NodeId("expert-1");
+  ASSERT_EQ(Workers(), (std::vector<uint32_t>{e0, e1}));
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  std::vector<std::string> summary;
+
+  // Scale up: a third expert node joins the serving cluster.
+  absl::StatusOr<std::string> joiner = cluster_->AddExpertNode(32);
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  uint32_t e2 = 0;
+  ASSERT_TRUE(WaitFor([&] { return (e2 = NodeId(*joiner)) != 0; }, kWait));
+  load->ResetLongestGap();
+  int before = load->completed();
+  const absl::Duration joined = WaitWorkers({e0, e1, e2});
+  ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  summary.push_back(absl::StrCat("join: node ", e2, " was a worker ",
+                                 absl::FormatDuration(joined), " after it registered; ",
+                                 load->completed() - before, " requests completed meanwhile, ",
+                                 load->failed(), " failed; longest wait for a token ",
+                                 absl::FormatDuration(load->longest_gap())));
+
+  // Drain by SIGTERM: expert-0's experts move to the others, then it exits 0.
+  load->ResetLongestGap();
+  before = load->completed();
+  const absl::Time term = absl::Now();
+  ASSERT_TRUE(cluster_->Signal("expert-0", SIGTERM).ok());
+  WaitWorkers({e1, e2});
+  const absl::Duration moved = absl::Now() - term;
+  absl::StatusOr<int> exit = cluster_->WaitExit("expert-0", kWait);
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+  const absl::Duration exited = absl::Now() - term;
+  ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  summary.push_back(absl::StrCat(
+      "SIGTERM drain: experts moved after ", absl::FormatDuration(moved), ", node exited (",
+      *exit, ") after ", absl::FormatDuration(exited), "; ", load->completed() - before,
+      " requests completed, ", load->failed(), " failed; longest wait for a token ",
+      absl::FormatDuration(load->longest_gap())));
+
+  // Drain by the coordinator's Drain RPC: expert-1 goes the same way; expert-2 holds everything.
+  load->ResetLongestGap();
+  before = load->completed();
+  const absl::Time drain = absl::Now();
+  {
+    auto stub = pb::Coordinator::NewStub(
+        grpc::CreateChannel(cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    pb::DrainRequest request;
+    request.set_node_id(e1);
+    pb::DrainResponse response;
+    const grpc::Status status = stub->Drain(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  WaitWorkers({e2});
+  exit = cluster_->WaitExit("expert-1", kWait);
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+  const absl::Duration drained = absl::Now() - drain;
+  ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  summary.push_back(absl::StrCat("RPC drain: node exited (", *exit, ") after ",
+                                 absl::FormatDuration(drained), "; ", load->completed() - before,
+                                 " requests completed, ", load->failed(),
+                                 " failed; longest wait for a token ",
+                                 absl::FormatDuration(load->longest_gap())));
+
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  const pb::ClusterState state = State();
+  EXPECT_TRUE(state.ready()) << state.not_ready_reason();
+  summary.push_back(absl::StrCat(load->completed(), " requests in all, ", load->failed(),
+                                 " failed; placement version ", state.placement().version()));
+  const std::string text = absl::StrJoin(summary, "\n");
+  std::cout << text << std::endl;
+  RecordProperty("summary", text);
+}
+
+// A1/R1/E2 without replicas; the survivor's 32 slots can take every expert.
+TEST_F(ElasticExpertsTest, LostExpertsMoveOntoTheSurvivorAndTheStepsResume) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/1, {32, 32}));
+  const uint32_t e0 = NodeId("expert-0");
+  const uint32_t e1 = NodeId("expert-1");
+  ASSERT_EQ(Workers(), (std::vector<uint32_t>{e0, e1}));
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  load->ResetLongestGap();
+  const int before = load->completed();
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(cluster_->Signal("expert-1", SIGKILL).ok());
+  WaitWorkers({e0});
+  const absl::Duration moved = absl::Now() - killed;
+  ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  const std::string text = absl::StrCat(
+      "lost experts moved onto the survivor ", absl::FormatDuration(moved), " after the kill; ",
+      load->completed() - before, " requests completed since, ", load->failed(),
+      " failed; longest wait for a token ", absl::FormatDuration(load->longest_gap()));
+  std::cout << text << std::endl;
+  RecordProperty("summary", text);
+  const pb::ClusterState state = State();
+  EXPECT_TRUE(state.ready()) << state.not_ready_reason();
+  EXPECT_EQ(cluster_->WaitExit("expert-1", absl::Seconds(1)).value_or(0), 128 + SIGKILL);
+}
+
+// A1/R1/E2 without replicas; the survivor's 16 slots cannot take the other 16 experts.
+TEST_F(ElasticExpertsTest, LostExpertsThatCannotMoveEndTheStreamsNamingTheCause) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/1, {16, 16}));
+  const uint32_t e1 = NodeId("expert-1");
+  std::unique_ptr<Load> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(cluster_->Signal("expert-1", SIGKILL).ok());
+  ASSERT_TRUE(load->WaitFailed(absl::Seconds(10)));
+  const absl::Duration ended = load->first_failure() - killed;
+  load->Stop();
+  const std::vector<std::string> failures = load->failures();
+  const std::string text = absl::StrCat("the first stream ended ", absl::FormatDuration(ended),
+                                        " after the kill: ", failures[0]);
+  std::cout << text << std::endl;
+  RecordProperty("summary", text);
+  EXPECT_LT(ended, absl::Seconds(2));
+  for (const std::string& failure : failures) {
+    EXPECT_NE(failure.find("UNAVAILABLE"), std::string::npos) << failure;
+    EXPECT_NE(failure.find(absl::StrCat("expert worker node ", e1)), std::string::npos) << failure;
+    EXPECT_NE(failure.find("the coordinator cannot move its experts: the live expert nodes"),
+              std::string::npos)
+        << failure;
+  }
+}
+
+}  // namespace
+}  // namespace k3
