@@ -191,19 +191,29 @@ class ElasticExpertsTest : public testing::Test {
   uint32_t NodeId(const std::string& name) {
     absl::StatusOr<const LocalCluster::Node*> node = cluster_->node(name);
     if (!node.ok()) return 0;
-    for (const pb::Member& m : State().members()) {
+    const pb::ClusterState state = State();
+    for (const pb::Member& m : state.members()) {
       if (m.node().pid() == (*node)->pid && m.state() == pb::ALIVE) return m.node().node_id();
     }
     return 0;
   }
 
+  // The placement's worker nodes, ascending.
   std::vector<uint32_t> Workers() {
     const pb::ClusterState state = State();
-    return {state.placement().worker_node_ids().begin(), state.placement().worker_node_ids().end()};
+    std::vector<uint32_t> workers(state.placement().worker_node_ids().begin(),
+                                  state.placement().worker_node_ids().end());
+    std::sort(workers.begin(), workers.end());
+    return workers;
+  }
+  static std::vector<uint32_t> Sorted(std::vector<uint32_t> nodes) {
+    std::sort(nodes.begin(), nodes.end());
+    return nodes;
   }
 
-  // Waits until the placement's worker nodes are `want`; returns how long that took.
-  absl::Duration WaitWorkers(const std::vector<uint32_t>& want) {
+  // Waits until the placement's worker nodes are `want` (any order); returns how long that took.
+  absl::Duration WaitWorkers(std::vector<uint32_t> want) {
+    std::sort(want.begin(), want.end());
     const absl::Time start = absl::Now();
     EXPECT_TRUE(WaitFor([&] { return Workers() == want; }, kWait))
         << "worker nodes " << absl::StrJoin(Workers(), ",") << ", expected "
@@ -226,7 +236,7 @@ TEST_F(ElasticExpertsTest, ScaleUpAndDrainCostNoRequest) {
   ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/2, {16, 16}));
   const uint32_t e0 = NodeId("expert-0");
   const uint32_t e1 = NodeId("expert-1");
-  ASSERT_EQ(Workers(), (std::vector<uint32_t>{e0, e1}));
+  ASSERT_EQ(Workers(), Sorted({e0, e1}));
   std::unique_ptr<Load> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   std::vector<std::string> summary;
@@ -307,7 +317,7 @@ TEST_F(ElasticExpertsTest, LostExpertsMoveOntoTheSurvivorAndTheStepsResume) {
   ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/1, {32, 32}));
   const uint32_t e0 = NodeId("expert-0");
   const uint32_t e1 = NodeId("expert-1");
-  ASSERT_EQ(Workers(), (std::vector<uint32_t>{e0, e1}));
+  ASSERT_EQ(Workers(), Sorted({e0, e1}));
   std::unique_ptr<Load> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   load->ResetLongestGap();
