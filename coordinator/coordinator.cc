@@ -420,9 +420,13 @@ absl::StatusOr<ClusterPlacement> CoordinatorState::PlaceOn(
   if (!experts.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the live expert nodes (", absl::StrJoin(nodes, ","), ") offer ", total,
-        " slots per MoE layer (",
-        total + options_.replica_slots_per_worker * static_cast<int>(nodes.size()),
-        " with replica slots) for ", options_.num_experts, " experts"));
+        " slots per MoE layer",
+        options_.replica_slots_per_worker > 0
+            ? absl::StrCat(" (", total + options_.replica_slots_per_worker *
+                                             static_cast<int>(nodes.size()),
+                           " with replica slots)")
+            : "",
+        " for ", options_.num_experts, " experts"));
   }
   ClusterPlacement placement;
   placement.experts = *std::move(experts);

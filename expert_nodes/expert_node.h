@@ -1,12 +1,13 @@
 // The expert node process: `k3serve expert --coordinator HOST:PORT --model DIR --slots N
-//   [--port P] [--metrics-port P] [--host H]`.
+//   [--port P] [--metrics-port P] [--host H] [--drain-timeout-ms T]`.
 //
 // It registers with the coordinator as ROLE_EXPERT offering N expert slots (experts per MoE layer),
 // waits for a placement, maps ONLY the experts its worker slot hosts (WeightSelection::Experts of
 // their union over the layers, so its memory scales with its slice), connects the routers of the
 // cluster state and answers their ExpertRequests (expert_nodes/expert_worker.h) on one thread. A
 // node the placement does not use yet is a spare: the coordinator hands it a dead node's slot, and
-// it then loads that slot's experts.
+// it then loads that slot's experts; a node that joins a placed cluster becomes a worker through a
+// rollout (below).
 //
 // Rebalancing (coordinator/coordinator_balancer.h): LoadExperts maps the experts of a placement version
 // before the coordinator publishes it, and the node keeps serving older versions' requests with
