@@ -460,26 +460,54 @@ void ExpertNode::CheckDrained() {
   drained_ = true;
 }
 
+// Why nobody would take this node's experts, or "" when the drain can go on: no live router
+// needs them (the launcher stops routers before expert nodes), or no other expert node could
+// hold them (e.g. every expert node got SIGTERM at once).
+std::string NobodyNeedsTheDrain(const pb::ClusterState& state, uint32_t self) {
+  bool router = false;
+  bool other_expert = false;
+  for (const pb::Member& m : state.members()) {
+    if (m.state() != pb::ALIVE) continue;
+    router |= m.node().role() == pb::ROLE_ROUTER;
+    other_expert |= m.node().role() == pb::ROLE_EXPERT && !m.draining() &&
+                    m.node().node_id() != self;
+  }
+  if (!router) return "no live router needs its experts";
+  if (!other_expert) return "no other expert node can take its experts";
+  return "";
+}
+
 void ExpertNode::DrainFirst() {
   absl::StatusOr<bool> placed =
       actor_->Call([this] { return unplaced_since_ == absl::InfiniteFuture(); },
                    absl::Now() + absl::Seconds(2));
   if (!placed.ok() || !*placed) return;  // no experts of its own to move
-  absl::StatusOr<pb::ClusterState> state = endpoints_->client()->DrainSelf();
-  if (!state.ok()) {
+  CoordinatorClient* client = endpoints_->client();
+  absl::StatusOr<uint32_t> self = client->WaitRegistered(absl::InfinitePast());
+  absl::StatusOr<pb::ClusterState> state = client->DrainSelf();
+  if (!self.ok() || !state.ok()) {
     LOG(WARNING) << "expert node: cannot ask the coordinator to move its experts ("
-                 << state.status() << "); leaving with them";
+                 << (self.ok() ? state.status() : self.status()) << "); leaving with them";
     return;
   }
-  // The cluster is stopping (the launcher stops routers before expert nodes): nobody needs them.
-  const bool routers = std::any_of(
-      state->members().begin(), state->members().end(), [](const pb::Member& m) {
-        return m.node().role() == pb::ROLE_ROUTER && m.state() == pb::ALIVE;
-      });
-  if (!routers) return;
+  std::string nobody = NobodyNeedsTheDrain(*state, *self);
+  if (!nobody.empty()) {
+    LOG(INFO) << "expert node " << *self << " leaves without draining: " << nobody;
+    return;
+  }
   actor_->Post([this] { StartDraining("SIGTERM"); });
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  absl::Time next_look = absl::Now();
   while (!drained_ && absl::Now() < deadline && Failure().ok()) {
+    if (absl::Now() >= next_look) {
+      // The last state the coordinator client fetched (it follows every membership change).
+      nobody = NobodyNeedsTheDrain(client->cluster_state(), *self);
+      if (!nobody.empty()) {
+        LOG(INFO) << "expert node " << *self << " stops draining: " << nobody;
+        return;
+      }
+      next_look = absl::Now() + absl::Milliseconds(250);
+    }
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (!drained_) {
