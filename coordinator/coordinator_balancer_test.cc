@@ -165,6 +165,7 @@ class BalancerTest : public testing::Test {
     options.coordinator.heartbeat_interval = absl::Seconds(10);
     options.coordinator.heartbeat_timeout = absl::Seconds(60);
     options.coordinator.recovery_window = absl::ZeroDuration();
+    options.coordinator.replica_slots_per_worker = replica_slots_;
     options.balancing = balancing;
     auto process = CoordinatorProcess::Start(options);
     ASSERT_TRUE(process.ok()) << process.status();
@@ -247,6 +248,17 @@ class BalancerTest : public testing::Test {
     return ClusterPlacementFromProto(state.placement()).value();
   }
 
+  void Drain(uint32_t node) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    pb::DrainRequest request;
+    request.set_node_id(node);
+    pb::DrainResponse response;
+    const grpc::Status status = stub_->Drain(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  int replica_slots_ = 0;  // the coordinator's, for Start
   std::unique_ptr<CoordinatorProcess> process_;
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
@@ -538,6 +550,54 @@ TEST(LoadBalancerOptionsTest, RejectsBadValues) {
   o = LoadBalancerOptions();
   o.rpc_timeout = absl::ZeroDuration();
   EXPECT_FALSE(o.Validate().ok());
+}
+
+}  // namespace
+}  // namespace k3
+
+namespace k3 {
+namespace {
+
+// A drained worker's experts move to the other worker before the placement drops it: the other
+// loads them under the next version before that version is published; a failed load publishes
+// nothing, and a later attempt succeeds.
+TEST_F(BalancerTest, ADrainedWorkersExpertsAreLoadedElsewhereBeforeThePlacementDropsIt) {
+  replica_slots_ = 4;  // the survivor's 4 slots and 4 replica slots hold all 8 experts
+  LoadBalancerOptions balancing = TestBalancing();
+  balancing.resize_interval = absl::Milliseconds(20);
+  balancing.resize_retry = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Start(balancing));
+  const ClusterPlacement before = Published();
+  ASSERT_EQ(before.worker_nodes.size(), 2u);
+  FakeWorker* survivor = workers_[1].get();  // registered second: worker 1
+  survivor->set_mode(FakeWorker::Mode::kFail);
+  ASSERT_NO_FATAL_FAILURE(Drain(before.worker_nodes[0]));
+  ASSERT_TRUE(WaitFor([&] { return !survivor->calls().empty(); }));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(Published().version(), 1) << "a placement was published although the load failed";
+
+  survivor->set_mode(FakeWorker::Mode::kOk);
+  ASSERT_TRUE(WaitFor([&] {
+    return Published().worker_nodes == std::vector<uint32_t>{before.worker_nodes[1]};
+  }));
+  const ClusterPlacement after = Published();
+  int loads = 0;
+  for (const FakeWorker::Call& call : survivor->calls()) {
+    if (call.request.placement_version() != after.version() ||
+        call.request.retire_below_version() != 0) {
+      continue;
+    }
+    ++loads;
+    EXPECT_LT(call.published, after.version()) << "loaded after it was published";
+    EXPECT_EQ(call.request.worker(), 0);
+    ASSERT_EQ(call.request.experts_size(), kLayers);
+    for (const pb::LayerExperts& layer : call.request.experts()) {
+      EXPECT_EQ(layer.expert_ids_size(), kExperts);
+    }
+  }
+  EXPECT_EQ(loads, 1);
+  // The drained node is asked for nothing: its experts are no one's business any more.
+  EXPECT_TRUE(workers_[0]->calls().empty());
 }
 
 }  // namespace

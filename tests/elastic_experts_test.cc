@@ -198,6 +198,20 @@ class ElasticExpertsTest : public testing::Test {
     return 0;
   }
 
+  // Rows the expert node called `name` has computed (ExpertWorker.Status).
+  int64_t RowsOf(const std::string& name) {
+    absl::StatusOr<const LocalCluster::Node*> node = cluster_->node(name);
+    if (!node.ok()) return -1;
+    auto stub = pb::ExpertWorker::NewStub(
+        grpc::CreateChannel((*node)->grpc_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    pb::ExpertStatusResponse status;
+    const grpc::Status rpc = stub->Status(&context, pb::ExpertStatusRequest(), &status);
+    EXPECT_TRUE(rpc.ok()) << name << ": " << rpc.error_message();
+    return status.rows_processed();
+  }
+
   // The placement's worker nodes, ascending.
   std::vector<uint32_t> Workers() {
     const pb::ClusterState state = State();
@@ -250,9 +264,12 @@ TEST_F(ElasticExpertsTest, ScaleUpAndDrainCostNoRequest) {
   int before = load->completed();
   const absl::Duration joined = WaitWorkers({e0, e1, e2});
   ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  const int64_t joiner_rows = RowsOf(*joiner);
+  EXPECT_GT(joiner_rows, 0) << "the joined node computed nothing";
   summary.push_back(absl::StrCat("join: node ", e2, " was a worker ",
                                  absl::FormatDuration(joined), " after it registered; ",
-                                 load->completed() - before, " requests completed meanwhile, ",
+                                 load->completed() - before, " requests completed meanwhile (",
+                                 joiner_rows, " rows computed by the new node), ",
                                  load->failed(), " failed; longest wait for a token ",
                                  absl::FormatDuration(load->longest_gap())));
 
