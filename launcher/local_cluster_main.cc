@@ -76,6 +76,12 @@ int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSig
                         : absl::StrCat("exited with status ", node->exit_status))
                 << "; the end of " << node->log_path << ":\n"
                 << LocalCluster::LogTail(node->log_path) << std::endl;
+      if (node->role == NodeRole::kExpert && node->exit_status == 0) {
+        // A drained expert node (the coordinator's Drain RPC): its experts moved to the others.
+        std::cerr << "k3serve local: " << node->name << " was drained; not restarting it"
+                  << std::endl;
+        continue;
+      }
       if (!exited(node->name, node->exit_status)) return 1;
     }
     for (const std::string& name : supervisor.TakeDue(absl::Now())) {
