@@ -52,6 +52,10 @@ struct CoordinatorMainOptions {
 //                             initial placement fills them with replicas of the next workers'
 //                             experts (failover, coordinator.h), a rebalance with replicas of hot
 //                             experts (default 0)
+//                             The expert tier is elastic (coordinator.h): joining nodes get
+//                             experts, drained ones (Drain RPC, an expert node's SIGTERM) hand
+//                             theirs over, and experts whose last host died move onto the
+//                             survivors, each rolled out load-then-publish like a rebalance.
 //   --rebalance-min-improvement F  roll out only when the mean worker MaxVio drops by this
 //                             fraction of its value (default 0.1)
 //   --retire-delay-ms T         after the routers switched, how long the expert nodes keep the

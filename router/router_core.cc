@@ -405,12 +405,6 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
                       return alive[static_cast<size_t>(token % static_cast<int64_t>(alive.size()))];
                     },
                     &step->step);
-  stats_->Record(layer, step->step.routing);
-  if (metrics_ != nullptr) {
-    const std::string label = absl::StrCat(layer);
-    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
-    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
-  }
 
   const int workers = placement.num_workers;
   const std::vector<WorkerDispatch>& dispatch = step->step.plan.workers;
@@ -423,6 +417,13 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     }
   }
   step->request = std::move(bytes);
+  // Recorded once the step goes out (a held step is planned again: it counts once).
+  stats_->Record(layer, step->step.routing);
+  if (metrics_ != nullptr) {
+    const std::string label = absl::StrCat(layer);
+    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
+    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
+  }
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
