@@ -51,17 +51,17 @@ struct CoordinatorMainOptions {
 //   --spare-slots-per-worker S  experts per MoE layer a worker may hold beyond its share: the
 //                             initial placement fills them with replicas of the next workers'
 //                             experts (failover, coordinator.h), a rebalance with replicas of hot
-//                             experts (default 0)
-//                             The expert tier is elastic (coordinator.h): joining nodes get
-//                             experts, drained ones (Drain RPC, an expert node's SIGTERM) hand
-//                             theirs over, and experts whose last host died move onto the
-//                             survivors, each rolled out load-then-publish like a rebalance.
+//                             experts (default 0); when too few expert nodes are left for their
+//                             declared slots, they hold shares instead
 //   --rebalance-min-improvement F  roll out only when the mean worker MaxVio drops by this
 //                             fraction of its value (default 0.1)
 //   --retire-delay-ms T         after the routers switched, how long the expert nodes keep the
 //                             old placement's experts (default 5000)
 //   --online-bias-interval-ms T  push the routers' QB bias estimate every T ms (default 0: off).
 //                             This CHANGES THE MODEL'S OUTPUTS: the bias selects the experts.
+// The expert tier is elastic (coordinator.h, no flag): joining expert nodes get experts, drained
+// ones (the Drain RPC, an expert node's SIGTERM) hand theirs over, and experts whose last host died
+// move onto the survivors, each rolled out load-then-publish like a rebalance.
 // INVALID_ARGUMENT naming the flag for unknown flags, malformed values or inconsistent options.
 // Declares the coordinator's flags on `app`; parsing fills `options` (the model's expert counts
 // and the required roles are resolved once parsing ends).
