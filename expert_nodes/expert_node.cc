@@ -501,10 +501,17 @@ void ExpertNode::DrainFirst() {
   while (!drained_ && absl::Now() < deadline && Failure().ok()) {
     if (absl::Now() >= next_look) {
       // The last state the coordinator client fetched (it follows every membership change).
-      nobody = NobodyNeedsTheDrain(client->cluster_state(), *self);
+      const pb::ClusterState seen = client->cluster_state();
+      nobody = NobodyNeedsTheDrain(seen, *self);
       if (!nobody.empty()) {
         LOG(INFO) << "expert node " << *self << " stops draining: " << nobody;
         return;
+      }
+      // A restarted coordinator relearns this node without its drain flag: ask again.
+      for (const pb::Member& m : seen.members()) {
+        if (m.node().node_id() == *self && m.state() == pb::ALIVE && !m.draining()) {
+          client->DrainSelf().IgnoreError();
+        }
       }
       next_look = absl::Now() + absl::Milliseconds(250);
     }

@@ -165,6 +165,8 @@ class ElasticExpertsTest : public testing::Test {
     // Old experts go soon after a switch, so that a drained node's are provably not needed.
     options.extra_args[NodeRole::kCoordinator] = {"--load-stats-interval-ms", "0",
                                                   "--retire-delay-ms", "200"};
+    // Three clusters one after the other on a shared machine: a stop may take longer than 3 s.
+    options.stop_grace = absl::Seconds(10);
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
