@@ -55,6 +55,17 @@ struct RouterCore::Metrics {
             "(max - mean) / mean tokens per expert over the load-statistics window, by MoE layer",
             {"layer"})) {}
 
+  // Routed (token, expert) pairs per expert id, summed over layers; empty unless enabled.
+  void EnablePerExpert(MetricsRegistry* registry, int num_experts) {
+    MetricFamily<Counter>& family = registry->AddCounter(
+        "k3_router_expert_routed_tokens_total",
+        "Tokens routed to each expert id, summed over MoE layers (opt-in: --per-expert-metrics)",
+        {"expert"});
+    for (int e = 0; e < num_experts; ++e) {
+      expert_tokens.push_back(family.WithLabels({absl::StrCat(e)}));
+    }
+  }
+
   MetricFamily<Counter>& steps;
   Histogram* step_seconds;
   Histogram* step_compute;
@@ -62,6 +73,7 @@ struct RouterCore::Metrics {
   Gauge* pending;
   MetricFamily<Counter>& tokens;
   MetricFamily<Gauge>& max_vio;
+  std::vector<Counter*> expert_tokens;
 };
 
 absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeights* weights,
@@ -113,6 +125,9 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
       placement_problem_("no cluster state from the coordinator yet"),
       expert_deadline_(options.expert_retry_floor) {
+  if (metrics_ != nullptr && options.per_expert_metrics) {
+    metrics_->EnablePerExpert(metrics, config_.num_experts);
+  }
   routers_.resize(weights_->layers.size());
   for (size_t layer = 0; layer < weights_->layers.size(); ++layer) {
     if (weights_->layers[layer].is_moe) routers_[layer] = weights_->layers[layer].moe.router;
@@ -358,6 +373,14 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
     const std::string label = absl::StrCat(layer);
     metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
     metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
+    if (!metrics_->expert_tokens.empty()) {
+      // Count per expert first: one atomic add per expert, not per (token, expert).
+      std::vector<int64_t> counts(metrics_->expert_tokens.size(), 0);
+      for (int32_t e : step->step.routing.experts) ++counts[e];
+      for (size_t e = 0; e < counts.size(); ++e) {
+        if (counts[e] > 0) metrics_->expert_tokens[e]->Increment(static_cast<double>(counts[e]));
+      }
+    }
   }
 
   const int workers = placement.num_workers;

@@ -78,6 +78,10 @@ struct RouterCoreOptions {
   absl::Duration expert_retry_floor = absl::Milliseconds(300);
   double expert_retry_p99_factor = 8;
   int qb_bins = 100;  // QB histogram bins per expert (router/router_load_stats.h); 0: none
+  // Exports k3_router_expert_routed_tokens_total{expert}: one series per expert id (summed over
+  // layers, so at most num_experts series, 896 for K3). Off by default: most scrapers do not
+  // want that many.
+  bool per_expert_metrics = false;
 };
 
 class RouterCore {
