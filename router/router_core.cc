@@ -396,13 +396,12 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
-  step->sent.assign(workers, 0);
   if (has_replicas_) step->requests.resize(workers);
   std::vector<PeerId> unsent;  // nodes whose Send failed
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     ExpertRequest expert_request;
-    expert_request.step_id = step->id;
+    expert_request.step_id = SlotRequestId(step->id, static_cast<size_t>(w));
     expert_request.layer = request.layer;
     expert_request.placement_version = static_cast<uint64_t>(placement_.version());
     expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
@@ -412,7 +411,6 @@ void RouterCore::HandleMoeRequest(PeerId from, const std::string& bytes) {
     const PeerId node = placement_.worker_nodes[w];
     std::string bytes = Encode(expert_request);
     if (has_replicas_) step->requests[w] = bytes;
-    step->sent[w] = next_send_++;
     if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
       // The link died after the liveness check above (its failure is not yet polled): with
       // replicas the rows go there below; without, the step fails. Answers to what was already
@@ -608,7 +606,6 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
                              << WorkerName(replica) << " (every 20th logged)";
     step.nodes[w] = replica;
     step.resent = true;
-    step.sent[w] = next_send_++;
   }
   return true;
 }
@@ -636,7 +633,10 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     for (const ExpertAssignment& a : assignments) rows.emplace(a.row, 0);
     WorkerDispatch part;
     ExpertRequest request;
-    request.step_id = step.id;
+    // The new slots go after the existing ones, in this order.
+    const size_t new_slot = step.nodes.size() + requests.size();
+    if (new_slot >= kMaxSlots) return false;
+    request.step_id = SlotRequestId(step.id, new_slot);
     request.layer = step.model_layer;
     request.placement_version = original.placement_version;
     request.width = original.width;
@@ -670,7 +670,6 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     step.partials.emplace_back();
     step.answered.push_back(false);
     step.requests.push_back(std::move(requests[i].second));
-    step.sent.push_back(next_send_++);
     ++step.outstanding;
     if (!transport_->Send(target, std::move(bytes)).ok()) return false;
   }

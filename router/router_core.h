@@ -194,7 +194,6 @@ class RouterCore {
   size_t next_round_trip_ = 0;
   PendingSteps pending_;
   uint64_t next_step_id_ = 1;
-  uint64_t next_send_ = 1;     // PendingStep::sent
   bool has_replicas_ = false;  // some expert of the placement has several hosts
 
   mutable absl::Mutex ready_mu_;
