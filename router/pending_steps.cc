@@ -18,17 +18,11 @@ void PendingSteps::Add(std::unique_ptr<PendingStep> step) {
 
 PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, ExpertResponse response) {
   Answer answer;
-  auto it = steps_.find(response.step_id);
+  auto it = steps_.find(response.step_id >> kSlotBits);
   if (it == steps_.end()) return answer;
   PendingStep& step = *it->second;
-  int slot = -1;
-  for (size_t w = 0; w < step.nodes.size(); ++w) {
-    if (step.nodes[w] != node || step.answered[w]) continue;
-    if (slot < 0 || (step.sent.size() == step.nodes.size() && step.sent[w] < step.sent[slot])) {
-      slot = static_cast<int>(w);
-    }
-  }
-  if (slot < 0) return answer;
+  const size_t slot = static_cast<size_t>(response.step_id & (kMaxSlots - 1));
+  if (slot >= step.nodes.size() || step.nodes[slot] == 0 || step.answered[slot]) return answer;
 
   const int64_t rows = static_cast<int64_t>(step.step.plan.workers[slot].tokens.size());
   if (!response.status.ok()) {
@@ -39,6 +33,8 @@ PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, ExpertResponse response
                      " for ", rows, " rows of width ", step.step.width));
   }
   if (!answer.error.ok()) {
+    // The slot's former node speaks for rows it no longer holds: the current one may still answer.
+    if (node != step.nodes[slot]) return answer;
     answer.outcome = Outcome::kFailed;
     answer.step = std::move(it->second);
     steps_.erase(it);

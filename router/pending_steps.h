@@ -1,6 +1,9 @@
 // PendingSteps: the router's table of MoE layer steps in flight. Several attention workers may have
 // steps of several layers in flight at once; each step waits for one ExpertResponse from every
-// expert worker it sent rows to, matched by the router's own step id and the answering node.
+// worker slot it sent rows to. Each ExpertRequest carries SlotRequestId(step id, slot), which the
+// expert worker echoes: an answer finds its slot exactly, even when one node owes a step several
+// slots (its own and a dead or slow node's sent to it again) or answers a slot that has since
+// gone to a replica.
 //
 // Pure bookkeeping (no transport, no clock): the router feeds it answers, failures and the time, and
 // sends what comes out. Thread-compatible (the router's loop thread owns it).
@@ -45,12 +48,14 @@ struct PendingStep {
   // Per worker slot, optional: the encoded ExpertRequest, kept to send again to a replica when
   // the node dies or hangs (router/router_core.h); empty when not kept.
   std::vector<std::string> requests;
-  // Per worker slot, optional: when its request went out (a router-wide sequence number). A node
-  // answers in the order it was sent requests, so when one node owes a step answers for several
-  // slots (its own and a dead node's sent to it again), an answer belongs to the earliest sent.
-  // Empty: slot order.
-  std::vector<uint64_t> sent;
 };
+
+// The step id an ExpertRequest for `slot` of step `step_id` carries (and its answer echoes).
+inline constexpr int kSlotBits = 20;
+inline constexpr size_t kMaxSlots = size_t{1} << kSlotBits;
+inline uint64_t SlotRequestId(uint64_t step_id, size_t slot) {
+  return (step_id << kSlotBits) | static_cast<uint64_t>(slot);
+}
 
 class PendingSteps {
  public:
@@ -69,7 +74,9 @@ class PendingSteps {
   // REQUIRES: no step with the same id is pending; step->outstanding > 0.
   void Add(std::unique_ptr<PendingStep> step);
 
-  // Records `node`'s answer to one of its steps. A kFailed error keeps the worker's status code.
+  // Records `node`'s answer to the slot its step id names. An answer from a node the slot has
+  // since left (it went to a replica) counts when well-formed (the same rows, computed by
+  // another host) and is dropped otherwise. A kFailed error keeps the worker's status code.
   Answer OnAnswer(PeerId node, ExpertResponse response);
 
   // Removes and returns the steps still owed an answer by `node`, in id order.

@@ -29,9 +29,10 @@ std::unique_ptr<PendingStep> MakeStep(uint64_t id, std::vector<PeerId> nodes,
   return step;
 }
 
-ExpertResponse Answer(uint64_t step, int64_t rows, float value) {
+// An answer of `rows` rows to slot `slot` of step `step`.
+ExpertResponse Answer(uint64_t step, size_t slot, int64_t rows, float value) {
   ExpertResponse response;
-  response.step_id = step;
+  response.step_id = SlotRequestId(step, slot);
   response.rows_count = rows;
   response.width = kWidth;
   response.rows.assign(rows * kWidth, value);
@@ -44,10 +45,10 @@ TEST(PendingStepsTest, CompletesWhenEveryWorkerAnsweredInAnyOrder) {
   PendingSteps table;
   table.Add(MakeStep(1, {7, 0, 9}, {2, 0, 1}, kT0));
   EXPECT_EQ(table.size(), 1u);
-  PendingSteps::Answer first = table.OnAnswer(9, Answer(1, 1, 2.5f));
+  PendingSteps::Answer first = table.OnAnswer(9, Answer(1, 2, 1, 2.5f));
   EXPECT_EQ(first.outcome, PendingSteps::Outcome::kWaiting);
   EXPECT_EQ(first.step, nullptr);
-  PendingSteps::Answer second = table.OnAnswer(7, Answer(1, 2, -1.f));
+  PendingSteps::Answer second = table.OnAnswer(7, Answer(1, 0, 2, -1.f));
   ASSERT_EQ(second.outcome, PendingSteps::Outcome::kComplete);
   ASSERT_NE(second.step, nullptr);
   EXPECT_EQ(table.size(), 0u);
@@ -57,27 +58,44 @@ TEST(PendingStepsTest, CompletesWhenEveryWorkerAnsweredInAnyOrder) {
   EXPECT_EQ(second.step->partials[2], std::vector<float>(kWidth, 2.5f));
 }
 
-// Slot 0's rows went again to node 9 (its node died) after node 9's own slot 1: node 9's first
-// answer is for slot 1, its second for slot 0.
-TEST(PendingStepsTest, ANodeOwingSeveralSlotsAnswersInTheOrderItWasSent) {
+// Slot 0's rows went again to node 9 (its node died) besides node 9's own slot 1: each answer
+// finds its slot by its request id, in whatever order they come.
+TEST(PendingStepsTest, ANodeOwingSeveralSlotsHasEachAnswerMatchedByItsRequestId) {
   PendingSteps table;
-  std::unique_ptr<PendingStep> step = MakeStep(1, {9, 9}, {2, 1}, kT0);
-  step->sent = {5, 4};
-  table.Add(std::move(step));
-  EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 3.f)).outcome, PendingSteps::Outcome::kWaiting);
-  PendingSteps::Answer done = table.OnAnswer(9, Answer(1, 2, 4.f));
+  table.Add(MakeStep(1, {9, 9}, {2, 1}, kT0));
+  EXPECT_EQ(table.OnAnswer(9, Answer(1, 0, 2, 4.f)).outcome, PendingSteps::Outcome::kWaiting);
+  PendingSteps::Answer done = table.OnAnswer(9, Answer(1, 1, 1, 3.f));
   ASSERT_EQ(done.outcome, PendingSteps::Outcome::kComplete) << done.error;
   EXPECT_EQ(done.step->partials[0], std::vector<float>(2 * kWidth, 4.f));
   EXPECT_EQ(done.step->partials[1], std::vector<float>(kWidth, 3.f));
 }
 
-TEST(PendingStepsTest, DropsLateDuplicateAndForeignAnswers) {
+// Slot 1 went from node 9 (slow) to node 7, which also holds slot 0. Node 9's late answer for
+// slot 1 is the same rows' partials: it counts, and node 7's later one is dropped. An error
+// from node 9 about a slot it no longer holds does not fail the step.
+TEST(PendingStepsTest, AnAnswerFromTheSlotsFormerNodeCountsOnlyWhenWellFormed) {
   PendingSteps table;
-  table.Add(MakeStep(1, {7, 9}, {1, 1}, kT0));
-  EXPECT_EQ(table.OnAnswer(7, Answer(2, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
-  EXPECT_EQ(table.OnAnswer(8, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
-  EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
-  EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  table.Add(MakeStep(1, {7, 7}, {2, 1}, kT0));
+  ExpertResponse error;
+  error.step_id = SlotRequestId(1, 1);
+  error.status = absl::FailedPreconditionError("placement moved on");
+  EXPECT_EQ(table.OnAnswer(9, error).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 2, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 1, 5.f)).outcome, PendingSteps::Outcome::kWaiting);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 1, 6.f)).outcome, PendingSteps::Outcome::kDropped);
+  PendingSteps::Answer done = table.OnAnswer(7, Answer(1, 0, 2, 1.f));
+  ASSERT_EQ(done.outcome, PendingSteps::Outcome::kComplete) << done.error;
+  EXPECT_EQ(done.step->partials[1], std::vector<float>(kWidth, 5.f));
+}
+
+TEST(PendingStepsTest, DropsLateDuplicateAndUnknownAnswers) {
+  PendingSteps table;
+  table.Add(MakeStep(1, {7, 9, 0}, {1, 1, 0}, kT0));
+  EXPECT_EQ(table.OnAnswer(7, Answer(2, 0, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 2, 0, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 3, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 0, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
+  EXPECT_EQ(table.OnAnswer(7, Answer(1, 0, 1, 0.f)).outcome, PendingSteps::Outcome::kDropped);
   EXPECT_EQ(table.size(), 1u);
 }
 
@@ -86,13 +104,13 @@ TEST(PendingStepsTest, WorkerErrorsAndBadShapesFailTheStep) {
   table.Add(MakeStep(1, {7, 9}, {2, 1}, kT0));
   table.Add(MakeStep(2, {7, 9}, {2, 1}, kT0));
   ExpertResponse error;
-  error.step_id = 1;
+  error.step_id = SlotRequestId(1, 1);
   error.status = absl::FailedPreconditionError("expert 3 is not hosted");
   PendingSteps::Answer failed = table.OnAnswer(9, error);
   ASSERT_EQ(failed.outcome, PendingSteps::Outcome::kFailed);
   EXPECT_EQ(failed.error.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(failed.step->id, 1u);
-  PendingSteps::Answer malformed = table.OnAnswer(7, Answer(2, 1, 0.f));  // owes 2 rows
+  PendingSteps::Answer malformed = table.OnAnswer(7, Answer(2, 0, 1, 0.f));  // owes 2 rows
   ASSERT_EQ(malformed.outcome, PendingSteps::Outcome::kFailed);
   EXPECT_EQ(malformed.error.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(table.size(), 0u);
@@ -103,7 +121,7 @@ TEST(PendingStepsTest, TakeWaitingOnTakesOnlyStepsTheNodeStillOwes) {
   table.Add(MakeStep(1, {7, 9}, {1, 1}, kT0));
   table.Add(MakeStep(2, {7, 9}, {1, 1}, kT0));
   table.Add(MakeStep(3, {0, 9}, {0, 1}, kT0));
-  ASSERT_EQ(table.OnAnswer(7, Answer(2, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
+  ASSERT_EQ(table.OnAnswer(7, Answer(2, 0, 1, 0.f)).outcome, PendingSteps::Outcome::kWaiting);
   EXPECT_EQ(table.AwaitedNodes(), (std::vector<PeerId>{7, 9}));
   std::vector<std::unique_ptr<PendingStep>> lost = table.TakeWaitingOn(7);
   ASSERT_EQ(lost.size(), 1u);

@@ -58,6 +58,17 @@ struct RouterCore::Metrics {
             "(max - mean) / mean tokens per expert over the load-statistics window, by MoE layer",
             {"layer"})) {}
 
+  // Routed (token, expert) pairs per expert id, summed over layers; empty unless enabled.
+  void EnablePerExpert(MetricsRegistry* registry, int num_experts) {
+    MetricFamily<Counter>& family = registry->AddCounter(
+        "k3_router_expert_routed_tokens_total",
+        "Tokens routed to each expert id, summed over MoE layers (opt-in: --per-expert-metrics)",
+        {"expert"});
+    for (int e = 0; e < num_experts; ++e) {
+      expert_tokens.push_back(family.WithLabels({absl::StrCat(e)}));
+    }
+  }
+
   MetricFamily<Counter>& steps;
   Histogram* step_seconds;
   Histogram* step_compute;
@@ -65,6 +76,7 @@ struct RouterCore::Metrics {
   Gauge* pending;
   MetricFamily<Counter>& tokens;
   MetricFamily<Gauge>& max_vio;
+  std::vector<Counter*> expert_tokens;
 };
 
 absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeights* weights,
@@ -116,6 +128,9 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
       placement_problem_("no cluster state from the coordinator yet"),
       expert_deadline_(options.expert_retry_floor) {
+  if (metrics_ != nullptr && options.per_expert_metrics) {
+    metrics_->EnablePerExpert(metrics, config_.num_experts);
+  }
   routers_.resize(weights_->layers.size());
   for (size_t layer = 0; layer < weights_->layers.size(); ++layer) {
     if (weights_->layers[layer].is_moe) routers_[layer] = weights_->layers[layer].moe.router;
@@ -423,17 +438,24 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     const std::string label = absl::StrCat(layer);
     metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
     metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
+    if (!metrics_->expert_tokens.empty()) {
+      // Count per expert first: one atomic add per expert, not per (token, expert).
+      std::vector<int64_t> counts(metrics_->expert_tokens.size(), 0);
+      for (int32_t e : step->step.routing.experts) ++counts[e];
+      for (size_t e = 0; e < counts.size(); ++e) {
+        if (counts[e] > 0) metrics_->expert_tokens[e]->Increment(static_cast<double>(counts[e]));
+      }
+    }
   }
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
-  step->sent.assign(workers, 0);
   if (has_replicas_) step->requests.resize(workers);
   std::vector<PeerId> unsent;  // nodes whose Send failed
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     ExpertRequest expert_request;
-    expert_request.step_id = step->id;
+    expert_request.step_id = SlotRequestId(step->id, static_cast<size_t>(w));
     expert_request.layer = request.layer;
     expert_request.placement_version = static_cast<uint64_t>(placement_.version());
     expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
@@ -443,7 +465,6 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     const PeerId node = placement_.worker_nodes[w];
     std::string bytes = Encode(expert_request);
     if (has_replicas_) step->requests[w] = bytes;
-    step->sent[w] = next_send_++;
     if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
       // The link died after the liveness check above (its failure is not yet polled): with
       // replicas the rows go there below; without, the step fails. Answers to what was already
@@ -640,7 +661,6 @@ bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
                              << WorkerName(replica) << " (every 20th logged)";
     step.nodes[w] = replica;
     step.resent = true;
-    step.sent[w] = next_send_++;
   }
   return true;
 }
@@ -668,7 +688,10 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     for (const ExpertAssignment& a : assignments) rows.emplace(a.row, 0);
     WorkerDispatch part;
     ExpertRequest request;
-    request.step_id = step.id;
+    // The new slots go after the existing ones, in this order.
+    const size_t new_slot = step.nodes.size() + requests.size();
+    if (new_slot >= kMaxSlots) return false;
+    request.step_id = SlotRequestId(step.id, new_slot);
     request.layer = step.model_layer;
     request.placement_version = original.placement_version;
     request.width = original.width;
@@ -702,7 +725,6 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     step.partials.emplace_back();
     step.answered.push_back(false);
     step.requests.push_back(std::move(requests[i].second));
-    step.sent.push_back(next_send_++);
     ++step.outstanding;
     if (!transport_->Send(target, std::move(bytes)).ok()) return false;
   }

@@ -81,6 +81,10 @@ struct RouterCoreOptions {
   absl::Duration expert_retry_floor = absl::Milliseconds(300);
   double expert_retry_p99_factor = 8;
   int qb_bins = 100;  // QB histogram bins per expert (router/router_load_stats.h); 0: none
+  // Exports k3_router_expert_routed_tokens_total{expert}: one series per expert id (summed over
+  // layers, so at most num_experts series, 896 for K3). Off by default: most scrapers do not
+  // want that many.
+  bool per_expert_metrics = false;
 };
 
 class RouterCore {
@@ -212,7 +216,6 @@ class RouterCore {
   absl::Time next_held_retry_ = absl::InfinitePast();
   std::string lost_experts_reason_;  // the cluster state's
   uint64_t next_step_id_ = 1;
-  uint64_t next_send_ = 1;     // PendingStep::sent
   bool has_replicas_ = false;  // some expert of the placement has several hosts
 
   mutable absl::Mutex ready_mu_;

@@ -122,6 +122,7 @@ absl::Status RouterNode::Start() {
   core_options.step_timeout = options_.step_timeout;
   core_options.expert_retry_floor = options_.expert_retry_floor;
   core_options.expert_retry_p99_factor = options_.expert_retry_p99_factor;
+  core_options.per_expert_metrics = options_.per_expert_metrics;
   core_options.qb_bins = options_.qb_bins;
   absl::StatusOr<std::unique_ptr<RouterCore>> core = RouterCore::Create(
       weights_.get(), transport_.get(), links_.get(), core_options, &DefaultMetrics());
@@ -212,6 +213,8 @@ void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options) {
                 "trip (or the floor)");
   AddBoundedInt(app, "--qb-bins", &options->qb_bins, 0, 100000,
                 "bins of the QB load histograms (0: token counts only)");
+  app->add_flag("--per-expert-metrics", options->per_expert_metrics,
+                "export k3_router_expert_routed_tokens_total{expert} (one series per expert id)");
 }
 
 absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args) {

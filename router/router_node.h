@@ -40,6 +40,7 @@ struct RouterNodeOptions {
   absl::Duration expert_retry_floor = absl::Milliseconds(300);
   int expert_retry_p99_factor = 8;
   int qb_bins = 100;
+  bool per_expert_metrics = false;
 };
 
 // Declares the router's flags on `app`; parsing fills `options`.

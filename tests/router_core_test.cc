@@ -21,6 +21,7 @@
 #include "model/random_checkpoint.h"
 #include "engine/local_routed_moe.h"
 #include "moe/moe_layer_map.h"
+#include "router/gate.h"
 
 namespace k3 {
 namespace {
@@ -162,6 +163,7 @@ class RouterCoreTest : public ::testing::Test {
     options.step_timeout = step_timeout;
     options.expert_retry_floor = expert_retry_floor;
     options.qb_bins = 20;
+    options.per_expert_metrics = per_expert_metrics_;
     absl::StatusOr<std::unique_ptr<RouterCore>> core =
         RouterCore::Create(router_only_, router_sends_.get(), links_.get(), options, &metrics_);
     ASSERT_TRUE(core.ok()) << core.status();
@@ -308,6 +310,7 @@ class RouterCoreTest : public ::testing::Test {
   std::map<uint64_t, MoeResponse> answers_;
   std::atomic<bool> stop_{false};
   std::thread loop_;
+  bool per_expert_metrics_ = false;  // read by StartRouter
 };
 
 std::shared_ptr<const Checkpoint>* RouterCoreTest::checkpoint_ = nullptr;
@@ -591,6 +594,37 @@ TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasWaitForANewPlacement) 
   AddExpert(kExpertC, moved);
   Publish(moved, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}, {kExpertC, pb::ALIVE}});
   ExpectMatchesLocal(Await(1, absl::Seconds(3)), 5, rows);
+}
+
+// The opt-in per-expert counters equal the gate's own choice on the same rows, summed over the
+// layers the steps went to.
+TEST_F(RouterCoreTest, PerExpertCountersCountTheGatesChoices) {
+  per_expert_metrics_ = true;
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  std::vector<double> expected(config().num_experts, 0);
+  const int layers[] = {1, 5};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> rows = RandomRows(9 + i, 30 + i);
+    Send(i + 1, layers[i], rows);
+    ASSERT_TRUE(Await(i + 1).status.ok());
+    Routing routing;
+    RouteTokens(router_only_->layers[layers[i]].moe.router, config(), rows.data(),
+                static_cast<int64_t>(rows.size()) / config().hidden_size, &routing);
+    for (int32_t e : routing.experts) ++expected[e];
+  }
+  MetricFamily<Counter>& family = metrics_.AddCounter("k3_router_expert_routed_tokens_total", "",
+                                                      {"expert"});
+  double total = 0;
+  for (int e = 0; e < config().num_experts; ++e) {
+    EXPECT_EQ(family.WithLabels({absl::StrCat(e)})->Value(), expected[e]) << "expert " << e;
+    total += expected[e];
+  }
+  EXPECT_EQ(total, (9 + 10) * config().num_experts_per_token);
 }
 
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
