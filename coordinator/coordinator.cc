@@ -222,6 +222,8 @@ pb::ClusterState CoordinatorState::State() const {
   state.set_members_version(members_version_);
   state.set_recovering(recovering_);
   state.set_lost_experts_reason(lost_experts_reason_);
+  state.mutable_unrecoverable_losses()->insert(unrecoverable_losses_.begin(),
+                                               unrecoverable_losses_.end());
   return state;
 }
 
@@ -495,9 +497,57 @@ void CoordinatorState::ResizeFailed(int64_t base_version, const absl::Status& st
   ComputeReadiness(now);
 }
 
+void CoordinatorState::ComputeUnrecoverableLosses() {
+  unrecoverable_losses_.clear();
+  if (!placement_.placed()) return;
+  const ExpertPlacement& experts = placement_.experts;
+  const int replica_slots = std::max(0, options_.replica_slots_per_worker);
+  int64_t slots = 0;                // of every usable expert node, placed or not
+  int64_t slots_with_replicas = 0;  // the same plus their replica slots
+  std::vector<int> spare_slots;     // of the usable nodes outside the placement
+  const std::set<uint32_t> placed(placement_.worker_nodes.begin(), placement_.worker_nodes.end());
+  for (const auto& [id, m] : members_) {
+    if (!Usable(id)) continue;
+    slots += m.info.expert_slots();
+    slots_with_replicas += m.info.expert_slots() + replica_slots;
+    if (placed.count(id) == 0) spare_slots.push_back(m.info.expert_slots() + replica_slots);
+  }
+  for (int w = 0; w < experts.num_workers; ++w) {
+    const uint32_t node = placement_.worker_nodes[w];
+    if (!Usable(node)) continue;
+    // Would its death leave experts without a live host?
+    int needed = 0;
+    bool sole_host = false;
+    for (int layer = 0; layer < experts.num_layers(); ++layer) {
+      const std::vector<int> hosted = experts.ExpertsOn(w, layer);
+      needed = std::max(needed, static_cast<int>(hosted.size()));
+      for (int e : hosted) {
+        const std::vector<int>& hosts = experts.WorkersFor(layer, e);
+        sole_host |= std::none_of(hosts.begin(), hosts.end(), [&](int h) {
+          return h != w && Alive(placement_.worker_nodes[h]);
+        });
+      }
+    }
+    if (!sole_host) continue;
+    // A spare would take its slot (ReplaceDeadWorkers), or the others its experts (PlanResize).
+    if (std::any_of(spare_slots.begin(), spare_slots.end(), [&](int s) { return s >= needed; })) {
+      continue;
+    }
+    const int own = members_.at(node).info.expert_slots();
+    const int64_t others = slots - own;
+    const int64_t others_with_replicas = slots_with_replicas - own - replica_slots;
+    if (others >= options_.num_experts || others_with_replicas >= options_.num_experts) continue;
+    unrecoverable_losses_[node] = absl::StrCat(
+        "the other live expert nodes offer ", others, " slots per MoE layer",
+        replica_slots > 0 ? absl::StrCat(" (", others_with_replicas, " with replica slots)") : "",
+        " for ", options_.num_experts, " experts, and no spare is up");
+  }
+}
+
 void CoordinatorState::ComputeReadiness(absl::Time now) {
   not_ready_reason_.clear();
   lost_experts_reason_.clear();
+  ComputeUnrecoverableLosses();
   if (recovering_ && !InRecovery(now)) {
     LOG(INFO) << "relearned the cluster: " << members_.size() << " member(s), placement version "
               << placement_.version();

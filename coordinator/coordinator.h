@@ -129,6 +129,11 @@ class CoordinatorState {
 
   // Why experts without a live host cannot be moved (see the file comment); empty otherwise.
   const std::string& lost_experts_reason() const { return lost_experts_reason_; }
+  // For each live worker node whose death could not be repaired (ClusterState's
+  // unrecoverable_losses), why.
+  const std::map<uint32_t, std::string>& unrecoverable_losses() const {
+    return unrecoverable_losses_;
+  }
 
   // Rebalancing (coordinator/coordinator_balancer.h) rolls a placement out in two steps: it reserves
   // a version, has the expert nodes load that version's experts, then commits it. Any other
@@ -178,6 +183,8 @@ class CoordinatorState {
   void ComputeReadiness(absl::Time now);
   // An alive, non-draining expert node.
   bool Usable(uint32_t node_id) const;
+  // unrecoverable_losses_ for the current members and placement.
+  void ComputeUnrecoverableLosses();
   // The placement of experts over `nodes` (worker order), as initially: contiguous shares of
   // the declared slots plus ring replicas; with too few declared slots, shares of the slots plus
   // the replica slots, without replicas. Version 0.
@@ -195,6 +202,7 @@ class CoordinatorState {
   int64_t reserved_version_ = 0;  // the highest version handed out by ReservePlacementVersion
   std::string placement_error_;  // why the initial placement failed, if it did
   std::string lost_experts_reason_;
+  std::map<uint32_t, std::string> unrecoverable_losses_;
   std::string resize_error_;        // why the last resize failed (see ResizeFailed)
   int64_t resize_error_version_ = 0;  // the base version it failed from
   std::string last_resize_problem_;   // logged once per distinct problem

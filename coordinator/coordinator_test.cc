@@ -429,6 +429,26 @@ TEST(CoordinatorTest, ExpertsWhoseLastHostDiedMoveOntoTheSurvivors) {
 
 // When the survivors cannot hold the dead worker's experts, the state says why (routers then fail
 // the steps that need them, naming it).
+// The state names the live workers whose death could not be repaired (no replicas, no spare, no
+// room elsewhere), so that routers need not wait for the coordinator to notice.
+TEST(CoordinatorTest, UnrecoverableLossesNameTheWorkersNothingCouldReplace) {
+  Cluster small(/*experts=*/2);  // 4 slots each, 8 experts, no replicas
+  EXPECT_EQ(small.c.unrecoverable_losses().size(), 2u);
+  const pb::ClusterState state = small.c.State();
+  ASSERT_EQ(state.unrecoverable_losses().count(small.id(2)), 1u);
+  EXPECT_NE(state.unrecoverable_losses().at(small.id(2)).find("offer 4 slots per MoE layer"),
+            std::string::npos)
+      << state.unrecoverable_losses().at(small.id(2));
+  // A spare (up, unplaced) would take the slot.
+  Join(small.c, Node(pb::ROLE_EXPERT, 4), small.now);
+  EXPECT_TRUE(small.c.unrecoverable_losses().empty());
+
+  Cluster roomy(/*experts=*/2, /*replica_slots=*/0, /*slots=*/8);  // the survivor takes all 8
+  EXPECT_TRUE(roomy.c.unrecoverable_losses().empty());
+  Cluster replicated(/*experts=*/2, /*replica_slots=*/4);  // every expert has two hosts
+  EXPECT_TRUE(replicated.c.unrecoverable_losses().empty());
+}
+
 TEST(CoordinatorTest, ExpertsThatCannotMoveAreReportedLost) {
   Cluster cl(/*experts=*/2);  // 4 slots each, 8 experts
   const uint32_t victim = cl.id(3);

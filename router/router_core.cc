@@ -217,6 +217,11 @@ bool RouterCore::ApplyClusterState() {
   }
   if (!state.has_value()) return false;
   lost_experts_reason_ = state->lost_experts_reason();
+  // Until the coordinator notices a node's death, its entry here says whether to wait; after,
+  // lost_experts_reason does.
+  unrecoverable_losses_.clear();
+  unrecoverable_losses_.insert(state->unrecoverable_losses().begin(),
+                               state->unrecoverable_losses().end());
   members_.clear();
   for (const pb::Member& member : state->members()) members_[member.node().node_id()] = member;
   for (auto it = suspects_.begin(); it != suspects_.end();) {
@@ -279,12 +284,16 @@ bool RouterCore::ApplyClusterState() {
 }
 
 void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start,
-                            std::string request, const absl::Status& why) {
-  if (!lost_experts_reason_.empty()) {
+                            std::string request, PeerId node, const absl::Status& why) {
+  // The coordinator's verdict on this node's death, which it may not have noticed yet (the
+  // transport reports a dead process at once), or on the experts it already knows are lost.
+  const auto unrecoverable = unrecoverable_losses_.find(static_cast<uint32_t>(node));
+  const std::string& cause = unrecoverable != unrecoverable_losses_.end() ? unrecoverable->second
+                                                                          : lost_experts_reason_;
+  if (!cause.empty()) {
     Reply(origin, origin_step, start,
-          absl::UnavailableError(absl::StrCat(why.message(),
-                                              "; the coordinator cannot move its experts: ",
-                                              lost_experts_reason_)));
+          absl::UnavailableError(absl::StrCat(
+              why.message(), "; the coordinator cannot move its experts: ", cause)));
     return;
   }
   if (absl::Now() - start >= options_.step_timeout) {
@@ -299,7 +308,7 @@ void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time star
                  << ") until the coordinator moves them";
     next_held_retry_ = absl::Now() + kHeldRetry;
   }
-  held_.push_back(Held{origin, origin_step, start, std::move(request), why});
+  held_.push_back(Held{origin, origin_step, start, std::move(request), node, why});
 }
 
 void RouterCore::RetryHeld() {
@@ -319,7 +328,7 @@ void RouterCore::ExpireHeld(absl::Time now) {
       ++it;
       continue;
     }
-    HoldOrFail(it->origin, it->origin_step, it->start, std::string(), it->why);
+    HoldOrFail(it->origin, it->origin_step, it->start, std::string(), it->node, it->why);
     it = held_.erase(it);
   }
 }
@@ -427,7 +436,8 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     if (absl::Status status = WorkerStatus(w); !status.ok()) {
-      HoldOrFail(from, request.step_id, start, std::move(bytes), status);
+      HoldOrFail(from, request.step_id, start, std::move(bytes), placement_.worker_nodes[w],
+                 status);
       return;
     }
   }
@@ -470,7 +480,7 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
       // replicas the rows go there below; without, the step fails. Answers to what was already
       // sent then arrive for a step no longer pending and are dropped.
       if (!has_replicas_) {
-        HoldOrFail(from, request.step_id, start, std::move(step->request),
+        HoldOrFail(from, request.step_id, start, std::move(step->request), node,
                    absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ",
                                                        sent.message())));
         return;
@@ -484,7 +494,7 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   }
   for (PeerId node : unsent) {
     if (!SendToReplicas(*step, node)) {
-      HoldOrFail(from, request.step_id, start, std::move(step->request),
+      HoldOrFail(from, request.step_id, start, std::move(step->request), node,
                  absl::UnavailableError(absl::StrCat(
                      WorkerName(node), " lost: its rows could not be sent, and no live replica "
                                        "takes them")));
@@ -747,7 +757,8 @@ void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
       continue;
     }
     // Answers to what the step sent elsewhere come for a step no longer pending: dropped.
-    HoldOrFail(step->origin, step->origin_step, step->start, std::move(step->request), status);
+    HoldOrFail(step->origin, step->origin_step, step->start, std::move(step->request), node,
+               status);
   }
 }
 

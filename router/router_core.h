@@ -32,7 +32,9 @@
 // the step resumes. It fails, with UNAVAILABLE naming the worker and the cause, as in "expert
 // worker node 5 (pid 1234 on host-a) lost: <why>; the coordinator cannot move its experts: <why>",
 // as soon as the cluster state says the experts cannot be moved (lost_experts_reason), or once
-// it was held step_timeout. Readiness: every expert has a live host.
+// it was held step_timeout. A node the coordinator listed as an unrecoverable loss
+// (unrecoverable_losses: no spare, no room for its experts elsewhere) fails such steps at once.
+// Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
 // INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
@@ -147,7 +149,7 @@ class RouterCore {
   // Holds a request whose rows need an expert without a live host (see the file comment), or
   // fails it when the coordinator says the experts cannot move or it waited step_timeout.
   void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, std::string request,
-                  const absl::Status& why);
+                  PeerId node, const absl::Status& why);
   // Plans the held requests again (all: a new cluster state) or fails those held too long.
   void RetryHeld();
   void ExpireHeld(absl::Time now);
@@ -210,11 +212,13 @@ class RouterCore {
     uint64_t origin_step = 0;
     absl::Time start;
     std::string request;  // the encoded MoeRequest
-    absl::Status why;     // the lost worker, for the error if it is never planned
+    PeerId node = 0;      // the lost worker
+    absl::Status why;     // why, for the error if it is never planned
   };
   std::vector<Held> held_;
   absl::Time next_held_retry_ = absl::InfinitePast();
   std::string lost_experts_reason_;  // the cluster state's
+  std::map<uint32_t, std::string> unrecoverable_losses_;  // the cluster state's
   uint64_t next_step_id_ = 1;
   bool has_replicas_ = false;  // some expert of the placement has several hosts
 

@@ -202,10 +202,13 @@ class RouterCoreTest : public ::testing::Test {
 
   // Publishes a cluster state of the attention node, the router and `experts` (node -> state).
   // `lost_experts_reason`: the coordinator cannot move experts that lost every host.
+  // `unrecoverable`: nodes whose death the coordinator could not repair, and why.
   void Publish(const ClusterPlacement& placement, const std::map<uint32_t, pb::MemberState>& experts,
-               const std::string& lost_experts_reason = "") {
+               const std::string& lost_experts_reason = "",
+               const std::map<uint32_t, std::string>& unrecoverable = {}) {
     pb::ClusterState state;
     state.set_lost_experts_reason(lost_experts_reason);
+    state.mutable_unrecoverable_losses()->insert(unrecoverable.begin(), unrecoverable.end());
     auto add = [&](uint32_t id, pb::Role role, pb::MemberState member_state,
                    const std::string& address) {
       pb::Member* member = state.add_members();
@@ -475,6 +478,36 @@ TEST_F(RouterCoreTest, StepsFailNamingTheCauseWhenTheExpertsCannotMove) {
   EXPECT_EQ(fast.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(fast.status.message().find("offer 12 slots"), absl::string_view::npos)
       << fast.status;
+}
+
+// A worker whose death the coordinator has said it could not repair fails its steps at once,
+// before the coordinator even notices it died.
+TEST_F(RouterCoreTest, AKilledWorkerWhoseLossCannotBeRepairedFailsItsStepsFast) {
+  StartRouter(kWait);
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}}, "",
+          {{kExpertB, "the other live expert nodes offer 12 slots per MoE layer for 32 experts"}});
+  WaitReady();
+  const std::vector<float> rows = RandomRows(24, 12);
+  b->Pause(true);
+  Send(1, 2, rows);
+  WaitPending(1);
+  const absl::Time killed = absl::Now();
+  b->Kill();
+  MoeResponse lost = Await(1, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - killed, absl::Milliseconds(500));
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status.message().find("expert worker node 9 (pid 1009 on testhost) lost"),
+            absl::string_view::npos)
+      << lost.status;
+  EXPECT_NE(lost.status.message().find("the coordinator cannot move its experts: the other live "
+                                       "expert nodes offer 12 slots"),
+            absl::string_view::npos)
+      << lost.status;
+  Send(2, 2, rows);
+  EXPECT_EQ(Await(2, absl::Milliseconds(500)).status.code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
