@@ -26,6 +26,9 @@
 //    over, leaves it: the survivors load its experts from the checkpoint. When they cannot hold
 //    every expert (too few slots, even counting the replica slots; or their LoadExperts failed:
 //    ResizeFailed), lost_experts_reason() says why, and routers stop holding steps that need them.
+//    Ahead of any death, unrecoverable_losses() names the live workers whose death could not be
+//    repaired that way (nor by a spare), so that a router seeing one die fails at once rather than
+//    waiting for the coordinator to notice.
 // A resize drops every dead worker. Committing a placement needs every worker node alive, an
 // expert node and not draining.
 //
