@@ -231,6 +231,17 @@ absl::Status RemoteRoutedMoe::Wait(float* out) {
       attempts_.erase(attempt);
       // Another attempt may still answer; the error stands only when none is left.
       if (!attempts_.empty()) continue;
+      if (absl::IsAborted(response.status)) {
+        // The router cannot serve the layer for a reason of its own: another router may.
+        LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer_
+                                 << " (every 20th logged): " << response.status.message()
+                                 << "; trying another router";
+        if (SendToNextRouter().ok()) {
+          retries_.fetch_add(1, std::memory_order_relaxed);
+          retry_at_ = absl::Now() + step_deadline_;
+          continue;
+        }
+      }
       return absl::Status(response.status.code(),
                           absl::StrCat("router ", from, ": ", response.status.message()));
     }

@@ -9,7 +9,10 @@
 //
 // Failures:
 //  - the router answers with a non-OK status (e.g. UNAVAILABLE "expert worker node 5 (...) lost"):
-//    Wait returns that code with the router's message, prefixed with "router <id>: ";
+//    Wait returns that code with the router's message, prefixed with "router <id>: ". ABORTED
+//    means the router cannot serve the layer for a reason of its own (e.g. it has just started
+//    and is not yet connected to an expert worker): the rows go to the next untried router first,
+//    and the error stands only when none is left;
 //  - the router fails (kPeerFailed) while it owes the answer: the rows are sent again to the next
 //    usable router (x is still valid then); with no router left Wait returns UNAVAILABLE with the
 //    transport's description of the failure;

@@ -60,6 +60,7 @@ class FakeRouter {
   enum class Mode {
     kAnswer,          // the right answer
     kFail,            // status UNAVAILABLE naming a lost worker
+    kAbort,           // status ABORTED: this router cannot serve (not connected yet)
     kSilent,          // never answers
     kStaleThenAnswer  // first an answer with another step id and garbage rows, then the right one
   };
@@ -112,6 +113,9 @@ class FakeRouter {
           continue;
         case Mode::kFail:
           response.status = absl::UnavailableError("expert worker node 5 (pid 42 on h) lost");
+          break;
+        case Mode::kAbort:
+          response.status = absl::AbortedError("expert worker node 5 is not connected to this router");
           break;
         case Mode::kStaleThenAnswer: {
           MoeResponse stale;
@@ -230,6 +234,35 @@ TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessage) {
   const absl::Status status = remote.Wait(out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(status.message(), "expert worker node 5")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
+}
+
+// A router that cannot serve (ABORTED: e.g. just started, not yet connected to every expert
+// worker) hands the layer to another router; alone, its error stands.
+TEST_F(RemoteRoutedMoeTest, AnAbortedLayerGoesToAnotherRouter) {
+  FakeRouter starting(&network_, weights_, FakeRouter::Mode::kAbort);
+  FakeRouter healthy(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(starting, 1);
+  Link(healthy, 2);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1, 2});
+  LocalRoutedMoe local(weights_);
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(3, config().hidden_size, 6);
+  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());  // round-robin starts with router 1
+  ASSERT_TRUE(remote.Wait(got.data()).ok());
+  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
+  ASSERT_TRUE(local.Wait(want.data()).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(starting.requests(), 1);
+  EXPECT_EQ(healthy.requests(), 1);
+
+  RemoteRoutedMoe alone(attention_.get(), config());
+  alone.SetRouters({1});
+  ASSERT_TRUE(alone.Begin(layer, x.data(), 3).ok());
+  const absl::Status status = alone.Wait(got.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
 }
 
