@@ -438,8 +438,13 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     if (absl::Status status = WorkerStatus(w); !status.ok()) {
-      HoldOrFail(from, request.step_id, start, std::move(bytes), placement_.worker_nodes[w],
-                 status);
+      if (status.code() == absl::StatusCode::kAborted) {
+        // This router's own link is not up yet (NodeStatus): another router takes the layer.
+        Reply(from, request.step_id, start, status);
+      } else {
+        HoldOrFail(from, request.step_id, start, std::move(bytes), placement_.worker_nodes[w],
+                   status);
+      }
       return;
     }
   }

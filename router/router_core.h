@@ -25,8 +25,8 @@
 // that node's request again, unchanged, to a live worker that holds every expert the request
 // names (or split by expert over live hosts of each), and keeps waiting (a new step_timeout);
 // later steps send each token's rows to live replicas only. A step whose rows need an expert with
-// no live host (its last host died; or it is not connected yet) is held, not failed: the
-// coordinator hands the dead node's slot to a spare or moves its experts onto the survivors
+// no live host (its last host died) is held, not failed: the coordinator hands the dead node's
+// slot to a spare or moves its experts onto the survivors
 // (coordinator/coordinator.h, "Elastic expert tier"), and with every new cluster state (and every
 // 100 ms) held steps are planned again from their MoeRequest, under the placement then in force:
 // the step resumes. It fails, with UNAVAILABLE naming the worker and the cause, as in "expert
@@ -34,7 +34,8 @@
 // as soon as the cluster state says the experts cannot be moved (lost_experts_reason), or once
 // it was held step_timeout. A node the coordinator listed as an unrecoverable loss
 // (unrecoverable_losses: no spare, no room for its experts elsewhere) fails such steps at once.
-// Readiness: every expert has a live host.
+// (A worker this router is not connected to yet is this router's problem: ABORTED, and the
+// attention worker sends the layer to another router.) Readiness: every expert has a live host.
 //
 // Malformed requests, layers without routed experts and rows of the wrong width are answered with
 // INVALID_ARGUMENT; a step before any placement with UNAVAILABLE.
