@@ -458,7 +458,9 @@ std::optional<CoordinatorState::Resize> CoordinatorState::PlanResize(absl::Time 
                                     [&](int h) { return Alive(placement_.worker_nodes[h]); });
         }
       }
-      if (last_host) why.push_back(absl::StrCat("dead node ", node, " was the last host of experts"));
+      if (last_host) {
+        why.push_back(absl::StrCat("dead node ", node, " was the last host of experts"));
+      }
     }
   }
   const absl::Duration join_delay = options_.heartbeat_timeout + options_.heartbeat_interval;

@@ -315,7 +315,7 @@ void RouterCore::RetryHeld() {
   next_held_retry_ = absl::Now() + kHeldRetry;
   std::vector<Held> held;
   held.swap(held_);
-  for (Held& h : held) HandleMoeRequest(h.origin, std::move(h.request), h.start);
+  for (Held& h : held) HandleMoeRequest(h.origin, std::move(h.request), h.start, /*held=*/true);
   if (!held.empty() && held_.empty()) {
     LOG(INFO) << held.size() << " held step(s) planned again under placement version "
               << placement_.version();
@@ -373,7 +373,8 @@ absl::Status RouterCore::WorkerStatus(int worker) const {
   return NodeStatus(placement_.worker_nodes[worker]);
 }
 
-void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time start) {
+void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time start,
+                                  bool held) {
   MoeRequest request;
   if (absl::Status decoded = Decode(bytes, &request); !decoded.ok()) {
     // Decode reads the step id first: the attention worker can match the answer if it got there.
@@ -438,8 +439,9 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     if (absl::Status status = WorkerStatus(w); !status.ok()) {
-      if (status.code() == absl::StatusCode::kAborted) {
-        // This router's own link is not up yet (NodeStatus): another router takes the layer.
+      if (status.code() == absl::StatusCode::kAborted && !held) {
+        // This router's own link is not up yet (NodeStatus): another router takes the layer. A
+        // held step keeps waiting here instead: its new host's link is coming up.
         Reply(from, request.step_id, start, status);
       } else {
         HoldOrFail(from, request.step_id, start, std::move(bytes), placement_.worker_nodes[w],

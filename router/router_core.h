@@ -145,8 +145,8 @@ class RouterCore {
   // True when a new state was applied.
   bool ApplyClusterState();
   void ApplyBias();
-  // `start`: when the request first arrived (earlier for a held request planned again).
-  void HandleMoeRequest(PeerId from, std::string bytes, absl::Time start);
+  // `start`: when the request first arrived; `held`: a held request planned again.
+  void HandleMoeRequest(PeerId from, std::string bytes, absl::Time start, bool held = false);
   // Holds a request whose rows need an expert without a live host (see the file comment), or
   // fails it when the coordinator says the experts cannot move or it waited step_timeout.
   void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, std::string request,

@@ -203,7 +203,8 @@ class RouterCoreTest : public ::testing::Test {
   // Publishes a cluster state of the attention node, the router and `experts` (node -> state).
   // `lost_experts_reason`: the coordinator cannot move experts that lost every host.
   // `unrecoverable`: nodes whose death the coordinator could not repair, and why.
-  void Publish(const ClusterPlacement& placement, const std::map<uint32_t, pb::MemberState>& experts,
+  void Publish(const ClusterPlacement& placement,
+               const std::map<uint32_t, pb::MemberState>& experts,
                const std::string& lost_experts_reason = "",
                const std::map<uint32_t, std::string>& unrecoverable = {}) {
     pb::ClusterState state;
