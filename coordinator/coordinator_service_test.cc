@@ -255,7 +255,8 @@ TEST(CoordinatorProcessTest, PlacesExpertsDetectsAKilledNodeAndHandsItsShareToAS
   const uint32_t victim = registered.node_id();
   EXPECT_EQ(registered.heartbeat_interval_ms(), 100);
   std::atomic<bool> beating{true};
-  absl::Time last_beat;
+  std::atomic<int> beats{0};
+  absl::Time last_beat;  // written by the heart, read after it is joined
   std::thread heart([&] {
     while (beating) {
       grpc::ClientContext context;
@@ -267,9 +268,17 @@ TEST(CoordinatorProcessTest, PlacesExpertsDetectsAKilledNodeAndHandsItsShareToAS
       EXPECT_TRUE(stub->Heartbeat(&context, hb, &reply).ok());
       EXPECT_FALSE(reply.unknown_node());
       last_beat = absl::Now();
+      ++beats;
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
+  // The death is timed from the last beat, so there must be one: on a loaded machine the heart's
+  // thread may not run at all before the victim is stopped a few milliseconds later.
+  if (!WaitFor([&] { return beats > 0; })) {
+    beating = false;
+    heart.join();
+    FAIL() << "the victim never sent a heartbeat";
+  }
 
   pb::ClusterState state = WaitForState(stub.get(), [](const auto& s) { return s.ready(); });
   ASSERT_TRUE(state.ready()) << state.not_ready_reason();

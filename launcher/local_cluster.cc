@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -63,27 +65,72 @@ std::string HostPort(const std::string& host, int port) {
                                              : absl::StrCat(host, ":", port);
 }
 
+// The kernel's ephemeral port range (net.ipv4.ip_local_port_range): where bind() to port 0 and
+// every outgoing connect() take their local port from.
+std::pair<int, int> EphemeralPortRange() {
+  int low = 32768, high = 60999;  // Linux's default
+  std::ifstream file("/proc/sys/net/ipv4/ip_local_port_range");
+  int l = 0, h = 0;
+  if (file >> l >> h && 0 < l && l <= h && h <= 65535) {
+    low = l;
+    high = h;
+  }
+  return {low, high};
+}
+
 // `n` ports that are free on this network namespace's wildcard address right now. All sockets
-// stay bound until every port is known, so the ports differ from each other; another process may
-// still take one before its node binds it (unlikely: the kernel hands out ephemeral ports in
-// sequence).
+// stay bound until every port is known, so the ports differ from each other. The ports are
+// drawn at random from outside the kernel's ephemeral range: a port released here and bound by
+// its node a moment later could otherwise be taken in between as the local port of any
+// process's outgoing connection (or a port-0 listener, such as UCX's), which on a busy machine
+// (parallel tests, gRPC channels opening) happens. Outside the range only an explicit bind can
+// take it, and random picks make two launchers on one machine unlikely to choose the same one.
+// Where the range leaves too little room outside it, the kernel picks (port 0).
 absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
+  const auto [low, high] = EphemeralPortRange();
+  constexpr int kFirst = 10000;  // above the ports well-known services tend to use
+  constexpr int kMinBand = 2000;
+  int band_first = 0, band_last = -1;
+  if (low - 1 - kFirst + 1 >= kMinBand) {
+    band_first = kFirst;
+    band_last = low - 1;
+  } else if (65535 - (high + 1) + 1 >= kMinBand) {
+    band_first = high + 1;
+    band_last = 65535;
+  }
+  const bool random = band_last >= band_first;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> draw(random ? band_first : 0, random ? band_last : 0);
+
   std::vector<int> fds;
   std::vector<int> ports;
   absl::Status status;
-  for (int i = 0; i < n && status.ok(); ++i) {
+  for (int attempt = 0; static_cast<int>(ports.size()) < n && status.ok(); ++attempt) {
+    if (random && attempt >= 100 * n + 1000) {
+      status = absl::UnavailableError(absl::StrCat("found only ", ports.size(), " of ", n,
+                                                   " free ports in ", band_first, "-", band_last));
+      break;
+    }
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       status = absl::InternalError(Errno("socket"));
       break;
     }
-    fds.push_back(fd);
     sockaddr_in sa = {};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons(static_cast<uint16_t>(draw(rng)));
     socklen_t len = sizeof(sa);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      const int error = errno;
+      close(fd);
+      if (random && (error == EADDRINUSE || error == EACCES)) continue;  // draw another
+      errno = error;
+      status = absl::InternalError(Errno("picking a free port"));
+      break;
+    }
+    fds.push_back(fd);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
       status = absl::InternalError(Errno("picking a free port"));
       break;
     }

@@ -57,7 +57,10 @@ LocalClusterOptions TestClusterOptions(const std::string& model, int attention, 
   options.expert_slots = std::move(expert_slots);
   options.log_dir = absl::StrCat(TestTmpDir(), "/cluster-", clusters++);
   options.startup_timeout = absl::Seconds(60);
-  options.stop_grace = absl::Seconds(3);
+  // Every node exits within a second or so of SIGTERM on an idle machine, but its bounded waits
+  // (steps in flight, Leave, transport and gRPC shutdown) add up to more than 3 s on a loaded
+  // one (tests in parallel on 2 cores): a node still running after 10 s is really stuck.
+  options.stop_grace = absl::Seconds(10);
   options.progress = [](const std::string& line) { std::cerr << line << std::endl; };
   return options;
 }

@@ -10,6 +10,7 @@ packages=(
   libucx-dev ucx-utils libdnnl-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3-regex
   iproute2 procps openssl
+  python3 curl  # tools/demo.sh asks the HTTP front with curl and reads its events with python3
 )
 
 missing=()
