@@ -56,7 +56,7 @@ absl::Status CoordinatorOptions::Validate() const {
 }
 
 CoordinatorState::CoordinatorState(const CoordinatorOptions& options, absl::Time start)
-    : options_(options), recovery_end_(start + options.recovery_window) {
+    : options_(options), recovery_end_(start + options.recovery_window), last_tick_(start) {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
   Update(start);
@@ -194,6 +194,16 @@ absl::Status CoordinatorState::Drain(uint32_t node_id, absl::Time now) {
 }
 
 void CoordinatorState::Tick(absl::Time now) {
+  // Ticks come every heartbeat_interval / 2. A much longer gap means this process did not run
+  // (stopped, or starved of CPU): the heartbeats it could not read meanwhile prove nothing, and
+  // counting them would declare every node DEAD at once when it runs again.
+  const absl::Duration gap = now - last_tick_;
+  last_tick_ = std::max(last_tick_, now);
+  if (gap > options_.heartbeat_interval * 2) {
+    LOG(WARNING) << "the coordinator did not run for " << absl::FormatDuration(gap)
+                 << "; heartbeat deadlines move by as much";
+    for (auto& [id, m] : members_) m.last_heartbeat = std::min(now, m.last_heartbeat + gap);
+  }
   for (auto& [id, m] : members_) {
     if (m.state == pb::ALIVE && now - m.last_heartbeat > options_.heartbeat_timeout) {
       LOG(WARNING) << "node " << id << " (" << pb::Role_Name(m.info.role()) << ", "

@@ -114,7 +114,8 @@ class CoordinatorState {
   absl::Status Drain(uint32_t node_id, absl::Time now);
 
   // Declares members whose heartbeats stopped DEAD and repairs the placement. Call it at least
-  // every heartbeat_interval / 2.
+  // every heartbeat_interval / 2. A gap of more than 2 x heartbeat_interval since the last call
+  // (the coordinator was stopped or starved) does not count against anyone's heartbeats.
   void Tick(absl::Time now);
 
   k3serve::cluster::v1::ClusterState State() const;
@@ -198,6 +199,7 @@ class CoordinatorState {
   const CoordinatorOptions options_;
   absl::Time recovery_end_;
   bool recovering_ = false;  // InRecovery as of the last Update
+  absl::Time last_tick_;     // see Tick: a long gap between ticks pauses the heartbeat clock
   std::map<uint32_t, Member> members_;  // by node id
   uint32_t next_id_ = 1;
   uint64_t members_version_ = 0;

@@ -231,6 +231,26 @@ TEST(CoordinatorTest, ASilentNodeIsDeadAfterTheTimeoutAndASpareTakesOverItsWorke
   EXPECT_EQ(cl.c.placement().worker_nodes, (std::vector<uint32_t>{spare, cl.id(3)}));
 }
 
+// A coordinator that was stopped (SIGSTOP) or starved for 3 s read no heartbeats meanwhile: when it
+// ticks again nobody is DEAD for that, and a node that stays silent after it still is, on time.
+TEST(CoordinatorTest, TimeTheCoordinatorDidNotRunDoesNotCountAgainstHeartbeats) {
+  Cluster cl(/*experts=*/3);
+  cl.Run(absl::Seconds(1));
+  const uint64_t members_before = cl.c.members_version();
+  cl.now += absl::Seconds(3);
+  cl.c.Tick(cl.now);
+  for (const pb::NodeInfo& info : cl.infos) {
+    EXPECT_EQ(StateOf(cl.c, info.node_id()), pb::ALIVE) << info.node_id();
+  }
+  EXPECT_EQ(cl.c.members_version(), members_before);
+  const uint32_t victim = cl.id(2);
+  cl.Run(absl::Seconds(1), {victim});
+  EXPECT_EQ(StateOf(cl.c, victim), pb::ALIVE);
+  cl.Run(absl::Seconds(1), {victim});
+  EXPECT_EQ(StateOf(cl.c, victim), pb::DEAD);
+  EXPECT_EQ(StateOf(cl.c, cl.id(3)), pb::ALIVE);
+}
+
 // With ring replicas every expert of a dead worker still has a live host; a spare (its declared
 // slots plus the spare slots every node has) takes over anyway, so that each expert has two live
 // hosts again.
