@@ -19,20 +19,15 @@
 // In every case no request fails and every request's tokens equal the single-process engine's.
 #include <signal.h>
 
-#include <algorithm>
-#include <atomic>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
 #include "cluster/test_wait.h"
@@ -41,6 +36,7 @@
 #include "model/config.h"
 #include "proto/cluster.pb.h"
 #include "tests/cluster_testing.h"
+#include "tests/greedy_load.h"
 
 namespace k3 {
 namespace {
@@ -50,96 +46,6 @@ namespace pb = k3serve::cluster::v1;
 constexpr int kClients = 4;
 constexpr int kMaxNewTokens = 24;
 constexpr absl::Duration kRequestTimeout = absl::Seconds(30);
-
-// kClients threads, each sending greedy requests one after the other (prompt i of the client's
-// own prompts, in turn) until Stop. Every outcome is checked against the expected tokens.
-class Load {
- public:
-  Load(std::string address, std::vector<std::vector<int32_t>> prompts,
-       std::vector<std::vector<int32_t>> expected)
-      : address_(std::move(address)), prompts_(std::move(prompts)), expected_(std::move(expected)) {
-    for (int c = 0; c < kClients; ++c) threads_.emplace_back([this, c] { Run(c); });
-  }
-  ~Load() { Stop(); }
-
-  void Stop() {
-    stop_ = true;
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  int completed() const { return completed_.load(); }
-  // Waits until `more` requests completed after the call.
-  bool WaitMore(int more, absl::Duration timeout) {
-    const int target = completed() + more;
-    return WaitFor([&] { return completed() >= target || failed() > 0; }, timeout) &&
-           failed() == 0;
-  }
-  int failed() const {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int>(failures_.size());
-  }
-  std::vector<std::string> failures() const {
-    absl::MutexLock lock(&mu_);
-    return failures_;
-  }
-  // The longest time between two token chunks of one stream, from a request's start to its first
-  // chunk, or from its last chunk to its end, seen so far.
-  absl::Duration longest_gap() const {
-    absl::MutexLock lock(&mu_);
-    return longest_gap_;
-  }
-  void ResetLongestGap() {
-    absl::MutexLock lock(&mu_);
-    longest_gap_ = absl::ZeroDuration();
-  }
-
- private:
-  void Run(int client) {
-    for (int n = 0; !stop_; ++n) {
-      const size_t p = (client + n * kClients) % prompts_.size();
-      const std::string id = absl::StrCat("client-", client, "-", n);
-      absl::Time last = absl::Now();
-      auto on_tokens = [&](absl::Span<const int32_t>) {
-        const absl::Time now = absl::Now();
-        absl::MutexLock lock(&mu_);
-        longest_gap_ = std::max(longest_gap_, now - last);
-        last = now;
-      };
-      absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-          address_, GreedyRequest(id, prompts_[p], kMaxNewTokens), kRequestTimeout, on_tokens);
-      {
-        absl::MutexLock lock(&mu_);  // from the last token to the end of the call
-        longest_gap_ = std::max(longest_gap_, absl::Now() - last);
-      }
-      std::string failure;
-      if (!outcome.ok()) {
-        failure = outcome.status().ToString();
-      } else if (outcome->tokens != expected_[p]) {
-        failure = absl::StrCat("tokens ", absl::StrJoin(outcome->tokens, ","), " differ from ",
-                               absl::StrJoin(expected_[p], ","));
-      }
-      if (!failure.empty()) {
-        std::cerr << id << " failed after " << absl::FormatDuration(absl::Now() - last) << ": "
-                  << failure << std::endl;
-        absl::MutexLock lock(&mu_);
-        failures_.push_back(absl::StrCat(id, ": ", failure));
-      } else {
-        ++completed_;
-      }
-    }
-  }
-
-  const std::string address_;
-  const std::vector<std::vector<int32_t>> prompts_;
-  const std::vector<std::vector<int32_t>> expected_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> completed_{0};
-  mutable absl::Mutex mu_;
-  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
-  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
-  std::vector<std::thread> threads_;
-};
 
 // The state the coordinator gives the member with `pid`; MEMBER_STATE_UNSPECIFIED if unknown.
 pb::MemberState StateOfPid(const LocalCluster& cluster, pid_t pid) {
@@ -197,8 +103,9 @@ class ClusterFailoverTest : public testing::Test {
     ASSERT_TRUE(running.ok()) << running;
   }
 
-  std::unique_ptr<Load> StartLoad() {
-    return std::make_unique<Load>(cluster_->generate_addresses()[0], *prompts_, *expected_);
+  std::unique_ptr<GreedyLoad> StartLoad() {
+    return std::make_unique<GreedyLoad>(cluster_->generate_addresses()[0], *prompts_, *expected_,
+                                        kClients, kMaxNewTokens, kRequestTimeout);
   }
 
   static std::string* model_;
@@ -220,7 +127,7 @@ TEST_F(ClusterFailoverTest, CoordinatorRestartIsANonEvent) {
   ASSERT_TRUE(before->ready()) << before->not_ready_reason();
   ASSERT_EQ(before->members_size(), 5);
 
-  std::unique_ptr<Load> load = StartLoad();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load->failures(), "\n");
 
   ASSERT_TRUE(cluster_->Signal("coordinator", SIGKILL).ok());
@@ -270,7 +177,7 @@ TEST_F(ClusterFailoverTest, AHungRouterIsRoutedAroundWithinTwoSeconds) {
   absl::StatusOr<const LocalCluster::Node*> router = cluster_->node("router-0");
   ASSERT_TRUE(router.ok()) << router.status();
   const pid_t pid = (*router)->pid;
-  std::unique_ptr<Load> load = StartLoad();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load->failures(), "\n");
 
   ASSERT_TRUE(cluster_->Signal("router-0", SIGSTOP).ok());
@@ -347,7 +254,8 @@ TEST_F(ExpertReplicaFailoverTest, AKilledExpertWorkerCostsNoRequest) {
       ASSERT_EQ(expert.workers_size(), 2) << state->placement().ShortDebugString();
     }
   }
-  Load load(cluster_->generate_addresses()[0], prompts_, expected_);
+  GreedyLoad load(cluster_->generate_addresses()[0], prompts_, expected_, kClients,
+                  kMaxNewTokens, kRequestTimeout);
   ASSERT_TRUE(load.WaitMore(kClients, absl::Seconds(30))) << absl::StrJoin(load.failures(), "\n");
 
   load.ResetLongestGap();
@@ -378,7 +286,8 @@ TEST_F(ExpertReplicaFailoverTest, AHungExpertWorkerIsRoutedAroundWithinTwoSecond
   absl::StatusOr<const LocalCluster::Node*> expert = cluster_->node("expert-0");
   ASSERT_TRUE(expert.ok()) << expert.status();
   const pid_t pid = (*expert)->pid;
-  Load load(cluster_->generate_addresses()[0], prompts_, expected_);
+  GreedyLoad load(cluster_->generate_addresses()[0], prompts_, expected_, kClients,
+                  kMaxNewTokens, kRequestTimeout);
   // Enough answered steps for the router to measure its expert round trips.
   ASSERT_TRUE(load.WaitMore(2 * kClients, absl::Seconds(60)))
       << absl::StrJoin(load.failures(), "\n");

@@ -16,20 +16,14 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
-#include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "attention_nodes/generate_client.h"
 #include "cluster/test_wait.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -39,6 +33,7 @@
 #include "model/config.h"
 #include "proto/cluster.grpc.pb.h"
 #include "tests/cluster_testing.h"
+#include "tests/greedy_load.h"
 
 namespace k3 {
 namespace {
@@ -49,104 +44,6 @@ constexpr int kClients = 4;
 constexpr int kMaxNewTokens = 24;
 constexpr absl::Duration kRequestTimeout = absl::Seconds(30);
 constexpr absl::Duration kWait = absl::Seconds(60);
-
-// kClients threads, each sending greedy requests one after the other until Stop; every outcome is
-// checked against the expected tokens. (As in cluster_failover_test.cc, with the first failure's
-// time kept.)
-class Load {
- public:
-  Load(std::string address, std::vector<std::vector<int32_t>> prompts,
-       std::vector<std::vector<int32_t>> expected)
-      : address_(std::move(address)), prompts_(std::move(prompts)), expected_(std::move(expected)) {
-    for (int c = 0; c < kClients; ++c) threads_.emplace_back([this, c] { Run(c); });
-  }
-  ~Load() { Stop(); }
-
-  void Stop() {
-    stop_ = true;
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  int completed() const { return completed_.load(); }
-  // Waits until `more` requests completed after the call (false on a failure or the timeout).
-  bool WaitMore(int more, absl::Duration timeout) {
-    const int target = completed() + more;
-    return WaitFor([&] { return completed() >= target || failed() > 0; }, timeout) &&
-           failed() == 0;
-  }
-  // Waits until a request failed.
-  bool WaitFailed(absl::Duration timeout) {
-    return WaitFor([&] { return failed() > 0; }, timeout);
-  }
-  int failed() const {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int>(failures_.size());
-  }
-  std::vector<std::string> failures() const {
-    absl::MutexLock lock(&mu_);
-    return failures_;
-  }
-  absl::Time first_failure() const {
-    absl::MutexLock lock(&mu_);
-    return first_failure_;
-  }
-  // The longest time between two token chunks of one stream (or from its start to its first,
-  // or from its last to its end) since the last reset.
-  absl::Duration longest_gap() const {
-    absl::MutexLock lock(&mu_);
-    return longest_gap_;
-  }
-  void ResetLongestGap() {
-    absl::MutexLock lock(&mu_);
-    longest_gap_ = absl::ZeroDuration();
-  }
-
- private:
-  void Run(int client) {
-    for (int n = 0; !stop_; ++n) {
-      const size_t p = (client + n * kClients) % prompts_.size();
-      const std::string id = absl::StrCat("client-", client, "-", n);
-      absl::Time last = absl::Now();
-      auto on_tokens = [&](absl::Span<const int32_t>) {
-        const absl::Time now = absl::Now();
-        absl::MutexLock lock(&mu_);
-        longest_gap_ = std::max(longest_gap_, now - last);
-        last = now;
-      };
-      absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-          address_, GreedyRequest(id, prompts_[p], kMaxNewTokens), kRequestTimeout, on_tokens);
-      const absl::Time end = absl::Now();
-      std::string failure;
-      if (!outcome.ok()) {
-        failure = outcome.status().ToString();
-      } else if (outcome->tokens != expected_[p]) {
-        failure = absl::StrCat("tokens ", absl::StrJoin(outcome->tokens, ","), " differ from ",
-                               absl::StrJoin(expected_[p], ","));
-      }
-      absl::MutexLock lock(&mu_);
-      longest_gap_ = std::max(longest_gap_, end - last);
-      if (!failure.empty()) {
-        std::cerr << id << " failed: " << failure << std::endl;
-        if (failures_.empty()) first_failure_ = end;
-        failures_.push_back(absl::StrCat(id, ": ", failure));
-      } else {
-        ++completed_;
-      }
-    }
-  }
-
-  const std::string address_;
-  const std::vector<std::vector<int32_t>> prompts_;
-  const std::vector<std::vector<int32_t>> expected_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> completed_{0};
-  mutable absl::Mutex mu_;
-  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
-  absl::Time first_failure_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
-  std::vector<std::thread> threads_;
-};
 
 class ElasticExpertsTest : public testing::Test {
  protected:
@@ -180,8 +77,9 @@ class ElasticExpertsTest : public testing::Test {
     }
   }
 
-  std::unique_ptr<Load> StartLoad() {
-    return std::make_unique<Load>(cluster_->generate_addresses()[0], *prompts_, *expected_);
+  std::unique_ptr<GreedyLoad> StartLoad() {
+    return std::make_unique<GreedyLoad>(cluster_->generate_addresses()[0], *prompts_, *expected_,
+                                        kClients, kMaxNewTokens, kRequestTimeout);
   }
 
   pb::ClusterState State() {
@@ -254,7 +152,7 @@ TEST_F(ElasticExpertsTest, ScaleUpAndDrainCostNoRequest) {
   const uint32_t e0 = NodeId("expert-0");
   const uint32_t e1 = NodeId("expert-1");
   ASSERT_EQ(Workers(), Sorted({e0, e1}));
-  std::unique_ptr<Load> load = StartLoad();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   std::vector<std::string> summary;
 
@@ -338,7 +236,7 @@ TEST_F(ElasticExpertsTest, LostExpertsMoveOntoTheSurvivorAndTheStepsResume) {
   const uint32_t e0 = NodeId("expert-0");
   const uint32_t e1 = NodeId("expert-1");
   ASSERT_EQ(Workers(), Sorted({e0, e1}));
-  std::unique_ptr<Load> load = StartLoad();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   load->ResetLongestGap();
   const int before = load->completed();
@@ -364,7 +262,7 @@ TEST_F(ElasticExpertsTest, LostExpertsMoveOntoTheSurvivorAndTheStepsResume) {
 TEST_F(ElasticExpertsTest, LostExpertsThatCannotMoveEndTheStreamsNamingTheCause) {
   ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/1, {16, 16}));
   const uint32_t e1 = NodeId("expert-1");
-  std::unique_ptr<Load> load = StartLoad();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
   ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(cluster_->Signal("expert-1", SIGKILL).ok());
