@@ -451,21 +451,6 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     }
   }
   step->request = std::move(bytes);
-  // Recorded once the step goes out (a held step is planned again: it counts once).
-  stats_->Record(layer, step->step.routing);
-  if (metrics_ != nullptr) {
-    const std::string label = absl::StrCat(layer);
-    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
-    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
-    if (!metrics_->expert_tokens.empty()) {
-      // Count per expert first: one atomic add per expert, not per (token, expert).
-      std::vector<int64_t> counts(metrics_->expert_tokens.size(), 0);
-      for (int32_t e : step->step.routing.experts) ++counts[e];
-      for (size_t e = 0; e < counts.size(); ++e) {
-        if (counts[e] > 0) metrics_->expert_tokens[e]->Increment(static_cast<double>(counts[e]));
-      }
-    }
-  }
   step->nodes.assign(workers, 0);
   step->partials.resize(workers);
   step->answered.assign(workers, false);
@@ -508,6 +493,21 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
                      WorkerName(node), " lost: its rows could not be sent, and no live replica "
                                        "takes them")));
       return;
+    }
+  }
+  // Recorded once the step went out: a step held (and planned again later) counts once.
+  stats_->Record(layer, step->step.routing);
+  if (metrics_ != nullptr) {
+    const std::string label = absl::StrCat(layer);
+    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
+    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
+    if (!metrics_->expert_tokens.empty()) {
+      // Count per expert first: one atomic add per expert, not per (token, expert).
+      std::vector<int64_t> counts(metrics_->expert_tokens.size(), 0);
+      for (int32_t e : step->step.routing.experts) ++counts[e];
+      for (size_t e = 0; e < counts.size(); ++e) {
+        if (counts[e] > 0) metrics_->expert_tokens[e]->Increment(static_cast<double>(counts[e]));
+      }
     }
   }
   step->dispatched = absl::Now();
