@@ -148,7 +148,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create();
+  UcxTransportOptions transport_options;
+  transport_options.busy_poll = absl::Microseconds(options.node.busy_poll_us);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
   if (!transport.ok()) return transport.status();
   p.transport = *std::move(transport);
   p.links = std::make_unique<PeerLinks>(p.transport.get());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "kernels/thread_pool.h"
 #include "moe/moe_wire.h"
 
 namespace k3 {
@@ -169,6 +170,7 @@ void RemoteRoutedMoe::MaybeRetry(absl::Time now) {
 absl::Status RemoteRoutedMoe::Wait(float* out) {
   if (!in_flight_) return absl::FailedPreconditionError("Wait without Begin");
   in_flight_ = false;
+  RestKernelThreads();  // nothing to compute until the router answers
   while (true) {
     const absl::Time now = absl::Now();
     if (now >= deadline_) {

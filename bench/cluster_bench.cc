@@ -52,6 +52,8 @@ struct BenchOptions {
   int routers = 1;
   int experts = 2;
   int streams = 8;
+  // K3SERVE_THREADS of the cluster's nodes (0: the launcher's environment).
+  int node_threads = 0;
   std::string k3serve = "k3serve";
   std::string work_dir;
 };
@@ -187,6 +189,11 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs-", name);
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.metrics = true;  // the step breakdown at the end
+  if (o.node_threads > 0) {
+    for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+      cluster_options.sites[role].env["K3SERVE_THREADS"] = std::to_string(o.node_threads);
+    }
+  }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return cluster.status();
   const std::string address = (*cluster)->generate_addresses()[0];
@@ -247,6 +254,8 @@ int Main(const std::vector<std::string>& args) {
   AddBoundedInt(&app, "--routers", &o.routers, 1, 64, "routers");
   AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
   AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams");
+  AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
+                "kernel threads of each cluster node (K3SERVE_THREADS; 0: inherited)");
   app.add_option("--k3serve", k3serve, "the k3serve binary");
   app.add_option("--work-dir", o.work_dir, "checkpoints and logs (default: a new folder)");
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) {

@@ -74,6 +74,9 @@ std::string Suggestion(const CLI::App& app) {
 void AddNodeFlags(CLI::App* app, NodeFlags* flags) {
   app->add_option("--coordinator", flags->coordinator, "coordinator HOST:PORT")->required();
   app->add_option("--model", flags->model, "checkpoint folder")->required();
+  AddBoundedInt(app, "--busy-poll-us", &flags->busy_poll_us, 0, 1000 * 1000,
+                "microseconds a thread waiting for token rows polls before it sleeps (it yields "
+                "its core meanwhile; 0: sleep at once)");
   AddListenFlags(app, flags);
 }
 

@@ -52,6 +52,9 @@ struct NodeFlags {
   int port = 0;
   int metrics_port = -1;
   TlsFlags tls;
+  // --busy-poll-us: how long a data-plane thread polls the transport before it sleeps
+  // (UcxTransportOptions::busy_poll). Only the data-plane roles (AddNodeFlags) have it.
+  int busy_poll_us = 100;
 };
 
 void AddNodeFlags(CLI::App* app, NodeFlags* flags);

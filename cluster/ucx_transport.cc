@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -763,13 +764,24 @@ bool UcxTransport::TryDrive(absl::Time deadline) {
 }
 
 void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
-  const absl::Time spin_until = std::min(until, absl::Now() + spin);
+  // After the first few microseconds a spinning receiver yields its core between polls, so that
+  // where busy processes outnumber cores it does not hold up the process whose answer it waits
+  // for (a yield costs about a microsecond when nothing else wants the core). An answer from a
+  // peer on a core of its own often comes within those first microseconds.
+  constexpr absl::Duration kSpinWithoutYield = absl::Microseconds(5);
+  const absl::Time start = absl::Now();
+  const absl::Time spin_until = std::min(until, start + spin);
   for (;;) {
-    absl::MutexLock lock(&mu_);
-    if (worker_ == nullptr) return;
-    // Whatever UCX has already is handled now; it may be what the caller waits for.
-    if (ProgressLocked()) return;
-    if (absl::Now() >= spin_until) break;
+    absl::Time now;
+    {
+      absl::MutexLock lock(&mu_);
+      if (worker_ == nullptr) return;
+      // Whatever UCX has already is handled now; it may be what the caller waits for.
+      if (ProgressLocked()) return;
+      now = absl::Now();
+      if (now >= spin_until) break;
+    }
+    if (now - start >= kSpinWithoutYield) sched_yield();
   }
   int timeout_ms = 0;
   {

@@ -16,8 +16,8 @@
 // flush-closes its endpoint and answers BYE_ACK; then the closer closes its endpoint.
 //
 // Progress. One thread at a time drives the UCX worker and the sockets ("holds the baton"):
-// UCP_FEATURE_WAKEUP's event fd and the sockets go to poll(), so an idle Transport sleeps (no busy
-// polling). A thread blocked in Receive drives itself, so the message it waits for wakes it
+// UCP_FEATURE_WAKEUP's event fd and the sockets go to poll(), so an idle Transport sleeps (after
+// at most `busy_poll` of polling). A thread blocked in Receive drives itself, so the message it waits for wakes it
 // directly; otherwise a progress thread drives (it steps aside while receivers drive, and for a
 // couple of milliseconds after, so a receive loop keeps the baton). Every UCX call is made under
 // one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx directly, so a small
@@ -70,9 +70,11 @@ struct UcxTransportOptions {
   absl::Duration connect_timeout = absl::Seconds(3);
   // How long a graceful close waits for the peer's answer before closing anyway.
   absl::Duration close_timeout = absl::Seconds(2);
-  // A thread waiting in Receive polls UCX this long before it sleeps in poll(): trades a core for
-  // the wake-up latency (about 10 us a message on a VM). Only for processes that own their cores;
-  // keep it zero when processes outnumber cores, where spinning starves the peers it waits for.
+  // A thread waiting in Receive polls UCX this long before it sleeps in poll(): trades CPU time
+  // for the wake-up latency (a sleeping receiver costs some 5-50 us a message on a VM). The
+  // spinning thread yields its core every few microseconds, so it does not starve peers when
+  // processes outnumber cores; it still burns an idle core for up to this long after each
+  // message. Zero: sleep at once.
   absl::Duration busy_poll = absl::ZeroDuration();
 };
 

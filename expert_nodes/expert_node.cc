@@ -21,6 +21,7 @@
 #include "cluster/ucx_transport.h"
 #include "expert_nodes/expert_worker.h"
 #include "glog/logging.h"
+#include "kernels/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
@@ -187,7 +188,9 @@ absl::Status ExpertNode::Start() {
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create();
+  UcxTransportOptions transport_options;
+  transport_options.busy_poll = absl::Microseconds(options_.node.busy_poll_us);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
@@ -234,6 +237,7 @@ void ExpertNode::Fail(absl::Status status) {
 void ExpertNode::Pump() {
   if (!deferred_.empty()) ServeDeferred(/*all=*/false);
   if (draining_) CheckDrained();
+  RestKernelThreads();  // nothing to compute until a message arrives
   absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
   if (received.ok()) {
     Serve(*received, /*may_defer=*/true);

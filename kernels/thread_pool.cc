@@ -14,7 +14,8 @@ namespace internal {
 namespace {
 
 // How long an idle worker spins before it blocks. Decode leaves gaps of a few to a few tens of
-// microseconds between kernel calls; waking a blocked thread costs about as much again.
+// microseconds between kernel calls; waking a blocked thread costs about as much again. A process
+// about to wait for another one cuts the spin short (RestKernelThreads).
 constexpr std::chrono::microseconds kSpinTime(200);
 // The caller yields its core after this many polls of a job that other threads still run, in case
 // they were preempted (the machine may be oversubscribed).
@@ -83,12 +84,13 @@ void ThreadPool::WorkerLoop() {
   while (true) {
     uint32_t generation = generation_.load(std::memory_order_acquire);
     if (generation == seen) {
-      const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+      const auto spin_start = std::chrono::steady_clock::now();
       for (int polls = 1; generation == seen; ++polls) {
         CpuRelax();
         generation = generation_.load(std::memory_order_acquire);
-        if (generation == seen && polls % 64 == 0 &&
-            std::chrono::steady_clock::now() >= spin_until) {
+        if (generation != seen || polls % 64 != 0) continue;
+        if (resting_.load(std::memory_order_relaxed) ||
+            std::chrono::steady_clock::now() - spin_start >= kSpinTime) {
           // Block. sleepers_ and generation_ are sequentially consistent on both sides, so either
           // the caller sees this sleeper and notifies under sleep_mu_, or this check sees the new
           // generation.
@@ -120,6 +122,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   std::lock_guard<std::mutex> submit(submit_mu_);
   const uint32_t generation = ++last_generation_;
   job_ = Job{&fn, n, chunk};
+  resting_.store(false, std::memory_order_relaxed);
   unfinished_.store(chunks, std::memory_order_relaxed);
   claim_.store(uint64_t{generation} << 32 | static_cast<uint64_t>(chunks),
                std::memory_order_release);
@@ -140,6 +143,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   t_in_job = false;
 }
+
+void ThreadPool::Rest() { resting_.store(true, std::memory_order_relaxed); }
 
 }  // namespace internal
 
@@ -173,5 +178,7 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 }
 
 int KernelThreadCount() { return GlobalPool().size(); }
+
+void RestKernelThreads() { GlobalPool().Rest(); }
 
 }  // namespace k3

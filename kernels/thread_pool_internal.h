@@ -34,6 +34,9 @@ class ThreadPool {
   // The contract of k3::ParallelFor. At most size() chunks.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+  // Idle workers stop spinning and block until the next job (RestKernelThreads).
+  void Rest();
+
   int size() const { return threads_; }
 
  private:
@@ -63,6 +66,8 @@ class ThreadPool {
   std::atomic<int64_t> unfinished_{0};  // chunks of the current job not yet finished
   std::atomic<uint32_t> generation_{0};  // what workers wait on
   std::atomic<bool> stop_{false};
+  // Set by Rest(), cleared by the next job: an idle worker that sees it blocks instead of spinning.
+  std::atomic<bool> resting_{false};
 
   std::mutex sleep_mu_;
   std::condition_variable sleep_cv_;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "kernels/thread_pool.h"
 #include "moe/moe_layer_map.h"
 #include "moe/moe_wire.h"
 #include "router/router_step.h"
@@ -149,6 +150,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
   ApplyBias();
   absl::Time wake = std::min(deadline, pending_.NextDeadline());
   if (!held_.empty()) wake = std::min(wake, next_held_retry_);
+  RestKernelThreads();  // nothing to compute until a message arrives
   absl::StatusOr<Received> received = transport_->Receive(wake);
   if (received.ok()) {
     // A state that came while waiting may be what let the message through (its sender was just

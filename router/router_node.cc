@@ -114,7 +114,9 @@ absl::Status RouterNode::Start() {
   LOG(INFO) << "router weights of " << options_.node.model << ": " << weights_->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create();
+  UcxTransportOptions transport_options;
+  transport_options.busy_poll = absl::Microseconds(options_.node.busy_poll_us);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
