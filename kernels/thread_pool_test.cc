@@ -102,6 +102,48 @@ TEST(ThreadPoolTest, WorkersWakeAfterBlocking) {
   }
 }
 
+// Rest() makes idle workers block at once; the next jobs must still wake them and cover every
+// index, also when Rest() races with jobs (it is called from a thread that is about to wait).
+TEST(ThreadPoolTest, RestingWorkersWakeForTheNextJob) {
+  ThreadPool pool(3);
+  std::atomic<bool> stop{false};
+  std::thread rester([&] {
+    while (!stop.load()) {
+      pool.Rest();
+      std::this_thread::yield();
+    }
+  });
+  for (int call = 0; call < 2000; ++call) {
+    if (call % 100 == 0) pool.Rest();
+    const int64_t n = 1 + call % 37;
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "call " << call << " i " << i;
+  }
+  stop.store(true);
+  rester.join();
+  // After a rest the workers block; a job that needs all three threads still gets them.
+  pool.Rest();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::atomic<int> arrived{0};
+  std::set<std::thread::id> ids;
+  std::mutex mu;
+  pool.ParallelFor(3, 1, [&](int64_t, int64_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    arrived.fetch_add(1);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (arrived.load() < 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  });
+  EXPECT_EQ(ids.size(), 3u);
+}
+
 TEST(ThreadPoolTest, NestedCallsRunInline) {
   ThreadPool pool(3);
   constexpr int64_t kOuter = 6, kInner = 50;
