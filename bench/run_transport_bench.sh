@@ -6,11 +6,12 @@
 #   TLS=tcp NET_DEVICES=lo bench/run_transport_bench.sh
 #
 # Environment: TLS, NET_DEVICES, TOKENS (1,16,128), HIDDEN (512), VALUE_BYTES (4), EXPERTS (3),
-# SECONDS_PER_SHAPE (1), BENCH (path of a built transport_bench).
+# SECONDS_PER_SHAPE (1), BUSY_POLL_US (100, the nodes' default --busy-poll-us; 0: receivers sleep in
+# poll() at once), BENCH (path of a built transport_bench).
 #
 # Comparison: transport_bench with one expert is a ping-pong (send a block, get a same-size answer),
 # so its round time is set against twice ucp_am_lat's one-way latency (ucx_perftest busy-polls; the
-# transport sleeps in poll() between messages). Bandwidth is set against ucp_am_bw (streaming, one
+# transport polls for BUSY_POLL_US, yielding its core, then sleeps in poll()). Bandwidth is set against ucp_am_bw (streaming, one
 # direction, many messages in flight), which a ping-pong cannot reach; it bounds what is possible.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ HIDDEN=${HIDDEN:-512}
 VALUE_BYTES=${VALUE_BYTES:-4}
 EXPERTS=${EXPERTS:-3}
 SECONDS_PER_SHAPE=${SECONDS_PER_SHAPE:-1}
+BUSY_POLL_US=${BUSY_POLL_US:-100}
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-bazel-bin/bench/transport_bench}
 if [[ ! -x "$BENCH" ]]; then
@@ -54,16 +56,18 @@ perftest() {
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 
-echo "# UCX_TLS=$UCX_TLS UCX_NET_DEVICES=${UCX_NET_DEVICES:-<default>} hidden=$HIDDEN x ${VALUE_BYTES}B"
+echo "# UCX_TLS=$UCX_TLS UCX_NET_DEVICES=${UCX_NET_DEVICES:-<default>} hidden=$HIDDEN x ${VALUE_BYTES}B busy_poll_us=$BUSY_POLL_US"
 one=$("$BENCH" --experts=1 --tokens="$TOKENS" --hidden="$HIDDEN" --value_bytes="$VALUE_BYTES" \
-        --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" --net_devices="$NET_DEVICES")
+        --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" --net_devices="$NET_DEVICES" \
+        --busy_poll_us="$BUSY_POLL_US")
 many=$("$BENCH" --experts="$EXPERTS" --tokens="$TOKENS" --hidden="$HIDDEN" \
          --value_bytes="$VALUE_BYTES" --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" \
-         --net_devices="$NET_DEVICES")
+         --net_devices="$NET_DEVICES" --busy_poll_us="$BUSY_POLL_US")
 echo "$many" | grep -v '^#' | sed "s/^/E=$EXPERTS /"
 
-printf '%-8s %-9s | %-26s | %-26s | %-8s | %-24s | %s\n' tokens bytes "transport E=1 p50 round us" \
-  "ucp_am_lat 2x one-way us" "ratio" "transport E=1 GB/s" "ucp_am_bw GB/s"
+printf '%-8s %-9s | %-26s | %-26s | %-8s | %-24s | %-16s | %-16s | %s\n' tokens bytes \
+  "transport E=1 p50 round us" "ucp_am_lat 2x one-way us" "ratio" "transport E=1 GB/s" \
+  "ucp_am_bw GB/s" "E=$EXPERTS p50 us" "E=$EXPERTS / E=1"
 IFS=',' read -ra shapes <<< "$TOKENS"
 for tokens in "${shapes[@]}"; do
   row=$(echo "$one" | grep "^tokens=$tokens ")
@@ -73,8 +77,9 @@ for tokens in "${shapes[@]}"; do
   iters=$((bytes > 65536 ? 2000 : 20000))
   read -r lat_p50 _ _ <<< "$(perftest ucp_am_lat "$bytes" "$iters")"
   read -r _ _ bw_mbps <<< "$(perftest ucp_am_bw "$bytes" "$iters")"
+  many_p50=$(echo "$many" | grep "^tokens=$tokens " | field p50_us)
   awk -v t="$tokens" -v b="$bytes" -v o="$ours_p50" -v l="$lat_p50" -v g="$ours_gbps" \
-      -v w="$bw_mbps" 'BEGIN {
-        printf "%-8s %-9s | %-26.1f | %-26.2f | %-8.1f | %-24.3f | %.3f\n",
-               t, b, o, 2 * l, (l > 0 ? o / (2 * l) : 0), g, w / 1000 }'
+      -v w="$bw_mbps" -v m="$many_p50" 'BEGIN {
+        printf "%-8s %-9s | %-26.1f | %-26.2f | %-8.1f | %-24.3f | %-16.3f | %-16.1f | %.1f\n",
+               t, b, o, 2 * l, (l > 0 ? o / (2 * l) : 0), g, w / 1000, m, (o > 0 ? m / o : 0) }'
 done

@@ -40,7 +40,8 @@ ABSL_FLAG(double, seconds, 1.0, "measuring time per shape");
 ABSL_FLAG(int, warmup, 20, "unmeasured rounds per shape");
 ABSL_FLAG(std::string, tls, "", "UCX_TLS for every process (empty: UCX's own setting)");
 ABSL_FLAG(std::string, net_devices, "", "UCX_NET_DEVICES for every process");
-ABSL_FLAG(int, busy_poll_us, 0, "UcxTransportOptions::busy_poll for every process");
+ABSL_FLAG(int, busy_poll_us, 100,
+          "UcxTransportOptions::busy_poll for every process (100: the nodes' --busy-poll-us)");
 ABSL_FLAG(std::string, role, "router", "internal: router, or expert (a started child)");
 
 extern char** environ;
