@@ -124,6 +124,62 @@ float Dot(const float* a, const float* b, int64_t n) {
 }
 
 K3_VECTOR_CLONES
+void DotRows(const float* a, int64_t a_ld, int64_t m, const float* b, int64_t b_ld, int64_t k,
+             int64_t n, float* out, int64_t out_ld) {
+  const int64_t vec_n = n - n % kWidth;
+  int64_t i0 = 0;
+  for (; i0 + 4 <= m; i0 += 4) {
+    const float* a0 = a + i0 * a_ld;
+    const float* a1 = a0 + a_ld;
+    const float* a2 = a1 + a_ld;
+    const float* a3 = a2 + a_ld;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* bj = b + j * b_ld;
+      Vec16 s0{}, s1{}, s2{}, s3{};
+      for (int64_t d = 0; d < vec_n; d += kWidth) {
+        const Vec16 x = Load(bj + d);
+        s0 += Load(a0 + d) * x;
+        s1 += Load(a1 + d) * x;
+        s2 += Load(a2 + d) * x;
+        s3 += Load(a3 + d) * x;
+      }
+      // Halve four accumulators at once: lanes end up holding partial sums of s0..s3 side by
+      // side, and the last step leaves the four totals in lanes 0..3.
+      const Vec16 s01 = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
+                                                21, 22, 23) +
+                        __builtin_shufflevector(s0, s1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                                27, 28, 29, 30, 31);
+      const Vec16 s23 = __builtin_shufflevector(s2, s3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
+                                                21, 22, 23) +
+                        __builtin_shufflevector(s2, s3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                                27, 28, 29, 30, 31);
+      // Lanes 4q..4q+3 hold quarters of s_q.
+      const Vec16 t = __builtin_shufflevector(s01, s23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                              24, 25, 26, 27) +
+                      __builtin_shufflevector(s01, s23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23,
+                                              28, 29, 30, 31);
+      const Vec16 u = __builtin_shufflevector(t, t, 0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12,
+                                              13) +
+                      __builtin_shufflevector(t, t, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11,
+                                              14, 15);
+      const Vec16 v = __builtin_shufflevector(u, u, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6) +
+                      __builtin_shufflevector(u, u, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7);
+      float sums[4] = {v[0], v[1], v[2], v[3]};
+      for (int64_t d = vec_n; d < n; ++d) {
+        sums[0] += a0[d] * bj[d];
+        sums[1] += a1[d] * bj[d];
+        sums[2] += a2[d] * bj[d];
+        sums[3] += a3[d] * bj[d];
+      }
+      for (int q = 0; q < 4; ++q) out[(i0 + q) * out_ld + j] = sums[q];
+    }
+  }
+  for (; i0 < m; ++i0) {
+    for (int64_t j = 0; j < k; ++j) out[i0 * out_ld + j] = Dot(a + i0 * a_ld, b + j * b_ld, n);
+  }
+}
+
+K3_VECTOR_CLONES
 void Axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
   const Vec16 va = Splat(alpha);
   int64_t i = 0;

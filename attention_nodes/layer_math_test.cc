@@ -81,6 +81,33 @@ TEST(VectorTest, DotAxpyScaleMulAddOnOddLengths) {
   }
 }
 
+// Every (row of a, row of b) pair against an fp64 dot product, for row counts around the
+// four-row groups, vector tails and strides wider than the rows.
+TEST(VectorTest, DotRowsMatchesEveryPairwiseDot) {
+  RandomWeights rnd(3);
+  for (int64_t m : {1, 3, 4, 5, 8, 9}) {
+    for (int64_t n : {1, 15, 16, 80, 83}) {
+      const int64_t k = 7, a_ld = n + 3, b_ld = n + 5, out_ld = k + 2;
+      const std::vector<float> a = rnd.Normal(m * a_ld, 0.0f, 1.0f);
+      const std::vector<float> b = rnd.Normal(k * b_ld, 0.0f, 1.0f);
+      std::vector<float> out(m * out_ld, -1.0f);
+      DotRows(a.data(), a_ld, m, b.data(), b_ld, k, n, out.data(), out_ld);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < out_ld; ++j) {
+          if (j >= k) {
+            EXPECT_EQ(out[i * out_ld + j], -1.0f) << "wrote past k";
+            continue;
+          }
+          double expected = 0;
+          for (int64_t d = 0; d < n; ++d) expected += double{a[i * a_ld + d]} * b[j * b_ld + d];
+          EXPECT_NEAR(out[i * out_ld + j], expected, 1e-5 * (1 + std::abs(expected)))
+              << "m " << m << " n " << n << " i " << i << " j " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(NormTest, L2NormalizeHasEpsilonInsideTheRoot) {
   std::vector<float> x = {3e-4f, 4e-4f};  // Σx² = 2.5e-7, comparable to the 1e-6 ε
   L2NormalizeInPlace(x.data(), 2, 2.0f);

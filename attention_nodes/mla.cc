@@ -162,16 +162,17 @@ void ExpandedAttention(const MlaDims& m, const float* q, const float* kv, const 
 // cache rows together (scores by dot products, values by one GEMM), so a decode step streams the
 // cache once rather than once per head. When there are few query tokens, each one's keys are
 // split across threads and the partial softmaxes merged at the end.
-constexpr int64_t kLatentKeyBlock = 16;
+constexpr int64_t kLatentKeyBlock = 64;
 constexpr int64_t kMinKeysPerSplit = 128;
 
-// Key splits per query token of a sequence with `keys` cached tokens, in a call with `queries`
-// absorbed query tokens in all.
-int64_t KeySplits(int64_t queries, int64_t keys) {
+// Key splits per query token that sees `keys` cached tokens, in a call whose absorbed query tokens
+// see `total_keys` keys in all: items of about total / (2 x threads) keys (at least
+// kMinKeysPerSplit), so that one long query among short ones (a prompt chunk at position 30k
+// beside decode steps) is spread over the threads instead of running on one.
+int64_t KeySplits(int64_t total_keys, int64_t keys) {
   const int64_t threads = KernelThreadCount();
-  if (queries >= 2 * threads) return 1;
-  const int64_t by_size = (keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
-  return std::max<int64_t>(1, std::min(by_size, 2 * threads));
+  const int64_t per_item = std::max(kMinKeysPerSplit, total_keys / (2 * threads));
+  return std::max<int64_t>(1, (keys + per_item - 1) / per_item);
 }
 
 int64_t PartialFloats(const MlaDims& m) { return m.h * (m.c + 2 + kLatentKeyBlock); }
@@ -198,15 +199,34 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
     *i = (item - work.first_item[*s]) / *splits;
     *split = (item - work.first_item[*s]) % *splits;
   };
-  ParallelFor(items, 1, [&](int64_t item0, int64_t item1) {
-    for (int64_t item = item0; item < item1; ++item) {
-      int64_t s, i, split, splits;
-      locate(item, &s, &i, &split, &splits);
+  // Items differ in length (a prompt chunk at position 30k beside decode steps at 300), so the
+  // threads take runs of items of about equal key counts rather than equal item counts.
+  auto key_range = [&](int64_t item, int64_t* s, int64_t* i, int64_t* k_begin, int64_t* k_end) {
+    int64_t split, splits;
+    locate(item, s, i, &split, &splits);
+    const int64_t keys = work.start[*s] + *i + 1;
+    const int64_t per_split = (keys + splits - 1) / splits;
+    *k_begin = std::min(keys, split * per_split);
+    *k_end = std::min(keys, *k_begin + per_split);
+  };
+  std::vector<int64_t> keys_before(items + 1, 0);
+  for (int64_t item = 0; item < items; ++item) {
+    int64_t s, i, k_begin, k_end;
+    key_range(item, &s, &i, &k_begin, &k_end);
+    keys_before[item + 1] = keys_before[item] + (k_end - k_begin) + 1;  // + 1: per-item cost
+  }
+  const int64_t parts = std::min<int64_t>(items, KernelThreadCount());
+  // Part p: the items whose first key (in the running count) lies in [p, p + 1) x total / parts.
+  auto first_item_of = [&](int64_t p) {
+    const int64_t from = (keys_before[items] * p + parts - 1) / parts;
+    return std::lower_bound(keys_before.begin(), keys_before.end() - 1, from) -
+           keys_before.begin();
+  };
+  ParallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t item = first_item_of(p0); item < first_item_of(p1); ++item) {
+      int64_t s, i, k_begin, k_end;
+      key_range(item, &s, &i, &k_begin, &k_end);
       const float* rows = work.segments[s].cache->rows.data();
-      const int64_t keys = work.start[s] + i + 1;
-      const int64_t per_split = (keys + splits - 1) / splits;
-      const int64_t k_begin = std::min(keys, split * per_split);
-      const int64_t k_end = std::min(keys, k_begin + per_split);
       float* acc = partial + item * per_item;  // [H, c]
       float* max = acc + m.h * m.c;            // [H]
       float* sum = max + m.h;                  // [H]
@@ -217,12 +237,8 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
       const float* qi = q_abs + (work.packed_row[s] + i) * m.h * m.width;
       for (int64_t k0 = k_begin; k0 < k_end; k0 += kLatentKeyBlock) {
         const int64_t nk = std::min(kLatentKeyBlock, k_end - k0);
-        for (int64_t head = 0; head < m.h; ++head) {
-          for (int64_t j = 0; j < nk; ++j) {
-            scores[head * kLatentKeyBlock + j] =
-                Dot(qi + head * m.width, rows + (k0 + j) * m.width, m.width);
-          }
-        }
+        DotRows(qi, m.width, m.h, rows + k0 * m.width, m.width, nk, m.width, scores,
+                kLatentKeyBlock);
         SoftmaxBlock(scores, kLatentKeyBlock, m.h, nk, max, sum, acc, m.c, m.c);
         Gemm(m.h, m.c, nk, scores, kLatentKeyBlock, rows + k0 * m.width, m.width, acc, m.c, true);
       }
@@ -302,18 +318,22 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
             (form == MlaForm::kAuto && start[s] == 0 && segments[s].tokens > 1));
   };
   int64_t absorbed_rows = 0;
+  int64_t absorbed_keys = 0;  // keys over all absorbed query tokens (the last of each counted)
   for (int64_t s = 0, row = 0; s < count; ++s) {
     first_row[s] = row;
     start[s] = segments[s].cache->length;
     row += segments[s].tokens;
-    if (!expanded(s)) absorbed_rows += segments[s].tokens;
+    if (!expanded(s)) {
+      absorbed_rows += segments[s].tokens;
+      absorbed_keys += segments[s].tokens * (start[s] + segments[s].tokens);
+    }
   }
   packed_row[0] = first_item[0] = 0;
   for (int64_t s = 0; s < count; ++s) {
     const int64_t tokens = expanded(s) ? 0 : segments[s].tokens;
     packed_row[s + 1] = packed_row[s] + tokens;
     first_item[s + 1] =
-        first_item[s] + tokens * KeySplits(absorbed_rows, start[s] + segments[s].tokens);
+        first_item[s] + tokens * KeySplits(absorbed_keys, start[s] + segments[s].tokens);
   }
 
   // Queries for all rows, pre-scaled by 1/sqrt(q_head_dim).
