@@ -436,16 +436,25 @@ void GenerationScheduler::RunStep() {
   if (options_.adaptive_prefill) {
     budget = std::min(budget, chunk_controller_.ChunkTokens(decode_tokens > 0));
   }
-  int64_t prefill_tokens = 0;
+  // Prompts with the fewest tokens left go first: a short prompt that arrives while a long one
+  // is admitted a few tokens a step gets its first token in a step or two, instead of waiting
+  // for the whole long prompt (which still gets every token the short ones leave).
+  std::vector<Sequence*> prefilling;
   for (auto& sequence : running_) {
+    if (!sequence->decoding()) prefilling.push_back(sequence.get());
+  }
+  std::stable_sort(prefilling.begin(), prefilling.end(), [](const Sequence* a, const Sequence* b) {
+    return a->request.prompt.size() - a->consumed < b->request.prompt.size() - b->consumed;
+  });
+  int64_t prefill_tokens = 0;
+  for (Sequence* sequence : prefilling) {
     if (budget == 0) break;
-    if (sequence->decoding()) continue;
     const std::vector<int32_t>& prompt = sequence->request.prompt;
     const int64_t chunk =
         std::min<int64_t>(budget, static_cast<int64_t>(prompt.size() - sequence->consumed));
     batch.push_back({sequence->state.get(),
                      absl::MakeConstSpan(prompt.data() + sequence->consumed, chunk), false});
-    members.push_back(sequence.get());
+    members.push_back(sequence);
     samples.push_back(sequence->consumed + chunk == prompt.size());
     budget -= chunk;
     prefill_tokens += chunk;

@@ -81,7 +81,7 @@ struct SchedulerOptions {
   // Prefill chunk sizing while sequences decode (see above); off: prompts take the whole rest of
   // the budget, as before.
   bool adaptive_prefill = true;
-  double prefill_target_factor = 2.0;  // >= 1
+  double prefill_target_factor = 1.5;  // >= 1
   // >= 1; capped at max_batch_tokens. 1: where a prompt token costs more than the decode step
   // (k3-tiny at a long prefix), even one more token per step keeps the latency bound.
   int64_t min_prefill_chunk = 1;

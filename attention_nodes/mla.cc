@@ -312,10 +312,18 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
   int64_t* start = scratch->GetInts(kIntsStart, count);
   int64_t* packed_row = scratch->GetInts(kIntsPackedRow, count + 1);
   int64_t* first_item = scratch->GetInts(kIntsFirstItem, count + 1);
+  // kAuto expands a fresh prompt, and a chunk long enough that expanding the cache once (c x
+  // H x (nope + v) FMAs per cached token) costs less than the absorbed form's extra work per
+  // query and cached token (H x ((c + r + c) - (nope + r + v)) FMAs): chunks of a long prompt
+  // past the first one.
+  const int64_t absorbed_extra = (width + c) - (qhd + vd);
   auto expanded = [&](int64_t s) {
-    return segments[s].tokens > 0 &&
+    const int64_t tokens = segments[s].tokens;
+    return tokens > 0 &&
            (form == MlaForm::kExpanded ||
-            (form == MlaForm::kAuto && start[s] == 0 && segments[s].tokens > 1));
+            (form == MlaForm::kAuto && ((start[s] == 0 && tokens > 1) ||
+                                        (absorbed_extra > 0 &&
+                                         tokens * absorbed_extra > c * (nope + vd)))));
   };
   int64_t absorbed_rows = 0;
   int64_t absorbed_keys = 0;  // keys over all absorbed query tokens (the last of each counted)

@@ -47,7 +47,8 @@ struct MlaCache {
 };
 
 enum class MlaForm {
-  kAuto,      // expanded when the cache is empty and tokens > 1, absorbed otherwise
+  kAuto,      // expanded when the cache is empty and tokens > 1, or for chunks long enough
+              // that expanding the cache pays (see mla.cc); absorbed otherwise
   kExpanded,  // expands every cached token through kv_b_proj (cost grows with the whole context)
   kAbsorbed,
 };

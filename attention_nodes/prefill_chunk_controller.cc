@@ -67,7 +67,12 @@ void PrefillChunkController::ObserveStep(int64_t decode_tokens, int64_t prefill_
                          : fit >= static_cast<double>(options_.max_chunk)
                              ? options_.max_chunk
                              : static_cast<int64_t>(fit);
-  chunk_ = Clamp(std::clamp(wanted, chunk_ / 2, chunk_ * 2));
+  // Grow by a quarter (at least a token, or a granule once chunks are granule multiples): a
+  // step's prefill tokens can be cheaper than the next step's (a short prompt beside a long
+  // one's tail), and doubling on such a step overshoots the target twofold.
+  const int64_t step = chunk_ < options_.granule ? 1 : options_.granule;
+  const int64_t most = std::max(chunk_ + step, chunk_ + chunk_ / 4);
+  chunk_ = Clamp(std::clamp(wanted, chunk_ / 2, most));
 }
 
 }  // namespace k3

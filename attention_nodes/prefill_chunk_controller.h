@@ -9,7 +9,8 @@
 //     attends over the whole prefix), which is why it is re-measured every step.
 // The target step time is `target_factor` x the decode-only time (never below `min_target`).
 // ChunkTokens(true) is the chunk whose predicted step time meets the target, limited to half or
-// twice the previous chunk (no oscillation on a noisy step), to [min_chunk, max_chunk], and
+// 1.25x the previous chunk (no oscillation on a noisy step; at least one more token, or one more
+// granule once the chunk is a granule or more), to [min_chunk, max_chunk], and
 // rounded down to a multiple of `granule` (min_chunk at least). Before anything is measured it is
 // min_chunk. ChunkTokens(false) is max_chunk: without decoding sequences there is no latency to
 // protect.
@@ -33,7 +34,7 @@ struct PrefillChunkOptions {
   int64_t min_chunk = 16;      // floor: a long prompt always progresses
   int64_t max_chunk = 2048;    // ceiling: the step's token budget
   int64_t granule = 16;        // chunks are multiples of this (KDA's chunk, kKdaChunk)
-  double target_factor = 2.0;  // target step time / decode-only step time
+  double target_factor = 1.5;  // target step time / decode-only step time
   absl::Duration min_target = absl::ZeroDuration();
   double smoothing = 0.5;  // weight of the newest measurement in the moving averages, (0, 1]
 

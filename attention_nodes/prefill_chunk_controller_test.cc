@@ -28,7 +28,7 @@ TEST(PrefillChunkControllerTest, FloorBeforeAnyMeasurementAndBudgetWithoutDecode
   EXPECT_EQ(controller.ChunkTokens(false), 2048);
 }
 
-TEST(PrefillChunkControllerTest, GrowsAtMostTwofoldToTheChunkThatMeetsTheTarget) {
+TEST(PrefillChunkControllerTest, GrowsAQuarterOrAGranuleAStepToTheChunkThatMeetsTheTarget) {
   PrefillChunkController controller(Options());
   const absl::Duration base = absl::Milliseconds(10);
   const absl::Duration per_token = absl::Microseconds(100);
@@ -36,7 +36,7 @@ TEST(PrefillChunkControllerTest, GrowsAtMostTwofoldToTheChunkThatMeetsTheTarget)
   EXPECT_EQ(controller.decode_step_time(), base);
   EXPECT_EQ(controller.target_step_time(), absl::Milliseconds(20));
   // Target 20 ms: 10 ms of room / 0.1 ms a token = 100 tokens, 96 in granules of 16.
-  const int64_t expected[] = {32, 64, 96, 96, 96};
+  const int64_t expected[] = {32, 48, 64, 80, 96, 96, 96};
   int64_t chunk = controller.ChunkTokens(true);
   EXPECT_EQ(chunk, 16);
   for (int64_t want : expected) {
@@ -49,6 +49,23 @@ TEST(PrefillChunkControllerTest, GrowsAtMostTwofoldToTheChunkThatMeetsTheTarget)
   EXPECT_EQ(controller.ChunkTokens(false), 2048);  // no decoders: the whole budget
 }
 
+// Below a granule the chunk grows a token (or a quarter) a step, then a granule at a time.
+TEST(PrefillChunkControllerTest, SmallChunksGrowByATokenThenByGranules) {
+  PrefillChunkOptions options = Options();
+  options.min_chunk = 1;
+  PrefillChunkController controller(options);
+  const absl::Duration base = absl::Milliseconds(10);
+  controller.ObserveStep(4, 0, base);
+  const int64_t expected[] = {2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16, 32, 48};
+  int64_t chunk = controller.ChunkTokens(true);
+  EXPECT_EQ(chunk, 1);
+  for (int64_t want : expected) {
+    controller.ObserveStep(4, chunk, StepTime(base, absl::Microseconds(1), chunk));
+    chunk = controller.ChunkTokens(true);
+    EXPECT_EQ(chunk, want);
+  }
+}
+
 TEST(PrefillChunkControllerTest, ShrinksAtMostByHalfDownToTheFloorAsTokensGetDearer) {
   PrefillChunkOptions options = Options();
   options.max_chunk = 512;
@@ -56,7 +73,7 @@ TEST(PrefillChunkControllerTest, ShrinksAtMostByHalfDownToTheFloorAsTokensGetDea
   const absl::Duration base = absl::Milliseconds(10);
   controller.ObserveStep(4, 0, base);
   int64_t chunk = controller.ChunkTokens(true);
-  for (int i = 0; i < 10; ++i) {  // cheap tokens: up to max_chunk
+  for (int i = 0; i < 40; ++i) {  // cheap tokens: up to max_chunk
     controller.ObserveStep(4, chunk, StepTime(base, absl::Microseconds(1), chunk));
     chunk = controller.ChunkTokens(true);
   }

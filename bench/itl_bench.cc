@@ -1,7 +1,10 @@
 // Inter-token latency of running streams while a long prompt is admitted (issue 8, item 4).
 //
 // One attention worker's GenerationScheduler over the in-process routed experts (LocalRoutedMoe)
-// on a random checkpoint: `--streams` streams decode; their inter-token gaps are measured first
+// on a random checkpoint: `--streams` streams decode, each a run of requests of
+// `--stream-tokens` new tokens (a finished one is replaced at once, so the streams' contexts stay
+// alike throughout, as in a server with a steady mix of requests); their inter-token gaps
+// (within a request) are measured first
 // alone ("without": `--window` tokens per stream), then from the moment a `--prompt-tokens`
 // prompt is submitted until its first token ("with"). Both ways run twice in one process: with
 // the prefill chunk fixed at the step budget (the scheduler before adaptive prefill) and with
@@ -10,12 +13,14 @@
 // is the same either way.
 //
 //   bazel-bin/bench/itl_bench [--config k3-tiny] [--prompt-tokens 32000] [--streams 4]
-//                             [--window 200] [--max-batch-tokens 2048]
+//                             [--window 200] [--stream-tokens 128] [--max-batch-tokens 2048]
+//                             [--target-factor 2.0 (SchedulerOptions::prefill_target_factor)]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -38,6 +43,8 @@ struct Options {
   int streams = 4;
   int window = 200;
   int max_batch_tokens = 2048;
+  int stream_tokens = 128;
+  double target_factor = SchedulerOptions().prefill_target_factor;
 };
 
 bool ParseArgs(int argc, char** argv, Options* options) {
@@ -48,6 +55,8 @@ bool ParseArgs(int argc, char** argv, Options* options) {
     } else if (flag == "--prompt-tokens" && absl::SimpleAtoi(value, &options->prompt_tokens)) {
     } else if (flag == "--streams" && absl::SimpleAtoi(value, &options->streams)) {
     } else if (flag == "--window" && absl::SimpleAtoi(value, &options->window)) {
+    } else if (flag == "--stream-tokens" && absl::SimpleAtoi(value, &options->stream_tokens)) {
+    } else if (flag == "--target-factor" && absl::SimpleAtod(value, &options->target_factor)) {
     } else if (flag == "--max-batch-tokens" &&
                absl::SimpleAtoi(value, &options->max_batch_tokens)) {
     } else {
@@ -56,10 +65,12 @@ bool ParseArgs(int argc, char** argv, Options* options) {
     }
   }
   return argc % 2 == 1 && options->prompt_tokens > 0 && options->streams > 0 &&
-         options->window > 1 && options->max_batch_tokens > 0;
+         options->window > 1 && options->max_batch_tokens > 0 && options->stream_tokens > 1 &&
+         options->target_factor >= 1.0;
 }
 
-// Token times of every stream; the long prompt's first token. Written on the scheduler thread.
+// Token times of every stream's requests and of the long prompt. Written on the scheduler thread;
+// the driver thread waits on it for finished requests.
 class Recorder {
  public:
   class Sink : public GenerationSink {
@@ -73,47 +84,81 @@ class Recorder {
     int stream_;
   };
 
-  explicit Recorder(int streams) : times_(streams + 1), finished_(streams + 1, false) {}
+  // Streams 0..streams-1 decode; stream `streams` is the long prompt.
+  explicit Recorder(int streams) : times_(streams + 1), finished_(streams + 1, 0) {}
 
+  int long_stream() const { return static_cast<int>(times_.size()) - 1; }
+
+  // A new request of `stream` starts: its tokens go to a list of their own, so that the gap
+  // between two requests (a new prompt's time to first token) is not counted as inter-token.
+  void StartRequest(int stream) {
+    absl::MutexLock lock(&mu_);
+    times_[stream].emplace_back();
+  }
   void Token(int stream, int32_t token) {
     absl::MutexLock lock(&mu_);
-    times_[stream].push_back(absl::Now());
-    if (stream + 1 == static_cast<int>(times_.size())) long_token_ = token;
+    times_[stream].back().push_back(absl::Now());
+    if (stream == long_stream()) long_token_ = token;
   }
   void Finish(int stream) {
     absl::MutexLock lock(&mu_);
-    finished_[stream] = true;
+    ++finished_[stream];
   }
-  // Waits until every decoding stream (all but the last slot) has `tokens` tokens.
+  // Waits until a decoding stream's current request finished and returns the stream, or -1
+  // once Stop() was called.
+  int AwaitFinishedRequest() {
+    absl::MutexLock lock(&mu_);
+    int found = -1;
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (stopped_) return true;
+      for (int s = 0; s < long_stream(); ++s) {
+        if (finished_[s] == static_cast<int>(times_[s].size())) {
+          found = s;
+          return true;
+        }
+      }
+      return false;
+    };
+    mu_.Await(absl::Condition(&ready));
+    return stopped_ ? -1 : found;
+  }
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  // Waits until every decoding stream has `tokens` tokens over its requests.
   void AwaitTokens(size_t tokens) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (size_t s = 0; s + 1 < times_.size(); ++s) {
-        if (times_[s].size() < tokens && !finished_[s]) return false;
+      for (int s = 0; s < long_stream(); ++s) {
+        if (TokensLocked(s) < tokens) return false;
       }
       return true;
     };
     mu_.Await(absl::Condition(&ready));
   }
-  void AwaitFinished(int stream) {
+  void AwaitLongFinished() {
     absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool { return finished_[stream]; };
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_[long_stream()] > 0; };
     mu_.Await(absl::Condition(&done));
   }
   size_t MinTokens() {
     absl::MutexLock lock(&mu_);
     size_t least = SIZE_MAX;
-    for (size_t s = 0; s + 1 < times_.size(); ++s) least = std::min(least, times_[s].size());
+    for (int s = 0; s < long_stream(); ++s) least = std::min(least, TokensLocked(s));
     return least;
   }
-  // Gaps (seconds) of the decoding streams between tokens that arrived in (from, to].
+  // Gaps (seconds) between consecutive tokens of one request of a decoding stream, for tokens
+  // that arrived in (from, to].
   std::vector<double> Gaps(absl::Time from, absl::Time to) {
     absl::MutexLock lock(&mu_);
     std::vector<double> gaps;
-    for (size_t s = 0; s + 1 < times_.size(); ++s) {
-      for (size_t i = 1; i < times_[s].size(); ++i) {
-        if (times_[s][i] > from && times_[s][i] <= to) {
-          gaps.push_back(absl::ToDoubleSeconds(times_[s][i] - times_[s][i - 1]));
+    for (int s = 0; s < long_stream(); ++s) {
+      for (const std::vector<absl::Time>& request : times_[s]) {
+        for (size_t i = 1; i < request.size(); ++i) {
+          if (request[i] > from && request[i] <= to) {
+            gaps.push_back(absl::ToDoubleSeconds(request[i] - request[i - 1]));
+          }
         }
       }
     }
@@ -121,7 +166,7 @@ class Recorder {
   }
   absl::Time LongFirstToken() {
     absl::MutexLock lock(&mu_);
-    return times_.back().front();
+    return times_.back().front().front();
   }
   int32_t long_token() {
     absl::MutexLock lock(&mu_);
@@ -129,9 +174,17 @@ class Recorder {
   }
 
  private:
+  size_t TokensLocked(int stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t tokens = 0;
+    for (const std::vector<absl::Time>& request : times_[stream]) tokens += request.size();
+    return tokens;
+  }
+
   absl::Mutex mu_;
-  std::vector<std::vector<absl::Time>> times_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  // [stream][request][token]
+  std::vector<std::vector<std::vector<absl::Time>>> times_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> finished_ ABSL_GUARDED_BY(mu_);  // finished requests per stream
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   int32_t long_token_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
@@ -159,20 +212,41 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   scheduler_options.max_prompt_tokens = std::max(options.prompt_tokens, 1);
   scheduler_options.max_new_tokens_limit = 1 << 20;
   scheduler_options.adaptive_prefill = adaptive;
+  scheduler_options.prefill_target_factor = options.target_factor;
   GenerationScheduler scheduler(&weights, &moe, scheduler_options, nullptr);
   const int vocab = static_cast<int>(weights.config.vocab_size);
 
+  // Each stream is a run of requests of `stream_tokens` new tokens after an 8-token prompt, the
+  // next submitted when one finishes, so that the streams' contexts stay short and alike with
+  // and without the long prompt (streams that ran on would reach 30k tokens during a 32k
+  // admission, and their own attention would set their gaps).
   std::vector<std::shared_ptr<RequestHandle>> handles;
-  for (int s = 0; s < options.streams; ++s) {
+  int submitted = 0;
+  auto submit = [&](int s) -> absl::Status {
     GenerationRequest request;
-    for (int t = 0; t < 8; ++t) request.prompt.push_back((s * 131 + t * 17 + 1) % vocab);
-    request.max_new_tokens = 1 << 20;
+    for (int t = 0; t < 8; ++t) request.prompt.push_back((s * 131 + t * 17 + submitted) % vocab);
+    request.max_new_tokens = options.stream_tokens;
     request.ignore_eos = true;
+    ++submitted;
+    recorder.StartRequest(s);
     absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
         scheduler.Submit(std::move(request), std::make_shared<Recorder::Sink>(&recorder, s));
     if (!handle.ok()) return handle.status();
     handles.push_back(*handle);
+    return absl::OkStatus();
+  };
+  for (int s = 0; s < options.streams; ++s) {
+    if (absl::Status status = submit(s); !status.ok()) return status;
   }
+  absl::Status driver_status;
+  std::thread driver([&] {
+    for (int s; (s = recorder.AwaitFinishedRequest()) >= 0;) {
+      if (absl::Status status = submit(s); !status.ok()) {
+        driver_status = status;
+        return;
+      }
+    }
+  });
   // Warm up, then the window without the long prompt.
   recorder.AwaitTokens(20);
   const absl::Time without_from = absl::Now();
@@ -186,15 +260,22 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   long_request.max_new_tokens = 1;
   long_request.ignore_eos = true;
   const absl::Time with_from = absl::Now();
+  recorder.StartRequest(recorder.long_stream());
   absl::StatusOr<std::shared_ptr<RequestHandle>> long_handle = scheduler.Submit(
       std::move(long_request), std::make_shared<Recorder::Sink>(&recorder, options.streams));
-  if (!long_handle.ok()) return long_handle.status();
-  recorder.AwaitFinished(options.streams);
-  const absl::Time with_to = recorder.LongFirstToken();
-  // The gap that spans the prompt's last step ends after it: take the streams' next token too.
-  recorder.AwaitTokens(recorder.MinTokens() + 1);
+  absl::Status status = long_handle.status();
+  if (status.ok()) {
+    recorder.AwaitLongFinished();
+    // The gap that spans the prompt's last step ends after it: take the streams' next token too.
+    recorder.AwaitTokens(recorder.MinTokens() + 1);
+  }
+  recorder.Stop();
+  driver.join();
   scheduler.CancelAll(absl::OkStatus());
   scheduler.WaitIdle(absl::InfiniteFuture());
+  if (!status.ok()) return status;
+  if (!driver_status.ok()) return driver_status;
+  const absl::Time with_to = recorder.LongFirstToken();
 
   Result result;
   const std::vector<double> without = recorder.Gaps(without_from, without_to);
@@ -215,7 +296,7 @@ int Main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: itl_bench [--config NAME] [--prompt-tokens N] [--streams N] "
-                 "[--window N] [--max-batch-tokens N]\n");
+                 "[--window N] [--stream-tokens N] [--max-batch-tokens N] [--target-factor X]\n");
     return 2;
   }
   absl::StatusOr<ModelConfig> config = NamedConfig(options.config);

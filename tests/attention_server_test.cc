@@ -280,6 +280,48 @@ TEST_F(AttentionServerTest, AdaptivePrefillWhileAStreamDecodesGivesTheSameTokens
   EXPECT_TRUE(WaitStateFreed());
 }
 
+// While a long prompt is admitted a few tokens a step (another stream decodes), a short prompt
+// that arrives later is prefilled first: it gets its token long before the long prompt does,
+// instead of queueing behind all of it. Tokens are unchanged.
+TEST_F(AttentionServerTest, AShortPromptIsNotQueuedBehindALongOneBeingAdmitted) {
+  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  const std::vector<int32_t> running = Prompt(4, 31);
+  constexpr int kRunningTokens = 600;
+  const double generated_before = value("k3_attention_generated_tokens_total");
+  absl::StatusOr<GenerateOutcome> running_outcome = absl::UnknownError("unset");
+  std::thread decoder([&] { running_outcome = Generate(Request(running, kRunningTokens)); });
+  ASSERT_TRUE(WaitFor(
+      [&] { return value("k3_attention_generated_tokens_total") >= generated_before + 1; },
+      absl::Seconds(30)));
+  const std::vector<int32_t> long_prompt = Prompt(1500, 7);
+  const std::vector<int32_t> short_prompt = Prompt(3, 8);
+  absl::StatusOr<GenerateOutcome> long_outcome = absl::UnknownError("unset");
+  absl::Time long_done;
+  const double prompt_before = value("k3_attention_prompt_tokens_total");
+  std::thread long_thread([&] {
+    long_outcome = Generate(Request(long_prompt, 1));
+    long_done = absl::Now();
+  });
+  // The long prompt is being admitted (its first chunks ran) before the short one arrives.
+  ASSERT_TRUE(WaitFor(
+      [&] { return value("k3_attention_prompt_tokens_total") >= prompt_before + 10; },
+      absl::Seconds(30)));
+  absl::StatusOr<GenerateOutcome> short_outcome = Generate(Request(short_prompt, 1));
+  const absl::Time short_done = absl::Now();
+  long_thread.join();
+  decoder.join();
+  ASSERT_TRUE(short_outcome.ok()) << short_outcome.status();
+  ASSERT_TRUE(long_outcome.ok()) << long_outcome.status();
+  ASSERT_TRUE(running_outcome.ok()) << running_outcome.status();
+  // Queued behind the long prompt it would end in the long prompt's last step (or just after).
+  EXPECT_GT(long_done - short_done, absl::Milliseconds(20))
+      << "the short prompt waited for the long one";
+  EXPECT_EQ(short_outcome->tokens, Reference(short_prompt, 1));
+  EXPECT_EQ(long_outcome->tokens, Reference(long_prompt, 1));
+  EXPECT_EQ(running_outcome->tokens, Reference(running, kRunningTokens));
+  EXPECT_TRUE(WaitStateFreed());
+}
+
 // Batching changes the rounding of matrix products (rows of a batch go through other kernels),
 // by about 1e-7 on these logits: far below the gaps between the top logits of this checkpoint, so
 // greedy tokens do not change.
