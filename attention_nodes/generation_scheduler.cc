@@ -436,28 +436,42 @@ void GenerationScheduler::RunStep() {
   if (options_.adaptive_prefill) {
     budget = std::min(budget, chunk_controller_.ChunkTokens(decode_tokens > 0));
   }
-  // Prompts with the fewest tokens left go first: a short prompt that arrives while a long one
-  // is admitted a few tokens a step gets its first token in a step or two, instead of waiting
-  // for the whole long prompt (which still gets every token the short ones leave).
+  // Prompt tokens of the step's budget: half (at least one) to the oldest prompt, so that every
+  // prompt progresses; then shortest-left first, so that a short prompt arriving while a long
+  // one is admitted a few tokens a step gets its first token in a step or two instead of waiting
+  // for all of the long one; what is left, in arrival order.
   std::vector<Sequence*> prefilling;
   for (auto& sequence : running_) {
     if (!sequence->decoding()) prefilling.push_back(sequence.get());
   }
-  std::stable_sort(prefilling.begin(), prefilling.end(), [](const Sequence* a, const Sequence* b) {
-    return a->request.prompt.size() - a->consumed < b->request.prompt.size() - b->consumed;
-  });
+  std::vector<int64_t> give(prefilling.size(), 0);
+  auto left = [&](size_t i) {
+    return static_cast<int64_t>(prefilling[i]->request.prompt.size() - prefilling[i]->consumed) -
+           give[i];
+  };
+  auto grant = [&](size_t i, int64_t most) {
+    const int64_t tokens = std::min({budget, left(i), most});
+    give[i] += tokens;
+    budget -= tokens;
+  };
+  if (!prefilling.empty()) grant(0, std::max<int64_t>(1, budget / 2));
+  std::vector<size_t> shortest;
+  for (size_t i = 1; i < prefilling.size(); ++i) shortest.push_back(i);
+  std::stable_sort(shortest.begin(), shortest.end(),
+                   [&](size_t a, size_t b) { return left(a) < left(b); });
+  for (size_t i : shortest) grant(i, budget);
+  for (size_t i = 0; i < prefilling.size(); ++i) grant(i, budget);
   int64_t prefill_tokens = 0;
-  for (Sequence* sequence : prefilling) {
-    if (budget == 0) break;
+  for (size_t i = 0; i < prefilling.size(); ++i) {
+    if (give[i] == 0) continue;
+    Sequence* sequence = prefilling[i];
     const std::vector<int32_t>& prompt = sequence->request.prompt;
-    const int64_t chunk =
-        std::min<int64_t>(budget, static_cast<int64_t>(prompt.size() - sequence->consumed));
     batch.push_back({sequence->state.get(),
-                     absl::MakeConstSpan(prompt.data() + sequence->consumed, chunk), false});
+                     absl::MakeConstSpan(prompt.data() + sequence->consumed, give[i]), false});
     members.push_back(sequence);
-    samples.push_back(sequence->consumed + chunk == prompt.size());
-    budget -= chunk;
-    prefill_tokens += chunk;
+    samples.push_back(static_cast<int64_t>(sequence->consumed) + give[i] ==
+                      static_cast<int64_t>(prompt.size()));
+    prefill_tokens += give[i];
   }
 
   const absl::Time start = absl::Now();
