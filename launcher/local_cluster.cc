@@ -19,7 +19,6 @@
 #include <fstream>
 #include <map>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -358,20 +357,9 @@ absl::Status LocalCluster::Plan() {
   return absl::OkStatus();
 }
 
-int LocalCluster::KernelThreadsPerNode() const {
-  const int nodes = options_.attention + options_.routers + options_.experts;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, nodes));
-}
-
 absl::Status LocalCluster::Launch(Node& node) {
   NodeSite site;
   if (auto it = options_.sites.find(node.role); it != options_.sites.end()) site = it->second;
-  const bool data_plane = node.role == NodeRole::kAttention || node.role == NodeRole::kRouter ||
-                          node.role == NodeRole::kExpert;
-  if (data_plane && site.env.count("K3SERVE_THREADS") == 0 && getenv("K3SERVE_THREADS") == nullptr) {
-    site.env["K3SERVE_THREADS"] = std::to_string(KernelThreadsPerNode());
-  }
 
   // Everything the child needs is prepared before fork: after it, in a process with other
   // threads, the child may only make async-signal-safe calls until exec.

@@ -14,12 +14,6 @@
 // then experts (metrics ports, if asked for, follow the last gRPC port in the same order); with
 // base_port 0 the launcher picks free ports.
 //
-// Kernel threads: unless K3SERVE_THREADS is set (in the launcher's environment or a site's env),
-// each attention, router and expert node gets cores / (those nodes), at least 1, so that their
-// kernel pools together do not outnumber the cores. Tiers wait on each other in turn; on a small
-// machine a node's extra pool threads only take cores from the node it waits for (a k3-tiny
-// cluster on 2 cores decodes about twice as fast with one thread per node).
-//
 // A node can run in another network namespace (NodeSite::netns, a name under /run/netns as
 // `ip netns add` creates), which is how tests put tiers on separate "hosts" joined by veth pairs.
 //
@@ -169,8 +163,6 @@ class LocalCluster {
 
   absl::Status Plan();
   absl::Status Launch(Node& node);
-  // K3SERVE_THREADS for a data-plane node when neither the environment nor its site sets it.
-  int KernelThreadsPerNode() const;
   absl::Status WaitCoordinatorUp(absl::Time deadline);
   // Reaps `node` if it exited (without blocking); true if it just did.
   bool Poll(Node& node);
