@@ -78,27 +78,33 @@ TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceOverManyCalls) {
   for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(hits[i].load(), kCalls) << "index " << i;
 }
 
+// Runs a job of pool.size() chunks in which each chunk waits (bounded) for all the others, so
+// every thread must take one; returns how many threads ran chunks.
+size_t ThreadsOfAJobNeedingAll(ThreadPool& pool) {
+  const int n = pool.size();
+  std::set<std::thread::id> ids;
+  std::mutex mu;
+  std::atomic<int> arrived{0};
+  pool.ParallelFor(n, 1, [&](int64_t, int64_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    arrived.fetch_add(1);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (arrived.load() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  });
+  return ids.size();
+}
+
 TEST(ThreadPoolTest, WorkersWakeAfterBlocking) {
   ThreadPool pool(2);
   for (int call = 0; call < 3; ++call) {
     // Long enough for the worker to stop spinning and block.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::set<std::thread::id> ids;
-    std::mutex mu;
-    std::atomic<int> arrived{0};
-    pool.ParallelFor(2, 1, [&](int64_t, int64_t) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ids.insert(std::this_thread::get_id());
-      }
-      // Each chunk waits (bounded) for the other, so a woken worker must take one of them.
-      arrived.fetch_add(1);
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::yield();
-      }
-    });
-    EXPECT_EQ(ids.size(), 2u) << "call " << call;
+    EXPECT_EQ(ThreadsOfAJobNeedingAll(pool), 2u) << "call " << call;
   }
 }
 
@@ -127,21 +133,7 @@ TEST(ThreadPoolTest, RestingWorkersWakeForTheNextJob) {
   // After a rest the workers block; a job that needs all three threads still gets them.
   pool.Rest();
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  std::atomic<int> arrived{0};
-  std::set<std::thread::id> ids;
-  std::mutex mu;
-  pool.ParallelFor(3, 1, [&](int64_t, int64_t) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ids.insert(std::this_thread::get_id());
-    }
-    arrived.fetch_add(1);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (arrived.load() < 3 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();
-    }
-  });
-  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ThreadsOfAJobNeedingAll(pool), 3u);
 }
 
 TEST(ThreadPoolTest, NestedCallsRunInline) {

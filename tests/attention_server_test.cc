@@ -82,6 +82,11 @@ class FlakyMoe final : public RoutedMoe {
 };
 
 // A sample of the process's metrics registry, e.g. "k3_attention_step_tokens_count"; -1 if absent.
+double MetricValue(const std::string& sample);
+
+// A counter's value, 0 before it first appears.
+double CounterValue(const std::string& sample) { return std::max(0.0, MetricValue(sample)); }
+
 double MetricValue(const std::string& sample) {
   for (absl::string_view line : absl::StrSplit(DefaultMetrics().ExpositionText(), '\n')) {
     if (absl::ConsumePrefix(&line, sample) && absl::ConsumePrefix(&line, " ")) {
@@ -175,6 +180,23 @@ class AttentionServerTest : public ::testing::Test {
     return info;
   }
 
+  // Starts a stream of `tokens` new tokens after `prompt` on a thread and returns once the server
+  // generated a token after the call; join the thread before reading *outcome.
+  std::thread StartDecoding(const std::vector<int32_t>& prompt, int tokens,
+                            absl::StatusOr<GenerateOutcome>* outcome) {
+    const double generated_before = CounterValue("k3_attention_generated_tokens_total");
+    *outcome = absl::UnknownError("unset");
+    std::thread decoder([this, prompt, tokens, outcome] {
+      *outcome = Generate(Request(prompt, tokens));
+    });
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return CounterValue("k3_attention_generated_tokens_total") >= generated_before + 1;
+        },
+        absl::Seconds(30)));
+    return decoder;
+  }
+
   // Polls until no request holds state; false after 5 s.
   bool WaitStateFreed() {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -255,15 +277,12 @@ TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
 // A prompt admitted while another stream decodes is prefilled in adaptive chunks (from one
 // token, growing: PrefillChunkController), not in one step; neither stream's tokens change.
 TEST_F(AttentionServerTest, AdaptivePrefillWhileAStreamDecodesGivesTheSameTokens) {
-  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  auto value = CounterValue;
   const std::vector<int32_t> running = Prompt(4, 21);
   constexpr int kRunningTokens = 400;  // decodes through the whole prefill below
   const double generated_before = value("k3_attention_generated_tokens_total");
-  absl::StatusOr<GenerateOutcome> running_outcome = absl::UnknownError("unset");
-  std::thread decoder([&] { running_outcome = Generate(Request(running, kRunningTokens)); });
-  ASSERT_TRUE(WaitFor(
-      [&] { return value("k3_attention_generated_tokens_total") >= generated_before + 1; },
-      absl::Seconds(30)));
+  absl::StatusOr<GenerateOutcome> running_outcome;
+  std::thread decoder = StartDecoding(running, kRunningTokens, &running_outcome);
   const std::vector<int32_t> prompt = Prompt(70, 5);  // crosses KDA's chunk boundaries
   const double steps_before = value("k3_attention_step_tokens_count");
   absl::StatusOr<GenerateOutcome> outcome = Generate(Request(prompt, 4));
@@ -284,15 +303,11 @@ TEST_F(AttentionServerTest, AdaptivePrefillWhileAStreamDecodesGivesTheSameTokens
 // that arrives later is prefilled first: it gets its token long before the long prompt does,
 // instead of queueing behind all of it. Tokens are unchanged.
 TEST_F(AttentionServerTest, AShortPromptIsNotQueuedBehindALongOneBeingAdmitted) {
-  auto value = [](const std::string& sample) { return std::max(0.0, MetricValue(sample)); };
+  auto value = CounterValue;
   const std::vector<int32_t> running = Prompt(4, 31);
   constexpr int kRunningTokens = 600;
-  const double generated_before = value("k3_attention_generated_tokens_total");
-  absl::StatusOr<GenerateOutcome> running_outcome = absl::UnknownError("unset");
-  std::thread decoder([&] { running_outcome = Generate(Request(running, kRunningTokens)); });
-  ASSERT_TRUE(WaitFor(
-      [&] { return value("k3_attention_generated_tokens_total") >= generated_before + 1; },
-      absl::Seconds(30)));
+  absl::StatusOr<GenerateOutcome> running_outcome;
+  std::thread decoder = StartDecoding(running, kRunningTokens, &running_outcome);
   const std::vector<int32_t> long_prompt = Prompt(1500, 7);
   const std::vector<int32_t> short_prompt = Prompt(3, 8);
   absl::StatusOr<GenerateOutcome> long_outcome = absl::UnknownError("unset");
