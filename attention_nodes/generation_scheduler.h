@@ -6,8 +6,11 @@
 // `max_batch_tokens` tokens:
 //   1. one decode token for every sequence that has consumed its prompt (if there are more such
 //      sequences than the budget, a rotating window of them, so none starves);
-//   2. the rest of the budget goes to prompts, as prefill chunks, in admission order; a prompt
-//      longer than what is left is continued in the next steps (chunked prefill). While some
+//   2. the rest of the budget goes to prompts, as prefill chunks: half of it (at least a token)
+//      to the oldest prompt, so that every prompt progresses, then to the prompts with the
+//      fewest tokens left, so that a short prompt does not wait for a long one, then in
+//      admission order; a prompt longer than what it gets is continued in the next steps
+//      (chunked prefill). While some
 //      sequences decode and `adaptive_prefill` is on, the prefill part of the budget is what a
 //      PrefillChunkController (prefill_chunk_controller.h) allows: it keeps the step time near
 //      `prefill_target_factor` x the decode-only step time, so a long prompt being admitted
