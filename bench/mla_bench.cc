@@ -67,9 +67,11 @@ struct RandomMla {
 
 int Main(int argc, char** argv) {
   std::string configs = "k3-tiny,k3-perf", contexts = "2048,8192,32768";
+  int steps = 40;
   CLI::App app{"mla_bench: one MLA decode token over a long latent cache vs read bandwidth"};
   app.add_option("--configs", configs, "comma-separated named configs");
   app.add_option("--contexts", contexts, "comma-separated cached token counts");
+  AddBoundedInt(&app, "--steps", &steps, 1, 1 << 20, "decode tokens timed per context (median)");
   if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
@@ -98,8 +100,7 @@ int Main(int argc, char** argv) {
       // The cache is filled directly with normalized-looking rows: what a prefill would leave,
       // without spending minutes on it.
       MlaCache cache(*config);
-      constexpr int kSteps = 40;
-      cache.Reserve(context + kSteps + 1);
+      cache.Reserve(context + steps + 1);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (int64_t i = 0; i < context * cache.width(); ++i) cache.rows[i] = normal(mla.rng);
       cache.length = context;
@@ -108,7 +109,7 @@ int Main(int argc, char** argv) {
       for (float& v : x) v = normal(mla.rng);
       Scratch scratch;
       std::vector<double> times;
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < steps; ++step) {
         const double start = NowSeconds();
         absl::Status status = MlaForward(*config, mla.w, x.data(), 1, &cache, out.data(), &scratch,
                                          MlaForm::kAbsorbed);
