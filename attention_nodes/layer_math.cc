@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "glog/logging.h"
 #include "kernels/rms_norm.h"
@@ -271,6 +272,40 @@ void ExpInPlace(float* x, int64_t n) {
   int64_t i = 0;
   for (; i + kWidth <= n; i += kWidth) Store(x + i, simd::Exp(Load(x + i)));
   for (; i < n; ++i) x[i] = ExpScalar(x[i]);
+}
+
+K3_VECTOR_CLONES
+float ExpShiftedSum(float* x, int64_t n, float shift) {
+  const Vec16 vs = Splat(shift);
+  Vec16 total{};
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec16 e = simd::Exp(Load(x + i) - vs);
+    Store(x + i, e);
+    total += e;
+  }
+  float sum = simd::Sum(total);
+  for (; i < n; ++i) {
+    x[i] = ExpScalar(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+K3_VECTOR_CLONES
+float MaxOf(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  if (n >= kWidth) {
+    Vec16 m = Load(x);
+    for (i = kWidth; i + kWidth <= n; i += kWidth) {
+      const Vec16 v = Load(x + i);
+      m = v > m ? v : m;
+    }
+    for (int l = 0; l < kWidth; ++l) best = std::max(best, m[l]);
+  }
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  return best;
 }
 
 K3_VECTOR_CLONES

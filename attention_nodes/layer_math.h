@@ -69,6 +69,11 @@ void MulAdd(const float* a, const float* b, float* y, int64_t n);
 
 // Elementwise, in place, vectorized (the exponential is accurate to about 2 ulp):
 void ExpInPlace(float* x, int64_t n);                     // x = e^x
+// x = e^(x - shift); returns the sum of the new x (the running sum of an online softmax).
+// REQUIRES: shift is finite (-inf entries of x then give 0).
+float ExpShiftedSum(float* x, int64_t n, float shift);
+// The largest element (-inf for n == 0; NaNs are not expected).
+float MaxOf(const float* x, int64_t n);
 void SiluInPlace(float* x, int64_t n);                    // x = x σ(x)
 void MulSigmoid(const float* gate, float* x, int64_t n);  // x *= σ(gate)
 

@@ -108,6 +108,30 @@ TEST(VectorTest, DotRowsMatchesEveryPairwiseDot) {
   }
 }
 
+// The online softmax's pieces against plain loops, on lengths around the vector width and with
+// masked (-inf) entries.
+TEST(VectorTest, MaxOfAndExpShiftedSumMatchPlainLoops) {
+  RandomWeights rnd(4);
+  EXPECT_EQ(MaxOf(nullptr, 0), -std::numeric_limits<float>::infinity());
+  for (int64_t n : {1, 15, 16, 17, 64, 70}) {
+    std::vector<float> x = rnd.Normal(n, 0.0f, 3.0f);
+    if (n > 1) x[n / 2] = -std::numeric_limits<float>::infinity();  // not all masked
+    if (n > 2) x[n - 1] = 7.5f;  // the maximum in the scalar tail
+    float best = -std::numeric_limits<float>::infinity();
+    for (float v : x) best = std::max(best, v);
+    EXPECT_EQ(MaxOf(x.data(), n), best) << n;
+    std::vector<double> expected(n);
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      expected[i] = std::exp(static_cast<double>(x[i]) - best);
+      total += expected[i];
+    }
+    const float sum = ExpShiftedSum(x.data(), n, best);
+    EXPECT_NEAR(sum, total, 1e-6 * total) << n;
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(x[i], expected[i], 1e-6) << n << " " << i;
+  }
+}
+
 TEST(NormTest, L2NormalizeHasEpsilonInsideTheRoot) {
   std::vector<float> x = {3e-4f, 4e-4f};  // Σx² = 2.5e-7, comparable to the 1e-6 ε
   L2NormalizeInPlace(x.data(), 2, 2.0f);

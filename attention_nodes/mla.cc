@@ -70,7 +70,7 @@ void SoftmaxBlock(float* scores, int64_t ld, int64_t rows, int64_t n, float* max
                   float* acc, int64_t acc_ld, int64_t vdim) {
   for (int64_t r = 0; r < rows; ++r) {
     float* s = scores + r * ld;
-    const float block_max = *std::max_element(s, s + n);
+    const float block_max = MaxOf(s, n);
     if (block_max == -std::numeric_limits<float>::infinity()) {  // every key masked
       std::fill_n(s, n, 0.0f);
       continue;
@@ -81,11 +81,7 @@ void SoftmaxBlock(float* scores, int64_t ld, int64_t rows, int64_t n, float* max
       sum[r] *= rescale;
       max[r] = block_max;
     }
-    for (int64_t j = 0; j < n; ++j) s[j] -= max[r];
-    ExpInPlace(s, n);
-    float total = 0.0f;
-    for (int64_t j = 0; j < n; ++j) total += s[j];
-    sum[r] += total;
+    sum[r] += ExpShiftedSum(s, n, max[r]);
   }
 }
 
