@@ -124,73 +124,78 @@ float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+namespace {
+
+// The horizontal reductions of DotRows, several accumulators at once (forced inline: they run
+// inside DotRows' clones). Quarters: lanes 4q..4q+3 hold four partial sums of the q-th argument.
+K3_SIMD_INLINE Vec16 Quarters(Vec16 p, Vec16 q, Vec16 r, Vec16 s) {
+  const Vec16 pq =
+      __builtin_shufflevector(p, q, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(p, q, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const Vec16 rs =
+      __builtin_shufflevector(r, s, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(r, s, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  return __builtin_shufflevector(pq, rs, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                 27) +
+         __builtin_shufflevector(pq, rs, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                 31);
+}
+// Of two Quarters results: lanes 2i, 2i+1 hold two partial sums of the i-th sum (p's four, then
+// q's four).
+K3_SIMD_INLINE Vec16 Halves(Vec16 p, Vec16 q) {
+  return __builtin_shufflevector(p, q, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+         __builtin_shufflevector(p, q, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+// Of two Halves results: lane i holds the i-th sum (p's eight, then q's eight).
+K3_SIMD_INLINE Vec16 Totals(Vec16 p, Vec16 q) {
+  return __builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                 30) +
+         __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+}  // namespace
+
 K3_VECTOR_CLONES
 void DotRows(const float* a, int64_t a_ld, int64_t m, const float* b, int64_t b_ld, int64_t k,
              int64_t n, float* out, int64_t out_ld) {
   const int64_t vec_n = n - n % kWidth;
   int64_t i0 = 0;
   for (; i0 + 4 <= m; i0 += 4) {
-    const float* a0 = a + i0 * a_ld;
-    const float* a1 = a0 + a_ld;
-    const float* a2 = a1 + a_ld;
-    const float* a3 = a2 + a_ld;
+    const float* rows[4] = {a + i0 * a_ld, a + (i0 + 1) * a_ld, a + (i0 + 2) * a_ld,
+                            a + (i0 + 3) * a_ld};
+    const float* a0 = rows[0];
+    const float* a1 = rows[1];
+    const float* a2 = rows[2];
+    const float* a3 = rows[3];
+    // Dot products the vector loop left out (n not a multiple of the vector width).
+    auto tail = [&](int h, const float* col, float sum) {
+      for (int64_t d = vec_n; d < n; ++d) sum += rows[h][d] * col[d];
+      return sum;
+    };
     int64_t j = 0;
     // Four rows of b at a time: each load of a feeds four FMAs (the loads, not the FMAs, bound
     // the one-row loop), and one transposing reduction turns the 16 accumulators into one
     // vector of the 16 dot products.
     for (; j + 4 <= k; j += 4) {
-      const float* b0 = b + j * b_ld;
-      const float* b1 = b0 + b_ld;
-      const float* b2 = b1 + b_ld;
-      const float* b3 = b2 + b_ld;
+      const float* cols[4] = {b + j * b_ld, b + (j + 1) * b_ld, b + (j + 2) * b_ld,
+                              b + (j + 3) * b_ld};
       Vec16 s00{}, s01{}, s02{}, s03{}, s10{}, s11{}, s12{}, s13{};  // s<row of a><row of b>
       Vec16 s20{}, s21{}, s22{}, s23{}, s30{}, s31{}, s32{}, s33{};
       for (int64_t d = 0; d < vec_n; d += kWidth) {
-        const Vec16 x0 = Load(b0 + d), x1 = Load(b1 + d), x2 = Load(b2 + d), x3 = Load(b3 + d);
+        const Vec16 x0 = Load(cols[0] + d), x1 = Load(cols[1] + d), x2 = Load(cols[2] + d),
+                    x3 = Load(cols[3] + d);
         const Vec16 y0 = Load(a0 + d), y1 = Load(a1 + d), y2 = Load(a2 + d), y3 = Load(a3 + d);
         s00 += y0 * x0, s01 += y0 * x1, s02 += y0 * x2, s03 += y0 * x3;
         s10 += y1 * x0, s11 += y1 * x1, s12 += y1 * x2, s13 += y1 * x3;
         s20 += y2 * x0, s21 += y2 * x1, s22 += y2 * x2, s23 += y2 * x3;
         s30 += y3 * x0, s31 += y3 * x1, s32 += y3 * x2, s33 += y3 * x3;
       }
-      // Per row of b: lanes 4h..4h+3 hold quarters of row h's sum (as in the one-row loop).
-      auto quarters = [](Vec16 p, Vec16 q, Vec16 r, Vec16 s) {
-        const Vec16 pq = __builtin_shufflevector(p, q, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
-                                                 21, 22, 23) +
-                         __builtin_shufflevector(p, q, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
-                                                 27, 28, 29, 30, 31);
-        const Vec16 rs = __builtin_shufflevector(r, s, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
-                                                 21, 22, 23) +
-                         __builtin_shufflevector(r, s, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
-                                                 27, 28, 29, 30, 31);
-        return __builtin_shufflevector(pq, rs, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
-                                       26, 27) +
-               __builtin_shufflevector(pq, rs, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
-                                       30, 31);
-      };
-      const Vec16 t0 = quarters(s00, s10, s20, s30), t1 = quarters(s01, s11, s21, s31);
-      const Vec16 t2 = quarters(s02, s12, s22, s32), t3 = quarters(s03, s13, s23, s33);
-      // Halves: lanes 2h, 2h+1 (then 8 + 2h, 8 + 2h + 1 for the second) hold halves of row h.
-      auto halves = [](Vec16 p, Vec16 q) {
-        return __builtin_shufflevector(p, q, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
-                                       29) +
-               __builtin_shufflevector(p, q, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
-                                       30, 31);
-      };
-      const Vec16 e01 = halves(t0, t1), e23 = halves(t2, t3);
       // Lane 4c + h: row h of a with row c of b.
-      const Vec16 f = __builtin_shufflevector(e01, e23, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
-                                              24, 26, 28, 30) +
-                      __builtin_shufflevector(e01, e23, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23,
-                                              25, 27, 29, 31);
-      const float* rows[4] = {a0, a1, a2, a3};
-      const float* cols[4] = {b0, b1, b2, b3};
+      const Vec16 f =
+          Totals(Halves(Quarters(s00, s10, s20, s30), Quarters(s01, s11, s21, s31)),
+                 Halves(Quarters(s02, s12, s22, s32), Quarters(s03, s13, s23, s33)));
       for (int c = 0; c < 4; ++c) {
-        for (int h = 0; h < 4; ++h) {
-          float sum = f[4 * c + h];
-          for (int64_t d = vec_n; d < n; ++d) sum += rows[h][d] * cols[c][d];
-          out[(i0 + h) * out_ld + j + c] = sum;
-        }
+        for (int h = 0; h < 4; ++h) out[(i0 + h) * out_ld + j + c] = tail(h, cols[c], f[4 * c + h]);
       }
     }
     for (; j < k; ++j) {
@@ -203,41 +208,11 @@ void DotRows(const float* a, int64_t a_ld, int64_t m, const float* b, int64_t b_
         s2 += Load(a2 + d) * x;
         s3 += Load(a3 + d) * x;
       }
-      // Halve four accumulators at once: lanes end up holding partial sums of s0..s3 side by
-      // side, and the last step leaves the four totals in lanes 0..3.
-      const Vec16 s01 = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
-                                                21, 22, 23) +
-                        __builtin_shufflevector(s0, s1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
-                                                27, 28, 29, 30, 31);
-      const Vec16 s23 = __builtin_shufflevector(s2, s3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
-                                                21, 22, 23) +
-                        __builtin_shufflevector(s2, s3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
-                                                27, 28, 29, 30, 31);
-      // Lanes 4q..4q+3 hold quarters of s_q.
-      const Vec16 t = __builtin_shufflevector(s01, s23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                              24, 25, 26, 27) +
-                      __builtin_shufflevector(s01, s23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23,
-                                              28, 29, 30, 31);
-      const Vec16 u = __builtin_shufflevector(t, t, 0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12,
-                                              13) +
-                      __builtin_shufflevector(t, t, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11,
-                                              14, 15);
-      const Vec16 v = __builtin_shufflevector(u, u, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6) +
-                      __builtin_shufflevector(u, u, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7);
-      // Scalars, not an array: an array goes through the stack, and reading lanes back from a
-      // vector just stored there stalls (a quarter of the kernel's time).
-      float r0 = v[0], r1 = v[1], r2 = v[2], r3 = v[3];
-      for (int64_t d = vec_n; d < n; ++d) {
-        r0 += a0[d] * bj[d];
-        r1 += a1[d] * bj[d];
-        r2 += a2[d] * bj[d];
-        r3 += a3[d] * bj[d];
-      }
-      float* o = out + i0 * out_ld + j;
-      o[0] = r0;
-      o[out_ld] = r1;
-      o[2 * out_ld] = r2;
-      o[3 * out_ld] = r3;
+      // Lanes 0..3: the four dot products.
+      const Vec16 t = Quarters(s0, s1, s2, s3);
+      const Vec16 e = Halves(t, t);
+      const Vec16 f = Totals(e, e);
+      for (int h = 0; h < 4; ++h) out[(i0 + h) * out_ld + j] = tail(h, bj, f[h]);
     }
   }
   for (; i0 < m; ++i0) {
