@@ -188,18 +188,16 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
   const int64_t count = static_cast<int64_t>(work.segments.size());
   const int64_t items = work.first_item[count];
   const int64_t per_item = PartialFloats(m);
-  auto locate = [&](int64_t item, int64_t* s, int64_t* i, int64_t* split, int64_t* splits) {
-    *s = std::upper_bound(work.first_item, work.first_item + count + 1, item) - work.first_item - 1;
-    const int64_t tokens = work.segments[*s].tokens;
-    *splits = (work.first_item[*s + 1] - work.first_item[*s]) / tokens;
-    *i = (item - work.first_item[*s]) / *splits;
-    *split = (item - work.first_item[*s]) % *splits;
-  };
-  // Items differ in length (a prompt chunk at position 30k beside decode steps at 300), so the
-  // threads take runs of items of about equal key counts rather than equal item counts.
+  // Item -> its segment s, query token i and key range: the split-th of `splits` equal runs of the
+  // keys that token sees. Items differ in length (a prompt chunk at position 30k beside decode
+  // steps at 300), so the threads take runs of items of about equal key counts rather than
+  // equal item counts.
   auto key_range = [&](int64_t item, int64_t* s, int64_t* i, int64_t* k_begin, int64_t* k_end) {
-    int64_t split, splits;
-    locate(item, s, i, &split, &splits);
+    *s = std::upper_bound(work.first_item, work.first_item + count + 1, item) - work.first_item - 1;
+    const int64_t splits =
+        (work.first_item[*s + 1] - work.first_item[*s]) / work.segments[*s].tokens;
+    *i = (item - work.first_item[*s]) / splits;
+    const int64_t split = (item - work.first_item[*s]) % splits;
     const int64_t keys = work.start[*s] + *i + 1;
     const int64_t per_split = (keys + splits - 1) / splits;
     *k_begin = std::min(keys, split * per_split);
