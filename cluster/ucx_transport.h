@@ -71,9 +71,9 @@ struct UcxTransportOptions {
   // How long a graceful close waits for the peer's answer before closing anyway.
   absl::Duration close_timeout = absl::Seconds(2);
   // A thread waiting in Receive polls UCX this long before it sleeps in poll(): trades CPU time
-  // for the wake-up latency (a sleeping receiver costs some 5-50 us a message on a VM). The
-  // spinning thread yields its core every few microseconds, so it does not starve peers when
-  // processes outnumber cores; it still burns an idle core for up to this long after each
+  // for the wake-up latency (a sleeping receiver costs some 5-50 us a message on a VM). After the
+  // first 5 us the spinning thread yields its core between polls, so it does not starve peers
+  // when processes outnumber cores; it still burns an idle core for up to this long after each
   // message. Zero: sleep at once.
   absl::Duration busy_poll = absl::ZeroDuration();
 };
