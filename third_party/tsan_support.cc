@@ -290,7 +290,8 @@ extern "C" bool K3TsanWaitForNotificationWithDeadline(const Notification* n, Tim
 // copies inside it), in the absl::Status and Cord code gRPC's threads run (an uninstrumented
 // caller leaves no frames of its own) or in Abseil's deadlock-detection graph. Races between our
 // own threads stay reported; races on gRPC's callback threads do not (a limit of an
-// uninstrumented gRPC).
+// uninstrumented gRPC). Threads gRPC starts itself (its resolver executor) are joined by its own
+// shutdown, which may still run when the process exits: not our leak to report.
 extern "C" const char* __tsan_default_suppressions() {
   return "race:libgrpc.so\n"
          "race:libgrpc++.so\n"
@@ -298,5 +299,6 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:libupb.so\n"
          "race:libabsl_status.so\n"
          "race:libabsl_cord.so\n"
-         "race:libabsl_graphcycles_internal.so\n";
+         "race:libabsl_graphcycles_internal.so\n"
+         "thread:libgpr.so\n";
 }
