@@ -286,6 +286,10 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
                 "the most new tokens a request may ask for");
   AddBoundedInt(app, "--max-prompt-tokens", &s.max_prompt_tokens, 1, 1 << 24,
                 "the longest prompt admitted");
+  app->add_option("--ping-pong", s.ping_pong,
+                  "run steps of two or more sequences as two micro-batches that take turns: one "
+                  "computes attention while the other's MoE layer is at the routers (true/false)")
+      ->default_val(s.ping_pong);
   AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
                   "how long a MoE layer waits for its router");
   AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,

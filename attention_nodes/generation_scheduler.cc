@@ -209,6 +209,7 @@ GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe*
       actor_("scheduler") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
+  runner_.set_ping_pong(options_.ping_pong);
 }
 
 GenerationScheduler::~GenerationScheduler() { Shutdown(); }

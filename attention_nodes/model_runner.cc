@@ -1,6 +1,7 @@
 #include "attention_nodes/model_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -37,49 +38,13 @@ std::unique_ptr<SequenceState> ModelRunner::NewSequence() const {
   return state;
 }
 
-void ModelRunner::DepthRead(const std::vector<float>& proj, const std::vector<float>& norm,
-                              int64_t rows, float* out) {
+void ModelRunner::DepthRead(MicroBatch& mb, const std::vector<float>& proj,
+                            const std::vector<float>& norm, float* out) {
   sources_.clear();
-  for (const std::vector<float>& block : blocks_) sources_.push_back(block.data());
-  sources_.push_back(prefix_.data());
-  AttnResRead(sources_, rows, weights_->config.hidden_size, proj.data(), norm.data(),
+  for (const std::vector<float>& block : mb.blocks) sources_.push_back(block.data());
+  sources_.push_back(mb.prefix.data());
+  AttnResRead(sources_, mb.rows, weights_->config.hidden_size, proj.data(), norm.data(),
               weights_->config.rms_norm_eps, out);
-}
-
-absl::Status ModelRunner::FeedForward(int layer, int64_t rows, float* out) {
-  const ModelConfig& config = weights_->config;
-  const LayerWeights& lw = weights_->layers[layer];
-  if (!lw.is_moe) {
-    const GatedMlpWeights& mlp = lw.dense_mlp;
-    GatedMlp(GatedMlpMatrices{mlp.gate, mlp.up, mlp.down}, glu_, normed_.data(), rows, out, false,
-             &mlp_scratch_);
-    return absl::OkStatus();
-  }
-  // The routed answer is in flight (possibly on other hosts) while the shared experts run here.
-  const absl::Time begin = absl::Now();
-  const absl::Status begun = routed_moe_->Begin(layer, normed_.data(), rows);
-  absl::Duration waited = absl::Now() - begin;
-  if (!begun.ok()) {
-    profile_.moe_wait += waited;
-    return begun;
-  }
-  const GatedMlpWeights& shared = lw.moe.shared;
-  GatedMlp(GatedMlpMatrices{shared.gate, shared.up, shared.down}, glu_, normed_.data(), rows, out,
-           false, &mlp_scratch_);
-  routed_.resize(static_cast<size_t>(rows * config.ExpertWidth()));
-  const absl::Time wait = absl::Now();
-  const absl::Status answered = routed_moe_->Wait(routed_.data());
-  waited += absl::Now() - wait;
-  profile_.moe_wait += waited;
-  profile_.layer_moe_wait.push_back(waited);
-  if (!answered.ok()) return answered;
-  if (config.IsLatentMoe()) {
-    MatMul(lw.moe.latent_up, routed_.data(), config.ExpertWidth(), rows, out, config.hidden_size,
-           /*accumulate=*/true);
-  } else {
-    for (int64_t i = 0; i < rows * config.hidden_size; ++i) out[i] += routed_[i];
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) {
@@ -87,6 +52,8 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
   profile_.moe_wait = absl::ZeroDuration();
   profile_.layer_moe_wait.clear();
   absl::Status status = StepLayers(batch, logits);
+  // A failed step may leave the other micro-batch's layer in flight.
+  if (!status.ok()) routed_moe_->Abandon();
   profile_.total = absl::Now() - start;
   return status;
 }
@@ -111,101 +78,195 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
     logit_rows += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
   }
 
-  // Embedding: the first source of depth attention, or the residual stream.
-  prefix_.resize(static_cast<size_t>(rows * d));
-  {
-    int64_t r = 0;
-    for (const BatchEntry& entry : batch) {
-      for (int32_t token : entry.tokens) {
-        for (int64_t i = 0; i < d; ++i) prefix_[r * d + i] = weights_->embed_tokens.At(token, i);
-        ++r;
+  // Two micro-batches cut where their rows come closest to equal, or one.
+  size_t cut = batch.size();
+  if (ping_pong_ && routed_moe_->Concurrency() >= 2 && batch.size() >= 2) {
+    int64_t before = 0, best = rows + 1;
+    for (size_t i = 1; i < batch.size(); ++i) {
+      before += static_cast<int64_t>(batch[i - 1].tokens.size());
+      if (std::abs(2 * before - rows) < best) {
+        best = std::abs(2 * before - rows);
+        cut = i;
       }
     }
   }
-  hidden_.resize(prefix_.size());
-  normed_.resize(prefix_.size());
-  mixed_.resize(prefix_.size());
-  ffn_.resize(prefix_.size());
-  blocks_.clear();
-  const bool attn_res = config.HasAttnRes();
+  const int count = cut < batch.size() ? 2 : 1;
+  micro_batches_[0].entries = batch.subspan(0, cut);
+  micro_batches_[1].entries = batch.subspan(cut);
+  for (int m = 0; m < count; ++m) Embed(micro_batches_[m]);
 
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    const LayerWeights& lw = weights_->layers[l];
-    // --- sequence-mixing sublayer
-    bool prefix_empty = false;
-    if (attn_res) {
-      if (blocks_.empty()) {
-        hidden_ = prefix_;
-      } else {
-        DepthRead(lw.attn_res_proj, lw.attn_res_norm, rows, hidden_.data());
+  const int layers = config.num_hidden_layers;
+  if (count == 1) {
+    MicroBatch& mb = micro_batches_[0];
+    for (int l = 0; l < layers; ++l) {
+      if (absl::Status s = StartLayer(mb, l); !s.ok()) return s;
+      if (absl::Status s = FinishLayer(mb, l); !s.ok()) return s;
+    }
+  } else {
+    // While one micro-batch's routed answer is in flight, the other's layer runs here.
+    MicroBatch& a = micro_batches_[0];
+    MicroBatch& b = micro_batches_[1];
+    if (absl::Status s = StartLayer(a, 0); !s.ok()) return s;
+    if (absl::Status s = StartLayer(b, 0); !s.ok()) return s;
+    for (int l = 0; l < layers; ++l) {
+      if (absl::Status s = FinishLayer(a, l); !s.ok()) return s;
+      if (l + 1 < layers) {
+        if (absl::Status s = StartLayer(a, l + 1); !s.ok()) return s;
       }
-      if (l % *config.attn_res_block_size == 0) {
-        blocks_.push_back(prefix_);
-        prefix_empty = true;
+      if (absl::Status s = FinishLayer(b, l); !s.ok()) return s;
+      if (l + 1 < layers) {
+        if (absl::Status s = StartLayer(b, l + 1); !s.ok()) return s;
       }
     }
-    const std::vector<float>& mixer_input = attn_res ? hidden_ : prefix_;
-    RmsNormRows(mixer_input.data(), d, rows, d, lw.input_layernorm.data(), config.rms_norm_eps,
-                normed_.data(), d);
-    // Projections run once over every row of the batch; the conv, the delta rule and the
-    // attention run per sequence over its own state.
-    absl::Status mixed;
-    if (lw.is_kda) {
-      kda_segments_.clear();
-      for (const BatchEntry& entry : batch) {
-        kda_segments_.push_back(KdaSegment{&entry.state->kda[l], static_cast<int64_t>(entry.tokens.size())});
-      }
-      mixed = KdaForwardBatch(config, lw.kda, normed_.data(), kda_segments_, mixed_.data(),
-                              &mixer_scratch_);
-    } else {
-      mla_segments_.clear();
-      for (const BatchEntry& entry : batch) {
-        mla_segments_.push_back(MlaSegment{&entry.state->mla[l], static_cast<int64_t>(entry.tokens.size())});
-      }
-      mixed = MlaForwardBatch(config, lw.mla, normed_.data(), mla_segments_, mixed_.data(),
-                              &mixer_scratch_);
-    }
-    if (!mixed.ok()) return mixed;
-    if (prefix_empty) {
-      prefix_.swap(mixed_);
-    } else {
-      for (size_t i = 0; i < prefix_.size(); ++i) prefix_[i] += mixed_[i];
-    }
-    // --- FFN sublayer
-    if (attn_res) {
-      DepthRead(lw.mlp_res_proj, lw.mlp_res_norm, rows, hidden_.data());
-    }
-    const std::vector<float>& ffn_input = attn_res ? hidden_ : prefix_;
-    RmsNormRows(ffn_input.data(), d, rows, d, lw.post_attention_layernorm.data(),
-                config.rms_norm_eps, normed_.data(), d);
-    if (absl::Status s = FeedForward(l, rows, ffn_.data()); !s.ok()) return s;
-    for (size_t i = 0; i < prefix_.size(); ++i) prefix_[i] += ffn_[i];
   }
   for (const BatchEntry& entry : batch) entry.state->length += entry.tokens.size();
 
-  // --- output: the final depth read, then only the rows whose logits are wanted.
-  if (attn_res) {
-    DepthRead(weights_->output_attn_res_proj, weights_->output_attn_res_norm, rows,
-                hidden_.data());
-  } else {
-    hidden_ = prefix_;
-  }
-  std::vector<float>& selected = normed_;
-  {
-    int64_t r = 0, out_row = 0;
-    for (const BatchEntry& entry : batch) {
-      const int64_t count = static_cast<int64_t>(entry.tokens.size());
-      const int64_t first = entry.all_logits ? 0 : count - 1;
-      for (int64_t t = first; t < count; ++t, ++out_row) {
-        RmsNormRows(hidden_.data() + (r + t) * d, d, 1, d, weights_->final_norm.data(),
-                    config.rms_norm_eps, selected.data() + out_row * d, d);
-      }
-      r += count;
-    }
+  // --- output: the rows whose logits are wanted, then one LM head product for all of them.
+  selected_.resize(static_cast<size_t>(logit_rows * d));
+  int64_t selected = 0;
+  for (int m = 0; m < count; ++m) {
+    selected += SelectOutputRows(micro_batches_[m], selected_.data() + selected * d);
   }
   logits->resize(static_cast<size_t>(logit_rows * config.vocab_size));
-  MatMul(weights_->lm_head, selected.data(), logit_rows, logits->data());
+  MatMul(weights_->lm_head, selected_.data(), logit_rows, logits->data());
   return absl::OkStatus();
+}
+
+void ModelRunner::Embed(MicroBatch& mb) {
+  const int64_t d = weights_->config.hidden_size;
+  mb.rows = 0;
+  for (const BatchEntry& entry : mb.entries) mb.rows += static_cast<int64_t>(entry.tokens.size());
+  // The first source of depth attention, or the residual stream.
+  mb.prefix.resize(static_cast<size_t>(mb.rows * d));
+  int64_t r = 0;
+  for (const BatchEntry& entry : mb.entries) {
+    for (int32_t token : entry.tokens) {
+      for (int64_t i = 0; i < d; ++i) mb.prefix[r * d + i] = weights_->embed_tokens.At(token, i);
+      ++r;
+    }
+  }
+  mb.hidden.resize(mb.prefix.size());
+  mb.normed.resize(mb.prefix.size());
+  mb.mixed.resize(mb.prefix.size());
+  mb.ffn.resize(mb.prefix.size());
+  mb.blocks.clear();
+}
+
+absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
+  const ModelConfig& config = weights_->config;
+  const LayerWeights& lw = weights_->layers[layer];
+  const int64_t d = config.hidden_size;
+  const int64_t rows = mb.rows;
+  const bool attn_res = config.HasAttnRes();
+  // --- sequence-mixing sublayer
+  bool prefix_empty = false;
+  if (attn_res) {
+    if (mb.blocks.empty()) {
+      mb.hidden = mb.prefix;
+    } else {
+      DepthRead(mb, lw.attn_res_proj, lw.attn_res_norm, mb.hidden.data());
+    }
+    if (layer % *config.attn_res_block_size == 0) {
+      mb.blocks.push_back(mb.prefix);
+      prefix_empty = true;
+    }
+  }
+  const std::vector<float>& mixer_input = attn_res ? mb.hidden : mb.prefix;
+  RmsNormRows(mixer_input.data(), d, rows, d, lw.input_layernorm.data(), config.rms_norm_eps,
+              mb.normed.data(), d);
+  // Projections run once over every row of the micro-batch; the conv, the delta rule and the
+  // attention run per sequence over its own state.
+  absl::Status mixed;
+  if (lw.is_kda) {
+    kda_segments_.clear();
+    for (const BatchEntry& entry : mb.entries) {
+      kda_segments_.push_back(
+          KdaSegment{&entry.state->kda[layer], static_cast<int64_t>(entry.tokens.size())});
+    }
+    mixed = KdaForwardBatch(config, lw.kda, mb.normed.data(), kda_segments_, mb.mixed.data(),
+                            &mixer_scratch_);
+  } else {
+    mla_segments_.clear();
+    for (const BatchEntry& entry : mb.entries) {
+      mla_segments_.push_back(
+          MlaSegment{&entry.state->mla[layer], static_cast<int64_t>(entry.tokens.size())});
+    }
+    mixed = MlaForwardBatch(config, lw.mla, mb.normed.data(), mla_segments_, mb.mixed.data(),
+                            &mixer_scratch_);
+  }
+  if (!mixed.ok()) return mixed;
+  if (prefix_empty) {
+    mb.prefix.swap(mb.mixed);
+  } else {
+    for (size_t i = 0; i < mb.prefix.size(); ++i) mb.prefix[i] += mb.mixed[i];
+  }
+  // --- FFN sublayer, up to the routed answer
+  if (attn_res) DepthRead(mb, lw.mlp_res_proj, lw.mlp_res_norm, mb.hidden.data());
+  const std::vector<float>& ffn_input = attn_res ? mb.hidden : mb.prefix;
+  RmsNormRows(ffn_input.data(), d, rows, d, lw.post_attention_layernorm.data(),
+              config.rms_norm_eps, mb.normed.data(), d);
+  if (!lw.is_moe) {
+    const GatedMlpWeights& mlp = lw.dense_mlp;
+    GatedMlp(GatedMlpMatrices{mlp.gate, mlp.up, mlp.down}, glu_, mb.normed.data(), rows,
+             mb.ffn.data(), false, &mlp_scratch_);
+    return absl::OkStatus();
+  }
+  // The routed answer is in flight (possibly on other hosts) while the shared experts run here.
+  const absl::Time begin = absl::Now();
+  const absl::Status begun = routed_moe_->Begin(layer, mb.normed.data(), rows);
+  mb.moe_begin = absl::Now() - begin;
+  if (!begun.ok()) {
+    profile_.moe_wait += mb.moe_begin;
+    return begun;
+  }
+  const GatedMlpWeights& shared = lw.moe.shared;
+  GatedMlp(GatedMlpMatrices{shared.gate, shared.up, shared.down}, glu_, mb.normed.data(), rows,
+           mb.ffn.data(), false, &mlp_scratch_);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::FinishLayer(MicroBatch& mb, int layer) {
+  const ModelConfig& config = weights_->config;
+  const LayerWeights& lw = weights_->layers[layer];
+  if (lw.is_moe) {
+    mb.routed.resize(static_cast<size_t>(mb.rows * config.ExpertWidth()));
+    const absl::Time wait = absl::Now();
+    const absl::Status answered = routed_moe_->Wait(mb.routed.data());
+    const absl::Duration waited = mb.moe_begin + (absl::Now() - wait);
+    profile_.moe_wait += waited;
+    profile_.layer_moe_wait.push_back(waited);
+    if (!answered.ok()) return answered;
+    if (config.IsLatentMoe()) {
+      MatMul(lw.moe.latent_up, mb.routed.data(), config.ExpertWidth(), mb.rows, mb.ffn.data(),
+             config.hidden_size, /*accumulate=*/true);
+    } else {
+      for (size_t i = 0; i < mb.ffn.size(); ++i) mb.ffn[i] += mb.routed[i];
+    }
+  }
+  for (size_t i = 0; i < mb.prefix.size(); ++i) mb.prefix[i] += mb.ffn[i];
+  return absl::OkStatus();
+}
+
+int64_t ModelRunner::SelectOutputRows(MicroBatch& mb, float* selected) {
+  const ModelConfig& config = weights_->config;
+  const int64_t d = config.hidden_size;
+  if (config.HasAttnRes()) {
+    DepthRead(mb, weights_->output_attn_res_proj, weights_->output_attn_res_norm,
+              mb.hidden.data());
+  } else {
+    mb.hidden = mb.prefix;
+  }
+  int64_t r = 0, out_row = 0;
+  for (const BatchEntry& entry : mb.entries) {
+    const int64_t count = static_cast<int64_t>(entry.tokens.size());
+    const int64_t first = entry.all_logits ? 0 : count - 1;
+    for (int64_t t = first; t < count; ++t, ++out_row) {
+      RmsNormRows(mb.hidden.data() + (r + t) * d, d, 1, d, weights_->final_norm.data(),
+                  config.rms_norm_eps, selected + out_row * d, d);
+    }
+    r += count;
+  }
+  return out_row;
 }
 
 }  // namespace k3

@@ -7,6 +7,12 @@
 // decode token): rows of all sequences share every matrix product, while the mixers run per
 // sequence over its own KdaState / MlaCache.
 //
+// Ping-pong micro-batches (MegaScale-Infer's, between attention and expert nodes): when the
+// RoutedMoe keeps two layers in flight (the router tier) and a step has two or more sequences, the
+// batch is cut into two micro-batches of about equal rows, and their layers interleave: while one
+// micro-batch's routed answer is on the wire and in the router and expert tiers, this thread
+// computes the other's attention. Each sequence's math is the same as in one batch.
+//
 // Thread-safety: not thread-safe; one owner thread calls Step. The weights and the RoutedMoe are
 // borrowed and must outlive the runner; SequenceStates are owned by the caller.
 #ifndef K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
@@ -58,6 +64,10 @@ class ModelRunner {
  public:
   ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
 
+  // Whether steps may run as two ping-pong micro-batches (on by default; it takes effect only
+  // where the RoutedMoe's Concurrency() is 2 or more).
+  void set_ping_pong(bool enabled) { ping_pong_ = enabled; }
+
   std::unique_ptr<SequenceState> NewSequence() const;
 
   // Appends each entry's tokens to its sequence and writes logits rows: per entry in order, every
@@ -72,21 +82,38 @@ class ModelRunner {
   const StepProfile& last_profile() const { return profile_; }
 
  private:
-  absl::Status StepLayers(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+  // Part of a step's batch, with the buffers of its residual stream.
+  struct MicroBatch {
+    absl::Span<const BatchEntry> entries;
+    int64_t rows = 0;
+    std::vector<std::vector<float>> blocks;  // completed AttnRes blocks, each [rows, d]
+    std::vector<float> prefix, hidden, normed, mixed, ffn, routed;
+    absl::Duration moe_begin = absl::ZeroDuration();  // in RoutedMoe::Begin for the open layer
+  };
 
+  absl::Status StepLayers(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+  void Embed(MicroBatch& mb);
+  // Layer `layer` up to the routed answer: the mixing sublayer, then the FFN's norm, the routed
+  // rows sent (RoutedMoe::Begin) and the shared experts (or the dense MLP).
+  absl::Status StartLayer(MicroBatch& mb, int layer);
+  // The rest of the layer: the routed answer (RoutedMoe::Wait), its up projection, the residual.
+  absl::Status FinishLayer(MicroBatch& mb, int layer);
+  // The final depth read and norm of the rows whose logits are wanted, into `selected` [.., d];
+  // returns how many rows it wrote.
+  int64_t SelectOutputRows(MicroBatch& mb, float* selected);
   // Depth attention over the completed blocks and the current prefix.
-  void DepthRead(const std::vector<float>& proj, const std::vector<float>& norm, int64_t rows,
-                   float* out);
-  absl::Status FeedForward(int layer, int64_t rows, float* out);
+  void DepthRead(MicroBatch& mb, const std::vector<float>& proj, const std::vector<float>& norm,
+                 float* out);
 
   const ModelWeights* weights_;
   RoutedMoe* routed_moe_;
   GluParams glu_;
+  bool ping_pong_ = true;
   StepProfile profile_;
 
   // Per-step buffers, kept to avoid allocating on every decode step.
-  std::vector<std::vector<float>> blocks_;  // completed AttnRes blocks, each [rows, d]
-  std::vector<float> prefix_, hidden_, normed_, mixed_, ffn_, routed_, mlp_scratch_;
+  MicroBatch micro_batches_[2];
+  std::vector<float> mlp_scratch_, selected_;
   std::vector<const float*> sources_;
   Scratch mixer_scratch_;
   std::vector<KdaSegment> kda_segments_;

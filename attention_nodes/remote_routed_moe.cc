@@ -74,31 +74,35 @@ void RemoteRoutedMoe::RecordRoundTrip(absl::Duration round_trip) {
 }
 
 absl::Status RemoteRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
-  if (in_flight_) return absl::FailedPreconditionError("Begin while a layer is in flight");
+  if (in_flight_.size() >= kConcurrency) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Begin with ", in_flight_.size(), " layers in flight"));
+  }
   if (tokens <= 0) return absl::InvalidArgumentError("a MoE layer step needs at least one row");
-  layer_ = layer;
-  x_ = x;
-  tokens_ = tokens;
-  attempts_.clear();
-  tried_.clear();
+  InFlight& begun = in_flight_.emplace_back();
+  begun.layer = layer;
+  begun.x = x;
+  begun.tokens = tokens;
   const absl::Time now = absl::Now();
-  deadline_ = now + options_.timeout;
-  if (absl::Status s = SendToNextRouter(); !s.ok()) return s;
-  retry_at_ = now + step_deadline_;
-  in_flight_ = true;
+  begun.deadline = now + options_.timeout;
+  if (absl::Status s = SendToNextRouter(begun); !s.ok()) {
+    in_flight_.clear();  // the step fails: nobody waits for the others
+    return s;
+  }
+  begun.retry_at = now + step_deadline_;
   return absl::OkStatus();
 }
 
-absl::Status RemoteRoutedMoe::SendToNextRouter() {
+absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
   MoeRequest request;
-  request.layer = layer_;
-  request.tokens = tokens_;
+  request.layer = layer.layer;
+  request.tokens = layer.tokens;
   request.width = hidden_size_;
-  request.rows.assign(x_, x_ + tokens_ * hidden_size_);
+  request.rows.assign(layer.x, layer.x + layer.tokens * hidden_size_);
   absl::Status last_error = absl::UnavailableError(
-      tried_.empty() ? "no router is connected"
-                     : absl::StrCat("no other router is usable (tried: router ",
-                                    absl::StrJoin(tried_, ", router "), ")"));
+      layer.tried.empty() ? "no router is connected"
+                          : absl::StrCat("no other router is usable (tried: router ",
+                                         absl::StrJoin(layer.tried, ", router "), ")"));
   while (true) {
     // Round-robin from next_router_: the first untried router that is not suspect, else the first
     // untried one.
@@ -110,7 +114,9 @@ absl::Status RemoteRoutedMoe::SendToNextRouter() {
       for (int pass = 0; pass < 2 && !found; ++pass) {
         for (size_t i = 0; i < n; ++i) {
           const PeerId candidate = routers_[(next_router_ + i) % n];
-          if (std::find(tried_.begin(), tried_.end(), candidate) != tried_.end()) continue;
+          if (std::find(layer.tried.begin(), layer.tried.end(), candidate) != layer.tried.end()) {
+            continue;
+          }
           if (pass == 0 && suspects_.count(candidate) > 0) continue;
           router = candidate;
           next_router_ += i + 1;
@@ -123,12 +129,12 @@ absl::Status RemoteRoutedMoe::SendToNextRouter() {
     request.step_id = NextStepId();
     absl::Status sent = transport_->Send(router, Encode(request));
     if (sent.ok()) {
-      attempts_.push_back(Attempt{request.step_id, router, absl::Now()});
-      tried_.push_back(router);
-      last_superseded_ = false;
+      layer.attempts.push_back(Attempt{request.step_id, router, absl::Now()});
+      layer.tried.push_back(router);
+      layer.last_superseded = false;
       return absl::OkStatus();
     }
-    LOG(WARNING) << "MoE layer " << layer_ << ": router " << router
+    LOG(WARNING) << "MoE layer " << layer.layer << ": router " << router
                  << " does not take requests, dropping it: " << sent;
     DropRouter(router);
     if (absl::IsUnavailable(sent) && options_.on_router_failed) {
@@ -141,122 +147,160 @@ absl::Status RemoteRoutedMoe::SendToNextRouter() {
   return last_error;
 }
 
-void RemoteRoutedMoe::MaybeRetry(absl::Time now) {
-  const PeerId last = tried_.back();
-  const bool gone = !last_superseded_ && !Usable(last);
-  const bool late = now >= retry_at_;
+void RemoteRoutedMoe::MaybeRetry(InFlight& layer, absl::Time now) {
+  const PeerId last = layer.tried.back();
+  const bool gone = !layer.last_superseded && !Usable(last);
+  const bool late = now >= layer.retry_at;
   if (!gone && !late) return;
-  last_superseded_ = true;
+  layer.last_superseded = true;
   const bool newly_suspect = late && !gone && suspects_.insert(last).second;
-  if (absl::Status s = SendToNextRouter(); !s.ok()) {
-    // Nobody else to ask now: keep waiting for what is in flight; look again later.
-    retry_at_ = now + step_deadline_;
-    return;
-  }
+  layer.retry_at = now + step_deadline_;
+  // With nobody else to ask now, keep waiting for what is in flight; look again later.
+  if (!SendToNextRouter(layer).ok()) return;
   retries_.fetch_add(1, std::memory_order_relaxed);
-  retry_at_ = now + step_deadline_;
   if (gone) {
-    LOG(WARNING) << "router " << last << " is no longer usable; MoE layer " << layer_ << " ("
-                 << tokens_ << " rows) goes to router " << tried_.back();
+    LOG(WARNING) << "router " << last << " is no longer usable; MoE layer " << layer.layer << " ("
+                 << layer.tokens << " rows) goes to router " << layer.tried.back();
   } else if (newly_suspect) {
-    LOG(WARNING) << "router " << last << " did not answer MoE layer " << layer_ << " ("
-                 << tokens_ << " rows) within the step deadline of "
+    LOG(WARNING) << "router " << last << " did not answer MoE layer " << layer.layer << " ("
+                 << layer.tokens << " rows) within the step deadline of "
                  << absl::FormatDuration(step_deadline_) << "; sending it to router "
-                 << tried_.back() << " and no new layers to router " << last
+                 << layer.tried.back() << " and no new layers to router " << last
                  << " until it answers";
   }
 }
 
+void RemoteRoutedMoe::Settle(InFlight& layer, absl::Status result) {
+  layer.done = true;
+  layer.result = std::move(result);
+  layer.attempts.clear();
+}
+
 absl::Status RemoteRoutedMoe::Wait(float* out) {
-  if (!in_flight_) return absl::FailedPreconditionError("Wait without Begin");
-  in_flight_ = false;
+  if (in_flight_.empty()) return absl::FailedPreconditionError("Wait without Begin");
   RestKernelThreads();  // nothing to compute until the router answers
-  while (true) {
-    const absl::Time now = absl::Now();
-    if (now >= deadline_) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("router ", absl::StrJoin(tried_, ", router "), " did not answer MoE layer ",
-                       layer_, " (", tokens_, " rows) within ",
-                       absl::FormatDuration(options_.timeout)));
-    }
-    MaybeRetry(now);
-    // Wakes at least every kRecheck to notice a router the owner no longer lists.
-    absl::StatusOr<Received> received =
-        transport_->Receive(std::min({deadline_, retry_at_, now + kRecheck}));
-    if (!received.ok()) {
-      if (absl::IsDeadlineExceeded(received.status())) continue;
-      if (absl::IsCancelled(received.status())) {
-        return absl::UnavailableError("the data-plane transport is closed");
-      }
-      return received.status();
-    }
-    const PeerId from = received->from;
-    if (received->kind == Received::Kind::kPeerFailed) {
-      DropRouter(from);
-      if (options_.on_router_failed) options_.on_router_failed(from, received->error);
-      const size_t before = attempts_.size();
-      attempts_.erase(std::remove_if(attempts_.begin(), attempts_.end(),
-                                     [from](const Attempt& a) { return a.router == from; }),
-                      attempts_.end());
-      if (attempts_.size() == before || !attempts_.empty()) continue;
-      LOG(WARNING) << "router " << from << " failed during MoE layer " << layer_
-                   << ", sending the rows to another router: " << received->error;
-      if (absl::Status s = SendToNextRouter(); !s.ok()) {
-        return absl::UnavailableError(absl::StrCat(received->error.message(), "; ", s.message()));
-      }
-      retry_at_ = absl::Now() + step_deadline_;
-      continue;
-    }
-    if (suspects_.erase(from) > 0) {
-      LOG(INFO) << "router " << from << " answers again; new MoE layers may go to it";
-    }
-    absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received->bytes);
-    if (!kind.ok() || *kind != MoeMessageKind::kMoeResponse) {
-      LOG(WARNING) << "dropping a data-plane message from peer " << from
-                   << " that is not a MoeResponse";
-      continue;
-    }
-    MoeResponse response;
-    if (absl::Status s = Decode(received->bytes, &response); !s.ok()) {
-      LOG(WARNING) << "dropping a malformed MoeResponse from peer " << from << ": " << s;
-      continue;
-    }
-    auto attempt = std::find_if(attempts_.begin(), attempts_.end(), [&](const Attempt& a) {
-      return a.step_id == response.step_id;
-    });
-    if (attempt == attempts_.end()) {
-      ++stale_answers_;
-      continue;
-    }
-    const absl::Time sent = attempt->sent;
-    if (!response.status.ok()) {
-      attempts_.erase(attempt);
-      // Another attempt may still answer; the error stands only when none is left.
-      if (!attempts_.empty()) continue;
-      if (absl::IsAborted(response.status)) {
-        // The router cannot serve the layer for a reason of its own: another router may.
-        LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer_
-                                 << " (every 20th logged): " << response.status.message()
-                                 << "; trying another router";
-        if (SendToNextRouter().ok()) {
-          retries_.fetch_add(1, std::memory_order_relaxed);
-          retry_at_ = absl::Now() + step_deadline_;
-          continue;
-        }
-      }
-      return absl::Status(response.status.code(),
-                          absl::StrCat("router ", from, ": ", response.status.message()));
-    }
-    if (response.tokens != tokens_ || response.width != expert_width_ ||
-        response.rows.size() != static_cast<size_t>(tokens_ * expert_width_)) {
-      return absl::InternalError(absl::StrCat(
-          "router ", from, " answered MoE layer ", layer_, " with ", response.tokens,
-          " x ", response.width, " rows; expected ", tokens_, " x ", expert_width_));
-    }
-    RecordRoundTrip(absl::Now() - sent);
-    std::memcpy(out, response.rows.data(), response.rows.size() * sizeof(float));
-    return absl::OkStatus();
+  AwaitOldest();
+  InFlight oldest = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (!oldest.result.ok()) {
+    in_flight_.clear();  // the step fails: nobody waits for the others
+    return oldest.result;
   }
+  std::memcpy(out, oldest.rows.data(), oldest.rows.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+void RemoteRoutedMoe::AwaitOldest() {
+  InFlight& oldest = in_flight_.front();
+  while (!oldest.done) {
+    const absl::Time now = absl::Now();
+    if (now >= oldest.deadline) {
+      Settle(oldest, absl::DeadlineExceededError(absl::StrCat(
+                         "router ", absl::StrJoin(oldest.tried, ", router "),
+                         " did not answer MoE layer ", oldest.layer, " (", oldest.tokens,
+                         " rows) within ", absl::FormatDuration(options_.timeout))));
+      return;
+    }
+    // Wakes at least every kRecheck to notice a router the owner no longer lists.
+    absl::Time wake = std::min(oldest.deadline, now + kRecheck);
+    for (InFlight& layer : in_flight_) {
+      if (layer.done) continue;
+      MaybeRetry(layer, now);
+      wake = std::min(wake, layer.retry_at);
+    }
+    absl::StatusOr<Received> received = transport_->Receive(wake);
+    if (received.ok()) {
+      Deliver(*std::move(received));
+    } else if (absl::IsCancelled(received.status())) {
+      Settle(oldest, absl::UnavailableError("the data-plane transport is closed"));
+    } else if (!absl::IsDeadlineExceeded(received.status())) {
+      Settle(oldest, received.status());
+    }
+  }
+}
+
+void RemoteRoutedMoe::Deliver(Received received) {
+  const PeerId from = received.from;
+  if (received.kind == Received::Kind::kPeerFailed) {
+    DropRouter(from);
+    if (options_.on_router_failed) options_.on_router_failed(from, received.error);
+    for (InFlight& layer : in_flight_) {
+      if (layer.done) continue;
+      const size_t before = layer.attempts.size();
+      layer.attempts.erase(std::remove_if(layer.attempts.begin(), layer.attempts.end(),
+                                          [from](const Attempt& a) { return a.router == from; }),
+                           layer.attempts.end());
+      if (layer.attempts.size() == before || !layer.attempts.empty()) continue;
+      LOG(WARNING) << "router " << from << " failed during MoE layer " << layer.layer
+                   << ", sending the rows to another router: " << received.error;
+      if (absl::Status s = SendToNextRouter(layer); !s.ok()) {
+        Settle(layer,
+               absl::UnavailableError(absl::StrCat(received.error.message(), "; ", s.message())));
+        continue;
+      }
+      layer.retry_at = absl::Now() + step_deadline_;
+    }
+    return;
+  }
+  if (suspects_.erase(from) > 0) {
+    LOG(INFO) << "router " << from << " answers again; new MoE layers may go to it";
+  }
+  absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received.bytes);
+  if (!kind.ok() || *kind != MoeMessageKind::kMoeResponse) {
+    LOG(WARNING) << "dropping a data-plane message from peer " << from
+                 << " that is not a MoeResponse";
+    return;
+  }
+  MoeResponse response;
+  if (absl::Status s = Decode(received.bytes, &response); !s.ok()) {
+    LOG(WARNING) << "dropping a malformed MoeResponse from peer " << from << ": " << s;
+    return;
+  }
+  InFlight* layer = nullptr;
+  std::vector<Attempt>::iterator attempt;
+  for (InFlight& candidate : in_flight_) {
+    attempt = std::find_if(candidate.attempts.begin(), candidate.attempts.end(),
+                           [&](const Attempt& a) { return a.step_id == response.step_id; });
+    if (attempt != candidate.attempts.end()) {
+      layer = &candidate;
+      break;
+    }
+  }
+  if (layer == nullptr) {
+    ++stale_answers_;
+    return;
+  }
+  const absl::Time sent = attempt->sent;
+  if (!response.status.ok()) {
+    layer->attempts.erase(attempt);
+    // Another attempt may still answer; the error stands only when none is left.
+    if (!layer->attempts.empty()) return;
+    if (absl::IsAborted(response.status)) {
+      // The router cannot serve the layer for a reason of its own: another router may.
+      LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer->layer
+                               << " (every 20th logged): " << response.status.message()
+                               << "; trying another router";
+      if (SendToNextRouter(*layer).ok()) {
+        retries_.fetch_add(1, std::memory_order_relaxed);
+        layer->retry_at = absl::Now() + step_deadline_;
+        return;
+      }
+    }
+    Settle(*layer, absl::Status(response.status.code(),
+                                absl::StrCat("router ", from, ": ", response.status.message())));
+    return;
+  }
+  if (response.tokens != layer->tokens || response.width != expert_width_ ||
+      response.rows.size() != static_cast<size_t>(layer->tokens * expert_width_)) {
+    Settle(*layer, absl::InternalError(absl::StrCat(
+                       "router ", from, " answered MoE layer ", layer->layer, " with ",
+                       response.tokens, " x ", response.width, " rows; expected ", layer->tokens,
+                       " x ", expert_width_)));
+    return;
+  }
+  RecordRoundTrip(absl::Now() - sent);
+  layer->rows = std::move(response.rows);
+  Settle(*layer, absl::OkStatus());
 }
 
 }  // namespace k3

@@ -29,6 +29,10 @@
 // After a failed Wait the step is abandoned: answers that arrive later carry a step id nobody
 // waits for and are dropped. Step ids are unique in the process.
 //
+// Ping-pong: up to kConcurrency layers (of different micro-batches) may be in flight at once, each
+// with its own attempts, deadlines and retries; an answer that arrives for a later layer while an
+// earlier one is waited for is kept until its Wait. A failed Begin or Wait abandons them all.
+//
 // The Transport's Receive is driven only from Wait, so this object must be the only receiver on
 // its Transport (an attention worker receives nothing but MoE answers).
 //
@@ -39,6 +43,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <set>
 #include <vector>
@@ -83,8 +88,13 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void SetRouters(std::vector<PeerId> routers);
   int usable_routers() const;
 
+  // Layers in flight at once: one per micro-batch of a ping-pong step.
+  static constexpr int kConcurrency = 2;
+
   absl::Status Begin(int layer, const float* x, int64_t tokens) override;
   absl::Status Wait(float* out) override;
+  int Concurrency() const override { return kConcurrency; }
+  void Abandon() override { in_flight_.clear(); }
 
   // Answers dropped because no step waited for them (late answers of abandoned steps).
   uint64_t stale_answers() const { return stale_answers_; }
@@ -101,13 +111,34 @@ class RemoteRoutedMoe final : public RoutedMoe {
     absl::Time sent;
   };
 
-  // Sends the current layer's rows, under a fresh step id, to the next usable router this layer
-  // has not tried, preferring routers that are not suspect; routers whose Send fails are dropped
-  // from the set. UNAVAILABLE when none takes them.
-  absl::Status SendToNextRouter();
+  // A layer begun and not yet waited for.
+  struct InFlight {
+    int layer = -1;
+    const float* x = nullptr;
+    int64_t tokens = 0;
+    std::vector<Attempt> attempts;  // attempts that may still answer
+    std::vector<PeerId> tried;      // every router the layer was sent to
+    bool last_superseded = false;   // the last attempt was already followed by a retry decision
+    absl::Time deadline;            // Begin + timeout
+    absl::Time retry_at;            // the last attempt's step deadline
+    // Its outcome, once known: the answer's rows, or why there is none.
+    bool done = false;
+    absl::Status result;
+    std::vector<float> rows;
+  };
+
+  // Sends the layer's rows, under a fresh step id, to the next usable router it has not tried,
+  // preferring routers that are not suspect; routers whose Send fails are dropped from the set.
+  // UNAVAILABLE when none takes them.
+  absl::Status SendToNextRouter(InFlight& layer);
   // Sends the layer to another router when its last attempt's router is late or no longer
   // usable (see the file comment).
-  void MaybeRetry(absl::Time now);
+  void MaybeRetry(InFlight& layer, absl::Time now);
+  // Receives until the oldest layer's outcome is known, settling later layers' on the way.
+  void AwaitOldest();
+  // Applies one received event to the layers in flight.
+  void Deliver(Received received);
+  void Settle(InFlight& layer, absl::Status result);
   void DropRouter(PeerId router);
   bool Usable(PeerId router) const;
   void RecordRoundTrip(absl::Duration round_trip);
@@ -122,16 +153,8 @@ class RemoteRoutedMoe final : public RoutedMoe {
 
   // Stepping thread only.
   uint64_t next_router_ = 0;
-  bool in_flight_ = false;
-  int layer_ = -1;
-  const float* x_ = nullptr;
-  int64_t tokens_ = 0;
-  std::vector<Attempt> attempts_;  // the current layer's attempts that may still answer
-  std::vector<PeerId> tried_;      // every router the current layer was sent to
-  bool last_superseded_ = false;   // the last attempt was already followed by a retry decision
-  absl::Time deadline_;            // Begin + timeout
-  absl::Time retry_at_;            // the last attempt's step deadline
-  std::set<PeerId> suspects_;      // late routers that have not answered since
+  std::deque<InFlight> in_flight_;  // oldest first
+  std::set<PeerId> suspects_;       // late routers that have not answered since
   uint64_t stale_answers_ = 0;
   std::vector<absl::Duration> round_trips_;  // a ring of the last kRoundTripWindow answered layers
   size_t next_round_trip_ = 0;

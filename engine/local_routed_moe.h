@@ -19,6 +19,7 @@ class LocalRoutedMoe : public RoutedMoe {
 
   absl::Status Begin(int layer, const float* x, int64_t tokens) override;
   absl::Status Wait(float* out) override;
+  void Abandon() override { layer_ = -1; }
 
   // The routing of the last step (for tests and statistics).
   const Routing& last_routing() const { return step_.routing; }

@@ -5,7 +5,12 @@
 //   Kimi Linear:     u = Σ_j w_j E_j(x)               [tokens, hidden_size] (scaling included)
 // The attention side then applies routed_expert_up_proj (LatentMoE) and adds the shared experts.
 //
-// Thread-safety: one step at a time; Begin and Wait alternate, from one thread.
+// Layers in flight: at most Concurrency() at once. With more than one (ping-pong micro-batches: the
+// attention worker computes one micro-batch while the other's routed answer is in flight), Waits
+// answer the layers in the order they were begun. After an error from Begin or Wait every layer
+// in flight is abandoned (the caller fails the step).
+//
+// Thread-safety: one thread calls Begin and Wait.
 #ifndef K3SERVE_MOE_ROUTED_MOE_H_
 #define K3SERVE_MOE_ROUTED_MOE_H_
 
@@ -20,9 +25,14 @@ class RoutedMoe {
   virtual ~RoutedMoe() = default;
   // Starts layer `layer` for rows x [tokens, hidden_size]; x stays valid until Wait returns.
   virtual absl::Status Begin(int layer, const float* x, int64_t tokens) = 0;
-  // Writes the answer to out [tokens, ExpertWidth()]. Errors (a dead worker, a deadline) name the
-  // cause; the step is then abandoned.
+  // Writes the answer of the oldest layer begun and not yet waited for to out [tokens,
+  // ExpertWidth()]. Errors (a dead worker, a deadline) name the cause; the step is then abandoned.
   virtual absl::Status Wait(float* out) = 0;
+  // How many layers may be in flight at once (Begin again before Wait).
+  virtual int Concurrency() const { return 1; }
+  // Drops every layer in flight (the caller failed the step for a reason of its own); answers
+  // that arrive for them later are discarded. Nothing to do where Wait always follows Begin.
+  virtual void Abandon() {}
 };
 
 }  // namespace k3

@@ -3,7 +3,9 @@
 // (router error, router death, silence) must end Wait with a clear status instead of a hang.
 #include "attention_nodes/remote_routed_moe.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -221,6 +223,124 @@ TEST_F(RemoteRoutedMoeTest, ModelStepLogitsEqualTheInProcessEngine) {
   ASSERT_TRUE(remote_runner.Step({{a.get(), next, false}}, &got).ok());
   ASSERT_TRUE(local_runner.Step({{b.get(), next, false}}, &want).ok());
   EXPECT_EQ(got, want);
+}
+
+// Ping-pong: two layers in flight at once are answered in the order they were begun, each with
+// its own rows; a third Begin is refused.
+TEST_F(RemoteRoutedMoeTest, TwoLayersInFlightAreAnsweredInTheOrderBegun) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  router.set_delay(absl::Milliseconds(5));
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  ASSERT_EQ(remote.Concurrency(), 2);
+  LocalRoutedMoe local(weights_);
+  const int width = config().ExpertWidth();
+  std::vector<int> layers;
+  for (int l = 0; l < config().num_hidden_layers; ++l) {
+    if (config().IsMoe(l)) layers.push_back(l);
+  }
+  ASSERT_GE(layers.size(), 2u);
+  const std::vector<float> a = RandomRows(3, config().hidden_size, 21);
+  const std::vector<float> b = RandomRows(2, config().hidden_size, 22);
+  std::vector<float> got_a(3 * width), got_b(2 * width), want_a(3 * width), want_b(2 * width);
+  ASSERT_TRUE(remote.Begin(layers[0], a.data(), 3).ok());
+  ASSERT_TRUE(remote.Begin(layers[1], b.data(), 2).ok());
+  EXPECT_EQ(remote.Begin(layers[0], a.data(), 3).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(remote.Wait(got_a.data()).ok());
+  ASSERT_TRUE(remote.Wait(got_b.data()).ok());
+  ASSERT_TRUE(local.Begin(layers[0], a.data(), 3).ok());
+  ASSERT_TRUE(local.Wait(want_a.data()).ok());
+  ASSERT_TRUE(local.Begin(layers[1], b.data(), 2).ok());
+  ASSERT_TRUE(local.Wait(want_b.data()).ok());
+  EXPECT_EQ(got_a, want_a);
+  EXPECT_EQ(got_b, want_b);
+  EXPECT_EQ(router.requests(), 2);
+}
+
+// A failed layer fails the step and abandons the other layer in flight: nothing is left to wait
+// for, and the next step starts clean.
+TEST_F(RemoteRoutedMoeTest, AFailedLayerAbandonsTheOtherOneInFlight) {
+  FakeRouter failing(&network_, weights_, FakeRouter::Mode::kFail);
+  Link(failing, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 23);
+  std::vector<float> out(2 * config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kFailedPrecondition);
+
+  FakeRouter good(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(good, 2);
+  remote.SetRouters({2});
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  remote.Abandon();  // e.g. the step failed in an attention layer
+  EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  ASSERT_TRUE(remote.Wait(out.data()).ok());
+  std::vector<float> want(out.size());
+  LocalRoutedMoe local(weights_);
+  ASSERT_TRUE(local.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  ASSERT_TRUE(local.Wait(want.data()).ok());
+  EXPECT_EQ(out, want);  // not the abandoned layers' late answers
+}
+
+// A batch of several sequences runs as two ping-pong micro-batches through the router tier; each
+// sequence's logits match the in-process engine running the whole batch (up to fp32 summation
+// order: the micro-batches share fewer rows per product) and greedy decoding picks the same tokens.
+TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  LocalRoutedMoe local(weights_);
+  ModelRunner remote_runner(weights_, &remote);
+  ModelRunner local_runner(weights_, &local);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 17, 250, 9}, {511, 0}, {42, 8, 1}};
+  std::vector<std::unique_ptr<SequenceState>> remote_states, local_states;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    remote_states.push_back(remote_runner.NewSequence());
+    local_states.push_back(local_runner.NewSequence());
+  }
+  int moe_layers = 0;
+  for (int l = 0; l < config().num_hidden_layers; ++l) moe_layers += config().IsMoe(l) ? 1 : 0;
+  std::vector<std::vector<int32_t>> inputs = prompts;
+  std::vector<std::vector<int32_t>> remote_tokens(prompts.size()), local_tokens(prompts.size());
+  const int vocab = config().vocab_size;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<BatchEntry> remote_batch, local_batch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      remote_batch.push_back({remote_states[i].get(), inputs[i], false});
+      local_batch.push_back({local_states[i].get(), inputs[i], false});
+    }
+    std::vector<float> got, want;
+    ASSERT_TRUE(remote_runner.Step(remote_batch, &got).ok());
+    ASSERT_TRUE(local_runner.Step(local_batch, &want).ok());
+    // Two micro-batches: each MoE layer waited for twice.
+    EXPECT_EQ(remote_runner.last_profile().layer_moe_wait.size(), 2u * moe_layers);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "step " << step << " " << i;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const float* g = got.data() + i * vocab;
+      const float* w = want.data() + i * vocab;
+      remote_tokens[i].push_back(static_cast<int32_t>(std::max_element(g, g + vocab) - g));
+      local_tokens[i].push_back(static_cast<int32_t>(std::max_element(w, w + vocab) - w));
+      inputs[i] = {local_tokens[i].back()};
+    }
+  }
+  EXPECT_EQ(remote_tokens, local_tokens);
+  // Off, the same runner steps the batch whole.
+  remote_runner.set_ping_pong(false);
+  std::vector<BatchEntry> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({remote_states[i].get(), inputs[i], false});
+  std::vector<float> logits;
+  ASSERT_TRUE(remote_runner.Step(batch, &logits).ok());
+  EXPECT_EQ(remote_runner.last_profile().layer_moe_wait.size(), static_cast<size_t>(moe_layers));
 }
 
 TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessage) {
