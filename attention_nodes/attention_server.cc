@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -287,9 +289,14 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   AddBoundedInt(app, "--max-prompt-tokens", &s.max_prompt_tokens, 1, 1 << 24,
                 "the longest prompt admitted");
   app->add_option("--ping-pong", s.ping_pong,
-                  "run steps of two or more sequences as two micro-batches that take turns: one "
-                  "computes attention while the other's MoE layer is at the routers (true/false)")
-      ->default_val(s.ping_pong);
+                  "steps of two or more sequences as two micro-batches that take turns, one "
+                  "computing attention while the other's MoE layer is at the routers: auto "
+                  "(whichever is measured faster), on, off")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, PingPong>{
+              {"auto", PingPong::kMeasured}, {"on", PingPong::kAlways}, {"off", PingPong::kOff}},
+          CLI::ignore_case))
+      ->default_str("auto");
   AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
                   "how long a MoE layer waits for its router");
   AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,

@@ -88,6 +88,10 @@ struct GenerationScheduler::Metrics {
                              .AddCounter("k3_attention_generated_tokens_total",
                                          "Tokens generated and streamed.")
                              .Get()),
+        ping_pong_steps(registry
+                            .AddCounter("k3_attention_ping_pong_steps_total",
+                                        "Steps run as two ping-pong micro-batches.")
+                            .Get()),
         active(registry
                    .AddGauge("k3_attention_active_requests",
                              "Generation requests submitted and not yet finished.")
@@ -154,6 +158,7 @@ struct GenerationScheduler::Metrics {
   Counter* rejected;
   Counter* prompt_tokens;
   Counter* generated_tokens;
+  Counter* ping_pong_steps;
   Gauge* active;
   Gauge* cached;
   Gauge* state_bytes;
@@ -488,6 +493,7 @@ void GenerationScheduler::RunStep() {
       metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
     }
     metrics_->step_tokens->Observe(static_cast<double>(decode_tokens + prefill_tokens));
+    if (profile.ping_pong) metrics_->ping_pong_steps->Increment();
   }
   if (!status.ok()) {
     const GenerationResult result = ErrorResult(StepFailure(status));

@@ -88,9 +88,9 @@ struct SchedulerOptions {
   // >= 1; capped at max_batch_tokens. 1: where a prompt token costs more than the decode step
   // (k3-tiny at a long prefix), even one more token per step keeps the latency bound.
   int64_t min_prefill_chunk = 1;
-  // Steps of two or more sequences run as two ping-pong micro-batches where the MoE tier keeps two
-  // layers in flight (ModelRunner::set_ping_pong).
-  bool ping_pong = true;
+  // When steps of two or more sequences run as two ping-pong micro-batches (where the MoE tier
+  // keeps two layers in flight; ModelRunner::set_ping_pong).
+  PingPong ping_pong = PingPong::kMeasured;
 
   // INVALID_ARGUMENT naming the first option out of range.
   absl::Status Validate() const;

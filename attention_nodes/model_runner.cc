@@ -47,14 +47,28 @@ void ModelRunner::DepthRead(MicroBatch& mb, const std::vector<float>& proj,
               weights_->config.rms_norm_eps, out);
 }
 
+bool ModelRunner::CanPingPong(absl::Span<const BatchEntry> batch) const {
+  return ping_pong_ != PingPong::kOff && routed_moe_->Concurrency() >= 2 && batch.size() >= 2;
+}
+
+int64_t ModelRunner::Rows(absl::Span<const BatchEntry> batch) {
+  int64_t rows = 0;
+  for (const BatchEntry& entry : batch) rows += static_cast<int64_t>(entry.tokens.size());
+  return rows;
+}
+
 absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) {
   const absl::Time start = absl::Now();
   profile_.moe_wait = absl::ZeroDuration();
   profile_.layer_moe_wait.clear();
+  profile_.ping_pong = false;
   absl::Status status = StepLayers(batch, logits);
   // A failed step may leave the other micro-batch's layer in flight.
   if (!status.ok()) routed_moe_->Abandon();
   profile_.total = absl::Now() - start;
+  if (status.ok() && ping_pong_ == PingPong::kMeasured && CanPingPong(batch)) {
+    ping_pong_chooser_.Record(Rows(batch), profile_.ping_pong, profile_.total);
+  }
   return status;
 }
 
@@ -80,7 +94,8 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
 
   // Two micro-batches cut where their rows come closest to equal, or one.
   size_t cut = batch.size();
-  if (ping_pong_ && routed_moe_->Concurrency() >= 2 && batch.size() >= 2) {
+  if (CanPingPong(batch) &&
+      (ping_pong_ == PingPong::kAlways || ping_pong_chooser_.Choose(rows))) {
     int64_t before = 0, best = rows + 1;
     for (size_t i = 1; i < batch.size(); ++i) {
       before += static_cast<int64_t>(batch[i - 1].tokens.size());
@@ -91,6 +106,7 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
     }
   }
   const int count = cut < batch.size() ? 2 : 1;
+  profile_.ping_pong = count == 2;
   micro_batches_[0].entries = batch.subspan(0, cut);
   micro_batches_[1].entries = batch.subspan(cut);
   for (int m = 0; m < count; ++m) Embed(micro_batches_[m]);

@@ -11,7 +11,8 @@
 // RoutedMoe keeps two layers in flight (the router tier) and a step has two or more sequences, the
 // batch is cut into two micro-batches of about equal rows, and their layers interleave: while one
 // micro-batch's routed answer is on the wire and in the router and expert tiers, this thread
-// computes the other's attention. Each sequence's math is the same as in one batch.
+// computes the other's attention. Each sequence's math is the same as in one batch. Whether it
+// pays depends on where the other tiers run, so by default it is measured (PingPongChooser).
 //
 // Thread-safety: not thread-safe; one owner thread calls Step. The weights and the RoutedMoe are
 // borrowed and must outlive the runner; SequenceStates are owned by the caller.
@@ -27,6 +28,7 @@
 #include "absl/types/span.h"
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
+#include "attention_nodes/ping_pong_chooser.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
@@ -54,19 +56,26 @@ struct BatchEntry {
 // answer is in flight count as compute.
 struct StepProfile {
   absl::Duration total = absl::ZeroDuration();     // the whole Step
+  bool ping_pong = false;                          // ran as two micro-batches
   absl::Duration moe_wait = absl::ZeroDuration();  // over every MoE layer
   std::vector<absl::Duration> layer_moe_wait;      // one per MoE layer the step ran, in order
   // Attention, Block AttnRes, the dense layer, shared experts, up projection and LM head.
   absl::Duration compute() const { return total - moe_wait; }
 };
 
+enum class PingPong {
+  kOff,       // always one batch
+  kAlways,    // two micro-batches whenever the step has two sequences (tests, benchmarks)
+  kMeasured,  // whichever of the two PingPongChooser measures faster
+};
+
 class ModelRunner {
  public:
   ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
 
-  // Whether steps may run as two ping-pong micro-batches (on by default; it takes effect only
-  // where the RoutedMoe's Concurrency() is 2 or more).
-  void set_ping_pong(bool enabled) { ping_pong_ = enabled; }
+  // When steps run as two ping-pong micro-batches (kMeasured by default); only where the
+  // RoutedMoe's Concurrency() is 2 or more and the step has two or more sequences.
+  void set_ping_pong(PingPong mode) { ping_pong_ = mode; }
 
   std::unique_ptr<SequenceState> NewSequence() const;
 
@@ -92,6 +101,8 @@ class ModelRunner {
   };
 
   absl::Status StepLayers(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+  bool CanPingPong(absl::Span<const BatchEntry> batch) const;
+  static int64_t Rows(absl::Span<const BatchEntry> batch);
   void Embed(MicroBatch& mb);
   // Layer `layer` up to the routed answer: the mixing sublayer, then the FFN's norm, the routed
   // rows sent (RoutedMoe::Begin) and the shared experts (or the dense MLP).
@@ -108,7 +119,8 @@ class ModelRunner {
   const ModelWeights* weights_;
   RoutedMoe* routed_moe_;
   GluParams glu_;
-  bool ping_pong_ = true;
+  PingPong ping_pong_ = PingPong::kMeasured;
+  PingPongChooser ping_pong_chooser_;
   StepProfile profile_;
 
   // Per-step buffers, kept to avoid allocating on every decode step.

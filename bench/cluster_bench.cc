@@ -2,7 +2,7 @@
 // checkpoint, in one run:
 //
 //   bazel run -c opt //bench:cluster_bench -- [--configs k3-tiny,k3-perf] [--tokens 48]
-//       [--repeats 3] [--attention 1 --routers 1 --experts 2] [--streams 8] [--ping-pong false]
+//       [--repeats 3] [--attention 1 --routers 1 --experts 2] [--streams 8] [--ping-pong auto|on|off]
 //
 // For each config it writes a random checkpoint, then measures greedy decode tokens/s of one
 // stream: (N - 1) / (T(N) - T(1)), where T(n) is the best wall time of a request for n new tokens
@@ -60,7 +60,7 @@ struct BenchOptions {
   int streams = 8;
   // K3SERVE_THREADS of the cluster's nodes (0: the launcher's environment).
   int node_threads = 0;
-  bool ping_pong = true;  // the attention node's --ping-pong
+  std::string ping_pong = "auto";  // the attention node's --ping-pong
   std::string k3serve = "k3serve";
   std::string work_dir;
 };
@@ -245,7 +245,7 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs-", name);
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.metrics = true;  // the step breakdown at the end
-  if (!o.ping_pong) cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=false");
+  cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=" + o.ping_pong);
   if (o.node_threads > 0) {
     for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
       cluster_options.sites[role].env["K3SERVE_THREADS"] = std::to_string(o.node_threads);
@@ -315,7 +315,7 @@ int Main(const std::vector<std::string>& args) {
   AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
                 "kernel threads of each cluster node (K3SERVE_THREADS; 0: inherited)");
   app.add_option("--ping-pong", o.ping_pong,
-                 "the attention node's --ping-pong (two micro-batches per step; true/false)");
+                 "the attention node's --ping-pong (two micro-batches per step: auto, on, off)");
   app.add_option("--k3serve", k3serve, "the k3serve binary");
   app.add_option("--work-dir", o.work_dir, "checkpoints and logs (default: a new folder)");
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) {

@@ -127,16 +127,18 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ClusterGenerateTest,
                                               {"a1_r2_e3_uneven", 1, 2, 3, {3, 5, 8}}}),
                          CaseName);
 
-// Eight streams at once are batched together by the attention node; each must still get the
-// tokens it gets alone.
+// Eight streams at once are batched together by the attention node, whose steps run as two
+// ping-pong micro-batches (two MoE layers in flight at the router); each stream must still get
+// the tokens it gets alone.
 TEST(ClusterConcurrencyTest, EightConcurrentStreamsMatchOneAtATime) {
   const std::string model = RandomCheckpointDir("k3-tiny", 7);
   const std::vector<std::vector<int32_t>> prompts = TestPrompts(8, 512, 23);
   absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
       SingleProcessTokens(model, prompts, kMaxNewTokens);
   ASSERT_TRUE(expected.ok()) << expected.status();
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
-      LocalCluster::Start(TestClusterOptions(model, 1, 1, 2));
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2);
+  options.extra_args[NodeRole::kAttention].push_back("--ping-pong=on");
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->generate_addresses()[0];
 

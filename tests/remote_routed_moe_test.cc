@@ -298,6 +298,7 @@ TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
   remote.SetRouters({1});
   LocalRoutedMoe local(weights_);
   ModelRunner remote_runner(weights_, &remote);
+  remote_runner.set_ping_pong(PingPong::kAlways);
   ModelRunner local_runner(weights_, &local);
   const std::vector<std::vector<int32_t>> prompts = {{3, 17, 250, 9}, {511, 0}, {42, 8, 1}};
   std::vector<std::unique_ptr<SequenceState>> remote_states, local_states;
@@ -320,6 +321,7 @@ TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
     ASSERT_TRUE(remote_runner.Step(remote_batch, &got).ok());
     ASSERT_TRUE(local_runner.Step(local_batch, &want).ok());
     // Two micro-batches: each MoE layer waited for twice.
+    EXPECT_TRUE(remote_runner.last_profile().ping_pong);
     EXPECT_EQ(remote_runner.last_profile().layer_moe_wait.size(), 2u * moe_layers);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -335,11 +337,12 @@ TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
   }
   EXPECT_EQ(remote_tokens, local_tokens);
   // Off, the same runner steps the batch whole.
-  remote_runner.set_ping_pong(false);
+  remote_runner.set_ping_pong(PingPong::kOff);
   std::vector<BatchEntry> batch;
   for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({remote_states[i].get(), inputs[i], false});
   std::vector<float> logits;
   ASSERT_TRUE(remote_runner.Step(batch, &logits).ok());
+  EXPECT_FALSE(remote_runner.last_profile().ping_pong);
   EXPECT_EQ(remote_runner.last_profile().layer_moe_wait.size(), static_cast<size_t>(moe_layers));
 }
 
