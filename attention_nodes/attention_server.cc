@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
 
   UcxTransportOptions transport_options;
   transport_options.busy_poll = absl::Microseconds(options.node.busy_poll_us);
+  transport_options.eager_limit = options.node.ucx_eager_limit;
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
   if (!transport.ok()) return transport.status();
   p.transport = *std::move(transport);

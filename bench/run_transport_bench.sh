@@ -7,7 +7,9 @@
 #
 # Environment: TLS, NET_DEVICES, TOKENS (1,16,128), HIDDEN (512), VALUE_BYTES (4), EXPERTS (3),
 # SECONDS_PER_SHAPE (1), BUSY_POLL_US (100, the nodes' default --busy-poll-us; 0: receivers sleep in
-# poll() at once), BENCH (path of a built transport_bench).
+# poll() at once), EAGER_LIMIT (1m, the nodes' default --ucx-eager-limit: messages up to it go
+# eagerly; ucx_perftest gets the same as UCX_RNDV_THRESH, so both use the same protocol; "auto":
+# UCX's own threshold for both), BENCH (path of a built transport_bench).
 #
 # Comparison: transport_bench with one expert is a ping-pong (send a block, get a same-size answer),
 # so its round time is set against twice ucp_am_lat's one-way latency (ucx_perftest busy-polls; the
@@ -23,6 +25,7 @@ VALUE_BYTES=${VALUE_BYTES:-4}
 EXPERTS=${EXPERTS:-3}
 SECONDS_PER_SHAPE=${SECONDS_PER_SHAPE:-1}
 BUSY_POLL_US=${BUSY_POLL_US:-100}
+EAGER_LIMIT=${EAGER_LIMIT:-1m}
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-bazel-bin/bench/transport_bench}
 if [[ ! -x "$BENCH" ]]; then
@@ -31,6 +34,7 @@ fi
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)"; exit 1; }
 
 export UCX_TLS="$TLS"
+export UCX_RNDV_THRESH="$EAGER_LIMIT"
 if [[ -n "$NET_DEVICES" ]]; then export UCX_NET_DEVICES="$NET_DEVICES"; fi
 
 server_pid=""
@@ -56,7 +60,7 @@ perftest() {
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 
-echo "# UCX_TLS=$UCX_TLS UCX_NET_DEVICES=${UCX_NET_DEVICES:-<default>} hidden=$HIDDEN x ${VALUE_BYTES}B busy_poll_us=$BUSY_POLL_US"
+echo "# UCX_TLS=$UCX_TLS UCX_NET_DEVICES=${UCX_NET_DEVICES:-<default>} hidden=$HIDDEN x ${VALUE_BYTES}B busy_poll_us=$BUSY_POLL_US UCX_RNDV_THRESH=$UCX_RNDV_THRESH"
 one=$("$BENCH" --experts=1 --tokens="$TOKENS" --hidden="$HIDDEN" --value_bytes="$VALUE_BYTES" \
         --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" --net_devices="$NET_DEVICES" \
         --busy_poll_us="$BUSY_POLL_US")

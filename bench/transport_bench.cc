@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, tls, "", "UCX_TLS for every process (empty: UCX's own set
 ABSL_FLAG(std::string, net_devices, "", "UCX_NET_DEVICES for every process");
 ABSL_FLAG(int, busy_poll_us, 100,
           "UcxTransportOptions::busy_poll for every process (100: the nodes' --busy-poll-us)");
+ABSL_FLAG(std::string, eager_limit, "1m",
+          "UcxTransportOptions::eager_limit for every process (1m: the nodes' --ucx-eager-limit)");
 ABSL_FLAG(std::string, role, "router", "internal: router, or expert (a started child)");
 
 extern char** environ;
@@ -56,6 +58,7 @@ k3::UcxTransportOptions Options() {
   options.tls = absl::GetFlag(FLAGS_tls);
   options.net_devices = absl::GetFlag(FLAGS_net_devices);
   options.busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_busy_poll_us));
+  options.eager_limit = absl::GetFlag(FLAGS_eager_limit);
   return options;
 }
 
@@ -102,7 +105,8 @@ absl::StatusOr<Expert> StartExpert() {
   std::vector<std::string> args = {
       "/proc/self/exe", "--role=expert", "--tls=" + absl::GetFlag(FLAGS_tls),
       "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
-      absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us))};
+      absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us)),
+      "--eager_limit=" + absl::GetFlag(FLAGS_eager_limit)};
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -174,10 +178,11 @@ absl::Status RunRouter() {
                           : address.status();
   }
 
-  printf("# experts=%d hidden=%d value_bytes=%d tls=%s net_devices=%s busy_poll_us=%d\n", experts,
-         absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_value_bytes),
+  printf("# experts=%d hidden=%d value_bytes=%d tls=%s net_devices=%s busy_poll_us=%d "
+         "eager_limit=%s\n",
+         experts, absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_value_bytes),
          absl::GetFlag(FLAGS_tls).c_str(), absl::GetFlag(FLAGS_net_devices).c_str(),
-         absl::GetFlag(FLAGS_busy_poll_us));
+         absl::GetFlag(FLAGS_busy_poll_us), absl::GetFlag(FLAGS_eager_limit).c_str());
   for (int64_t tokens : shapes) {
     if (!status.ok()) break;
     const size_t bytes = tokens * absl::GetFlag(FLAGS_hidden) * absl::GetFlag(FLAGS_value_bytes);

@@ -77,6 +77,10 @@ void AddNodeFlags(CLI::App* app, NodeFlags* flags) {
   AddBoundedInt(app, "--busy-poll-us", &flags->busy_poll_us, 0, 1000 * 1000,
                 "microseconds a thread waiting for token rows polls before it sleeps (it yields "
                 "its core meanwhile; 0: sleep at once)");
+  app->add_option("--ucx-eager-limit", flags->ucx_eager_limit,
+                  "token-row messages up to this size (UCX units: 256k, 1m; empty: UCX's choice) "
+                  "are sent eagerly instead of by rendezvous; UCX_RNDV_THRESH wins when set")
+      ->capture_default_str();
   AddListenFlags(app, flags);
 }
 

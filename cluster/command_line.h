@@ -55,6 +55,7 @@ struct NodeFlags {
   // --busy-poll-us: how long a data-plane thread polls the transport before it sleeps
   // (UcxTransportOptions::busy_poll). Only the data-plane roles (AddNodeFlags) have it.
   int busy_poll_us = 100;
+  std::string ucx_eager_limit = "1m";  // UcxTransportOptions::eager_limit
 };
 
 void AddNodeFlags(CLI::App* app, NodeFlags* flags);

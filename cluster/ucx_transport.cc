@@ -354,11 +354,14 @@ absl::Status UcxTransport::Init() {
   if (status == UCS_OK && !options_.net_devices.empty()) {
     status = ucp_config_modify(config, "NET_DEVICES", options_.net_devices.c_str());
   }
+  if (status == UCS_OK && !options_.eager_limit.empty() && getenv("UCX_RNDV_THRESH") == nullptr) {
+    status = ucp_config_modify(config, "RNDV_THRESH", options_.eager_limit.c_str());
+  }
   if (status != UCS_OK) {
     ucp_config_release(config);
-    return absl::InvalidArgumentError(absl::StrCat("UCX options tls='", options_.tls,
-                                                   "' net_devices='", options_.net_devices,
-                                                   "': ", ucs_status_string(status)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX options tls='", options_.tls, "' net_devices='", options_.net_devices,
+        "' eager_limit='", options_.eager_limit, "': ", ucs_status_string(status)));
   }
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

@@ -33,19 +33,25 @@ namespace {
 
 constexpr char kRoleEnv[] = "K3_UCX_TEST_ROLE";
 
-// Shared memory between processes of one host, and TCP on loopback.
+// Shared memory between processes of one host, and TCP on loopback; with UCX's own rendezvous
+// threshold, or eager up to 1 MiB as the nodes run (kSizes then take both protocols).
 struct Wire {
   const char* name;
   const char* tls;
   const char* net_devices;
+  const char* eager_limit = "";
 };
 constexpr Wire kShm = {"shm", "sm,self", ""};
 constexpr Wire kTcp = {"tcp", "tcp", "lo"};
+constexpr Wire kShmEager = {"shm", "sm,self", "", "1m"};
+constexpr Wire kTcpEager = {"tcp", "tcp", "lo", "1m"};
 
-UcxTransportOptions OptionsFor(const std::string& tls, const std::string& net_devices) {
+UcxTransportOptions OptionsFor(const std::string& tls, const std::string& net_devices,
+                               const std::string& eager_limit = "") {
   UcxTransportOptions options;
   options.tls = tls;
   options.net_devices = net_devices;
+  options.eager_limit = eager_limit;
   return options;
 }
 
@@ -140,8 +146,8 @@ void Say(const std::string& line) { std::cout << line << std::endl; }
 int RunGroupChild(const std::string& role) {
   const PeerId rank = std::stoull(getenv("K3_RANK"));
   const int ranks = std::stoi(getenv("K3_RANKS"));
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
-      UcxTransport::Create(OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES")));
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(
+      OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES"), getenv("K3_EAGER_LIMIT")));
   if (!transport.ok()) {
     Say(absl::StrCat("error ", transport.status().ToString()));
     return 1;
@@ -215,13 +221,16 @@ int RunChild(const std::string& role) {
 
 std::unique_ptr<UcxTransport> MakeTransport(const Wire& wire) {
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
-      UcxTransport::Create(OptionsFor(wire.tls, wire.net_devices));
+      UcxTransport::Create(OptionsFor(wire.tls, wire.net_devices, wire.eager_limit));
   EXPECT_TRUE(transport.ok()) << transport.status();
   return transport.ok() ? std::move(*transport) : nullptr;
 }
 
 std::map<std::string, std::string> ChildEnv(const Wire& wire, const std::string& role) {
-  return {{kRoleEnv, role}, {"K3_TLS", wire.tls}, {"K3_NET_DEVICES", wire.net_devices}};
+  return {{kRoleEnv, role},
+          {"K3_TLS", wire.tls},
+          {"K3_NET_DEVICES", wire.net_devices},
+          {"K3_EAGER_LIMIT", wire.eager_limit}};
 }
 
 // Rank 0 is this process; ranks 1..n-1 are children running `role`.
@@ -266,6 +275,20 @@ TEST(UcxTransportTest, FourProcessesExchangeEverySizeOverSharedMemory) {
 }
 
 TEST(UcxTransportTest, TwoProcessesExchangeEverySizeOverTcp) { RunGroup(kTcp, "exchange", 2); }
+
+TEST(UcxTransportTest, TwoProcessesExchangeEverySizeEagerUpTo1MiB) {
+  RunGroup(kShmEager, "exchange", 2);
+  RunGroup(kTcpEager, "exchange", 2);
+}
+
+TEST(UcxTransportTest, AnEagerLimitUcxDoesNotReadIsAnError) {
+  if (getenv("UCX_RNDV_THRESH") != nullptr) GTEST_SKIP() << "UCX_RNDV_THRESH is set: it wins";
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
+      UcxTransport::Create(OptionsFor("sm,self", "", "lots"));
+  ASSERT_EQ(transport.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(transport.status().message().find("eager_limit='lots'"), std::string::npos)
+      << transport.status();
+}
 
 TEST(UcxTransportTest, ThreeProcessesAllToAllRounds) { RunGroup(kShm, "alltoall", 3); }
 

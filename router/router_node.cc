@@ -116,6 +116,7 @@ absl::Status RouterNode::Start() {
 
   UcxTransportOptions transport_options;
   transport_options.busy_poll = absl::Microseconds(options_.node.busy_poll_us);
+  transport_options.eager_limit = options_.node.ucx_eager_limit;
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
