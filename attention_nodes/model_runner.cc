@@ -119,19 +119,16 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
       if (absl::Status s = FinishLayer(mb, l); !s.ok()) return s;
     }
   } else {
-    // While one micro-batch's routed answer is in flight, the other's layer runs here.
-    MicroBatch& a = micro_batches_[0];
-    MicroBatch& b = micro_batches_[1];
-    if (absl::Status s = StartLayer(a, 0); !s.ok()) return s;
-    if (absl::Status s = StartLayer(b, 0); !s.ok()) return s;
+    // While one micro-batch's routed answer is in flight, the other's layer runs here:
+    // start A0, start B0, finish A0, start A1, finish B0, start B1, ...
+    for (MicroBatch& mb : micro_batches_) {
+      if (absl::Status s = StartLayer(mb, 0); !s.ok()) return s;
+    }
     for (int l = 0; l < layers; ++l) {
-      if (absl::Status s = FinishLayer(a, l); !s.ok()) return s;
-      if (l + 1 < layers) {
-        if (absl::Status s = StartLayer(a, l + 1); !s.ok()) return s;
-      }
-      if (absl::Status s = FinishLayer(b, l); !s.ok()) return s;
-      if (l + 1 < layers) {
-        if (absl::Status s = StartLayer(b, l + 1); !s.ok()) return s;
+      for (MicroBatch& mb : micro_batches_) {
+        if (absl::Status s = FinishLayer(mb, l); !s.ok()) return s;
+        if (l + 1 == layers) continue;
+        if (absl::Status s = StartLayer(mb, l + 1); !s.ok()) return s;
       }
     }
   }
