@@ -3,6 +3,7 @@
 //
 //   bazel run -c opt //bench:cluster_bench -- [--configs k3-tiny,k3-perf] [--tokens 48]
 //       [--repeats 3] [--attention 1 --routers 1 --experts 2] [--streams 8] [--ping-pong auto|on|off]
+//       [--busy-poll-us N]
 //
 // For each config it writes a random checkpoint, then measures greedy decode tokens/s of one
 // stream: (N - 1) / (T(N) - T(1)), where T(n) is the best wall time of a request for n new tokens
@@ -61,6 +62,7 @@ struct BenchOptions {
   // K3SERVE_THREADS of the cluster's nodes (0: the launcher's environment).
   int node_threads = 0;
   std::string ping_pong = "auto";  // the attention node's --ping-pong
+  int busy_poll_us = -1;           // every data-plane node's --busy-poll-us (-1: theirs)
   std::string k3serve = "k3serve";
   std::string work_dir;
 };
@@ -246,6 +248,11 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.metrics = true;  // the step breakdown at the end
   cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=" + o.ping_pong);
+  if (o.busy_poll_us >= 0) {
+    for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+      cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
+    }
+  }
   if (o.node_threads > 0) {
     for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
       cluster_options.sites[role].env["K3SERVE_THREADS"] = std::to_string(o.node_threads);
@@ -316,6 +323,8 @@ int Main(const std::vector<std::string>& args) {
                 "kernel threads of each cluster node (K3SERVE_THREADS; 0: inherited)");
   app.add_option("--ping-pong", o.ping_pong,
                  "the attention node's --ping-pong (two micro-batches per step: auto, on, off)");
+  AddBoundedInt(&app, "--busy-poll-us", &o.busy_poll_us, -1, 1000 * 1000,
+                "every data-plane node's --busy-poll-us (-1: the nodes' default)");
   app.add_option("--k3serve", k3serve, "the k3serve binary");
   app.add_option("--work-dir", o.work_dir, "checkpoints and logs (default: a new folder)");
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
