@@ -231,6 +231,8 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
   // expert a second host.
   LocalClusterOptions options = TestClusterOptions(model, 1, 2, 3);
   options.extra_args[NodeRole::kCoordinator] = {"--spare-slots-per-worker", "16"};
+  // Two MoE layers in flight per step: the retries and failovers then run for both at once.
+  options.extra_args[NodeRole::kAttention] = {"--ping-pong=on"};
   absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<LocalCluster> cluster = *std::move(started);
