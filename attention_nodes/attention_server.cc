@@ -14,6 +14,7 @@
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
+#include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
 #include "model/checkpoint.h"
@@ -150,10 +151,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  UcxTransportOptions transport_options;
-  transport_options.busy_poll = absl::Microseconds(options.node.busy_poll_us);
-  transport_options.eager_limit = options.node.ucx_eager_limit;
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options.node);
   if (!transport.ok()) return transport.status();
   p.transport = *std::move(transport);
   p.links = std::make_unique<PeerLinks>(p.transport.get());

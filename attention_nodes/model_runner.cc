@@ -147,8 +147,7 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
 
 void ModelRunner::Embed(MicroBatch& mb) {
   const int64_t d = weights_->config.hidden_size;
-  mb.rows = 0;
-  for (const BatchEntry& entry : mb.entries) mb.rows += static_cast<int64_t>(entry.tokens.size());
+  mb.rows = Rows(mb.entries);
   // The first source of depth attention, or the residual stream.
   mb.prefix.resize(static_cast<size_t>(mb.rows * d));
   int64_t r = 0;

@@ -248,13 +248,11 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.metrics = true;  // the step breakdown at the end
   cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=" + o.ping_pong);
-  if (o.busy_poll_us >= 0) {
-    for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+  for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+    if (o.busy_poll_us >= 0) {
       cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
     }
-  }
-  if (o.node_threads > 0) {
-    for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+    if (o.node_threads > 0) {
       cluster_options.sites[role].env["K3SERVE_THREADS"] = std::to_string(o.node_threads);
     }
   }

@@ -18,6 +18,7 @@
 #include "cluster/node_process.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
+#include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "expert_nodes/expert_worker.h"
 #include "glog/logging.h"
@@ -188,10 +189,7 @@ absl::Status ExpertNode::Start() {
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
 
-  UcxTransportOptions transport_options;
-  transport_options.busy_poll = absl::Microseconds(options_.node.busy_poll_us);
-  transport_options.eager_limit = options_.node.ucx_eager_limit;
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options_.node);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());

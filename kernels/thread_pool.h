@@ -19,7 +19,7 @@ int KernelThreadCount();
 // Idle workers block now instead of spinning for their usual couple of hundred microseconds.
 // Call before waiting for another process (a transport receive): no kernel call comes until it
 // answers, and a spinning worker would hold a core that process may need (a local cluster on a
-// small machine). Cheap (one atomic add); the next ParallelFor wakes the workers as usual.
+// small machine). Cheap (one atomic store); the next ParallelFor wakes the workers as usual.
 void RestKernelThreads();
 
 }  // namespace k3

@@ -10,6 +10,7 @@
 #include "cluster/node_runtime.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
+#include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
 #include "model/checkpoint.h"
@@ -114,10 +115,7 @@ absl::Status RouterNode::Start() {
   LOG(INFO) << "router weights of " << options_.node.model << ": " << weights_->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  UcxTransportOptions transport_options;
-  transport_options.busy_poll = absl::Microseconds(options_.node.busy_poll_us);
-  transport_options.eager_limit = options_.node.ucx_eager_limit;
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(transport_options);
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options_.node);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
