@@ -25,7 +25,7 @@ enum Slot {
   kSlotPacked,   // absorbed: q rows, then O rows, of the absorbed sequences
 };
 
-enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem };
+enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem, kIntsKeysBefore };
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
   return CheckWeightMatrix("MLA", m, rows, cols, name);
@@ -180,6 +180,7 @@ struct AbsorbedWork {
   const int64_t* start;       // cached tokens before this call
   const int64_t* packed_row;  // first row in the packed [A, ...] arrays
   const int64_t* first_item;  // [segments + 1] prefix sums of tokens x splits
+  int64_t* keys_before;       // [first_item[segments] + 1] room for the items' running key counts
 };
 
 // q_abs: [A, H, width] pre-scaled; latent: [A, H, c]; partial: first_item[S] x PartialFloats.
@@ -203,7 +204,8 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
     *k_begin = std::min(keys, split * per_split);
     *k_end = std::min(keys, *k_begin + per_split);
   };
-  std::vector<int64_t> keys_before(items + 1, 0);
+  int64_t* keys_before = work.keys_before;
+  keys_before[0] = 0;
   for (int64_t item = 0; item < items; ++item) {
     int64_t s, i, k_begin, k_end;
     key_range(item, &s, &i, &k_begin, &k_end);
@@ -213,8 +215,7 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
   // Part p: the items whose first key (in the running count) lies in [p, p + 1) x total / parts.
   auto first_item_of = [&](int64_t p) {
     const int64_t from = (keys_before[items] * p + parts - 1) / parts;
-    return std::lower_bound(keys_before.begin(), keys_before.end() - 1, from) -
-           keys_before.begin();
+    return std::lower_bound(keys_before, keys_before + items, from) - keys_before;
   };
   ParallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t item = first_item_of(p0); item < first_item_of(p1); ++item) {
@@ -412,8 +413,9 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
         }
       }
     });
-    AbsorbedAttention(dims, AbsorbedWork{segments, start, packed_row, first_item}, q_abs, partial,
-                      latent);
+    int64_t* keys_before = scratch->GetInts(kIntsKeysBefore, first_item[count] + 1);
+    AbsorbedAttention(dims, AbsorbedWork{segments, start, packed_row, first_item, keys_before},
+                      q_abs, partial, latent);
     ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t head = h0; head < h1; ++head) {
         MatMul(weights.kv_b_proj.RowSlice(head * kv_width + nope, vd), latent + head * c, h * c,
