@@ -14,7 +14,7 @@
 //
 //   bazel-bin/bench/itl_bench [--config k3-tiny] [--prompt-tokens 32000] [--streams 4]
 //                             [--window 200] [--stream-tokens 128] [--max-batch-tokens 2048]
-//                             [--target-factor 2.0 (SchedulerOptions::prefill_target_factor)]
+//                             [--target-factor X (default SchedulerOptions::prefill_target_factor, 1.5)]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>

@@ -82,11 +82,6 @@ class FlakyMoe final : public RoutedMoe {
 };
 
 // A sample of the process's metrics registry, e.g. "k3_attention_step_tokens_count"; -1 if absent.
-double MetricValue(const std::string& sample);
-
-// A counter's value, 0 before it first appears.
-double CounterValue(const std::string& sample) { return std::max(0.0, MetricValue(sample)); }
-
 double MetricValue(const std::string& sample) {
   for (absl::string_view line : absl::StrSplit(DefaultMetrics().ExpositionText(), '\n')) {
     if (absl::ConsumePrefix(&line, sample) && absl::ConsumePrefix(&line, " ")) {
@@ -96,6 +91,9 @@ double MetricValue(const std::string& sample) {
   }
   return -1;
 }
+
+// A counter's value, 0 before it first appears.
+double CounterValue(const std::string& sample) { return std::max(0.0, MetricValue(sample)); }
 
 std::vector<int32_t> Prompt(int length, uint32_t seed) {
   std::vector<int32_t> prompt(length);
