@@ -94,11 +94,10 @@ absl::Status RemoteRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
 }
 
 absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
-  MoeRequest request;
+  MoeRequest request;  // the fields; the rows go straight from x into each message
   request.layer = layer.layer;
   request.tokens = layer.tokens;
   request.width = hidden_size_;
-  request.rows.assign(layer.x, layer.x + layer.tokens * hidden_size_);
   absl::Status last_error = absl::UnavailableError(
       layer.tried.empty() ? "no router is connected"
                           : absl::StrCat("no other router is usable (tried: router ",
@@ -127,7 +126,10 @@ absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
     }
     if (!found) break;
     request.step_id = NextStepId();
-    absl::Status sent = transport_->Send(router, Encode(request));
+    std::string message;
+    std::memcpy(EncodeLeavingRows(request, &message), layer.x,
+                sizeof(float) * layer.tokens * hidden_size_);
+    absl::Status sent = transport_->Send(router, std::move(message));
     if (sent.ok()) {
       layer.attempts.push_back(Attempt{request.step_id, router, absl::Now()});
       layer.tried.push_back(router);
@@ -186,7 +188,8 @@ absl::Status RemoteRoutedMoe::Wait(float* out) {
     in_flight_.clear();  // the step fails: nobody waits for the others
     return oldest.result;
   }
-  std::memcpy(out, oldest.rows.data(), oldest.rows.size() * sizeof(float));
+  std::memcpy(out, oldest.answer.data() + oldest.rows_offset,
+              sizeof(float) * oldest.tokens * expert_width_);
   return absl::OkStatus();
 }
 
@@ -252,7 +255,8 @@ void RemoteRoutedMoe::Deliver(Received received) {
     return;
   }
   MoeResponse response;
-  if (absl::Status s = Decode(received.bytes, &response); !s.ok()) {
+  absl::Span<const float> rows;
+  if (absl::Status s = DecodeInPlace(received.bytes, &response, &rows); !s.ok()) {
     LOG(WARNING) << "dropping a malformed MoeResponse from peer " << from << ": " << s;
     return;
   }
@@ -291,7 +295,7 @@ void RemoteRoutedMoe::Deliver(Received received) {
     return;
   }
   if (response.tokens != layer->tokens || response.width != expert_width_ ||
-      response.rows.size() != static_cast<size_t>(layer->tokens * expert_width_)) {
+      rows.size() != static_cast<size_t>(layer->tokens * expert_width_)) {
     Settle(*layer, absl::InternalError(absl::StrCat(
                        "router ", from, " answered MoE layer ", layer->layer, " with ",
                        response.tokens, " x ", response.width, " rows; expected ", layer->tokens,
@@ -299,7 +303,9 @@ void RemoteRoutedMoe::Deliver(Received received) {
     return;
   }
   RecordRoundTrip(absl::Now() - sent);
-  layer->rows = std::move(response.rows);
+  layer->rows_offset = static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) -
+                                           received.bytes.data());
+  layer->answer = std::move(received.bytes);
   Settle(*layer, absl::OkStatus());
 }
 

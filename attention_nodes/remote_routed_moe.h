@@ -46,6 +46,7 @@
 #include <deque>
 #include <functional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -121,10 +122,12 @@ class RemoteRoutedMoe final : public RoutedMoe {
     bool last_superseded = false;   // the last attempt was already followed by a retry decision
     absl::Time deadline;            // Begin + timeout
     absl::Time retry_at;            // the last attempt's step deadline
-    // Its outcome, once known: the answer's rows, or why there is none.
+    // Its outcome, once known: the MoeResponse message whose rows (at rows_offset) Wait reads in
+    // place, or why there is none.
     bool done = false;
     absl::Status result;
-    std::vector<float> rows;
+    std::string answer;
+    size_t rows_offset = 0;
   };
 
   // Sends the layer's rows, under a fresh step id, to the next usable router it has not tried,

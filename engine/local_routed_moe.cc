@@ -16,9 +16,11 @@ absl::Status LocalRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   const MoeWeights& moe = weights_->layers[layer].moe;
   PrepareRouterStep(moe.router, config, x, tokens, /*num_workers=*/1,
                     [](int32_t, int64_t) { return 0; }, &step_);
-  partial_.resize(step_.worker_rows[0].size());
-  status_ = RunExperts(moe.experts, glu_, step_.worker_rows[0].data(),
-                       static_cast<int64_t>(step_.plan.workers[0].tokens.size()), step_.width,
+  const int64_t rows = static_cast<int64_t>(step_.plan.workers[0].tokens.size());
+  rows_.resize(static_cast<size_t>(rows * step_.width));
+  GatherWorkerRows(step_, x, /*worker=*/0, rows_.data());
+  partial_.resize(rows_.size());
+  status_ = RunExperts(moe.experts, glu_, rows_.data(), rows, step_.width,
                        step_.plan.workers[0].assignments, partial_.data(), &scratch_);
   return status_;
 }

@@ -30,6 +30,7 @@ class LocalRoutedMoe : public RoutedMoe {
   int layer_ = -1;
   absl::Status status_;
   RouterStep step_;
+  std::vector<float> rows_;     // the step's rows, gathered for the one worker
   std::vector<float> partial_;
   ExpertScratch scratch_;
 };

@@ -149,25 +149,34 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request, const Version& ve
   return absl::OkStatus();
 }
 
-ExpertResponse ExpertWorker::Serve(const ExpertRequest& request) {
+std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const float> rows) {
   ExpertResponse response;
   response.step_id = request.step_id;
   const Version& version = VersionFor(request.placement_version);
   response.status = Check(request, version);
+  if (response.status.ok() &&
+      rows.size() != static_cast<size_t>(request.rows_count) * static_cast<size_t>(request.width)) {
+    response.status = absl::InvalidArgumentError(
+        absl::StrCat("ExpertRequest has ", rows.size(), " floats for ", request.rows_count,
+                     " rows of width ", request.width));
+  }
+  std::string message;
   if (response.status.ok()) {
-    response.rows.resize(request.rows.size());
+    // The partial sums are computed straight into the answer's message.
+    response.rows_count = request.rows_count;
+    response.width = request.width;
     response.status = RunExperts(version.weights->layers[request.layer].moe.experts, glu_,
-                                 request.rows.data(), request.rows_count, request.width,
-                                 request.assignments, response.rows.data(), &scratch_);
+                                 rows.data(), request.rows_count, request.width,
+                                 request.assignments, EncodeLeavingRows(response, &message),
+                                 &scratch_);
+    if (response.status.ok()) {
+      rows_processed_ += request.rows_count;
+      return message;
+    }
   }
-  if (!response.status.ok()) {
-    response.rows.clear();
-    return response;
-  }
-  response.rows_count = request.rows_count;
-  response.width = request.width;
-  rows_processed_ += request.rows_count;
-  return response;
+  response.rows_count = 0;
+  response.width = 0;
+  return Encode(response);
 }
 
 ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received& received,
@@ -182,25 +191,32 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     return outcome;
   }
   ExpertRequest request;
-  ExpertResponse response;
-  if (absl::Status decoded = Decode(received.bytes, &request); !decoded.ok()) {
+  absl::Span<const float> rows;  // read in place, inside received.bytes
+  std::string answer;
+  if (absl::Status decoded = DecodeInPlace(received.bytes, &request, &rows); !decoded.ok()) {
     // Decode reads the step id first, so the router can still match the answer when it got that far.
+    ExpertResponse response;
     response.step_id = request.step_id;
     response.status = decoded;
+    outcome.answer = decoded;
+    answer = Encode(response);
   } else if (may_defer &&
              request.placement_version > static_cast<uint64_t>(versions_.rbegin()->first) &&
              !Check(request, VersionFor(request.placement_version)).ok()) {
     outcome.deferred = true;
     return outcome;
   } else {
-    response = Serve(request);
+    answer = Serve(request, rows);
+    ExpertResponse header;
+    absl::Span<const float> unused;
+    outcome.answer = DecodeInPlace(answer, &header, &unused);
+    if (outcome.answer.ok()) outcome.answer = header.status;
   }
-  outcome.answer = response.status;
-  if (!response.status.ok()) {
-    LOG_EVERY_N(WARNING, 100) << name_ << ": step " << response.step_id << " from peer "
-                              << received.from << " failed: " << response.status;
+  if (!outcome.answer.ok()) {
+    LOG_EVERY_N(WARNING, 100) << name_ << ": step " << request.step_id << " from peer "
+                              << received.from << " failed: " << outcome.answer;
   }
-  if (absl::Status sent = transport->Send(received.from, Encode(response)); !sent.ok()) {
+  if (absl::Status sent = transport->Send(received.from, std::move(answer)); !sent.ok()) {
     LOG_EVERY_N(WARNING, 100) << name_ << ": cannot answer peer " << received.from << ": " << sent;
   }
   return outcome;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "moe/cluster_placement.h"
 #include "cluster/transport.h"
 #include "expert_nodes/expert_compute.h"
@@ -82,8 +83,10 @@ class ExpertWorker {
   // Bytes of the distinct weights the held versions use.
   int64_t weight_bytes() const;
 
-  // Computes the partial sums of `request`; errors travel in the response's status.
-  ExpertResponse Serve(const ExpertRequest& request);
+  // Answers `request` (its fields; request.rows is not read) whose rows are `rows` (read in place
+  // from its message): the encoded ExpertResponse, the partial sums computed straight into it.
+  // Errors travel in the response's status.
+  std::string Serve(const ExpertRequest& request, absl::Span<const float> rows);
 
   struct Outcome {
     bool deferred = false;  // left unanswered, see Handle

@@ -78,6 +78,14 @@ class ExpertWorkerTest : public ::testing::Test {
 std::shared_ptr<const Checkpoint>* ExpertWorkerTest::checkpoint_ = nullptr;
 ClusterPlacement* ExpertWorkerTest::placement_ = nullptr;
 
+// Serves `request` with its own rows and decodes the answer the worker encoded.
+ExpertResponse ServeDecoded(ExpertWorker& worker, const ExpertRequest& request) {
+  ExpertResponse response;
+  absl::Status decoded = Decode(worker.Serve(request, request.rows), &response);
+  EXPECT_TRUE(decoded.ok()) << decoded;
+  return response;
+}
+
 TEST_F(ExpertWorkerTest, HostingFollowsThePlacement) {
   ExpertHosting a = HostingFor(*placement_, kNodeA);
   EXPECT_EQ(a.worker, 0);
@@ -118,8 +126,8 @@ TEST_F(ExpertWorkerTest, PartialSumsOfTheSlicesAddUpToAllExperts) {
   for (const ExpertAssignment& x : request.assignments) {
     (x.expert < 12 ? for_a : for_b).assignments.push_back(x);
   }
-  ExpertResponse answer_a = a.Serve(for_a);
-  ExpertResponse answer_b = b.Serve(for_b);
+  ExpertResponse answer_a = ServeDecoded(a, for_a);
+  ExpertResponse answer_b = ServeDecoded(b, for_b);
   ASSERT_TRUE(answer_a.status.ok()) << answer_a.status;
   ASSERT_TRUE(answer_b.status.ok()) << answer_b.status;
   EXPECT_EQ(answer_a.step_id, request.step_id);
@@ -149,22 +157,22 @@ TEST_F(ExpertWorkerTest, BadRequestsFailWithTheirReason) {
   ExpertWorker a = MakeWorker(kNodeA);
   ExpertRequest request = RandomRequest(2, 7);
   request.assignments = {{0, 3, 1.f}, {1, 11, 0.5f}};
-  ASSERT_TRUE(a.Serve(request).status.ok());
+  ASSERT_TRUE(ServeDecoded(a, request).status.ok());
 
   ExpertRequest dense = request;
   dense.layer = 0;  // first_k_dense_replace = 1: no routed experts
-  EXPECT_EQ(a.Serve(dense).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServeDecoded(a, dense).status.code(), absl::StatusCode::kInvalidArgument);
   ExpertRequest beyond = request;
   beyond.layer = config().num_hidden_layers;
-  EXPECT_EQ(a.Serve(beyond).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServeDecoded(a, beyond).status.code(), absl::StatusCode::kInvalidArgument);
   ExpertRequest wide = request;
   wide.width = config().hidden_size;
   wide.rows.resize(wide.rows_count * wide.width);
-  EXPECT_EQ(a.Serve(wide).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServeDecoded(a, wide).status.code(), absl::StatusCode::kInvalidArgument);
 
   ExpertRequest foreign = request;
   foreign.assignments = {{0, 12, 1.f}};
-  ExpertResponse refused = a.Serve(foreign);
+  ExpertResponse refused = ServeDecoded(a, foreign);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status.message().find("expert 12 of MoE layer 2 (model layer 3) is not hosted by "
                                           "expert node 4"),
@@ -174,10 +182,10 @@ TEST_F(ExpertWorkerTest, BadRequestsFailWithTheirReason) {
 
   ExpertRequest bad_row = request;
   bad_row.assignments = {{2, 3, 1.f}};
-  EXPECT_EQ(a.Serve(bad_row).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServeDecoded(a, bad_row).status.code(), absl::StatusCode::kInvalidArgument);
 
   ExpertWorker spare(nullptr, HostingFor(*placement_, 77), "expert node 77");
-  EXPECT_EQ(spare.Serve(request).status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ServeDecoded(spare, request).status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(a.rows_processed(), 2);
 }
 
@@ -209,7 +217,7 @@ TEST_F(ExpertWorkerTest, HandleAnswersOverTheTransportAndDefersNewerPlacements) 
   EXPECT_TRUE(outcome.answer.ok());
   EXPECT_TRUE(response.status.ok());
   EXPECT_EQ(response.step_id, request.step_id);
-  EXPECT_EQ(response.rows, a.Serve(request).rows);
+  EXPECT_EQ(response.rows, ServeDecoded(a, request).rows);
 
   std::string truncated = Encode(request);
   truncated.resize(truncated.size() - 5);
@@ -256,17 +264,17 @@ TEST_F(ExpertWorkerTest, ServesEachRequestWithTheExpertsOfItsPlacementVersion) {
   ExpertRequest new_request = old_request;
   new_request.placement_version = 5;
   new_request.assignments = {{0, 12, 1.f}, {2, 11, 0.5f}};
-  const ExpertResponse served_old = a.Serve(old_request);
+  const ExpertResponse served_old = ServeDecoded(a, old_request);
   ASSERT_TRUE(served_old.status.ok()) << served_old.status;
-  const ExpertResponse served_new = a.Serve(new_request);
+  const ExpertResponse served_new = ServeDecoded(a, new_request);
   ASSERT_TRUE(served_new.status.ok()) << served_new.status;
   // Between the two, version 4 (never held) is served as 3, the newest below it.
   ExpertRequest between = old_request;
   between.placement_version = 4;
-  EXPECT_TRUE(a.Serve(between).status.ok());
+  EXPECT_TRUE(ServeDecoded(a, between).status.ok());
   ExpertRequest newer = new_request;
   newer.placement_version = 6;
-  EXPECT_TRUE(a.Serve(newer).status.ok());  // the newest held, 5, hosts expert 12
+  EXPECT_TRUE(ServeDecoded(a, newer).status.ok());  // the newest held, 5, hosts expert 12
 
   // The same sums as one worker holding every expert.
   std::vector<int> every(config().num_experts);
@@ -286,7 +294,7 @@ TEST_F(ExpertWorkerTest, ServesEachRequestWithTheExpertsOfItsPlacementVersion) {
   // Version 3 retires: its requests for experts 0-9 now fail, naming both versions.
   a.DropVersions([](int64_t v) { return v >= 5; });
   EXPECT_EQ(a.versions(), std::vector<int64_t>{5});
-  const ExpertResponse refused = a.Serve(old_request);
+  const ExpertResponse refused = ServeDecoded(a, old_request);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status.message().find("placement version 5; the router used version 3"),
             absl::string_view::npos)

@@ -1,6 +1,7 @@
 #include "launcher/local_cluster.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -21,7 +22,9 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cluster/grpc_server.h"
@@ -141,6 +144,28 @@ absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
   return ports;
 }
 
+// True when `port` of `host` (an IP address) is bound by some socket now, as when another process
+// took a port between PickFreePorts and the node's own bind. SO_REUSEADDR, as the servers set it,
+// so a closed connection's TIME_WAIT does not count.
+bool PortHeld(const std::string& host, int port) {
+  addrinfo hints = {};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string bare(absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
+  if (getaddrinfo(bare.c_str(), absl::StrCat(port).c_str(), &hints, &found) != 0) return false;
+  bool held = false;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    held = bind(fd, found->ai_addr, found->ai_addrlen) != 0 && errno == EADDRINUSE;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return held;
+}
+
 std::string DescribeExit(int status) {
   return status > 128 ? absl::StrCat("was killed by signal ", status - 128)
                       : absl::StrCat("exited with status ", status);
@@ -190,6 +215,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     return s;
   }
   const absl::Time deadline = absl::Now() + options.startup_timeout;
+  cluster->starting_ = true;
   absl::Status status = cluster->Launch(cluster->nodes_[0]);
   if (status.ok()) status = cluster->WaitCoordinatorUp(deadline);
   for (size_t i = 1; i < cluster->nodes_.size() && status.ok(); ++i) {
@@ -197,6 +223,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     status = cluster->Launch(cluster->nodes_[cluster->nodes_.size() - i]);
   }
   if (status.ok()) status = cluster->WaitReady(deadline);
+  cluster->starting_ = false;
   if (!status.ok()) {
     cluster->Stop().IgnoreError();  // the startup error is the one worth reporting
     return status;
@@ -266,13 +293,13 @@ absl::Status LocalCluster::Plan() {
   const int count = 1 + o.attention + o.routers + o.experts + fronts;
   int http_port = o.http_port;
   if (http_port == 0) {
-    absl::StatusOr<std::vector<int>> picked = PickFreePorts(1);
+    absl::StatusOr<std::vector<int>> picked = PickPorts(1);
     if (!picked.ok()) return picked.status();
     http_port = (*picked)[0];
   }
   std::vector<int> ports;
   if (o.base_port == 0) {
-    absl::StatusOr<std::vector<int>> picked = PickFreePorts(o.metrics ? 2 * count : count);
+    absl::StatusOr<std::vector<int>> picked = PickPorts(o.metrics ? 2 * count : count);
     if (!picked.ok()) return picked.status();
     ports = *std::move(picked);
   } else {
@@ -445,7 +472,7 @@ absl::Status LocalCluster::WaitCoordinatorUp(absl::Time deadline) {
   Node& coordinator = nodes_[0];
   while (true) {
     Poll(coordinator);
-    if (coordinator.pid < 0) return ExitedError(coordinator);
+    if (coordinator.pid < 0 && !RelaunchOnTakenPort(coordinator)) return ExitedError(coordinator);
     // A fresh channel each time: a reused one would wait out its reconnect backoff after the
     // first attempt found nothing listening yet.
     absl::StatusOr<bool> serving =
@@ -466,7 +493,10 @@ absl::Status LocalCluster::WaitCoordinatorUp(absl::Time deadline) {
 absl::Status LocalCluster::WaitReady(absl::Time deadline) {
   std::string last;
   while (true) {
-    if (absl::Status s = CheckRunning(); !s.ok()) return s;
+    Reap();
+    for (Node& node : nodes_) {
+      if (node.pid < 0 && !RelaunchOnTakenPort(node)) return ExitedError(node);
+    }
     std::string coordinator_says;
     bool ready = false;
     absl::StatusOr<pb::ClusterState> state = GetClusterState(absl::Seconds(1));
@@ -540,6 +570,73 @@ std::vector<const LocalCluster::Node*> LocalCluster::Reap() {
     if (Poll(node)) exited.push_back(&node);
   }
   return exited;
+}
+
+absl::StatusOr<std::vector<int>> LocalCluster::PickPorts(int n) const {
+  return options_.pick_ports ? options_.pick_ports(n) : PickFreePorts(n);
+}
+
+bool LocalCluster::RelaunchOnTakenPort(Node& node) {
+  if (!starting_ || options_.base_port != 0 || node.port_relaunches >= kMaxPortRelaunches) {
+    return false;
+  }
+  if (auto site = options_.sites.find(node.role);
+      site != options_.sites.end() && !site->second.netns.empty()) {
+    return false;  // its ports live in another network namespace: nothing to probe from here
+  }
+  const std::string host = node.grpc_address.substr(0, node.grpc_address.rfind(':'));
+  // The node's listening ports: its gRPC and metrics ports, an HTTP front's API port.
+  std::vector<std::pair<size_t, int>> taken;  // argv index of the value, the port
+  for (size_t i = 0; i + 1 < node.argv.size(); ++i) {
+    const std::string& flag = node.argv[i];
+    if (flag != "--port" && flag != "--metrics-port" && flag != "--grpc-port") continue;
+    int port = 0;
+    if (absl::SimpleAtoi(node.argv[i + 1], &port) && PortHeld(host, port)) {
+      taken.emplace_back(i + 1, port);
+    }
+  }
+  if (taken.empty()) return false;  // it failed for a reason of its own
+  absl::StatusOr<std::vector<int>> fresh = PickPorts(static_cast<int>(taken.size()));
+  if (!fresh.ok()) return false;
+  for (size_t k = 0; k < taken.size(); ++k) {
+    const std::string old_address = HostPort(host, taken[k].second);
+    const std::string new_address = HostPort(host, (*fresh)[k]);
+    Progress(absl::StrCat(node.name, " could not listen on ", old_address,
+                          " (another process took the port); starting it again on ",
+                          new_address));
+    node.argv[taken[k].first] = absl::StrCat((*fresh)[k]);
+    for (std::string* address : {&node.grpc_address, &node.metrics_address, &node.http_address}) {
+      if (*address == old_address) *address = new_address;
+    }
+    // Nodes started later find the coordinator at its new address. (Only the coordinator is
+    // named in other nodes' flags before they start; it starts first, alone.)
+    if (node.role == NodeRole::kCoordinator) {
+      for (Node& other : nodes_) {
+        for (std::string& arg : other.argv) {
+          if (&other != &node && arg == old_address) arg = new_address;
+        }
+      }
+    }
+  }
+  if (node.role == NodeRole::kAttention) {
+    // The HTTP front was started with the attention nodes' addresses.
+    for (Node& front : nodes_) {
+      if (front.role != NodeRole::kHttp) continue;
+      for (size_t i = 0; i + 1 < front.argv.size(); ++i) {
+        if (front.argv[i] == "--server") front.argv[i + 1] = absl::StrJoin(generate_addresses(), ",");
+      }
+      if (front.pid >= 0) {
+        kill(front.pid, SIGKILL);
+        int status = 0;
+        while (waitpid(front.pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        front.pid = -1;
+        if (!Launch(front).ok()) return false;
+      }
+    }
+  }
+  ++node.port_relaunches;
+  return Launch(node).ok();
 }
 
 absl::Status LocalCluster::CheckRunning() {
@@ -628,7 +725,7 @@ absl::StatusOr<std::string> LocalCluster::AddExpertNode(int slots) {
     ++count;
   }
   if (first == nullptr) return absl::FailedPreconditionError("the cluster has no expert node");
-  absl::StatusOr<std::vector<int>> ports = PickFreePorts(2);
+  absl::StatusOr<std::vector<int>> ports = PickPorts(2);
   if (!ports.ok()) return ports.status();
   Node node;
   node.role = NodeRole::kExpert;

@@ -88,6 +88,9 @@ struct LocalClusterOptions {
   // Polled while waiting for the cluster; true gives up (Start and WaitReady answer CANCELLED),
   // e.g. when the user pressed Ctrl-C. Null: never.
   std::function<bool()> cancelled;
+  // Picks `n` distinct ports for the nodes when base_port is 0. Null: free ports drawn at random
+  // (see the file comment). Tests hand out a port that is already taken here.
+  std::function<absl::StatusOr<std::vector<int>>(int n)> pick_ports;
 };
 
 class LocalCluster {
@@ -103,6 +106,7 @@ class LocalCluster {
     std::string log_path;
     pid_t pid = -1;       // -1 once it was reaped
     int exit_status = 0;  // once reaped: the exit code, or 128 + signal
+    int port_relaunches = 0;  // times started again on fresh ports (RelaunchOnTakenPort)
   };
 
   // Validates the options, starts every node and waits (up to startup_timeout) until the
@@ -167,6 +171,14 @@ class LocalCluster {
   // Reaps `node` if it exited (without blocking); true if it just did.
   bool Poll(Node& node);
   absl::Status ExitedError(const Node& node) const;
+  // While Start runs, with ports the launcher picked: when `node` exited and one of its listening
+  // ports is now held by another socket (a port taken between picking and binding, e.g. by
+  // another launcher on a busy machine), picks fresh ports for it, starts it again (and an HTTP
+  // front that names its address) and returns true; at most kMaxPortRelaunches times per node.
+  // False otherwise: the node failed for a reason of its own.
+  bool RelaunchOnTakenPort(Node& node);
+  absl::StatusOr<std::vector<int>> PickPorts(int n) const;  // options_.pick_ports or free ones
+  static constexpr int kMaxPortRelaunches = 3;
   void Progress(const std::string& line) const;
   Node* Find(const std::string& name);
 
@@ -175,6 +187,7 @@ class LocalCluster {
   std::string log_dir_;
   std::vector<Node> nodes_;  // coordinator first, then attention, routers, experts
   bool stopped_ = false;
+  bool starting_ = false;  // inside Start
 };
 
 }  // namespace k3

@@ -22,7 +22,6 @@ constexpr size_t kAssignmentBytes = 4 + 4 + 4;  // row, expert, weight
 constexpr size_t kStatusBytes = 4 + 4;          // code, message size (then the message)
 
 size_t StatusBytes(const absl::Status& status) { return kStatusBytes + status.message().size(); }
-size_t FloatBytes(const std::vector<float>& rows) { return rows.size() * sizeof(float); }
 
 // One integer at p, least significant byte first. The byte loops compile to single moves on x86.
 template <typename T>
@@ -39,6 +38,11 @@ T LoadLe(const char* p) {
     bits |= static_cast<std::make_unsigned_t<T>>(static_cast<uint8_t>(p[i])) << (8 * i);
   }
   return static_cast<T>(bits);
+}
+
+// The offset of a row block that follows `prefix` bytes of fields.
+size_t RowsOffset(size_t prefix) {
+  return (prefix + kMoeRowAlignment - 1) / kMoeRowAlignment * kMoeRowAlignment;
 }
 
 // Writes fields into a buffer sized in advance by the caller (no reallocation while encoding).
@@ -66,8 +70,14 @@ class Writer {
     Put(static_cast<uint32_t>(status.message().size()));
     PutBytes(status.message().data(), status.message().size());
   }
-  void PutFloats(const std::vector<float>& values) {
-    PutBytes(values.data(), values.size() * sizeof(float));
+  // Pads to the row block and leaves `floats` floats there for the caller; returns their start.
+  float* LeaveRows(size_t floats) {
+    const size_t at = RowsOffset(static_cast<size_t>(p_ - out_->data()));
+    std::memset(p_, 0, out_->data() + at - p_);
+    p_ = out_->data() + at;
+    float* rows = reinterpret_cast<float*>(p_);
+    p_ += floats * sizeof(float);
+    return rows;
   }
   // The size computed by the caller must be exactly what was written.
   void Finish() const { assert(p_ == out_->data() + out_->size()); }
@@ -136,9 +146,9 @@ class Reader {
     return start;
   }
 
-  // Reads count x width floats; count and width must be non-negative and the rows must be in the
-  // message.
-  bool GetFloats(int64_t count, int64_t width, std::vector<float>* values) {
+  // Reads the row block of count x width floats (count and width non-negative, the padding zero,
+  // the rows inside the message); *start is where they begin, *floats how many there are.
+  bool GetRows(int64_t count, int64_t width, const char** start, size_t* floats) {
     if (!status_.ok()) return false;
     if (count < 0 || width < 0) return Fail(absl::StrCat("bad row shape ", count, " x ", width));
     // width <= INT32_MAX, so count x width overflows int64 only if count is past this bound, and
@@ -146,12 +156,16 @@ class Reader {
     if (width > 0 && count > std::numeric_limits<int64_t>::max() / width) {
       return Fail(absl::StrCat("row shape ", count, " x ", width, " overflows"));
     }
+    const size_t pad = RowsOffset(offset_) - offset_;
+    if (!Need(pad, "the row padding")) return false;
+    for (size_t i = 0; i < pad; ++i) {
+      if (bytes_[offset_ + i] != 0) return Fail(absl::StrCat("nonzero padding at offset ", offset_ + i));
+    }
+    offset_ += pad;
     const int64_t elements = count * width;
-    const char* start = GetBlock(elements, sizeof(float), "floats");
-    if (start == nullptr) return false;
-    values->resize(static_cast<size_t>(elements));
-    if (elements > 0) std::memcpy(values->data(), start, values->size() * sizeof(float));
-    return true;
+    *start = GetBlock(elements, sizeof(float), "floats");
+    *floats = static_cast<size_t>(elements);
+    return *start != nullptr;
   }
 
   bool Fail(const std::string& why) {
@@ -198,37 +212,47 @@ absl::StatusOr<MoeMessageKind> PeekMoeMessageKind(std::string_view bytes) {
   return static_cast<MoeMessageKind>(kind);
 }
 
-std::string Encode(const MoeRequest& m) {
-  std::string out;
-  Writer w(&out, kHeaderBytes + 4 + 8 + 4 + FloatBytes(m.rows), MoeMessageKind::kMoeRequest,
-           m.step_id);
+namespace {
+
+// Each writes every field of m and leaves room for `floats` row floats (no rows for a response
+// whose status is not OK: nullptr).
+float* Write(const MoeRequest& m, size_t floats, std::string* out) {
+  Writer w(out, RowsOffset(kHeaderBytes + 4 + 8 + 4) + floats * sizeof(float),
+           MoeMessageKind::kMoeRequest, m.step_id);
   w.Put(m.layer);
   w.Put(m.tokens);
   w.Put(m.width);
-  w.PutFloats(m.rows);
+  float* rows = w.LeaveRows(floats);
   w.Finish();
-  return out;
+  return rows;
 }
 
-std::string Encode(const MoeResponse& m) {
-  const size_t rows = m.status.ok() ? FloatBytes(m.rows) : 0;
-  std::string out;
-  Writer w(&out, kHeaderBytes + StatusBytes(m.status) + 8 + 4 + rows,
-           MoeMessageKind::kMoeResponse, m.step_id);
-  w.PutStatus(m.status);
-  w.Put(m.tokens);
-  w.Put(m.width);
-  if (m.status.ok()) w.PutFloats(m.rows);
+// The two responses share a layout.
+float* WriteResponse(MoeMessageKind kind, uint64_t step_id, const absl::Status& status,
+                     int64_t count, int32_t width, size_t floats, std::string* out) {
+  const size_t prefix = kHeaderBytes + StatusBytes(status) + 8 + 4;
+  Writer w(out, status.ok() ? RowsOffset(prefix) + floats * sizeof(float) : prefix, kind,
+           step_id);
+  w.PutStatus(status);
+  w.Put(count);
+  w.Put(width);
+  float* rows = status.ok() ? w.LeaveRows(floats) : nullptr;
   w.Finish();
-  return out;
+  return rows;
+}
+float* Write(const MoeResponse& m, size_t floats, std::string* out) {
+  return WriteResponse(MoeMessageKind::kMoeResponse, m.step_id, m.status, m.tokens, m.width,
+                       floats, out);
+}
+float* Write(const ExpertResponse& m, size_t floats, std::string* out) {
+  return WriteResponse(MoeMessageKind::kExpertResponse, m.step_id, m.status, m.rows_count,
+                       m.width, floats, out);
 }
 
-std::string Encode(const ExpertRequest& m) {
-  std::string out;
-  Writer w(&out,
-           kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes +
-               FloatBytes(m.rows),
-           MoeMessageKind::kExpertRequest, m.step_id);
+float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
+  const size_t prefix = kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes;
+  Writer w(out, RowsOffset(prefix) + floats * sizeof(float), MoeMessageKind::kExpertRequest,
+           m.step_id);
   w.Put(m.layer);
   w.Put(m.placement_version);
   w.Put(m.rows_count);
@@ -239,41 +263,46 @@ std::string Encode(const ExpertRequest& m) {
     w.Put(a.expert);
     w.PutFloat(a.weight);
   }
-  w.PutFloats(m.rows);
+  float* rows = w.LeaveRows(floats);
   w.Finish();
-  return out;
+  return rows;
 }
 
-std::string Encode(const ExpertResponse& m) {
-  const size_t rows = m.status.ok() ? FloatBytes(m.rows) : 0;
+template <typename M>
+std::string EncodeCopying(const M& m) {
   std::string out;
-  Writer w(&out, kHeaderBytes + StatusBytes(m.status) + 8 + 4 + rows,
-           MoeMessageKind::kExpertResponse, m.step_id);
-  w.PutStatus(m.status);
-  w.Put(m.rows_count);
-  w.Put(m.width);
-  if (m.status.ok()) w.PutFloats(m.rows);
-  w.Finish();
+  float* rows = Write(m, m.rows.size(), &out);
+  if (rows != nullptr && !m.rows.empty()) {
+    std::memcpy(rows, m.rows.data(), m.rows.size() * sizeof(float));
+  }
   return out;
 }
 
-absl::Status Decode(std::string_view bytes, MoeRequest* m) {
+size_t Floats(int64_t count, int32_t width) {
+  return count > 0 && width > 0 ? static_cast<size_t>(count) * static_cast<size_t>(width) : 0;
+}
+
+// Each reads every field of m but the rows, and where the rows lie.
+absl::Status ReadFields(std::string_view bytes, MoeRequest* m, const char** rows,
+                        size_t* floats) {
   Reader r(bytes, MoeMessageKind::kMoeRequest, "MoeRequest");
   if (r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->tokens) && r.Get(&m->width)) {
-    r.GetFloats(m->tokens, m->width, &m->rows);
+    r.GetRows(m->tokens, m->width, rows, floats);
   }
   return r.Finish();
 }
 
-absl::Status Decode(std::string_view bytes, MoeResponse* m) {
+absl::Status ReadFields(std::string_view bytes, MoeResponse* m, const char** rows,
+                        size_t* floats) {
   Reader r(bytes, MoeMessageKind::kMoeResponse, "MoeResponse");
   if (r.Get(&m->step_id) && r.GetStatus(&m->status) && r.Get(&m->tokens) && r.Get(&m->width)) {
-    if (m->status.ok()) r.GetFloats(m->tokens, m->width, &m->rows);
+    if (m->status.ok()) r.GetRows(m->tokens, m->width, rows, floats);
   }
   return r.Finish();
 }
 
-absl::Status Decode(std::string_view bytes, ExpertRequest* m) {
+absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** rows,
+                        size_t* floats) {
   Reader r(bytes, MoeMessageKind::kExpertRequest, "ExpertRequest");
   int64_t count = 0;
   if (!(r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->placement_version) &&
@@ -297,16 +326,91 @@ absl::Status Decode(std::string_view bytes, ExpertRequest* m) {
       return r.Finish();
     }
   }
-  r.GetFloats(m->rows_count, m->width, &m->rows);
+  r.GetRows(m->rows_count, m->width, rows, floats);
   return r.Finish();
 }
 
-absl::Status Decode(std::string_view bytes, ExpertResponse* m) {
+absl::Status ReadFields(std::string_view bytes, ExpertResponse* m, const char** rows,
+                        size_t* floats) {
   Reader r(bytes, MoeMessageKind::kExpertResponse, "ExpertResponse");
-  if (r.Get(&m->step_id) && r.GetStatus(&m->status) && r.Get(&m->rows_count) && r.Get(&m->width)) {
-    if (m->status.ok()) r.GetFloats(m->rows_count, m->width, &m->rows);
+  if (r.Get(&m->step_id) && r.GetStatus(&m->status) && r.Get(&m->rows_count) &&
+      r.Get(&m->width)) {
+    if (m->status.ok()) r.GetRows(m->rows_count, m->width, rows, floats);
   }
   return r.Finish();
+}
+
+template <typename M>
+absl::Status DecodeCopying(std::string_view bytes, M* m) {
+  const char* rows = nullptr;
+  size_t floats = 0;
+  absl::Status status = ReadFields(bytes, m, &rows, &floats);
+  m->rows.clear();
+  if (status.ok() && rows != nullptr) {
+    m->rows.resize(floats);
+    if (floats > 0) std::memcpy(m->rows.data(), rows, floats * sizeof(float));
+  }
+  return status;
+}
+
+template <typename M>
+absl::Status DecodeViewing(std::string_view bytes, M* m, absl::Span<const float>* rows) {
+  const char* start = nullptr;
+  size_t floats = 0;
+  absl::Status status = ReadFields(bytes, m, &start, &floats);
+  m->rows.clear();
+  *rows = absl::Span<const float>();
+  if (!status.ok() || start == nullptr) return status;
+  if (reinterpret_cast<uintptr_t>(start) % alignof(float) != 0) {
+    return absl::InvalidArgumentError(
+        "data-plane message rows are not float-aligned in memory; decode a copy instead");
+  }
+  *rows = absl::Span<const float>(reinterpret_cast<const float*>(start), floats);
+  return status;
+}
+
+}  // namespace
+
+std::string Encode(const MoeRequest& m) { return EncodeCopying(m); }
+std::string Encode(const MoeResponse& m) { return EncodeCopying(m); }
+std::string Encode(const ExpertRequest& m) { return EncodeCopying(m); }
+std::string Encode(const ExpertResponse& m) { return EncodeCopying(m); }
+
+float* EncodeLeavingRows(const MoeRequest& m, std::string* out) {
+  return Write(m, Floats(m.tokens, m.width), out);
+}
+float* EncodeLeavingRows(const MoeResponse& m, std::string* out) {
+  return Write(m, Floats(m.tokens, m.width), out);
+}
+float* EncodeLeavingRows(const ExpertRequest& m, std::string* out) {
+  return Write(m, Floats(m.rows_count, m.width), out);
+}
+float* EncodeLeavingRows(const ExpertResponse& m, std::string* out) {
+  return Write(m, Floats(m.rows_count, m.width), out);
+}
+
+absl::Status Decode(std::string_view bytes, MoeRequest* m) { return DecodeCopying(bytes, m); }
+absl::Status Decode(std::string_view bytes, MoeResponse* m) { return DecodeCopying(bytes, m); }
+absl::Status Decode(std::string_view bytes, ExpertRequest* m) { return DecodeCopying(bytes, m); }
+absl::Status Decode(std::string_view bytes, ExpertResponse* m) {
+  return DecodeCopying(bytes, m);
+}
+
+absl::Status DecodeInPlace(std::string_view bytes, MoeRequest* m,
+                           absl::Span<const float>* rows) {
+  return DecodeViewing(bytes, m, rows);
+}
+absl::Status DecodeInPlace(std::string_view bytes, MoeResponse* m,
+                           absl::Span<const float>* rows) {
+  return DecodeViewing(bytes, m, rows);
+}
+absl::Status DecodeInPlace(std::string_view bytes, ExpertRequest* m,
+                           absl::Span<const float>* rows) {
+  return DecodeViewing(bytes, m, rows);
+}
+absl::Status DecodeInPlace(std::string_view bytes, ExpertResponse* m,
+                           absl::Span<const float>* rows) {
+  return DecodeViewing(bytes, m, rows);
 }
 
 }  // namespace k3

@@ -8,16 +8,26 @@
 // ExpertWidth() rows (d/2 for K3's LatentMoE). Every message starts with a version byte, a kind
 // byte and a step id, so late answers of an abandoned step are recognized and dropped.
 //
-// Encoding (version 1), every field little-endian with no padding, independent of the compiler's
-// struct layout:
+// Encoding (version 2), every field little-endian, independent of the compiler's struct layout:
 //
 //   header          u8 version (kMoeWireVersion), u8 kind (MoeMessageKind), u64 step_id
 //   status          i32 code (absl::StatusCode), u32 n, n bytes of message
-//   MoeRequest      header, i32 layer, i64 tokens, i32 width, f32 rows[tokens * width]
-//   MoeResponse     header, status, i64 tokens, i32 width, f32 rows[tokens * width] if status OK
+//   rows            zero bytes up to the next multiple of kMoeRowAlignment from the message start,
+//                   then f32 rows[count * width]
+//   MoeRequest      header, i32 layer, i64 tokens, i32 width, rows
+//   MoeResponse     header, status, i64 tokens, i32 width, rows if status OK
 //   ExpertRequest   header, i32 layer, u64 placement_version, i64 rows_count, i32 width,
-//                   i64 n, n x (i32 row, i32 expert, f32 weight), f32 rows[rows_count * width]
-//   ExpertResponse  header, status, i64 rows_count, i32 width, f32 rows[rows_count * width] if OK
+//                   i64 n, n x (i32 row, i32 expert, f32 weight), rows
+//   ExpertResponse  header, status, i64 rows_count, i32 width, rows if OK
+//
+// The padding (new in version 2) lets the rows be read where they lie: a receiver's message
+// buffer comes from the heap (16-byte aligned), so its float block is aligned too.
+//
+// Two ways in and out. Encode/Decode copy the rows from and into the structs below: for tests and
+// rare paths. The data path writes and reads rows in place, so a token row is copied only where
+// it must move (a router gathering a worker's rows): EncodeLeavingRows sizes the message and
+// returns where its rows go, for the caller to compute them there; DecodeInPlace points at the
+// rows inside the received bytes.
 //
 // f32 is the IEEE-754 binary32 bit pattern. Decode checks every count and index against the
 // message size (negative or overflowing counts, truncation, trailing bytes, an assignment row
@@ -34,12 +44,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "moe/expert_assignment.h"
 
 namespace k3 {
 
 // The wire version this build writes and the only one it reads.
-inline constexpr uint8_t kMoeWireVersion = 1;
+inline constexpr uint8_t kMoeWireVersion = 2;
+// Row blocks start at a multiple of this many bytes from the message start.
+inline constexpr size_t kMoeRowAlignment = 16;
 
 enum class MoeMessageKind : uint8_t {
   kMoeRequest = 1,
@@ -96,6 +109,28 @@ absl::Status Decode(std::string_view bytes, MoeRequest* message);
 absl::Status Decode(std::string_view bytes, MoeResponse* message);
 absl::Status Decode(std::string_view bytes, ExpertRequest* message);
 absl::Status Decode(std::string_view bytes, ExpertResponse* message);
+
+// In-place encoding: writes every field of `message` but its rows into *out (resized to the whole
+// message; message.rows is not read) and returns where the rows go: tokens (rows_count) x width
+// floats, to be filled before sending. A response whose status is not OK has no rows: nullptr.
+float* EncodeLeavingRows(const MoeRequest& message, std::string* out);
+float* EncodeLeavingRows(const MoeResponse& message, std::string* out);
+float* EncodeLeavingRows(const ExpertRequest& message, std::string* out);
+float* EncodeLeavingRows(const ExpertResponse& message, std::string* out);
+
+// In-place decoding: checks `bytes` as Decode does and fills every field of *message but its rows
+// (left empty); *rows points at them inside `bytes`, valid while those bytes live unchanged (an
+// empty span for an error response). INVALID_ARGUMENT as for Decode, and when the rows are not
+// float-aligned in memory (bytes not at a 4-byte aligned address; never the case for a heap
+// buffer).
+absl::Status DecodeInPlace(std::string_view bytes, MoeRequest* message,
+                           absl::Span<const float>* rows);
+absl::Status DecodeInPlace(std::string_view bytes, MoeResponse* message,
+                           absl::Span<const float>* rows);
+absl::Status DecodeInPlace(std::string_view bytes, ExpertRequest* message,
+                           absl::Span<const float>* rows);
+absl::Status DecodeInPlace(std::string_view bytes, ExpertResponse* message,
+                           absl::Span<const float>* rows);
 
 }  // namespace k3
 

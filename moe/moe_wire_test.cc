@@ -1,5 +1,6 @@
 #include "moe/moe_wire.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -142,7 +143,7 @@ TEST(MoeWireTest, RoundTripsEveryMessage) {
 TEST(MoeWireTest, ExpertRequestGoldenBytes) {
   ExpertRequest m{0x0102030405060708u, 2, 5, 1, 2, {{0, 9, 0.5f}}, {1.0f, -2.0f}};
   const unsigned char golden[] = {
-      0x01,                                            // version
+      0x02,                                            // version
       0x03,                                            // kind: ExpertRequest
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // step_id
       0x02, 0x00, 0x00, 0x00,                          // layer
@@ -153,6 +154,8 @@ TEST(MoeWireTest, ExpertRequestGoldenBytes) {
       0x00, 0x00, 0x00, 0x00,                          // row
       0x09, 0x00, 0x00, 0x00,                          // expert
       0x00, 0x00, 0x00, 0x3f,                          // weight 0.5f
+      0x00, 0x00, 0x00, 0x00, 0x00,                    // padding from offset 54 ...
+      0x00, 0x00, 0x00, 0x00, 0x00,                    // ... to the row block at 64
       0x00, 0x00, 0x80, 0x3f,                          // 1.0f
       0x00, 0x00, 0x00, 0xc0,                          // -2.0f
   };
@@ -168,7 +171,7 @@ TEST(MoeWireTest, ExpertRequestGoldenBytes) {
 TEST(MoeWireTest, MoeResponseGoldenBytes) {
   MoeResponse m{7, absl::UnavailableError("down"), 0, 0, {}};
   const unsigned char golden[] = {
-      0x01,                                            // version
+      0x02,                                            // version
       0x02,                                            // kind: MoeResponse
       0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // step_id
       0x0e, 0x00, 0x00, 0x00,                          // code: UNAVAILABLE (14)
@@ -204,19 +207,19 @@ TEST(MoeWireTest, TrailingBytesAreRejected) {
 
 TEST(MoeWireTest, UnknownVersionAndKindAreRejected) {
   std::string bytes = Encode(SampleDispatch());
-  bytes[0] = 2;
+  bytes[0] = 1;  // the version before aligned row blocks
   EXPECT_FALSE(PeekMoeMessageKind(bytes).ok());
   ExpertRequest back;
   absl::Status s = Decode(bytes, &back);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("unsupported wire version 2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("unsupported wire version 1"), std::string::npos) << s;
 
   MoeRequest wrong_kind;
   EXPECT_FALSE(Decode(Encode(SampleDispatch()), &wrong_kind).ok());
   EXPECT_FALSE(PeekMoeMessageKind("").ok());
-  EXPECT_FALSE(PeekMoeMessageKind(std::string(1, '\x01')).ok());
-  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x01\x09", 2)).ok());
-  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x01\x00", 2)).ok());
+  EXPECT_FALSE(PeekMoeMessageKind(std::string(1, '\x02')).ok());
+  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x02\x09", 2)).ok());
+  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x02\x00", 2)).ok());
   absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(Encode(SampleDispatch()));
   ASSERT_TRUE(kind.ok());
   EXPECT_EQ(*kind, MoeMessageKind::kExpertRequest);
@@ -273,6 +276,72 @@ TEST(MoeWireTest, BadCountsAreRejectedWithoutAllocating) {
   response = Encode(MoeResponse{9, absl::InternalError("x"), 0, 0, {}});
   Patch<uint32_t>(&response, 14, 0xffffffffu);
   EXPECT_EQ(Decode(response, &response_back).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Messages built in place equal the ones Encode copies the rows into, and read in place give the
+// rows Decode copies out, at a float-aligned address inside the message.
+TEST(MoeWireTest, InPlaceEncodingAndDecodingMatchTheCopyingOnes) {
+  const MoeRequest request{7, 3, 2, 4, {1, 2, 3, 4, 5, 6, 7, 8}};
+  const MoeResponse response{8, absl::OkStatus(), 1, 2, {-1.5f, 2.5f}};
+  const ExpertRequest dispatch = SampleDispatch();
+  const ExpertResponse answer{11, absl::OkStatus(), 2, 3, {6, 5, 4, 3, 2, 1}};
+  auto check = [](const auto& message) {
+    auto header = message;
+    header.rows.clear();  // EncodeLeavingRows must not read them
+    std::string built;
+    float* rows = EncodeLeavingRows(header, &built);
+    ASSERT_NE(rows, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(rows) % alignof(float), 0u);
+    EXPECT_EQ((reinterpret_cast<const char*>(rows) - built.data()) % kMoeRowAlignment, 0u);
+    std::copy(message.rows.begin(), message.rows.end(), rows);
+    const std::string copied = Encode(message);
+    EXPECT_EQ(built, copied);
+
+    auto back = message;
+    absl::Span<const float> in_place;
+    ASSERT_TRUE(DecodeInPlace(copied, &back, &in_place).ok());
+    EXPECT_TRUE(back.rows.empty());
+    EXPECT_EQ(std::vector<float>(in_place.begin(), in_place.end()), message.rows);
+    EXPECT_GE(reinterpret_cast<const char*>(in_place.data()), copied.data());
+    EXPECT_LE(reinterpret_cast<const char*>(in_place.data() + in_place.size()),
+              copied.data() + copied.size());
+    EXPECT_EQ(back.step_id, message.step_id);
+  };
+  check(request);
+  check(response);
+  check(dispatch);
+  check(answer);
+
+  // A failed response has no rows either way.
+  std::string failed;
+  EXPECT_EQ(EncodeLeavingRows(MoeResponse{9, absl::InternalError("x"), 3, 4, {}}, &failed),
+            nullptr);
+  MoeResponse failed_back;
+  absl::Span<const float> none;
+  ASSERT_TRUE(DecodeInPlace(failed, &failed_back, &none).ok());
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(failed_back.status.code(), absl::StatusCode::kInternal);
+}
+
+TEST(MoeWireTest, InPlaceDecodingRejectsMisalignedRowsAndPadding) {
+  const std::string good = Encode(SampleDispatch());
+  // The same bytes one past a float boundary: the copying decoder still reads them.
+  std::string shifted = " " + good;
+  const std::string_view misaligned(shifted.data() + 1, good.size());
+  ExpertRequest back;
+  absl::Span<const float> rows;
+  absl::Status s = DecodeInPlace(misaligned, &back, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("aligned"), std::string::npos) << s;
+  EXPECT_TRUE(Decode(misaligned, &back).ok());
+  EXPECT_EQ(back.rows, SampleDispatch().rows);
+
+  // SampleDispatch's 24 assignment bytes end at offset 66; the rows start at 80.
+  std::string padded = good;
+  padded[70] = 1;
+  s = Decode(padded, &back);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("nonzero padding at offset 70"), std::string::npos) << s;
 }
 
 // Random corruptions of valid messages and random garbage decode to an error or to a message

@@ -16,8 +16,26 @@ void PendingSteps::Add(std::unique_ptr<PendingStep> step) {
   CHECK(inserted) << "step " << id << " is already pending";
 }
 
-PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, ExpertResponse response) {
+void PendingStep::AddSlot() {
+  nodes.push_back(0);
+  answers.emplace_back();
+  partial_at.push_back(0);
+  answered.push_back(false);
+}
+
+const float* PendingStep::Partial(size_t slot) const {
+  if (answers[slot].empty()) return nullptr;
+  return reinterpret_cast<const float*>(answers[slot].data() + partial_at[slot]);
+}
+
+PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, std::string message) {
   Answer answer;
+  ExpertResponse response;
+  absl::Span<const float> partial;
+  if (absl::Status decoded = DecodeInPlace(message, &response, &partial); !decoded.ok()) {
+    // Decode reads the step id first: the answer may still name its slot.
+    response.status = absl::InternalError(absl::StrCat("malformed answer: ", decoded.message()));
+  }
   auto it = steps_.find(response.step_id >> kSlotBits);
   if (it == steps_.end()) return answer;
   PendingStep& step = *it->second;
@@ -40,7 +58,9 @@ PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, ExpertResponse response
     steps_.erase(it);
     return answer;
   }
-  step.partials[slot] = std::move(response.rows);
+  step.partial_at[slot] =
+      static_cast<size_t>(reinterpret_cast<const char*>(partial.data()) - message.data());
+  step.answers[slot] = std::move(message);
   step.answered[slot] = true;
   if (--step.outstanding > 0) {
     answer.outcome = Outcome::kWaiting;

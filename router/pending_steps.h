@@ -40,11 +40,19 @@ struct PendingStep {
   // expert the coordinator is moving, router/router_core.h).
   std::string request;
   RouterStep step;
-  // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer.
+  // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer: the
+  // ExpertResponse message, whose partial sums are read in place (Partial).
   std::vector<PeerId> nodes;
-  std::vector<std::vector<float>> partials;
+  std::vector<std::string> answers;
+  std::vector<size_t> partial_at;  // where in answers[slot] the partial sums start
   std::vector<bool> answered;
   int outstanding = 0;  // slots with rows and no answer yet
+
+  // Makes room for one more slot's answer.
+  void AddSlot();
+  // The partial sums slot `slot` answered: [plan.workers[slot].tokens.size(), width]; null when
+  // the slot has no answer (it got no rows).
+  const float* Partial(size_t slot) const;
   // Per worker slot, optional: the encoded ExpertRequest, kept to send again to a replica when
   // the node dies or hangs (router/router_core.h); empty when not kept.
   std::vector<std::string> requests;
@@ -74,10 +82,12 @@ class PendingSteps {
   // REQUIRES: no step with the same id is pending; step->outstanding > 0.
   void Add(std::unique_ptr<PendingStep> step);
 
-  // Records `node`'s answer to the slot its step id names. An answer from a node the slot has
-  // since left (it went to a replica) counts when well-formed (the same rows, computed by
-  // another host) and is dropped otherwise. A kFailed error keeps the worker's status code.
-  Answer OnAnswer(PeerId node, ExpertResponse response);
+  // Records `node`'s answer (an encoded ExpertResponse, kept whole: its rows are read in place) to
+  // the slot its step id names. An answer from a node the slot has since left (it went to a
+  // replica) counts when well-formed (the same rows, computed by another host) and is dropped
+  // otherwise. A kFailed error keeps the worker's status code; a malformed answer whose step id
+  // was read fails its step with INTERNAL.
+  Answer OnAnswer(PeerId node, std::string message);
 
   // Removes and returns the steps still owed an answer by `node`, in id order.
   std::vector<std::unique_ptr<PendingStep>> TakeWaitingOn(PeerId node);

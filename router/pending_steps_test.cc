@@ -23,20 +23,28 @@ std::unique_ptr<PendingStep> MakeStep(uint64_t id, std::vector<PeerId> nodes,
     step->step.plan.workers[w].tokens.assign(rows[w], 0);
     if (nodes[w] != 0) ++step->outstanding;
   }
-  step->nodes = nodes;
-  step->partials.resize(nodes.size());
-  step->answered.assign(nodes.size(), false);
+  for (PeerId node : nodes) {
+    step->AddSlot();
+    step->nodes.back() = node;
+  }
   return step;
 }
 
-// An answer of `rows` rows to slot `slot` of step `step`.
-ExpertResponse Answer(uint64_t step, size_t slot, int64_t rows, float value) {
+// An answer of `rows` rows to slot `slot` of step `step`, encoded.
+std::string Answer(uint64_t step, size_t slot, int64_t rows, float value) {
   ExpertResponse response;
   response.step_id = SlotRequestId(step, slot);
   response.rows_count = rows;
   response.width = kWidth;
   response.rows.assign(rows * kWidth, value);
-  return response;
+  return Encode(response);
+}
+
+// The partial sums a finished step holds for `slot`, copied out (empty without an answer).
+std::vector<float> PartialOf(const PendingStep& step, size_t slot) {
+  const float* partial = step.Partial(slot);
+  if (partial == nullptr) return {};
+  return std::vector<float>(partial, partial + step.step.plan.workers[slot].tokens.size() * kWidth);
 }
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
@@ -53,9 +61,9 @@ TEST(PendingStepsTest, CompletesWhenEveryWorkerAnsweredInAnyOrder) {
   ASSERT_NE(second.step, nullptr);
   EXPECT_EQ(table.size(), 0u);
   EXPECT_EQ(second.step->origin_step, 10u);
-  EXPECT_EQ(second.step->partials[0], std::vector<float>(2 * kWidth, -1.f));
-  EXPECT_TRUE(second.step->partials[1].empty());
-  EXPECT_EQ(second.step->partials[2], std::vector<float>(kWidth, 2.5f));
+  EXPECT_EQ(PartialOf(*second.step, 0), std::vector<float>(2 * kWidth, -1.f));
+  EXPECT_TRUE(PartialOf(*second.step, 1).empty());
+  EXPECT_EQ(PartialOf(*second.step, 2), std::vector<float>(kWidth, 2.5f));
 }
 
 // Slot 0's rows went again to node 9 (its node died) besides node 9's own slot 1: each answer
@@ -66,8 +74,8 @@ TEST(PendingStepsTest, ANodeOwingSeveralSlotsHasEachAnswerMatchedByItsRequestId)
   EXPECT_EQ(table.OnAnswer(9, Answer(1, 0, 2, 4.f)).outcome, PendingSteps::Outcome::kWaiting);
   PendingSteps::Answer done = table.OnAnswer(9, Answer(1, 1, 1, 3.f));
   ASSERT_EQ(done.outcome, PendingSteps::Outcome::kComplete) << done.error;
-  EXPECT_EQ(done.step->partials[0], std::vector<float>(2 * kWidth, 4.f));
-  EXPECT_EQ(done.step->partials[1], std::vector<float>(kWidth, 3.f));
+  EXPECT_EQ(PartialOf(*done.step, 0), std::vector<float>(2 * kWidth, 4.f));
+  EXPECT_EQ(PartialOf(*done.step, 1), std::vector<float>(kWidth, 3.f));
 }
 
 // Slot 1 went from node 9 (slow) to node 7, which also holds slot 0. Node 9's late answer for
@@ -79,13 +87,13 @@ TEST(PendingStepsTest, AnAnswerFromTheSlotsFormerNodeCountsOnlyWhenWellFormed) {
   ExpertResponse error;
   error.step_id = SlotRequestId(1, 1);
   error.status = absl::FailedPreconditionError("placement moved on");
-  EXPECT_EQ(table.OnAnswer(9, error).outcome, PendingSteps::Outcome::kDropped);
+  EXPECT_EQ(table.OnAnswer(9, Encode(error)).outcome, PendingSteps::Outcome::kDropped);
   EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 2, 0.f)).outcome, PendingSteps::Outcome::kDropped);
   EXPECT_EQ(table.OnAnswer(9, Answer(1, 1, 1, 5.f)).outcome, PendingSteps::Outcome::kWaiting);
   EXPECT_EQ(table.OnAnswer(7, Answer(1, 1, 1, 6.f)).outcome, PendingSteps::Outcome::kDropped);
   PendingSteps::Answer done = table.OnAnswer(7, Answer(1, 0, 2, 1.f));
   ASSERT_EQ(done.outcome, PendingSteps::Outcome::kComplete) << done.error;
-  EXPECT_EQ(done.step->partials[1], std::vector<float>(kWidth, 5.f));
+  EXPECT_EQ(PartialOf(*done.step, 1), std::vector<float>(kWidth, 5.f));
 }
 
 TEST(PendingStepsTest, DropsLateDuplicateAndUnknownAnswers) {
@@ -106,7 +114,7 @@ TEST(PendingStepsTest, WorkerErrorsAndBadShapesFailTheStep) {
   ExpertResponse error;
   error.step_id = SlotRequestId(1, 1);
   error.status = absl::FailedPreconditionError("expert 3 is not hosted");
-  PendingSteps::Answer failed = table.OnAnswer(9, error);
+  PendingSteps::Answer failed = table.OnAnswer(9, Encode(error));
   ASSERT_EQ(failed.outcome, PendingSteps::Outcome::kFailed);
   EXPECT_EQ(failed.error.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(failed.step->id, 1u);
@@ -114,6 +122,15 @@ TEST(PendingStepsTest, WorkerErrorsAndBadShapesFailTheStep) {
   ASSERT_EQ(malformed.outcome, PendingSteps::Outcome::kFailed);
   EXPECT_EQ(malformed.error.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(table.size(), 0u);
+
+  // A message that is not a well-formed ExpertResponse but names its step fails the step too.
+  table.Add(MakeStep(3, {7}, {1}, kT0));
+  std::string truncated = Answer(3, 0, 1, 0.f);
+  truncated.pop_back();
+  PendingSteps::Answer cut = table.OnAnswer(7, truncated);
+  ASSERT_EQ(cut.outcome, PendingSteps::Outcome::kFailed);
+  EXPECT_EQ(cut.error.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(cut.error.message().find("malformed answer"), std::string::npos) << cut.error;
 }
 
 TEST(PendingStepsTest, TakeWaitingOnTakesOnlyStepsTheNodeStillOwes) {

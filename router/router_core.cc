@@ -165,7 +165,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
       if (kind.ok() && *kind == MoeMessageKind::kMoeRequest) {
         HandleMoeRequest(received->from, std::move(received->bytes), absl::Now());
       } else if (kind.ok() && *kind == MoeMessageKind::kExpertResponse) {
-        HandleExpertResponse(received->from, received->bytes);
+        HandleExpertResponse(received->from, std::move(received->bytes));
       } else {
         LOG_EVERY_N(WARNING, 100) << "dropping a message from peer " << received->from
                                   << " that a router does not take"
@@ -378,7 +378,8 @@ absl::Status RouterCore::WorkerStatus(int worker) const {
 void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time start,
                                   bool held) {
   MoeRequest request;
-  if (absl::Status decoded = Decode(bytes, &request); !decoded.ok()) {
+  absl::Span<const float> rows;  // read in place, inside `bytes`
+  if (absl::Status decoded = DecodeInPlace(bytes, &request, &rows); !decoded.ok()) {
     // Decode reads the step id first: the attention worker can match the answer if it got there.
     Reply(from, request.step_id, start, decoded);
     return;
@@ -420,8 +421,7 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   for (int w = 0; w < placement.num_workers; ++w) {
     live[w] = WorkerStatus(w).ok() && slow_.count(placement_.worker_nodes[w]) == 0;
   }
-  PrepareRouterStep(routers_[request.layer], config_, request.rows.data(),
-                    request.tokens, placement.num_workers,
+  PrepareRouterStep(routers_[request.layer], config_, rows.data(), request.tokens, placement.num_workers,
                     [&placement, &live, layer](int32_t expert, int64_t token) {
                       const std::vector<int>& hosts = placement.WorkersFor(layer, expert);
                       std::vector<int> alive;
@@ -452,10 +452,11 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
       return;
     }
   }
+  // The step keeps the request (rows and all); its rows stay where they are in the buffer.
+  const size_t rows_at = static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) - bytes.data());
   step->request = std::move(bytes);
-  step->nodes.assign(workers, 0);
-  step->partials.resize(workers);
-  step->answered.assign(workers, false);
+  const float* x = reinterpret_cast<const float*>(step->request.data() + rows_at);
+  for (int w = 0; w < workers; ++w) step->AddSlot();
   if (has_replicas_) step->requests.resize(workers);
   std::vector<PeerId> unsent;  // nodes whose Send failed
   for (int w = 0; w < workers; ++w) {
@@ -467,9 +468,9 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
     expert_request.width = static_cast<int32_t>(step->step.width);
     expert_request.assignments = dispatch[w].assignments;
-    expert_request.rows = std::move(step->step.worker_rows[w]);
     const PeerId node = placement_.worker_nodes[w];
-    std::string bytes = Encode(expert_request);
+    std::string bytes;  // the worker's rows are gathered straight into its message
+    GatherWorkerRows(step->step, x, w, EncodeLeavingRows(expert_request, &bytes));
     if (has_replicas_) step->requests[w] = bytes;
     if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
       // The link died after the liveness check above (its failure is not yet polled): with
@@ -538,7 +539,7 @@ void RouterCore::RecordRoundTrip(absl::Duration round_trip) {
       std::max(options_.expert_retry_floor, sorted[p99] * options_.expert_retry_p99_factor);
 }
 
-void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
+void RouterCore::HandleExpertResponse(PeerId from, std::string bytes) {
   if (auto suspect = suspects_.find(from); suspect != suspects_.end()) {
     LOG(INFO) << WorkerName(from) << " answers again; it no longer counts as lost";
     suspects_.erase(suspect);
@@ -546,12 +547,7 @@ void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
   if (slow_.erase(from) > 0) {
     LOG(INFO) << WorkerName(from) << " answers again; new steps may send it rows";
   }
-  ExpertResponse response;
-  if (absl::Status decoded = Decode(bytes, &response); !decoded.ok()) {
-    response.status = absl::InternalError(absl::StrCat("malformed answer: ", decoded.message()));
-    response.rows.clear();
-  }
-  PendingSteps::Answer answer = pending_.OnAnswer(from, std::move(response));
+  PendingSteps::Answer answer = pending_.OnAnswer(from, std::move(bytes));
   switch (answer.outcome) {
     case PendingSteps::Outcome::kDropped:
       VLOG(1) << "dropping a late or unexpected answer from " << WorkerName(from);
@@ -573,17 +569,23 @@ void RouterCore::HandleExpertResponse(PeerId from, const std::string& bytes) {
 void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
   const absl::Time combine = absl::Now();
   std::vector<const float*> partials;
-  for (const std::vector<float>& partial : step->partials) partials.push_back(partial.data());
-  std::vector<float> out(static_cast<size_t>(step->step.tokens * step->step.width));
+  for (size_t slot = 0; slot < step->answers.size(); ++slot) {
+    partials.push_back(step->Partial(slot));
+  }
+  MoeResponse response;  // the sums are combined straight into the answer's message
+  response.step_id = step->origin_step;
+  response.tokens = step->step.tokens;
+  response.width = static_cast<int32_t>(step->step.width);
+  std::string message;
   FinishRouterStep(routers_[step->model_layer], config_, step->step, partials,
-                   out.data());
+                   EncodeLeavingRows(response, &message));
   if (metrics_ != nullptr) {
     metrics_->step_compute->Observe(
         absl::ToDoubleSeconds((step->dispatched - step->start) + (absl::Now() - combine)));
     metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
   }
-  Reply(step->origin, step->origin_step, step->start, absl::OkStatus(), step->step.tokens,
-        std::move(out));
+  SendAnswer(step->origin, step->origin_step, step->start, absl::StatusCode::kOk,
+             std::move(message));
 }
 
 void RouterCore::ExpireSteps(absl::Time now) {
@@ -733,7 +735,7 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
   }
   // The slot answers nothing now; one new slot per target does.
   step.step.plan.workers[slot] = WorkerDispatch();
-  step.partials[slot].clear();
+  step.answers[slot].clear();
   step.answered[slot] = true;
   step.requests[slot].clear();
   --step.outstanding;
@@ -742,9 +744,8 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     const PeerId target = requests[i].first;
     std::string bytes = requests[i].second;
     step.step.plan.workers.push_back(std::move(dispatches[i]));
-    step.nodes.push_back(target);
-    step.partials.emplace_back();
-    step.answered.push_back(false);
+    step.AddSlot();
+    step.nodes.back() = target;
     step.requests.push_back(std::move(requests[i].second));
     ++step.outstanding;
     if (!transport_->Send(target, std::move(bytes)).ok()) return false;
@@ -781,25 +782,28 @@ void RouterCore::FailAll(const absl::Status& status) {
   held_.clear();
 }
 
-void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
-                       int64_t tokens, std::vector<float> rows) {
+void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start,
+                       absl::Status status) {
   MoeResponse response;
   response.step_id = origin_step;
   if (status.ok()) {
-    response.tokens = tokens;
-    response.width = config_.ExpertWidth();
-    response.rows = std::move(rows);
+    response.width = config_.ExpertWidth();  // a step of no tokens
   } else {
     LOG_EVERY_N(WARNING, 100) << "step " << origin_step << " of attention peer " << origin
                               << " failed (failure " << google::COUNTER
                               << ", every 100th logged): " << status;
   }
+  response.status = std::move(status);
+  SendAnswer(origin, origin_step, start, response.status.code(), Encode(response));
+}
+
+void RouterCore::SendAnswer(PeerId origin, uint64_t origin_step, absl::Time start,
+                            absl::StatusCode code, std::string message) {
   if (metrics_ != nullptr) {
-    metrics_->steps.WithLabels({absl::StatusCodeToString(status.code())})->Increment();
+    metrics_->steps.WithLabels({absl::StatusCodeToString(code)})->Increment();
     metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }
-  response.status = std::move(status);
-  if (absl::Status sent = transport_->Send(origin, Encode(response)); !sent.ok()) {
+  if (absl::Status sent = transport_->Send(origin, std::move(message)); !sent.ok()) {
     LOG_EVERY_N(WARNING, 100) << "cannot answer step " << origin_step << " of attention peer "
                               << origin << ": " << sent;
   }

@@ -154,7 +154,7 @@ class RouterCore {
   // Plans the held requests again (all: a new cluster state) or fails those held too long.
   void RetryHeld();
   void ExpireHeld(absl::Time now);
-  void HandleExpertResponse(PeerId from, const std::string& bytes);
+  void HandleExpertResponse(PeerId from, std::string bytes);
   void ExpireSteps(absl::Time now);
   void Finish(std::unique_ptr<PendingStep> step);
   // Sends every pending step waiting for `node` to replicas (SendToReplicas), or fails it.
@@ -173,8 +173,11 @@ class RouterCore {
   // The deadline of a step whose requests went out at `now`.
   absl::Time StepDeadline(absl::Time now, absl::Time timeout_at) const;
   void RecordRoundTrip(absl::Duration round_trip);
-  void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status,
-             int64_t tokens = 0, std::vector<float> rows = {});
+  // Answers a step that has no rows to return: an error, or a step of no tokens.
+  void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status);
+  // Sends an encoded MoeResponse whose status has `code`, counting it in the metrics.
+  void SendAnswer(PeerId origin, uint64_t origin_step, absl::Time start, absl::StatusCode code,
+                  std::string message);
   // OK when worker slot `worker` of the placement can take rows now; else UNAVAILABLE naming it.
   absl::Status WorkerStatus(int worker) const;
   // UNAVAILABLE for `node` when it is lost or unreachable; OK otherwise.

@@ -14,22 +14,19 @@ void PrepareRouterStep(const RouterWeights& weights, const ModelConfig& config, 
   step->tokens = tokens;
   step->width = config.ExpertWidth();
   RouteTokens(weights, config, x, tokens, &step->routing);
-  const float* rows = x;
+  step->latent.clear();
   if (config.IsLatentMoe()) {
     step->latent.resize(static_cast<size_t>(tokens * step->width));
     MatMul(weights.latent_down, x, tokens, step->latent.data());
-    rows = step->latent.data();
   }
   BuildDispatchPlan(step->routing, num_workers, worker_for, &step->plan);
-  step->worker_rows.resize(num_workers);
-  for (int w = 0; w < num_workers; ++w) {
-    const std::vector<int32_t>& sent = step->plan.workers[w].tokens;
-    std::vector<float>& dst = step->worker_rows[w];
-    dst.resize(sent.size() * step->width);
-    for (size_t r = 0; r < sent.size(); ++r) {
-      std::memcpy(dst.data() + r * step->width, rows + sent[r] * step->width,
-                  sizeof(float) * step->width);
-    }
+}
+
+void GatherWorkerRows(const RouterStep& step, const float* x, int worker, float* out) {
+  const float* rows = step.latent.empty() ? x : step.latent.data();
+  const std::vector<int32_t>& sent = step.plan.workers[worker].tokens;
+  for (size_t r = 0; r < sent.size(); ++r) {
+    std::memcpy(out + r * step.width, rows + sent[r] * step.width, sizeof(float) * step.width);
   }
 }
 

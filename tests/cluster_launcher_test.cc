@@ -4,14 +4,17 @@
 // are restarted (and it gives up on one that keeps dying), and --prompt prints the tokens the
 // single-process engine generates.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -202,6 +205,82 @@ TEST(LocalClusterTest, NodeDyingDuringStartupIsNamedWithItsLogAndTheRestIsStoppe
   EXPECT_NE(message.find("expert-"), std::string::npos) << message;
   EXPECT_NE(message.find("no-such-flag"), std::string::npos) << "no log tail: " << message;
   EXPECT_TRUE(NoChildren()) << "processes left behind";
+}
+
+// A listening socket on a free port of 127.0.0.1, held until destroyed.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa = {};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+        listen(fd_, 1) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+      ADD_FAILURE() << "cannot hold a port: " << strerror(errno);
+      return;
+    }
+    port_ = ntohs(sa.sin_port);
+  }
+  ~HeldPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Another process may bind a port between the launcher picking it and the node binding it (seen
+// in CI with tests running side by side). The node then cannot start; the launcher sees the port
+// held, starts the node again on fresh ports (the coordinator before anyone learnt its address),
+// and the cluster comes up and serves.
+TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
+  const std::string model = RandomCheckpointDir("k3-tiny", 7);
+  HeldPort coordinator_port, expert_port;
+  ASSERT_GT(coordinator_port.port(), 0);
+  ASSERT_GT(expert_port.port(), 0);
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 1);
+  int calls = 0;
+  options.pick_ports = [&](int n) -> absl::StatusOr<std::vector<int>> {
+    // The first call picks every node's ports: the coordinator's (first) and the expert's (the
+    // last gRPC port; nodes are coordinator, attention, router, expert) are taken.
+    std::vector<int> ports;
+    for (int i = 0; i < n; ++i) {
+      HeldPort fresh;  // free now; released when this loop iteration ends
+      ports.push_back(fresh.port());
+    }
+    if (calls++ == 0) {
+      EXPECT_GE(n, 4);
+      ports[0] = coordinator_port.port();
+      ports[3] = expert_port.port();
+    }
+    return ports;
+  };
+  std::vector<std::string> lines;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string taken_coordinator = absl::StrCat("127.0.0.1:", coordinator_port.port());
+  const std::string taken_expert = absl::StrCat("127.0.0.1:", expert_port.port());
+  EXPECT_NE((*cluster)->coordinator_address(), taken_coordinator);
+  for (const LocalCluster::Node& node : (*cluster)->nodes()) EXPECT_NE(node.grpc_address, taken_expert);
+  const std::string said = absl::StrJoin(lines, "\n");
+  EXPECT_NE(said.find("coordinator could not listen on " + taken_coordinator), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("expert-0 could not listen on " + taken_expert), std::string::npos) << said;
+
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(model, {prompt}, 3);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
+      (*cluster)->generate_addresses()[0], GreedyRequest("taken", prompt, 3), absl::Seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->tokens, (*expected)[0]);
+  EXPECT_TRUE((*cluster)->Stop().ok());
 }
 
 // Start-up and shutdown races show only now and then (an attention node once crashed right after
