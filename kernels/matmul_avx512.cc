@@ -177,14 +177,20 @@ struct Mxfp4Rows {
   const uint8_t* scales;
 };
 
-// E8M0 byte -> 2^(s - 127), so that a scale is one broadcast load.
-const float* E8m0Table() {
-  static const float* table = [] {
-    static float values[256];
-    for (int s = 0; s < 256; ++s) values[s] = E8m0Scale(static_cast<uint8_t>(s));
+// E8M0 byte s -> the 16 E2M1 values times 2^(s - 127) (exact: powers of two), 64 bytes each, so
+// that a group's lookup table is one aligned load instead of a broadcast and a multiply. A
+// checkpoint's scales span a few dozen values, so the lines in use stay in L1.
+const float* ScaledE2m1Tables() {
+  static const float* tables = [] {
+    alignas(64) static float values[256 * 16];
+    for (int s = 0; s < 256; ++s) {
+      for (int c = 0; c < 16; ++c) {
+        values[s * 16 + c] = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
+      }
+    }
     return values;
   }();
-  return table;
+  return tables;
 }
 
 // xp: T packed activation rows, as for BF16: a 32-input group's 16 bytes of codes widen to one
@@ -204,8 +210,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
     codes[r] = w->codes + (row + r) * cols / 2;
     scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
   }
-  const float* scale_values = E8m0Table();
-  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  const float* scaled_tables = ScaledE2m1Tables();
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
@@ -228,8 +233,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
     for (int r = 0; r < R; ++r) {
       const __m512i v =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
-      const __m512 scaled =
-          _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[r][k / kMxfp4Group]]));
+      const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[r][k / kMxfp4Group]);
       const __m512 we = _mm512_permutexvar_ps(v, scaled);
       const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
       for (int t = 0; t < T; ++t) {
@@ -245,8 +249,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
 // Exact: every MXFP4 value has at most 2 significant bits, so its fp32 bits end in 16 zeros.
 K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
                                uint16_t* out) {
-  const float* scale_values = E8m0Table();
-  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  const float* scaled_tables = ScaledE2m1Tables();
   // Word j of a group: the high half (word 2i + 1) of lane i of the even inputs for j = 2i, of
   // the odd inputs (words 32 + ...) for j = 2i + 1.
   alignas(64) static constexpr uint16_t kInterleave[32] = {
@@ -260,8 +263,7 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
     for (int64_t k = 0; k < cols; k += kMxfp4Group) {
       const __m512i v =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2)));
-      const __m512 scaled =
-          _mm512_mul_ps(table, _mm512_set1_ps(scale_values[scales[k / kMxfp4Group]]));
+      const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[k / kMxfp4Group]);
       const __m512 even = _mm512_permutexvar_ps(v, scaled);
       const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
       _mm512_storeu_si512(dst + k, _mm512_permutex2var_epi16(_mm512_castps_si512(even), interleave,
