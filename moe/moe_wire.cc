@@ -396,21 +396,13 @@ absl::Status Decode(std::string_view bytes, ExpertResponse* m) {
   return DecodeCopying(bytes, m);
 }
 
-absl::Status DecodeInPlace(std::string_view bytes, MoeRequest* m,
-                           absl::Span<const float>* rows) {
+template <typename M>
+absl::Status DecodeInPlace(std::string_view bytes, M* m, absl::Span<const float>* rows) {
   return DecodeViewing(bytes, m, rows);
 }
-absl::Status DecodeInPlace(std::string_view bytes, MoeResponse* m,
-                           absl::Span<const float>* rows) {
-  return DecodeViewing(bytes, m, rows);
-}
-absl::Status DecodeInPlace(std::string_view bytes, ExpertRequest* m,
-                           absl::Span<const float>* rows) {
-  return DecodeViewing(bytes, m, rows);
-}
-absl::Status DecodeInPlace(std::string_view bytes, ExpertResponse* m,
-                           absl::Span<const float>* rows) {
-  return DecodeViewing(bytes, m, rows);
-}
+template absl::Status DecodeInPlace(std::string_view, MoeRequest*, absl::Span<const float>*);
+template absl::Status DecodeInPlace(std::string_view, MoeResponse*, absl::Span<const float>*);
+template absl::Status DecodeInPlace(std::string_view, ExpertRequest*, absl::Span<const float>*);
+template absl::Status DecodeInPlace(std::string_view, ExpertResponse*, absl::Span<const float>*);
 
 }  // namespace k3

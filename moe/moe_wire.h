@@ -122,14 +122,9 @@ float* EncodeLeavingRows(const ExpertResponse& message, std::string* out);
 // (left empty); *rows points at them inside `bytes`, valid while those bytes live unchanged (an
 // empty span for an error response). INVALID_ARGUMENT as for Decode, and when the rows are not
 // float-aligned in memory (bytes not at a 4-byte aligned address; never the case for a heap
-// buffer).
-absl::Status DecodeInPlace(std::string_view bytes, MoeRequest* message,
-                           absl::Span<const float>* rows);
-absl::Status DecodeInPlace(std::string_view bytes, MoeResponse* message,
-                           absl::Span<const float>* rows);
-absl::Status DecodeInPlace(std::string_view bytes, ExpertRequest* message,
-                           absl::Span<const float>* rows);
-absl::Status DecodeInPlace(std::string_view bytes, ExpertResponse* message,
+// buffer). Defined for the four message types above.
+template <typename Message>
+absl::Status DecodeInPlace(std::string_view bytes, Message* message,
                            absl::Span<const float>* rows);
 
 }  // namespace k3
