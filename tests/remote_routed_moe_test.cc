@@ -166,6 +166,14 @@ class RemoteRoutedMoeTest : public ::testing::Test {
   }
 
   const ModelConfig& config() const { return weights_->config; }
+  // What the in-process engine answers for MoE layer `layer` on `tokens` rows x.
+  std::vector<float> InProcessAnswer(int layer, const std::vector<float>& x, int64_t tokens) {
+    std::vector<float> out(static_cast<size_t>(tokens * config().ExpertWidth()));
+    LocalRoutedMoe local(weights_);
+    EXPECT_TRUE(local.Begin(layer, x.data(), tokens).ok());
+    EXPECT_TRUE(local.Wait(out.data()).ok());
+    return out;
+  }
   int FirstMoeLayer() const {
     for (int l = 0; l < config().num_hidden_layers; ++l) {
       if (config().IsMoe(l)) return l;
@@ -185,19 +193,17 @@ TEST_F(RemoteRoutedMoeTest, LayerAnswersEqualLocalRoutedMoe) {
   Link(router, 1);
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1});
-  LocalRoutedMoe local(weights_);
   const int width = config().ExpertWidth();
   int checked = 0;
   for (int layer = 0; layer < config().num_hidden_layers; ++layer) {
     if (!config().IsMoe(layer)) continue;
     for (int64_t tokens : {1, 5}) {
       const std::vector<float> x = RandomRows(tokens, config().hidden_size, layer * 10 + tokens);
-      std::vector<float> got(tokens * width), want(tokens * width);
+      std::vector<float> got(tokens * width);
       ASSERT_TRUE(remote.Begin(layer, x.data(), tokens).ok());
       ASSERT_TRUE(remote.Wait(got.data()).ok());
-      ASSERT_TRUE(local.Begin(layer, x.data(), tokens).ok());
-      ASSERT_TRUE(local.Wait(want.data()).ok());
-      EXPECT_EQ(got, want) << "layer " << layer << ", " << tokens << " rows";
+      EXPECT_EQ(got, InProcessAnswer(layer, x, tokens)) << "layer " << layer << ", " << tokens
+                                                       << " rows";
       ++checked;
     }
   }
@@ -234,7 +240,6 @@ TEST_F(RemoteRoutedMoeTest, TwoLayersInFlightAreAnsweredInTheOrderBegun) {
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1});
   ASSERT_EQ(remote.Concurrency(), 2);
-  LocalRoutedMoe local(weights_);
   const int width = config().ExpertWidth();
   std::vector<int> layers;
   for (int l = 0; l < config().num_hidden_layers; ++l) {
@@ -243,18 +248,14 @@ TEST_F(RemoteRoutedMoeTest, TwoLayersInFlightAreAnsweredInTheOrderBegun) {
   ASSERT_GE(layers.size(), 2u);
   const std::vector<float> a = RandomRows(3, config().hidden_size, 21);
   const std::vector<float> b = RandomRows(2, config().hidden_size, 22);
-  std::vector<float> got_a(3 * width), got_b(2 * width), want_a(3 * width), want_b(2 * width);
+  std::vector<float> got_a(3 * width), got_b(2 * width);
   ASSERT_TRUE(remote.Begin(layers[0], a.data(), 3).ok());
   ASSERT_TRUE(remote.Begin(layers[1], b.data(), 2).ok());
   EXPECT_EQ(remote.Begin(layers[0], a.data(), 3).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(remote.Wait(got_a.data()).ok());
   ASSERT_TRUE(remote.Wait(got_b.data()).ok());
-  ASSERT_TRUE(local.Begin(layers[0], a.data(), 3).ok());
-  ASSERT_TRUE(local.Wait(want_a.data()).ok());
-  ASSERT_TRUE(local.Begin(layers[1], b.data(), 2).ok());
-  ASSERT_TRUE(local.Wait(want_b.data()).ok());
-  EXPECT_EQ(got_a, want_a);
-  EXPECT_EQ(got_b, want_b);
+  EXPECT_EQ(got_a, InProcessAnswer(layers[0], a, 3));
+  EXPECT_EQ(got_b, InProcessAnswer(layers[1], b, 2));
   EXPECT_EQ(router.requests(), 2);
 }
 
@@ -281,11 +282,7 @@ TEST_F(RemoteRoutedMoeTest, AFailedLayerAbandonsTheOtherOneInFlight) {
   EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
   ASSERT_TRUE(remote.Wait(out.data()).ok());
-  std::vector<float> want(out.size());
-  LocalRoutedMoe local(weights_);
-  ASSERT_TRUE(local.Begin(FirstMoeLayer(), x.data(), 2).ok());
-  ASSERT_TRUE(local.Wait(want.data()).ok());
-  EXPECT_EQ(out, want);  // not the abandoned layers' late answers
+  EXPECT_EQ(out, InProcessAnswer(FirstMoeLayer(), x, 2));  // not the abandoned layers' answers
 }
 
 // A batch of several sequences runs as two ping-pong micro-batches through the router tier; each
@@ -369,15 +366,12 @@ TEST_F(RemoteRoutedMoeTest, AnAbortedLayerGoesToAnotherRouter) {
   Link(healthy, 2);
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1, 2});
-  LocalRoutedMoe local(weights_);
   const int layer = FirstMoeLayer();
   const std::vector<float> x = RandomRows(3, config().hidden_size, 6);
-  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
+  std::vector<float> got(3 * config().ExpertWidth());
   ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());  // round-robin starts with router 1
   ASSERT_TRUE(remote.Wait(got.data()).ok());
-  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
-  ASSERT_TRUE(local.Wait(want.data()).ok());
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 3));
   EXPECT_EQ(starting.requests(), 1);
   EXPECT_EQ(healthy.requests(), 1);
 
@@ -394,15 +388,12 @@ TEST_F(RemoteRoutedMoeTest, StaleAnswersAreDropped) {
   Link(router, 1);
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1});
-  LocalRoutedMoe local(weights_);
   const int layer = FirstMoeLayer();
   const std::vector<float> x = RandomRows(3, config().hidden_size, 2);
-  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
+  std::vector<float> got(3 * config().ExpertWidth());
   ASSERT_TRUE(remote.Begin(layer, x.data(), 3).ok());
   ASSERT_TRUE(remote.Wait(got.data()).ok());
-  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
-  ASSERT_TRUE(local.Wait(want.data()).ok());
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 3));
   EXPECT_EQ(remote.stale_answers(), 1u);
 }
 
@@ -453,17 +444,14 @@ TEST_F(RemoteRoutedMoeTest, RowsMoveToAnotherRouterWhenTheirRouterDies) {
   Link(healthy, 2);
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1, 2});
-  LocalRoutedMoe local(weights_);
   const int layer = FirstMoeLayer();
   const std::vector<float> x = RandomRows(4, config().hidden_size, 5);
-  std::vector<float> got(4 * config().ExpertWidth()), want(got.size());
+  std::vector<float> got(4 * config().ExpertWidth());
   ASSERT_TRUE(remote.Begin(layer, x.data(), 4).ok());  // round-robin starts with router 1
   while (doomed.requests() == 0) absl::SleepFor(absl::Milliseconds(1));
   doomed.transport().Kill();
   ASSERT_TRUE(remote.Wait(got.data()).ok());
-  ASSERT_TRUE(local.Begin(layer, x.data(), 4).ok());
-  ASSERT_TRUE(local.Wait(want.data()).ok());
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 4));
   EXPECT_EQ(healthy.requests(), 1);
   EXPECT_EQ(remote.usable_routers(), 1);
 }
@@ -480,12 +468,10 @@ TEST_F(RemoteRoutedMoeTest, AHungRouterIsRoutedAroundAfterTheStepDeadline) {
   RemoteRoutedMoe remote(attention_.get(), config(), options);
   remote.SetRouters({1, 2});
   EXPECT_EQ(remote.step_deadline(), absl::Milliseconds(300));
-  LocalRoutedMoe local(weights_);
   const int layer = FirstMoeLayer();
   const std::vector<float> x = RandomRows(3, config().hidden_size, 8);
-  std::vector<float> got(3 * config().ExpertWidth()), want(got.size());
-  ASSERT_TRUE(local.Begin(layer, x.data(), 3).ok());
-  ASSERT_TRUE(local.Wait(want.data()).ok());
+  std::vector<float> got(3 * config().ExpertWidth());
+  const std::vector<float> want = InProcessAnswer(layer, x, 3);
 
   hung.Hold();
   const absl::Time start = absl::Now();
