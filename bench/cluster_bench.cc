@@ -59,7 +59,7 @@ struct BenchOptions {
   int routers = 1;
   int experts = 2;
   int streams = 8;
-  // K3SERVE_THREADS of the cluster's nodes (0: the launcher's environment).
+  // K3SERVE_THREADS of the cluster's data-plane nodes (0: LocalClusterOptions' default split).
   int node_threads = 0;
   std::string ping_pong = "auto";  // the attention node's --ping-pong
   int busy_poll_us = -1;           // every data-plane node's --busy-poll-us (-1: theirs)
@@ -247,13 +247,11 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs-", name);
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.metrics = true;  // the step breakdown at the end
+  cluster_options.node_threads = o.node_threads;
   cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=" + o.ping_pong);
   for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
     if (o.busy_poll_us >= 0) {
       cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
-    }
-    if (o.node_threads > 0) {
-      cluster_options.sites[role].env["K3SERVE_THREADS"] = std::to_string(o.node_threads);
     }
   }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
@@ -318,7 +316,8 @@ int Main(const std::vector<std::string>& args) {
   AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
   AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams");
   AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
-                "kernel threads of each cluster node (K3SERVE_THREADS; 0: inherited)");
+                "kernel threads of each cluster node (K3SERVE_THREADS; 0: the cores split "
+                "among them)");
   app.add_option("--ping-pong", o.ping_pong,
                  "the attention node's --ping-pong (two micro-batches per step: auto, on, off)");
   AddBoundedInt(&app, "--busy-poll-us", &o.busy_poll_us, -1, 1000 * 1000,

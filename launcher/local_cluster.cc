@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -286,6 +287,10 @@ absl::Status LocalCluster::Plan() {
         "expert slots sum to ", total_slots, ", fewer than the model's ", num_experts, " experts"));
   }
 
+  if (o.node_threads < 0 || o.node_threads > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node threads ", o.node_threads, " out of range [0, 4096]"));
+  }
   if (o.http_port < -1 || o.http_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("HTTP port ", o.http_port, " out of range"));
   }
@@ -322,6 +327,10 @@ absl::Status LocalCluster::Plan() {
     return absl::InvalidArgumentError(absl::StrCat("log folder ", log_dir_, ": ", ec.message()));
   }
 
+  node_threads_ = o.node_threads > 0
+                      ? o.node_threads
+                      : SplitKernelThreads(static_cast<int>(std::thread::hardware_concurrency()),
+                                           o.attention + o.routers + o.experts);
   auto site = [&](NodeRole role) {
     auto it = o.sites.find(role);
     return it == o.sites.end() ? NodeSite() : it->second;
@@ -384,9 +393,19 @@ absl::Status LocalCluster::Plan() {
   return absl::OkStatus();
 }
 
+int SplitKernelThreads(int hardware_threads, int data_plane_nodes) {
+  return std::max(1, hardware_threads / std::max(1, data_plane_nodes));
+}
+
 absl::Status LocalCluster::Launch(Node& node) {
   NodeSite site;
   if (auto it = options_.sites.find(node.role); it != options_.sites.end()) site = it->second;
+  const bool data_plane = node.role == NodeRole::kAttention || node.role == NodeRole::kRouter ||
+                          node.role == NodeRole::kExpert;
+  if (data_plane && site.env.count("K3SERVE_THREADS") == 0 &&
+      std::getenv("K3SERVE_THREADS") == nullptr) {
+    site.env["K3SERVE_THREADS"] = absl::StrCat(node_threads_);
+  }
 
   // Everything the child needs is prepared before fork: after it, in a process with other
   // threads, the child may only make async-signal-safe calls until exec.

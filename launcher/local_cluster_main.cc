@@ -134,6 +134,9 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--max-new-tokens", &options->max_new_tokens, 1, 1 << 20,
                 "new tokens for --prompt")
       ->needs(prompt);
+  AddBoundedInt(app, "--node-threads", &c.node_threads, 0, 4096,
+                "kernel threads of each attention, router and expert process (0: this machine's "
+                "threads split among them; K3SERVE_THREADS in the environment wins)");
   AddBoundedInt(app, "--max-restarts", &options->restart.max_failures_in_a_row, 0, 1000,
                 "restarts of a process that keeps dying (each within 10 s) before the launcher "
                 "gives up (0: never restart)");

@@ -18,10 +18,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -280,7 +282,31 @@ TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
       (*cluster)->generate_addresses()[0], GreedyRequest("taken", prompt, 3), absl::Seconds(30));
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(outcome->tokens, (*expected)[0]);
+
+  // Each data-plane node got its share of this machine's threads (LocalClusterOptions::
+  // node_threads), unless the environment already names a count.
+  const char* inherited = std::getenv("K3SERVE_THREADS");
+  const std::string want = inherited != nullptr
+                               ? std::string(inherited)
+                               : absl::StrCat(SplitKernelThreads(
+                                     static_cast<int>(std::thread::hardware_concurrency()), 3));
+  for (const LocalCluster::Node& node : (*cluster)->nodes()) {
+    if (node.role == NodeRole::kCoordinator || node.role == NodeRole::kHttp) continue;
+    std::ifstream environ_file(absl::StrCat("/proc/", node.pid, "/environ"));
+    std::string all((std::istreambuf_iterator<char>(environ_file)), {});
+    const std::vector<std::string> entries = absl::StrSplit(all, '\0');
+    EXPECT_NE(std::find(entries.begin(), entries.end(), "K3SERVE_THREADS=" + want), entries.end())
+        << node.name;
+  }
   EXPECT_TRUE((*cluster)->Stop().ok());
+}
+
+TEST(LocalClusterTest, KernelThreadsAreSplitEvenlyAmongTheDataPlaneNodes) {
+  EXPECT_EQ(SplitKernelThreads(2, 4), 1);  // A1 R1 E2 on this CI machine
+  EXPECT_EQ(SplitKernelThreads(16, 4), 4);
+  EXPECT_EQ(SplitKernelThreads(16, 3), 5);
+  EXPECT_EQ(SplitKernelThreads(1, 1), 1);
+  EXPECT_EQ(SplitKernelThreads(8, 0), 8);
 }
 
 // Start-up and shutdown races show only now and then (an attention node once crashed right after
