@@ -14,6 +14,7 @@
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
+#include "cluster/span_log.h"
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
@@ -42,6 +43,7 @@ struct AttentionServer::Parts {
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<PeerLinks> links;
   std::unique_ptr<RemoteRoutedMoe> remote_moe;
+  std::unique_ptr<SpanLog> spans;  // with --trace-file
   std::unique_ptr<GenerationScheduler> scheduler;
   std::unique_ptr<grpc::Service> k3serve_service;
   std::unique_ptr<grpc::Service> control_service;
@@ -73,7 +75,15 @@ int AttentionServer::metrics_port() const { return parts_->endpoints->metrics_po
 absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMoe* routed_moe,
                                           pb::Role role) {
   Parts& p = *parts_;
-  p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, p.options.scheduler,
+  SchedulerOptions scheduler_options = p.options.scheduler;
+  if (!p.options.node.trace_file.empty()) {
+    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
+        SpanLog::Open(p.options.node.trace_file, "attention");
+    if (!spans.ok()) return spans.status();
+    p.spans = *std::move(spans);
+    scheduler_options.spans = p.spans.get();
+  }
+  p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, scheduler_options,
                                                       &DefaultMetrics());
   // The model folder's tokenizer, if it has one: text prompts and text deltas.
   std::shared_ptr<const Tokenizer> tokenizer;

@@ -18,6 +18,7 @@
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
 #include "cluster/security.h"
+#include "cluster/trace_context.h"
 #include "glog/logging.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
@@ -64,6 +65,18 @@ std::string Authorization(const grpc::CallbackServerContext& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAuthorizationMetadata);
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// The call's sampled W3C trace context; none when absent, malformed (the spec: start no trace)
+// or not sampled.
+std::optional<TraceContext> SampledTrace(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kTraceparentHeader);
+  if (it == metadata.end()) return std::nullopt;
+  absl::StatusOr<TraceContext> trace =
+      ParseTraceparent(std::string_view(it->second.data(), it->second.size()));
+  if (!trace.ok() || !trace->sampled()) return std::nullopt;
+  return *trace;
 }
 
 uint64_t RandomSeed() {
@@ -337,6 +350,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
       return reactor;
     }
     GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
+    generation.trace = SampledTrace(*context);
     if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
       auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
       reactor->stream()->Reject(ToGrpcStatus(s));

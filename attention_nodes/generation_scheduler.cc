@@ -1,6 +1,7 @@
 #include "attention_nodes/generation_scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +69,9 @@ struct GenerationScheduler::Sequence {
   size_t consumed = 0;                   // prompt tokens fed to the model
   std::vector<int32_t> generated;
   bool finished = false;
+  // Traced requests: the request's span ("k3.generate") and the current step's.
+  std::array<uint8_t, 8> span_id = NewSpanId();
+  std::array<uint8_t, 8> step_span_id{};
 
   bool decoding() const { return consumed == request.prompt.size(); }
 };
@@ -368,6 +372,18 @@ void GenerationScheduler::Finish(Sequence& sequence, GenerationResult result) {
   if (result.reason == FinishReason::kError) {
     LOG(WARNING) << "request " << sequence.request.id << " failed: " << result.status;
   }
+  if (options_.spans != nullptr && sequence.request.trace.has_value()) {
+    Span span;
+    span.name = "k3.generate";
+    span.context = sequence.request.trace->WithSpan(sequence.span_id);
+    span.parent = sequence.request.trace->span_id;
+    span.start = sequence.submitted;
+    span.end = absl::Now();
+    span.attributes = {{"k3.prompt_tokens", static_cast<double>(result.prompt_tokens)},
+                       {"k3.generated_tokens", static_cast<double>(result.generated_tokens)},
+                       {"k3.error", result.reason == FinishReason::kError ? 1.0 : 0.0}};
+    options_.spans->Record(span);
+  }
   sequence.sink->OnFinish(result);
 }
 
@@ -480,9 +496,38 @@ void GenerationScheduler::RunStep() {
     prefill_tokens += give[i];
   }
 
+  std::vector<Sequence*> traced;
+  if (options_.spans != nullptr) {
+    std::vector<TraceContext> traces;
+    for (Sequence* sequence : members) {
+      if (!sequence->request.trace.has_value()) continue;
+      sequence->step_span_id = NewSpanId();
+      traces.push_back(sequence->request.trace->WithSpan(sequence->step_span_id));
+      traced.push_back(sequence);
+    }
+    if (!traced.empty()) runner_.SetTraces(std::move(traces));
+  }
   const absl::Time start = absl::Now();
   const absl::Status status = runner_.Step(batch, &logits_);
   const absl::Duration step_time = absl::Now() - start;
+  if (!traced.empty()) {
+    runner_.SetTraces({});
+    const StepProfile& profile = runner_.last_profile();
+    for (Sequence* sequence : traced) {
+      Span span;
+      span.name = "k3.step";
+      span.context = sequence->request.trace->WithSpan(sequence->step_span_id);
+      span.parent = sequence->span_id;
+      span.start = start;
+      span.end = start + step_time;
+      span.attributes = {{"k3.batch_tokens", static_cast<double>(decode_tokens + prefill_tokens)},
+                         {"k3.prefill", sequence->decoding() ? 0.0 : 1.0},
+                         {"k3.ok", status.ok() ? 1.0 : 0.0},
+                         {"k3.compute_ms", absl::ToDoubleMilliseconds(profile.compute())},
+                         {"k3.moe_wait_ms", absl::ToDoubleMilliseconds(profile.moe_wait)}};
+      options_.spans->Record(span);
+    }
+  }
   if (status.ok()) chunk_controller_.ObserveStep(decode_tokens, prefill_tokens, step_time);
   if (metrics_) {
     metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));

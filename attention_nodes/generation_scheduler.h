@@ -58,6 +58,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,8 @@
 #include "attention_nodes/sampler.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
+#include "cluster/span_log.h"
+#include "cluster/trace_context.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
 
@@ -91,6 +94,11 @@ struct SchedulerOptions {
   // When steps of two or more sequences run as two ping-pong micro-batches (where the MoE tier
   // keeps two layers in flight; ModelRunner::set_ping_pong).
   PingPong ping_pong = PingPong::kMeasured;
+  // Where traced requests' spans go (not owned; outlives the scheduler): "k3.generate" for the
+  // request (under the client's span) and "k3.step" for each model step it took part in (under
+  // the request's span; the router's and expert workers' spans of that step hang under it).
+  // Null: no spans.
+  SpanLog* spans = nullptr;
 
   // INVALID_ARGUMENT naming the first option out of range.
   absl::Status Validate() const;
@@ -107,6 +115,9 @@ struct GenerationRequest {
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // true: the model's eos_token_id does not end the request
+  // A sampled W3C trace context from the client (its `traceparent`): the request's spans go to
+  // SchedulerOptions::spans, and its steps' contexts travel with the MoE rows.
+  std::optional<TraceContext> trace;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };

@@ -76,6 +76,8 @@ class ModelRunner {
   // When steps run as two ping-pong micro-batches (kMeasured by default); only where the
   // RoutedMoe's Concurrency() is 2 or more and the step has two or more sequences.
   void set_ping_pong(PingPong mode) { ping_pong_ = mode; }
+  // RoutedMoe::SetTraces for the following steps' MoE layers.
+  void SetTraces(std::vector<TraceContext> traces) { routed_moe_->SetTraces(std::move(traces)); }
 
   std::unique_ptr<SequenceState> NewSequence() const;
 

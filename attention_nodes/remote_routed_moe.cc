@@ -98,6 +98,7 @@ absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
   request.layer = layer.layer;
   request.tokens = layer.tokens;
   request.width = hidden_size_;
+  request.traces = traces_;
   absl::Status last_error = absl::UnavailableError(
       layer.tried.empty() ? "no router is connected"
                           : absl::StrCat("no other router is usable (tried: router ",

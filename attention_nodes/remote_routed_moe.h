@@ -96,6 +96,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
   absl::Status Wait(float* out) override;
   int Concurrency() const override { return kConcurrency; }
   void Abandon() override { in_flight_.clear(); }
+  void SetTraces(std::vector<TraceContext> traces) override { traces_ = std::move(traces); }
 
   // Answers dropped because no step waited for them (late answers of abandoned steps).
   uint64_t stale_answers() const { return stale_answers_; }
@@ -157,6 +158,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
   // Stepping thread only.
   uint64_t next_router_ = 0;
   std::deque<InFlight> in_flight_;  // oldest first
+  std::vector<TraceContext> traces_;  // sent with every MoeRequest (SetTraces)
   std::set<PeerId> suspects_;       // late routers that have not answered since
   uint64_t stale_answers_ = 0;
   std::vector<absl::Duration> round_trips_;  // a ring of the last kRoundTripWindow answered layers

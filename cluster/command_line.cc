@@ -81,6 +81,9 @@ void AddNodeFlags(CLI::App* app, NodeFlags* flags) {
                   "token-row messages up to this size (UCX units: 256k, 1m; empty: UCX's choice) "
                   "are sent eagerly instead of by rendezvous; UCX_RNDV_THRESH wins when set")
       ->capture_default_str();
+  app->add_option("--trace-file", flags->trace_file,
+                  "append the spans of requests traced with a sampled W3C traceparent to this "
+                  "file, one JSON object per line");
   AddListenFlags(app, flags);
 }
 

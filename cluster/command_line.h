@@ -56,6 +56,8 @@ struct NodeFlags {
   // (UcxTransportOptions::busy_poll). Only the data-plane roles (AddNodeFlags) have it.
   int busy_poll_us = 100;
   std::string ucx_eager_limit = "1m";  // UcxTransportOptions::eager_limit
+  // --trace-file: where the spans of traced requests go (cluster/span_log.h); empty: none.
+  std::string trace_file;
 };
 
 void AddNodeFlags(CLI::App* app, NodeFlags* flags);

@@ -18,6 +18,7 @@
 #include "cluster/node_process.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
+#include "cluster/span_log.h"
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "expert_nodes/expert_worker.h"
@@ -132,6 +133,7 @@ class ExpertNode final : public RoleHooks {
   absl::Time next_gauges_ = absl::InfinitePast();
   uint32_t node_id_ = 0;
   std::string name_ = "expert node (unregistered)";
+  std::unique_ptr<SpanLog> spans_;  // with --trace-file; outlives worker_
   std::unique_ptr<ExpertWorker> worker_;  // holds every placement version still in use
   int64_t published_ = 0;      // the newest placement version of the cluster state
   int64_t retire_floor_ = 0;   // versions below this one may go (see Retain)
@@ -188,6 +190,13 @@ absl::Status ExpertNode::Start() {
         absl::StrCat("the model in ", options_.node.model, " has no routed experts"));
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
+  if (!options_.node.trace_file.empty()) {
+    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
+        SpanLog::Open(options_.node.trace_file, "expert");
+    if (!spans.ok()) return spans.status();
+    spans_ = *std::move(spans);
+    worker_->set_span_log(spans_.get());
+  }
 
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options_.node);
   if (!transport.ok()) return transport.status();

@@ -206,7 +206,21 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     outcome.deferred = true;
     return outcome;
   } else {
+    const absl::Time start = absl::Now();
     answer = Serve(request, rows);
+    for (const TraceContext& trace : request.traces) {
+      if (spans_ == nullptr) break;
+      Span span;
+      span.name = "k3.experts";
+      span.context = trace.WithSpan(NewSpanId());
+      span.parent = trace.span_id;
+      span.start = start;
+      span.end = absl::Now();
+      span.attributes = {{"k3.layer", static_cast<double>(request.layer)},
+                         {"k3.rows", static_cast<double>(request.rows_count)},
+                         {"k3.assignments", static_cast<double>(request.assignments.size())}};
+      spans_->Record(span);
+    }
     ExpertResponse header;
     absl::Span<const float> unused;
     outcome.answer = DecodeInPlace(answer, &header, &unused);

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "moe/cluster_placement.h"
+#include "cluster/span_log.h"
 #include "cluster/transport.h"
 #include "expert_nodes/expert_compute.h"
 #include "model/glu_params.h"
@@ -66,6 +67,9 @@ class ExpertWorker {
   }
   int64_t rows_processed() const { return rows_processed_; }
   void set_name(std::string name) { name_ = std::move(name); }
+  // Where spans of traced requests go ("k3.experts", under the router's layer span); null: none.
+  // Not owned; must outlive the worker.
+  void set_span_log(SpanLog* spans) { spans_ = spans; }
 
   // Adds the experts of another placement version (weights as for the constructor); a version
   // already held is replaced.
@@ -115,6 +119,7 @@ class ExpertWorker {
   GluParams glu_;
   ExpertScratch scratch_;
   int64_t rows_processed_ = 0;
+  SpanLog* spans_ = nullptr;
 };
 
 }  // namespace k3

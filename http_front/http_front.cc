@@ -20,6 +20,7 @@
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
+#include "cluster/trace_context.h"
 #include "glog/logging.h"
 #include "http_front/openai_protocol.h"
 #include "http_front/stop_matcher.h"
@@ -84,7 +85,8 @@ struct HttpFront::Impl {
   void Complete(const httplib::Request& request, httplib::Response& response, Endpoint endpoint);
   absl::StatusOr<v1::GenerateRequest> ToGrpc(const CompletionRequest& request,
                                              Endpoint endpoint) const;
-  absl::StatusOr<std::unique_ptr<GenerateCall>> StartCall(const v1::GenerateRequest& request);
+  absl::StatusOr<std::unique_ptr<GenerateCall>> StartCall(const v1::GenerateRequest& request,
+                                                          const std::string& traceparent);
   void EndCall(GenerateCall* call);
 };
 
@@ -185,8 +187,8 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
 }
 
 absl::StatusOr<std::unique_ptr<GenerateCall>> HttpFront::Impl::StartCall(
-    const v1::GenerateRequest& request) {
-  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool->Start(request);
+    const v1::GenerateRequest& request, const std::string& traceparent) {
+  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool->Start(request, traceparent);
   if (!call.ok()) return call.status();
   absl::MutexLock lock(&mu);
   if (stopping) {
@@ -210,7 +212,11 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Re
   if (!request.ok()) return Reply(response, request.status());
   absl::StatusOr<v1::GenerateRequest> grpc_request = ToGrpc(*request, endpoint);
   if (!grpc_request.ok()) return Reply(response, grpc_request.status());
-  absl::StatusOr<std::unique_ptr<GenerateCall>> started = StartCall(*grpc_request);
+  // A client's W3C trace context goes on to the attention worker (cluster/trace_context.h);
+  // a malformed one starts no trace.
+  const std::string traceparent = http_request.get_header_value(kTraceparentHeader);
+  absl::StatusOr<std::unique_ptr<GenerateCall>> started = StartCall(
+      *grpc_request, ParseTraceparent(traceparent).ok() ? traceparent : std::string());
   if (!started.ok()) return Reply(response, started.status());
 
   const bool chat = endpoint == Endpoint::kChatCompletions;

@@ -45,12 +45,13 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
 }
 
 absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
-    const v1::GenerateRequest& request) {
+    const v1::GenerateRequest& request, const std::string& traceparent) {
   absl::Status last = absl::UnavailableError("no attention worker");
   for (size_t attempt = 0; attempt < stubs_.size(); ++attempt) {
     const Worker& worker = stubs_[next_.fetch_add(1) % stubs_.size()];
     std::unique_ptr<GenerateCall> call(new GenerateCall());
     AddBearer(auth_token_, &call->context_);
+    if (!traceparent.empty()) call->context_.AddMetadata("traceparent", traceparent);
     call->reader_ = worker.stub->Generate(&call->context_, request);
     if (call->reader_->Read(&call->first_)) {
       call->has_first_ = true;

@@ -54,7 +54,9 @@ class WorkerPool {
   // request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
   // UNAVAILABLE before answering (down, draining) is skipped for the next one; when all are,
   // UNAVAILABLE naming the last error.
-  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(const k3serve::v1::GenerateRequest& request);
+  // A non-empty `traceparent` (the client's W3C trace context) goes with the call as metadata.
+  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(const k3serve::v1::GenerateRequest& request,
+                                                      const std::string& traceparent = "");
 
   // OK when some worker answers GetModelInfo within `timeout` (readiness).
   absl::Status Ping(absl::Duration timeout);

@@ -20,6 +20,11 @@ static_assert(std::numeric_limits<float>::is_iec559 && sizeof(float) == 4);
 constexpr size_t kHeaderBytes = 1 + 1 + 8;      // version, kind, step_id
 constexpr size_t kAssignmentBytes = 4 + 4 + 4;  // row, expert, weight
 constexpr size_t kStatusBytes = 4 + 4;          // code, message size (then the message)
+constexpr size_t kTraceBytes = 16 + 8 + 1;      // trace id, span id, flags
+
+size_t TracesBytes(const std::vector<TraceContext>& traces) {
+  return 4 + traces.size() * kTraceBytes;
+}
 
 size_t StatusBytes(const absl::Status& status) { return kStatusBytes + status.message().size(); }
 
@@ -69,6 +74,14 @@ class Writer {
     Put(static_cast<int32_t>(status.code()));
     Put(static_cast<uint32_t>(status.message().size()));
     PutBytes(status.message().data(), status.message().size());
+  }
+  void PutTraces(const std::vector<TraceContext>& traces) {
+    Put(static_cast<uint32_t>(traces.size()));
+    for (const TraceContext& t : traces) {
+      PutBytes(t.trace_id.data(), t.trace_id.size());
+      PutBytes(t.span_id.data(), t.span_id.size());
+      Put(t.flags);
+    }
   }
   // Pads to the row block and leaves `floats` floats there for the caller; returns their start.
   float* LeaveRows(size_t floats) {
@@ -146,6 +159,21 @@ class Reader {
     return start;
   }
 
+  bool GetTraces(std::vector<TraceContext>* traces) {
+    uint32_t count = 0;
+    if (!Get(&count)) return false;
+    const char* block = GetBlock(count, kTraceBytes, "trace contexts");
+    if (block == nullptr) return false;
+    traces->resize(count);
+    for (TraceContext& t : *traces) {
+      std::memcpy(t.trace_id.data(), block, t.trace_id.size());
+      std::memcpy(t.span_id.data(), block + 16, t.span_id.size());
+      t.flags = static_cast<uint8_t>(block[24]);
+      block += kTraceBytes;
+    }
+    return true;
+  }
+
   // Reads the row block of count x width floats (count and width non-negative, the padding zero,
   // the rows inside the message); *start is where they begin, *floats how many there are.
   bool GetRows(int64_t count, int64_t width, const char** start, size_t* floats) {
@@ -217,11 +245,13 @@ namespace {
 // Each writes every field of m and leaves room for `floats` row floats (no rows for a response
 // whose status is not OK: nullptr).
 float* Write(const MoeRequest& m, size_t floats, std::string* out) {
-  Writer w(out, RowsOffset(kHeaderBytes + 4 + 8 + 4) + floats * sizeof(float),
-           MoeMessageKind::kMoeRequest, m.step_id);
+  const size_t prefix = kHeaderBytes + 4 + 8 + 4 + TracesBytes(m.traces);
+  Writer w(out, RowsOffset(prefix) + floats * sizeof(float), MoeMessageKind::kMoeRequest,
+           m.step_id);
   w.Put(m.layer);
   w.Put(m.tokens);
   w.Put(m.width);
+  w.PutTraces(m.traces);
   float* rows = w.LeaveRows(floats);
   w.Finish();
   return rows;
@@ -250,7 +280,8 @@ float* Write(const ExpertResponse& m, size_t floats, std::string* out) {
 }
 
 float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
-  const size_t prefix = kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes;
+  const size_t prefix = kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes +
+                        TracesBytes(m.traces);
   Writer w(out, RowsOffset(prefix) + floats * sizeof(float), MoeMessageKind::kExpertRequest,
            m.step_id);
   w.Put(m.layer);
@@ -263,6 +294,7 @@ float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
     w.Put(a.expert);
     w.PutFloat(a.weight);
   }
+  w.PutTraces(m.traces);
   float* rows = w.LeaveRows(floats);
   w.Finish();
   return rows;
@@ -286,7 +318,8 @@ size_t Floats(int64_t count, int32_t width) {
 absl::Status ReadFields(std::string_view bytes, MoeRequest* m, const char** rows,
                         size_t* floats) {
   Reader r(bytes, MoeMessageKind::kMoeRequest, "MoeRequest");
-  if (r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->tokens) && r.Get(&m->width)) {
+  if (r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->tokens) && r.Get(&m->width) &&
+      r.GetTraces(&m->traces)) {
     r.GetRows(m->tokens, m->width, rows, floats);
   }
   return r.Finish();
@@ -326,7 +359,7 @@ absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** r
       return r.Finish();
     }
   }
-  r.GetRows(m->rows_count, m->width, rows, floats);
+  if (r.GetTraces(&m->traces)) r.GetRows(m->rows_count, m->width, rows, floats);
   return r.Finish();
 }
 

@@ -14,10 +14,13 @@
 //   status          i32 code (absl::StatusCode), u32 n, n bytes of message
 //   rows            zero bytes up to the next multiple of kMoeRowAlignment from the message start,
 //                   then f32 rows[count * width]
-//   MoeRequest      header, i32 layer, i64 tokens, i32 width, rows
+//   traces          u32 n, n x (16 bytes trace id, 8 bytes span id, u8 flags): the W3C trace
+//                   contexts of the traced requests among the rows (cluster/trace_context.h),
+//                   each under the sender's span
+//   MoeRequest      header, i32 layer, i64 tokens, i32 width, traces, rows
 //   MoeResponse     header, status, i64 tokens, i32 width, rows if status OK
 //   ExpertRequest   header, i32 layer, u64 placement_version, i64 rows_count, i32 width,
-//                   i64 n, n x (i32 row, i32 expert, f32 weight), rows
+//                   i64 n, n x (i32 row, i32 expert, f32 weight), traces, rows
 //   ExpertResponse  header, status, i64 rows_count, i32 width, rows if OK
 //
 // The padding (new in version 2) lets the rows be read where they lie: a receiver's message
@@ -45,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cluster/trace_context.h"
 #include "moe/expert_assignment.h"
 
 namespace k3 {
@@ -67,6 +71,7 @@ struct MoeRequest {
   int64_t tokens = 0;
   int32_t width = 0;        // hidden_size
   std::vector<float> rows;  // [tokens, width]
+  std::vector<TraceContext> traces;  // usually none
 };
 
 // Errors travel as a status so the attention worker can end streams with the router's reason.
@@ -86,6 +91,7 @@ struct ExpertRequest {
   int32_t width = 0;
   std::vector<ExpertAssignment> assignments;
   std::vector<float> rows;  // [rows_count, width]
+  std::vector<TraceContext> traces;  // usually none
 };
 
 struct ExpertResponse {

@@ -19,7 +19,9 @@ ExpertRequest SampleDispatch() {
 
 // One valid message of each kind, OK and failed responses both.
 std::vector<std::string> SampleMessages() {
-  return {Encode(MoeRequest{7, 3, 2, 4, {1, 2, 3, 4, 5, 6, 7, 8}}),
+  MoeRequest traced{7, 3, 1, 2, {1, 2}, {}};
+  traced.traces.push_back(TraceContext{{1, 2, 3}, {4, 5}, 1});
+  return {Encode(MoeRequest{7, 3, 2, 4, {1, 2, 3, 4, 5, 6, 7, 8}}), Encode(traced),
           Encode(MoeResponse{8, absl::OkStatus(), 1, 2, {-1.5f, 2.5f}}),
           Encode(MoeResponse{9, absl::UnavailableError("expert worker 3 lost"), 0, 0, {}}),
           Encode(SampleDispatch()),
@@ -154,8 +156,8 @@ TEST(MoeWireTest, ExpertRequestGoldenBytes) {
       0x00, 0x00, 0x00, 0x00,                          // row
       0x09, 0x00, 0x00, 0x00,                          // expert
       0x00, 0x00, 0x00, 0x3f,                          // weight 0.5f
-      0x00, 0x00, 0x00, 0x00, 0x00,                    // padding from offset 54 ...
-      0x00, 0x00, 0x00, 0x00, 0x00,                    // ... to the row block at 64
+      0x00, 0x00, 0x00, 0x00,                          // trace count
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00,              // padding from offset 58 to 64
       0x00, 0x00, 0x80, 0x3f,                          // 1.0f
       0x00, 0x00, 0x00, 0xc0,                          // -2.0f
   };
@@ -278,6 +280,29 @@ TEST(MoeWireTest, BadCountsAreRejectedWithoutAllocating) {
   EXPECT_EQ(Decode(response, &response_back).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(MoeWireTest, TraceContextsTravelWithRequests) {
+  const TraceContext a =
+      ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").value();
+  const TraceContext b = a.WithSpan(NewSpanId());
+  MoeRequest request{7, 3, 1, 2, {1, 2}, {a, b}};
+  MoeRequest request_back;
+  ASSERT_TRUE(Decode(Encode(request), &request_back).ok());
+  EXPECT_EQ(request_back.traces, request.traces);
+  EXPECT_EQ(request_back.rows, request.rows);
+  ExpertRequest dispatch = SampleDispatch();
+  dispatch.traces = {b};
+  ExpertRequest dispatch_back;
+  absl::Span<const float> rows;
+  const std::string bytes = Encode(dispatch);
+  ASSERT_TRUE(DecodeInPlace(bytes, &dispatch_back, &rows).ok());
+  EXPECT_EQ(dispatch_back.traces, dispatch.traces);
+  EXPECT_EQ(std::vector<float>(rows.begin(), rows.end()), dispatch.rows);
+  // A trace count past the message is rejected like any other count.
+  std::string cut = Encode(request);
+  Patch<uint32_t>(&cut, 10 + 4 + 8 + 4, 1000);
+  EXPECT_EQ(Decode(cut, &request_back).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Messages built in place equal the ones Encode copies the rows into, and read in place give the
 // rows Decode copies out, at a float-aligned address inside the message.
 TEST(MoeWireTest, InPlaceEncodingAndDecodingMatchTheCopyingOnes) {
@@ -336,7 +361,8 @@ TEST(MoeWireTest, InPlaceDecodingRejectsMisalignedRowsAndPadding) {
   EXPECT_TRUE(Decode(misaligned, &back).ok());
   EXPECT_EQ(back.rows, SampleDispatch().rows);
 
-  // SampleDispatch's 24 assignment bytes end at offset 66; the rows start at 80.
+  // SampleDispatch's 24 assignment bytes end at offset 66, its trace count at 70; the rows start
+  // at 80.
   std::string padded = good;
   padded[70] = 1;
   s = Decode(padded, &back);

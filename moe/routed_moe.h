@@ -15,8 +15,10 @@
 #define K3SERVE_MOE_ROUTED_MOE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "cluster/trace_context.h"
 
 namespace k3 {
 
@@ -33,6 +35,10 @@ class RoutedMoe {
   // Drops every layer in flight (the caller failed the step for a reason of its own); answers
   // that arrive for them later are discarded. Nothing to do where Wait always follows Begin.
   virtual void Abandon() {}
+  // The trace contexts (cluster/trace_context.h) of the traced requests among the rows of the
+  // layers begun from now on, each under its step's span; empty: none. A remote implementation
+  // sends them with the rows, so the other tiers record their spans of these requests.
+  virtual void SetTraces(std::vector<TraceContext> traces) {}
 };
 
 }  // namespace k3

@@ -10,6 +10,7 @@
 #ifndef K3SERVE_ROUTER_PENDING_STEPS_H_
 #define K3SERVE_ROUTER_PENDING_STEPS_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "cluster/trace_context.h"
 #include "cluster/transport.h"
 #include "moe/moe_wire.h"
 #include "router/router_step.h"
@@ -56,6 +58,10 @@ struct PendingStep {
   // Per worker slot, optional: the encoded ExpertRequest, kept to send again to a replica when
   // the node dies or hangs (router/router_core.h); empty when not kept.
   std::vector<std::string> requests;
+  // Traced steps: the requests' trace contexts (each under its attention step span) and this
+  // step's own span, under which the ExpertRequests go.
+  std::vector<TraceContext> traces;
+  std::array<uint8_t, 8> span_id{};
 };
 
 // The step id an ExpertRequest for `slot` of step `step_id` carries (and its answer echoes).

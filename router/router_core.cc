@@ -412,6 +412,10 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   step->model_layer = request.layer;
   step->start = start;
   step->timeout_at = start + options_.step_timeout;
+  if (!request.traces.empty()) {
+    step->traces = request.traces;
+    step->span_id = NewSpanId();
+  }
   const ExpertPlacement& placement = placement_.experts;
   const int layer = *moe_layer;
   // Tokens go to live replicas only: while every host of an expert lives, the placement's own
@@ -468,6 +472,9 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
     expert_request.width = static_cast<int32_t>(step->step.width);
     expert_request.assignments = dispatch[w].assignments;
+    for (const TraceContext& trace : step->traces) {
+      expert_request.traces.push_back(trace.WithSpan(step->span_id));
+    }
     const PeerId node = placement_.worker_nodes[w];
     std::string bytes;  // the worker's rows are gathered straight into its message
     GatherWorkerRows(step->step, x, w, EncodeLeavingRows(expert_request, &bytes));
@@ -579,10 +586,26 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
   std::string message;
   FinishRouterStep(routers_[step->model_layer], config_, step->step, partials,
                    EncodeLeavingRows(response, &message));
+  const absl::Time end = absl::Now();
+  const absl::Duration compute = (step->dispatched - step->start) + (end - combine);
   if (metrics_ != nullptr) {
-    metrics_->step_compute->Observe(
-        absl::ToDoubleSeconds((step->dispatched - step->start) + (absl::Now() - combine)));
+    metrics_->step_compute->Observe(absl::ToDoubleSeconds(compute));
     metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
+  }
+  for (const TraceContext& trace : step->traces) {
+    if (options_.spans == nullptr) break;
+    Span span;
+    span.name = "k3.router.layer";
+    span.context = trace.WithSpan(step->span_id);
+    span.parent = trace.span_id;
+    span.start = step->start;
+    span.end = end;
+    span.attributes = {{"k3.layer", static_cast<double>(step->model_layer)},
+                       {"k3.tokens", static_cast<double>(step->step.tokens)},
+                       {"k3.compute_ms", absl::ToDoubleMilliseconds(compute)},
+                       {"k3.expert_wait_ms", absl::ToDoubleMilliseconds(combine - step->dispatched)},
+                       {"k3.resent", step->resent ? 1.0 : 0.0}};
+    options_.spans->Record(span);
   }
   SendAnswer(step->origin, step->origin_step, step->start, absl::StatusCode::kOk,
              std::move(message));
@@ -718,6 +741,7 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
     request.layer = step.model_layer;
     request.placement_version = original.placement_version;
     request.width = original.width;
+    request.traces = original.traces;
     for (auto& [row, renumbered] : rows) {
       renumbered = static_cast<int32_t>(part.tokens.size());
       part.tokens.push_back(dispatch.tokens[row]);

@@ -68,6 +68,7 @@
 #include "absl/time/time.h"
 #include "moe/cluster_placement.h"
 #include "cluster/metrics.h"
+#include "cluster/span_log.h"
 #include "cluster/transport.h"
 #include "model/weights.h"
 #include "proto/cluster.pb.h"
@@ -88,6 +89,9 @@ struct RouterCoreOptions {
   // layers, so at most num_experts series, 896 for K3). Off by default: most scrapers do not
   // want that many.
   bool per_expert_metrics = false;
+  // Where the spans of traced layer steps go ("k3.router.layer", under the attention worker's
+  // step span; not owned, outlives the core). Null: none.
+  SpanLog* spans = nullptr;
 };
 
 class RouterCore {

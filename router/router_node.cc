@@ -10,6 +10,7 @@
 #include "cluster/node_runtime.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
+#include "cluster/span_log.h"
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
@@ -90,6 +91,7 @@ class RouterNode final : public RoleHooks {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<PeerLinks> links_;
+  std::unique_ptr<SpanLog> spans_;  // with --trace-file; outlives core_
   std::unique_ptr<RouterCore> core_;
   std::unique_ptr<Actor> actor_;
   std::unique_ptr<RouterControlService> service_;
@@ -125,6 +127,13 @@ absl::Status RouterNode::Start() {
   core_options.expert_retry_p99_factor = options_.expert_retry_p99_factor;
   core_options.per_expert_metrics = options_.per_expert_metrics;
   core_options.qb_bins = options_.qb_bins;
+  if (!options_.node.trace_file.empty()) {
+    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
+        SpanLog::Open(options_.node.trace_file, "router");
+    if (!spans.ok()) return spans.status();
+    spans_ = *std::move(spans);
+    core_options.spans = spans_.get();
+  }
   absl::StatusOr<std::unique_ptr<RouterCore>> core = RouterCore::Create(
       weights_.get(), transport_.get(), links_.get(), core_options, &DefaultMetrics());
   if (!core.ok()) return core.status();
