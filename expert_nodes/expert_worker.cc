@@ -194,7 +194,7 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
   absl::Span<const float> rows;  // read in place, inside received.bytes
   std::string answer;
   if (absl::Status decoded = DecodeInPlace(received.bytes, &request, &rows); !decoded.ok()) {
-    // Decode reads the step id first, so the router can still match the answer when it got that far.
+    // Decode reads the step id first: the router can still match the answer when it got that far.
     ExpertResponse response;
     response.step_id = request.step_id;
     response.status = decoded;

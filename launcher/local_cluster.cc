@@ -642,7 +642,9 @@ bool LocalCluster::RelaunchOnTakenPort(Node& node) {
     for (Node& front : nodes_) {
       if (front.role != NodeRole::kHttp) continue;
       for (size_t i = 0; i + 1 < front.argv.size(); ++i) {
-        if (front.argv[i] == "--server") front.argv[i + 1] = absl::StrJoin(generate_addresses(), ",");
+        if (front.argv[i] == "--server") {
+          front.argv[i + 1] = absl::StrJoin(generate_addresses(), ",");
+        }
       }
       if (front.pid >= 0) {
         kill(front.pid, SIGKILL);

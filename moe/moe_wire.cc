@@ -187,7 +187,9 @@ class Reader {
     const size_t pad = RowsOffset(offset_) - offset_;
     if (!Need(pad, "the row padding")) return false;
     for (size_t i = 0; i < pad; ++i) {
-      if (bytes_[offset_ + i] != 0) return Fail(absl::StrCat("nonzero padding at offset ", offset_ + i));
+      if (bytes_[offset_ + i] != 0) {
+        return Fail(absl::StrCat("nonzero padding at offset ", offset_ + i));
+      }
     }
     offset_ += pad;
     const int64_t elements = count * width;
