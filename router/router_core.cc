@@ -425,7 +425,8 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
   for (int w = 0; w < placement.num_workers; ++w) {
     live[w] = WorkerStatus(w).ok() && slow_.count(placement_.worker_nodes[w]) == 0;
   }
-  PrepareRouterStep(routers_[request.layer], config_, rows.data(), request.tokens, placement.num_workers,
+  PrepareRouterStep(routers_[request.layer], config_, rows.data(), request.tokens,
+                    placement.num_workers,
                     [&placement, &live, layer](int32_t expert, int64_t token) {
                       const std::vector<int>& hosts = placement.WorkersFor(layer, expert);
                       std::vector<int> alive;
@@ -457,7 +458,8 @@ void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time sta
     }
   }
   // The step keeps the request (rows and all); its rows stay where they are in the buffer.
-  const size_t rows_at = static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) - bytes.data());
+  const size_t rows_at =
+      static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) - bytes.data());
   step->request = std::move(bytes);
   const float* x = reinterpret_cast<const float*>(step->request.data() + rows_at);
   for (int w = 0; w < workers; ++w) step->AddSlot();
@@ -592,6 +594,7 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
     metrics_->step_compute->Observe(absl::ToDoubleSeconds(compute));
     metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
   }
+  const absl::Duration expert_wait = combine - step->dispatched;
   for (const TraceContext& trace : step->traces) {
     if (options_.spans == nullptr) break;
     Span span;
@@ -603,7 +606,7 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
     span.attributes = {{"k3.layer", static_cast<double>(step->model_layer)},
                        {"k3.tokens", static_cast<double>(step->step.tokens)},
                        {"k3.compute_ms", absl::ToDoubleMilliseconds(compute)},
-                       {"k3.expert_wait_ms", absl::ToDoubleMilliseconds(combine - step->dispatched)},
+                       {"k3.expert_wait_ms", absl::ToDoubleMilliseconds(expert_wait)},
                        {"k3.resent", step->resent ? 1.0 : 0.0}};
     options_.spans->Record(span);
   }
