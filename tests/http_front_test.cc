@@ -73,6 +73,7 @@ class HttpFrontTest : public ::testing::Test {
     LocalClusterOptions options = TestClusterOptions(*model_, 1, 1, 1);
     options.http_port = 0;
     options.extra_args[NodeRole::kHttp] = {"--api-key-file", key_file};
+    options.extra_args[NodeRole::kAttention] = {"--trace-file", TraceFile()};
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = cluster->release();
@@ -86,6 +87,8 @@ class HttpFrontTest : public ::testing::Test {
   }
 
   void SetUp() override { ASSERT_NE(cluster_, nullptr) << "the cluster did not start"; }
+
+  static std::string TraceFile() { return TmpDir() + "/attention-spans.jsonl"; }
 
   static std::string Url(const std::string& path) {
     return absl::StrCat("http://", cluster_->http_address(), path);
@@ -180,6 +183,34 @@ TEST_F(HttpFrontTest, CurlStreamsServerSentEventsOfTheGreedyAnswer) {
   EXPECT_GE(events, 2);
   EXPECT_EQ(content, ExpectedAnswer(kMaxTokens));
   EXPECT_TRUE(finish_reason == "length" || finish_reason == "stop") << finish_reason;
+}
+
+// A client's traceparent header reaches the attention worker: its request span hangs under the
+// client's span, in the client's trace. A malformed one starts no trace.
+TEST_F(HttpFrontTest, ATraceparentHeaderTracesTheRequest) {
+  const std::string trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string client_span = "00f067aa0ba902b7";
+  const std::string body = R"({"prompt":[1,2,3],"max_tokens":2,"temperature":0})";
+  const std::string traced = Output(absl::StrCat(
+      "curl -sS -H 'Authorization: Bearer ", kApiKey, "' -H 'traceparent: 00-", trace_id, "-",
+      client_span, "-01' --data-binary ", Quote(body), " ", Quote(Url("/v1/completions"))));
+  ASSERT_TRUE(json::parse(traced).contains("choices")) << traced;
+  const std::string malformed = Output(absl::StrCat(
+      "curl -sS -H 'Authorization: Bearer ", kApiKey, "' -H 'traceparent: 00-zz-", client_span,
+      "-01' --data-binary ", Quote(body), " ", Quote(Url("/v1/completions"))));
+  ASSERT_TRUE(json::parse(malformed).contains("choices")) << malformed;
+
+  int requests = 0;
+  std::ifstream file(TraceFile());
+  for (std::string line; std::getline(file, line);) {
+    const json span = json::parse(line);
+    EXPECT_EQ(span["trace_id"], trace_id) << line;
+    if (span["name"] != "k3.generate") continue;
+    ++requests;
+    EXPECT_EQ(span["parent_span_id"], client_span) << line;
+    EXPECT_EQ(span["attributes"]["k3.generated_tokens"], 2) << line;
+  }
+  EXPECT_EQ(requests, 1);
 }
 
 TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
