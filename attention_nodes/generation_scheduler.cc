@@ -71,7 +71,7 @@ struct GenerationScheduler::Sequence {
   bool finished = false;
   // Traced requests: the request's span ("k3.generate") and the current step's.
   std::array<uint8_t, 8> span_id = NewSpanId();
-  std::array<uint8_t, 8> step_span_id{};
+  TraceContext step_trace;  // the trace under the current step's span
 
   bool decoding() const { return consumed == request.prompt.size(); }
 };
@@ -497,26 +497,22 @@ void GenerationScheduler::RunStep() {
   }
 
   std::vector<Sequence*> traced;
-  if (options_.spans != nullptr) {
-    std::vector<TraceContext> traces;
-    for (Sequence* sequence : members) {
-      if (!sequence->request.trace.has_value()) continue;
-      sequence->step_span_id = NewSpanId();
-      traces.push_back(sequence->request.trace->WithSpan(sequence->step_span_id));
-      traced.push_back(sequence);
-    }
-    if (!traced.empty()) runner_.SetTraces(std::move(traces));
+  for (size_t i = 0; i < members.size() && options_.spans != nullptr; ++i) {
+    Sequence* sequence = members[i];
+    if (!sequence->request.trace.has_value()) continue;
+    sequence->step_trace = sequence->request.trace->WithSpan(NewSpanId());
+    batch[i].trace = &sequence->step_trace;
+    traced.push_back(sequence);
   }
   const absl::Time start = absl::Now();
   const absl::Status status = runner_.Step(batch, &logits_);
   const absl::Duration step_time = absl::Now() - start;
   if (!traced.empty()) {
-    runner_.SetTraces({});
     const StepProfile& profile = runner_.last_profile();
     for (Sequence* sequence : traced) {
       Span span;
       span.name = "k3.step";
-      span.context = sequence->request.trace->WithSpan(sequence->step_span_id);
+      span.context = sequence->step_trace;
       span.parent = sequence->span_id;
       span.start = start;
       span.end = start + step_time;

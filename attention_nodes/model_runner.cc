@@ -62,7 +62,10 @@ absl::Status ModelRunner::Step(absl::Span<const BatchEntry> batch, std::vector<f
   profile_.moe_wait = absl::ZeroDuration();
   profile_.layer_moe_wait.clear();
   profile_.ping_pong = false;
+  traced_ = std::any_of(batch.begin(), batch.end(),
+                        [](const BatchEntry& entry) { return entry.trace != nullptr; });
   absl::Status status = StepLayers(batch, logits);
+  if (traced_) routed_moe_->SetTraces({});
   // A failed step may leave the other micro-batch's layer in flight.
   if (!status.ok()) routed_moe_->Abandon();
   profile_.total = absl::Now() - start;
@@ -224,6 +227,13 @@ absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
     return absl::OkStatus();
   }
   // The routed answer is in flight (possibly on other hosts) while the shared experts run here.
+  if (traced_) {
+    std::vector<TraceContext> traces;
+    for (const BatchEntry& entry : mb.entries) {
+      if (entry.trace != nullptr) traces.push_back(*entry.trace);
+    }
+    routed_moe_->SetTraces(std::move(traces));
+  }
   const absl::Time begin = absl::Now();
   const absl::Status begun = routed_moe_->Begin(layer, mb.normed.data(), rows);
   mb.moe_begin = absl::Now() - begin;

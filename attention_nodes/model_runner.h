@@ -29,6 +29,7 @@
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
 #include "attention_nodes/ping_pong_chooser.h"
+#include "cluster/trace_context.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
@@ -48,6 +49,9 @@ struct BatchEntry {
   SequenceState* state = nullptr;
   absl::Span<const int32_t> tokens;  // tokens to append; at least one
   bool all_logits = false;           // logits for every new token, or only for the last
+  // The sequence's trace context for this step (under its step span), when its request is
+  // traced: it goes with the MoE rows of the micro-batch holding this entry (RoutedMoe::SetTraces).
+  const TraceContext* trace = nullptr;
 };
 
 // Where one Step's time went. The MoE wait is the time spent inside RoutedMoe::Begin and
@@ -76,8 +80,6 @@ class ModelRunner {
   // When steps run as two ping-pong micro-batches (kMeasured by default); only where the
   // RoutedMoe's Concurrency() is 2 or more and the step has two or more sequences.
   void set_ping_pong(PingPong mode) { ping_pong_ = mode; }
-  // RoutedMoe::SetTraces for the following steps' MoE layers.
-  void SetTraces(std::vector<TraceContext> traces) { routed_moe_->SetTraces(std::move(traces)); }
 
   std::unique_ptr<SequenceState> NewSequence() const;
 
@@ -124,6 +126,7 @@ class ModelRunner {
   PingPong ping_pong_ = PingPong::kMeasured;
   PingPongChooser ping_pong_chooser_;
   StepProfile profile_;
+  bool traced_ = false;  // some entry of the current step carries a trace context
 
   // Per-step buffers, kept to avoid allocating on every decode step.
   MicroBatch micro_batches_[2];

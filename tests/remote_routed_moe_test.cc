@@ -81,6 +81,11 @@ class FakeRouter {
   // While held, requests are taken but not answered (a stopped process); Release answers them.
   void Hold() { held_ = true; }
   void Release() { held_ = false; }
+  // The trace contexts each MoeRequest carried, in arrival order.
+  std::vector<std::vector<TraceContext>> traces() {
+    absl::MutexLock lock(&mu_);
+    return traces_;
+  }
   // Simulated compute time before each answer.
   void set_delay(absl::Duration delay) {
     absl::MutexLock lock(&mu_);
@@ -106,6 +111,7 @@ class FakeRouter {
       ASSERT_TRUE(Decode(received->bytes, &request).ok());
       {
         absl::MutexLock lock(&mu_);
+        traces_.push_back(request.traces);
         if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
       }
       MoeResponse response;
@@ -151,6 +157,7 @@ class FakeRouter {
   std::vector<Received> backlog_;  // loop thread only
   absl::Mutex mu_;
   absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::vector<std::vector<TraceContext>> traces_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -341,6 +348,57 @@ TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
   ASSERT_TRUE(remote_runner.Step(batch, &logits).ok());
   EXPECT_FALSE(remote_runner.last_profile().ping_pong);
   EXPECT_EQ(remote_runner.last_profile().layer_moe_wait.size(), static_cast<size_t>(moe_layers));
+}
+
+// Traced sequences' contexts go with the MoE rows of the micro-batch that holds them: with
+// ping-pong each layer's two requests split the traces between them; whole, one request carries
+// all; an untraced step carries none.
+TEST_F(RemoteRoutedMoeTest, TraceContextsGoWithTheirMicroBatchsRows) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
+  RemoteRoutedMoe remote(attention_.get(), config());
+  remote.SetRouters({1});
+  ModelRunner runner(weights_, &remote);
+  runner.set_ping_pong(PingPong::kAlways);
+  const TraceContext first =
+      ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").value();
+  const TraceContext last = first.WithSpan(NewSpanId());
+  const std::vector<std::vector<int32_t>> prompts = {{3, 17, 250, 9}, {511, 0}, {42, 8, 1}};
+  std::vector<std::unique_ptr<SequenceState>> states;
+  std::vector<BatchEntry> batch;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    states.push_back(runner.NewSequence());
+    batch.push_back({states.back().get(), prompt, false});
+  }
+  batch[0].trace = &first;
+  batch[2].trace = &last;
+  int moe_layers = 0;
+  for (int l = 0; l < config().num_hidden_layers; ++l) moe_layers += config().IsMoe(l) ? 1 : 0;
+  std::vector<float> logits;
+  ASSERT_TRUE(runner.Step(batch, &logits).ok());
+  ASSERT_TRUE(runner.last_profile().ping_pong);
+  std::vector<std::vector<TraceContext>> seen = router.traces();
+  ASSERT_EQ(seen.size(), 2u * moe_layers);
+  int carried_first = 0, carried_last = 0;
+  for (const std::vector<TraceContext>& traces : seen) {
+    ASSERT_EQ(traces.size(), 1u);  // the cut puts sequences 0 and 2 in different micro-batches
+    carried_first += traces[0] == first ? 1 : 0;
+    carried_last += traces[0] == last ? 1 : 0;
+  }
+  EXPECT_EQ(carried_first, moe_layers);
+  EXPECT_EQ(carried_last, moe_layers);
+
+  runner.set_ping_pong(PingPong::kOff);
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].tokens = absl::MakeConstSpan(&prompts[i][0], 1);
+  ASSERT_TRUE(runner.Step(batch, &logits).ok());
+  batch[0].trace = batch[2].trace = nullptr;
+  ASSERT_TRUE(runner.Step(batch, &logits).ok());
+  seen = router.traces();
+  ASSERT_EQ(seen.size(), 4u * moe_layers);
+  for (int i = 0; i < moe_layers; ++i) {
+    EXPECT_EQ(seen[2 * moe_layers + i], (std::vector<TraceContext>{first, last}));
+    EXPECT_TRUE(seen[3 * moe_layers + i].empty());
+  }
 }
 
 TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessage) {
