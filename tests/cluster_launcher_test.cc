@@ -241,22 +241,25 @@ class HeldPort {
 // and the cluster comes up and serves.
 TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
   const std::string model = RandomCheckpointDir("k3-tiny", 7);
-  HeldPort coordinator_port, expert_port;
+  HeldPort coordinator_port, attention_port, expert_port;
   ASSERT_GT(coordinator_port.port(), 0);
+  ASSERT_GT(attention_port.port(), 0);
   ASSERT_GT(expert_port.port(), 0);
   LocalClusterOptions options = TestClusterOptions(model, 1, 1, 1);
-  int calls = 0;
+  options.http_port = 0;  // a front started with the attention node's first address
+  bool taken = false;
   options.pick_ports = [&](int n) -> absl::StatusOr<std::vector<int>> {
-    // The first call picks every node's ports: the coordinator's (first) and the expert's (the
-    // last gRPC port; nodes are coordinator, attention, router, expert) are taken.
     std::vector<int> ports;
     for (int i = 0; i < n; ++i) {
       HeldPort fresh;  // free now; released when this loop iteration ends
       ports.push_back(fresh.port());
     }
-    if (calls++ == 0) {
-      EXPECT_GE(n, 4);
+    // The call that picks every node's gRPC ports (coordinator, attention, router, expert,
+    // http; the front's HTTP port is picked alone first): three of them are taken.
+    if (n >= 5 && !taken) {
+      taken = true;
       ports[0] = coordinator_port.port();
+      ports[1] = attention_port.port();
       ports[3] = expert_port.port();
     }
     return ports;
@@ -266,10 +269,17 @@ TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string taken_coordinator = absl::StrCat("127.0.0.1:", coordinator_port.port());
+  const std::string taken_attention = absl::StrCat("127.0.0.1:", attention_port.port());
   const std::string taken_expert = absl::StrCat("127.0.0.1:", expert_port.port());
+  EXPECT_TRUE(taken);
   EXPECT_NE((*cluster)->coordinator_address(), taken_coordinator);
-  for (const LocalCluster::Node& node : (*cluster)->nodes()) EXPECT_NE(node.grpc_address, taken_expert);
+  for (const LocalCluster::Node& node : (*cluster)->nodes()) {
+    EXPECT_NE(node.grpc_address, taken_attention);
+    EXPECT_NE(node.grpc_address, taken_expert);
+  }
   const std::string said = absl::StrJoin(lines, "\n");
+  EXPECT_NE(said.find("attention-0 could not listen on " + taken_attention), std::string::npos)
+      << said;
   EXPECT_NE(said.find("coordinator could not listen on " + taken_coordinator), std::string::npos)
       << said;
   EXPECT_NE(said.find("expert-0 could not listen on " + taken_expert), std::string::npos) << said;
@@ -282,6 +292,15 @@ TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
       (*cluster)->generate_addresses()[0], GreedyRequest("taken", prompt, 3), absl::Seconds(30));
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(outcome->tokens, (*expected)[0]);
+  // The HTTP front, started again with the attention node's new address, answers.
+  const std::string http = (*cluster)->http_address();
+  const size_t colon = http.rfind(':');
+  httplib::Client client(http.substr(0, colon), std::stoi(http.substr(colon + 1)));
+  httplib::Result completion = client.Post(
+      "/v1/completions", R"({"prompt":[3,1,4,1,5],"max_tokens":3,"temperature":0})",
+      "application/json");
+  ASSERT_TRUE(completion);
+  EXPECT_EQ(completion->status, 200) << completion->body;
 
   // Each data-plane node got its share of this machine's threads (LocalClusterOptions::
   // node_threads), unless the environment already names a count.

@@ -389,7 +389,9 @@ TEST_F(RemoteRoutedMoeTest, TraceContextsGoWithTheirMicroBatchsRows) {
   EXPECT_EQ(carried_last, moe_layers);
 
   runner.set_ping_pong(PingPong::kOff);
-  for (size_t i = 0; i < batch.size(); ++i) batch[i].tokens = absl::MakeConstSpan(&prompts[i][0], 1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].tokens = absl::MakeConstSpan(&prompts[i][0], 1);
+  }
   ASSERT_TRUE(runner.Step(batch, &logits).ok());
   batch[0].trace = batch[2].trace = nullptr;
   ASSERT_TRUE(runner.Step(batch, &logits).ok());
