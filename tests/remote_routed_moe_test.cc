@@ -310,8 +310,7 @@ TEST_F(RemoteRoutedMoeTest, PingPongMicroBatchesDecodeLikeTheInProcessEngine) {
     remote_states.push_back(remote_runner.NewSequence());
     local_states.push_back(local_runner.NewSequence());
   }
-  int moe_layers = 0;
-  for (int l = 0; l < config().num_hidden_layers; ++l) moe_layers += config().IsMoe(l) ? 1 : 0;
+  const int moe_layers = config().NumMoeLayers();
   std::vector<std::vector<int32_t>> inputs = prompts;
   std::vector<std::vector<int32_t>> remote_tokens(prompts.size()), local_tokens(prompts.size());
   const int vocab = config().vocab_size;
@@ -372,8 +371,7 @@ TEST_F(RemoteRoutedMoeTest, TraceContextsGoWithTheirMicroBatchsRows) {
   }
   batch[0].trace = &first;
   batch[2].trace = &last;
-  int moe_layers = 0;
-  for (int l = 0; l < config().num_hidden_layers; ++l) moe_layers += config().IsMoe(l) ? 1 : 0;
+  const int moe_layers = config().NumMoeLayers();
   std::vector<float> logits;
   ASSERT_TRUE(runner.Step(batch, &logits).ok());
   ASSERT_TRUE(runner.last_profile().ping_pong);
