@@ -57,7 +57,9 @@ GenerationResult RequestHandle::CancelResult() const {
 struct GenerationScheduler::Sequence {
   Sequence(std::shared_ptr<RequestHandle> h, std::shared_ptr<GenerationSink> s,
            GenerationRequest r)
-      : handle(std::move(h)), sink(std::move(s)), request(std::move(r)), sampler(request.sampling) {}
+      : handle(std::move(h)), sink(std::move(s)), request(std::move(r)), sampler(request.sampling) {
+    if (request.trace.has_value()) span_id = NewSpanId();
+  }
 
   std::shared_ptr<RequestHandle> handle;
   std::shared_ptr<GenerationSink> sink;
@@ -70,7 +72,7 @@ struct GenerationScheduler::Sequence {
   std::vector<int32_t> generated;
   bool finished = false;
   // Traced requests: the request's span ("k3.generate") and the current step's.
-  std::array<uint8_t, 8> span_id = NewSpanId();
+  std::array<uint8_t, 8> span_id{};
   TraceContext step_trace;  // the trace under the current step's span
 
   bool decoding() const { return consumed == request.prompt.size(); }
