@@ -149,7 +149,8 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request, const Version& ve
   return absl::OkStatus();
 }
 
-std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const float> rows) {
+std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const float> rows,
+                                absl::Status* status) {
   ExpertResponse response;
   response.step_id = request.step_id;
   const Version& version = VersionFor(request.placement_version);
@@ -171,11 +172,13 @@ std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const f
                                  &scratch_);
     if (response.status.ok()) {
       rows_processed_ += request.rows_count;
+      *status = absl::OkStatus();
       return message;
     }
   }
   response.rows_count = 0;
   response.width = 0;
+  *status = response.status;
   return Encode(response);
 }
 
@@ -207,7 +210,7 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     return outcome;
   } else {
     const absl::Time start = absl::Now();
-    answer = Serve(request, rows);
+    answer = Serve(request, rows, &outcome.answer);
     for (const TraceContext& trace : request.traces) {
       if (spans_ == nullptr) break;
       Span span;
@@ -221,10 +224,6 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
                          {"k3.assignments", static_cast<double>(request.assignments.size())}};
       spans_->Record(span);
     }
-    ExpertResponse header;
-    absl::Span<const float> unused;
-    outcome.answer = DecodeInPlace(answer, &header, &unused);
-    if (outcome.answer.ok()) outcome.answer = header.status;
   }
   if (!outcome.answer.ok()) {
     LOG_EVERY_N(WARNING, 100) << name_ << ": step " << request.step_id << " from peer "

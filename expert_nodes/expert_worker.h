@@ -89,8 +89,9 @@ class ExpertWorker {
 
   // Answers `request` (its fields; request.rows is not read) whose rows are `rows` (read in place
   // from its message): the encoded ExpertResponse, the partial sums computed straight into it.
-  // Errors travel in the response's status.
-  std::string Serve(const ExpertRequest& request, absl::Span<const float> rows);
+  // Errors travel in the response's status, which is also stored in *status.
+  std::string Serve(const ExpertRequest& request, absl::Span<const float> rows,
+                    absl::Status* status);
 
   struct Outcome {
     bool deferred = false;  // left unanswered, see Handle

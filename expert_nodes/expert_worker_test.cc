@@ -81,8 +81,10 @@ ClusterPlacement* ExpertWorkerTest::placement_ = nullptr;
 // Serves `request` with its own rows and decodes the answer the worker encoded.
 ExpertResponse ServeDecoded(ExpertWorker& worker, const ExpertRequest& request) {
   ExpertResponse response;
-  absl::Status decoded = Decode(worker.Serve(request, request.rows), &response);
+  absl::Status served;
+  absl::Status decoded = Decode(worker.Serve(request, request.rows, &served), &response);
   EXPECT_TRUE(decoded.ok()) << decoded;
+  EXPECT_EQ(served, response.status);
   return response;
 }
 
