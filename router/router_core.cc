@@ -568,9 +568,8 @@ void RouterCore::HandleExpertResponse(PeerId from, std::string bytes) {
       Finish(std::move(answer.step));
       return;
     case PendingSteps::Outcome::kFailed:
-      Reply(answer.step->origin, answer.step->origin_step, answer.step->start,
-            absl::Status(answer.error.code(),
-                         absl::StrCat(WorkerName(from), ": ", answer.error.message())));
+      Fail(*answer.step, absl::Status(answer.error.code(), absl::StrCat(WorkerName(from), ": ",
+                                                                        answer.error.message())));
       return;
   }
 }
@@ -594,24 +593,35 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
     metrics_->step_compute->Observe(absl::ToDoubleSeconds(compute));
     metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
   }
-  const absl::Duration expert_wait = combine - step->dispatched;
-  for (const TraceContext& trace : step->traces) {
-    if (options_.spans == nullptr) break;
-    Span span;
-    span.name = "k3.router.layer";
-    span.context = trace.WithSpan(step->span_id);
-    span.parent = trace.span_id;
-    span.start = step->start;
-    span.end = end;
-    span.attributes = {{"k3.layer", static_cast<double>(step->model_layer)},
-                       {"k3.tokens", static_cast<double>(step->step.tokens)},
-                       {"k3.compute_ms", absl::ToDoubleMilliseconds(compute)},
-                       {"k3.expert_wait_ms", absl::ToDoubleMilliseconds(expert_wait)},
-                       {"k3.resent", step->resent ? 1.0 : 0.0}};
-    options_.spans->Record(span);
-  }
+  RecordSpans(*step, end, compute, combine - step->dispatched, /*ok=*/true);
   SendAnswer(step->origin, step->origin_step, step->start, absl::StatusCode::kOk,
              std::move(message));
+}
+
+void RouterCore::RecordSpans(const PendingStep& step, absl::Time end, absl::Duration compute,
+                             absl::Duration expert_wait, bool ok) {
+  if (options_.spans == nullptr) return;
+  for (const TraceContext& trace : step.traces) {
+    Span span;
+    span.name = "k3.router.layer";
+    span.context = trace.WithSpan(step.span_id);
+    span.parent = trace.span_id;
+    span.start = step.start;
+    span.end = end;
+    span.attributes = {{"k3.layer", static_cast<double>(step.model_layer)},
+                       {"k3.tokens", static_cast<double>(step.step.tokens)},
+                       {"k3.ok", ok ? 1.0 : 0.0},
+                       {"k3.compute_ms", absl::ToDoubleMilliseconds(compute)},
+                       {"k3.expert_wait_ms", absl::ToDoubleMilliseconds(expert_wait)},
+                       {"k3.resent", step.resent ? 1.0 : 0.0}};
+    options_.spans->Record(span);
+  }
+}
+
+void RouterCore::Fail(const PendingStep& step, const absl::Status& status) {
+  const absl::Time now = absl::Now();
+  RecordSpans(step, now, step.dispatched - step.start, now - step.dispatched, /*ok=*/false);
+  Reply(step.origin, step.origin_step, step.start, status);
 }
 
 void RouterCore::ExpireSteps(absl::Time now) {
@@ -659,8 +669,7 @@ void RouterCore::ExpireSteps(absl::Time now) {
       step->deadline = StepDeadline(now, step->timeout_at);
       pending_.Add(std::move(step));
     } else {
-      Reply(step->origin, step->origin_step, step->start,
-            absl::UnavailableError(absl::StrJoin(messages, "; ")));
+      Fail(*step, absl::UnavailableError(absl::StrJoin(messages, "; ")));
     }
     for (PeerId node : late) FailWaitingOn(node, NodeStatus(node));
   }
@@ -802,9 +811,7 @@ void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
 }
 
 void RouterCore::FailAll(const absl::Status& status) {
-  for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) {
-    Reply(step->origin, step->origin_step, step->start, status);
-  }
+  for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) Fail(*step, status);
   for (const Held& h : held_) Reply(h.origin, h.origin_step, h.start, status);
   held_.clear();
 }

@@ -161,6 +161,11 @@ class RouterCore {
   void HandleExpertResponse(PeerId from, std::string bytes);
   void ExpireSteps(absl::Time now);
   void Finish(std::unique_ptr<PendingStep> step);
+  // Answers a dispatched step with an error (recording its spans).
+  void Fail(const PendingStep& step, const absl::Status& status);
+  // The step's spans, one per trace context it carries (RouterCoreOptions::spans).
+  void RecordSpans(const PendingStep& step, absl::Time end, absl::Duration compute,
+                   absl::Duration expert_wait, bool ok);
   // Sends every pending step waiting for `node` to replicas (SendToReplicas), or fails it.
   void FailWaitingOn(PeerId node, const absl::Status& status);
   // Sends the requests `step` sent to `node` and still waits for again, each to a live worker

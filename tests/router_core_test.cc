@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -13,6 +14,8 @@
 #include "moe/expert_placement.h"
 #include "absl/strings/str_cat.h"
 #include "cluster/inproc_transport.h"
+#include "cluster/span_log.h"
+#include "cluster/trace_context.h"
 #include "cluster/transport.h"
 #include "cluster/test_wait.h"
 #include "expert_nodes/expert_worker.h"
@@ -21,6 +24,7 @@
 #include "model/random_checkpoint.h"
 #include "engine/local_routed_moe.h"
 #include "moe/moe_layer_map.h"
+#include "nlohmann/json.hpp"
 #include "router/gate.h"
 
 namespace k3 {
@@ -164,6 +168,12 @@ class RouterCoreTest : public ::testing::Test {
     options.expert_retry_floor = expert_retry_floor;
     options.qb_bins = 20;
     options.per_expert_metrics = per_expert_metrics_;
+    if (!spans_path_.empty()) {
+      absl::StatusOr<std::unique_ptr<SpanLog>> spans = SpanLog::Open(spans_path_, "router");
+      ASSERT_TRUE(spans.ok()) << spans.status();
+      spans_ = *std::move(spans);
+      options.spans = spans_.get();
+    }
     absl::StatusOr<std::unique_ptr<RouterCore>> core =
         RouterCore::Create(router_only_, router_sends_.get(), links_.get(), options, &metrics_);
     ASSERT_TRUE(core.ok()) << core.status();
@@ -254,8 +264,10 @@ class RouterCoreTest : public ::testing::Test {
     return rows;
   }
 
-  void Send(uint64_t step, int layer, const std::vector<float>& rows) {
+  void Send(uint64_t step, int layer, const std::vector<float>& rows,
+            std::vector<TraceContext> traces = {}) {
     MoeRequest request;
+    request.traces = std::move(traces);
     request.step_id = step;
     request.layer = layer;
     request.width = config().hidden_size;
@@ -309,12 +321,14 @@ class RouterCoreTest : public ::testing::Test {
   std::unique_ptr<SendFailingTransport> router_sends_;
   std::unique_ptr<InProcTransport> attention_;
   std::unique_ptr<PeerLinks> links_;
+  std::unique_ptr<SpanLog> spans_;  // outlives core_
   std::unique_ptr<RouterCore> core_;
   std::map<uint32_t, std::unique_ptr<FakeExpert>> experts_;
   std::map<uint64_t, MoeResponse> answers_;
   std::atomic<bool> stop_{false};
   std::thread loop_;
   bool per_expert_metrics_ = false;  // read by StartRouter
+  std::string spans_path_;           // read by StartRouter: a trace file when not empty
 };
 
 std::shared_ptr<const Checkpoint>* RouterCoreTest::checkpoint_ = nullptr;
@@ -541,6 +555,43 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
   WaitReady();
   Send(3, 5, rows);
   ExpectMatchesLocal(Await(3), 5, rows);
+}
+
+// A traced layer step leaves one router span under the attention step's span, whether it is
+// answered or fails (a silent worker, then the step timeout).
+TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
+  spans_path_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/router-spans.jsonl");
+  StartRouter(absl::Milliseconds(300));
+  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
+  AddExpert(kExpertA, placement);
+  FakeExpert* b = AddExpert(kExpertB, placement);
+  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+  WaitReady();
+  const TraceContext trace =
+      ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").value();
+  const std::vector<float> rows = RandomRows(24, 9);
+  Send(1, 5, rows, {trace});
+  ExpectMatchesLocal(Await(1), 5, rows);
+  b->Pause(true);
+  Send(2, 5, rows, {trace});
+  EXPECT_EQ(Await(2, absl::Seconds(3)).status.code(), absl::StatusCode::kUnavailable);
+  b->Pause(false);
+  StopRouter();
+
+  std::ifstream file(spans_path_);
+  std::vector<nlohmann::json> spans;
+  for (std::string line; std::getline(file, line);) spans.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(spans.size(), 2u);
+  for (const nlohmann::json& span : spans) {
+    EXPECT_EQ(span["name"], "k3.router.layer");
+    EXPECT_EQ(span["trace_id"], HexId(trace.trace_id));
+    EXPECT_EQ(span["parent_span_id"], HexId(trace.span_id));
+    EXPECT_EQ(span["attributes"]["k3.layer"], 5);
+    EXPECT_EQ(span["attributes"]["k3.tokens"], 24);
+  }
+  EXPECT_EQ(spans[0]["attributes"]["k3.ok"], 1);
+  EXPECT_EQ(spans[1]["attributes"]["k3.ok"], 0);
+  EXPECT_GE(spans[1]["attributes"]["k3.expert_wait_ms"].get<double>(), 300);
 }
 
 // With replicas, a hung worker's rows go to the replica after the expert deadline (here its
