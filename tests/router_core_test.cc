@@ -210,6 +210,18 @@ class RouterCoreTest : public ::testing::Test {
     return ClusterPlacement{*experts, {a, b}};
   }
 
+  // Experts of placement version 1 on workers A (12) and B (20), both alive, the router ready;
+  // returns B. *placement, when given, receives the placement.
+  FakeExpert* ServeTwoWorkers(ClusterPlacement* placement = nullptr) {
+    const ClusterPlacement two = Placement(1, kExpertA, kExpertB);
+    AddExpert(kExpertA, two);
+    FakeExpert* b = AddExpert(kExpertB, two);
+    Publish(two, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
+    WaitReady();
+    if (placement != nullptr) *placement = two;
+    return b;
+  }
+
   // Publishes a cluster state of the attention node, the router and `experts` (node -> state).
   // `lost_experts_reason`: the coordinator cannot move experts that lost every host.
   // `unrecoverable`: nodes whose death the coordinator could not repair, and why.
@@ -337,11 +349,7 @@ ModelWeights* RouterCoreTest::router_only_ = nullptr;
 
 TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
   StartRouter(kWait);
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ServeTwoWorkers();
 
   // Three steps in flight at once, answered in whatever order the workers finish.
   const int layers[] = {1, 4, config().num_hidden_layers - 1};
@@ -387,11 +395,7 @@ TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
 // engine does with that bias in its weights; other layers keep the checkpoint's.
 TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
   StartRouter(kWait);
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ServeTwoWorkers();
 
   const int layer = 2;
   const int moe = *MoeLayerIndex(config(), layer);
@@ -430,11 +434,7 @@ TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
 // coordinator repairs the placement; they resume under the new one.
 TEST_F(RouterCoreTest, AKilledWorkersStepsAreHeldUntilItsSlotHasALiveNodeAgain) {
   StartRouter(kWait);
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  FakeExpert* b = AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  FakeExpert* b = ServeTwoWorkers();
   const std::vector<float> rows = RandomRows(24, 7);  // 24 tokens x 4 experts: both workers
   Send(1, 2, rows);
   ExpectMatchesLocal(Await(1), 2, rows);
@@ -463,11 +463,8 @@ TEST_F(RouterCoreTest, AKilledWorkersStepsAreHeldUntilItsSlotHasALiveNodeAgain) 
 // UNAVAILABLE naming the worker and the cause.
 TEST_F(RouterCoreTest, StepsFailNamingTheCauseWhenTheExpertsCannotMove) {
   StartRouter(kWait);
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  FakeExpert* b = AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ClusterPlacement placement;
+  FakeExpert* b = ServeTwoWorkers(&placement);
   b->Pause(true);
   const std::vector<float> rows = RandomRows(24, 8);
   Send(1, 3, rows);
@@ -527,11 +524,7 @@ TEST_F(RouterCoreTest, AKilledWorkerWhoseLossCannotBeRepairedFailsItsStepsFast) 
 
 TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
   StartRouter(absl::Milliseconds(300));
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  FakeExpert* b = AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  FakeExpert* b = ServeTwoWorkers();
   const std::vector<float> rows = RandomRows(24, 9);
   b->Pause(true);
   const absl::Time sent = absl::Now();
@@ -562,11 +555,7 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
 TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
   spans_path_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/router-spans.jsonl");
   StartRouter(absl::Milliseconds(300));
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  FakeExpert* b = AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  FakeExpert* b = ServeTwoWorkers();
   const TraceContext trace =
       ParseTraceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").value();
   const std::vector<float> rows = RandomRows(24, 9);
@@ -666,11 +655,7 @@ TEST_F(RouterCoreTest, RowsThatCannotBeSentGoToReplicas) {
 
 TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasWaitForANewPlacement) {
   StartRouter(absl::Seconds(20));
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ServeTwoWorkers();
   const std::vector<float> rows = RandomRows(24, 9);
   router_sends_->FailSendsTo(kExpertB);
   Send(1, 5, rows);
@@ -686,11 +671,7 @@ TEST_F(RouterCoreTest, RowsThatCannotBeSentWithoutReplicasWaitForANewPlacement) 
 TEST_F(RouterCoreTest, PerExpertCountersCountTheGatesChoices) {
   per_expert_metrics_ = true;
   StartRouter(kWait);
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ServeTwoWorkers();
   std::vector<double> expected(config().num_experts, 0);
   const int layers[] = {1, 5};
   for (int i = 0; i < 2; ++i) {
@@ -724,11 +705,7 @@ TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
   EXPECT_NE(early.status.message().find("no expert placement yet"), absl::string_view::npos)
       << early.status;
 
-  const ClusterPlacement placement = Placement(1, kExpertA, kExpertB);
-  AddExpert(kExpertA, placement);
-  AddExpert(kExpertB, placement);
-  Publish(placement, {{kExpertA, pb::ALIVE}, {kExpertB, pb::ALIVE}});
-  WaitReady();
+  ServeTwoWorkers();
 
   Send(2, 0, rows);  // the dense layer
   MoeResponse dense = Await(2);
