@@ -327,13 +327,25 @@ absl::Status ReadFields(std::string_view bytes, MoeRequest* m, const char** rows
   return r.Finish();
 }
 
-absl::Status ReadFields(std::string_view bytes, MoeResponse* m, const char** rows,
-                        size_t* floats) {
-  Reader r(bytes, MoeMessageKind::kMoeResponse, "MoeResponse");
-  if (r.Get(&m->step_id) && r.GetStatus(&m->status) && r.Get(&m->tokens) && r.Get(&m->width)) {
-    if (m->status.ok()) r.GetRows(m->tokens, m->width, rows, floats);
+// The two responses share a layout (WriteResponse).
+absl::Status ReadResponse(std::string_view bytes, MoeMessageKind kind, const char* what,
+                          uint64_t* step_id, absl::Status* status, int64_t* count,
+                          int32_t* width, const char** rows, size_t* floats) {
+  Reader r(bytes, kind, what);
+  if (r.Get(step_id) && r.GetStatus(status) && r.Get(count) && r.Get(width)) {
+    if (status->ok()) r.GetRows(*count, *width, rows, floats);
   }
   return r.Finish();
+}
+absl::Status ReadFields(std::string_view bytes, MoeResponse* m, const char** rows,
+                        size_t* floats) {
+  return ReadResponse(bytes, MoeMessageKind::kMoeResponse, "MoeResponse", &m->step_id,
+                      &m->status, &m->tokens, &m->width, rows, floats);
+}
+absl::Status ReadFields(std::string_view bytes, ExpertResponse* m, const char** rows,
+                        size_t* floats) {
+  return ReadResponse(bytes, MoeMessageKind::kExpertResponse, "ExpertResponse", &m->step_id,
+                      &m->status, &m->rows_count, &m->width, rows, floats);
 }
 
 absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** rows,
@@ -362,16 +374,6 @@ absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** r
     }
   }
   if (r.GetTraces(&m->traces)) r.GetRows(m->rows_count, m->width, rows, floats);
-  return r.Finish();
-}
-
-absl::Status ReadFields(std::string_view bytes, ExpertResponse* m, const char** rows,
-                        size_t* floats) {
-  Reader r(bytes, MoeMessageKind::kExpertResponse, "ExpertResponse");
-  if (r.Get(&m->step_id) && r.GetStatus(&m->status) && r.Get(&m->rows_count) &&
-      r.Get(&m->width)) {
-    if (m->status.ok()) r.GetRows(m->rows_count, m->width, rows, floats);
-  }
   return r.Finish();
 }
 
