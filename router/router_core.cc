@@ -293,16 +293,16 @@ void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time star
   const std::string& cause = unrecoverable != unrecoverable_losses_.end() ? unrecoverable->second
                                                                           : lost_experts_reason_;
   if (!cause.empty()) {
-    Reply(origin, origin_step, start,
-          absl::UnavailableError(absl::StrCat(
-              why.message(), "; the coordinator cannot move its experts: ", cause)));
+    FailHeld(origin, origin_step, start, request,
+             absl::UnavailableError(absl::StrCat(
+                 why.message(), "; the coordinator cannot move its experts: ", cause)));
     return;
   }
   if (absl::Now() - start >= options_.step_timeout) {
-    Reply(origin, origin_step, start,
-          absl::UnavailableError(absl::StrCat(why.message(), "; no live node took its experts "
-                                              "within ",
-                                              absl::FormatDuration(options_.step_timeout))));
+    FailHeld(origin, origin_step, start, request,
+             absl::UnavailableError(absl::StrCat(why.message(), "; no live node took its experts "
+                                                 "within ",
+                                                 absl::FormatDuration(options_.step_timeout))));
     return;
   }
   if (held_.empty()) {
@@ -330,7 +330,8 @@ void RouterCore::ExpireHeld(absl::Time now) {
       ++it;
       continue;
     }
-    HoldOrFail(it->origin, it->origin_step, it->start, std::string(), it->node, it->why);
+    HoldOrFail(it->origin, it->origin_step, it->start, std::move(it->request), it->node,
+               it->why);
     it = held_.erase(it);
   }
 }
@@ -624,6 +625,25 @@ void RouterCore::Fail(const PendingStep& step, const absl::Status& status) {
   Reply(step.origin, step.origin_step, step.start, status);
 }
 
+void RouterCore::FailHeld(PeerId origin, uint64_t origin_step, absl::Time start,
+                          const std::string& request, const absl::Status& status) {
+  PendingStep step;
+  step.origin = origin;
+  step.origin_step = origin_step;
+  step.start = start;
+  step.dispatched = start;  // no compute: it waited for a live host of its experts
+  MoeRequest header;
+  absl::Span<const float> rows;
+  if (options_.spans != nullptr && DecodeInPlace(request, &header, &rows).ok() &&
+      !header.traces.empty()) {
+    step.traces = std::move(header.traces);
+    step.span_id = NewSpanId();
+    step.model_layer = header.layer;
+    step.step.tokens = header.tokens;
+  }
+  Fail(step, status);
+}
+
 void RouterCore::ExpireSteps(absl::Time now) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeExpired(now)) {
     const std::vector<PeerId> late = PendingSteps::Unanswered(*step);
@@ -812,7 +832,7 @@ void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
 
 void RouterCore::FailAll(const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) Fail(*step, status);
-  for (const Held& h : held_) Reply(h.origin, h.origin_step, h.start, status);
+  for (const Held& h : held_) FailHeld(h.origin, h.origin_step, h.start, h.request, status);
   held_.clear();
 }
 

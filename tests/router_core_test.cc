@@ -551,7 +551,8 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
 }
 
 // A traced layer step leaves one router span under the attention step's span, whether it is
-// answered or fails (a silent worker, then the step timeout).
+// answered, fails (a silent worker, then the step timeout), or is held for a live host of its
+// experts and fails without ever going out.
 TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
   spans_path_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/router-spans.jsonl");
   StartRouter(absl::Milliseconds(300));
@@ -564,13 +565,20 @@ TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
   b->Pause(true);
   Send(2, 5, rows, {trace});
   EXPECT_EQ(Await(2, absl::Seconds(3)).status.code(), absl::StatusCode::kUnavailable);
+  // B now counts as lost: the next step is held, then fails after the step timeout.
+  Send(3, 5, rows, {trace});
+  MoeResponse held = Await(3, absl::Seconds(3));
+  EXPECT_EQ(held.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(held.status.message().find("no live node took its experts within"),
+            absl::string_view::npos)
+      << held.status;
   b->Pause(false);
   StopRouter();
 
   std::ifstream file(spans_path_);
   std::vector<nlohmann::json> spans;
   for (std::string line; std::getline(file, line);) spans.push_back(nlohmann::json::parse(line));
-  ASSERT_EQ(spans.size(), 2u);
+  ASSERT_EQ(spans.size(), 3u);
   for (const nlohmann::json& span : spans) {
     EXPECT_EQ(span["name"], "k3.router.layer");
     EXPECT_EQ(span["trace_id"], HexId(trace.trace_id));
@@ -584,6 +592,11 @@ TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
   EXPECT_GE(spans[1]["end_time_unix_nano"].get<int64_t>() -
                 spans[1]["start_time_unix_nano"].get<int64_t>(),
             300'000'000);
+  // The held step: its whole time was spent waiting for experts.
+  EXPECT_EQ(spans[2]["attributes"]["k3.ok"], 0);
+  EXPECT_EQ(spans[2]["attributes"]["k3.compute_ms"], 0);
+  EXPECT_GE(spans[2]["attributes"]["k3.expert_wait_ms"].get<double>(), 300);
+  EXPECT_NE(spans[2]["span_id"], spans[1]["span_id"]);
 }
 
 // With replicas, a hung worker's rows go to the replica after the expert deadline (here its
