@@ -58,6 +58,7 @@ absl::Status RunExperts(const std::vector<GatedMlpWeights>& experts, const GluPa
   };
   if (static_cast<int>(count) >= KernelThreadCount()) {
     // Nested ParallelFor calls inside run inline, so each expert runs on one thread.
+    WakeKernelThreads();
     ParallelFor(static_cast<int64_t>(count), 1, [&](int64_t first, int64_t last) {
       for (int64_t g = first; g < last; ++g) run_group(groups[g]);
     });

@@ -21,6 +21,9 @@ constexpr int64_t kMxfp4RowsKernelMaxTokens = 32;
 // Least work (in multiply-adds, weight elements counted at least 4 times for their memory traffic)
 // worth handing to another thread: a few microseconds, against about one for a ParallelFor.
 constexpr int64_t kMinChunkWork = int64_t{1} << 18;
+// Least work (as for kMinChunkWork) worth waking resting kernel threads for (WakeKernelThreads):
+// about 2^20 weight bytes, tens of microseconds of one thread.
+constexpr int64_t kMinWakeWork = int64_t{1} << 20;
 // Inputs per block in the portable kernel: a widened block of one weight row stays in L1.
 constexpr int64_t kPortableBlock = 512;
 
@@ -152,6 +155,7 @@ void ParallelForRows(const WeightMatrix& w, int64_t tokens, int64_t align,
   const int64_t blocks = (w.rows + align - 1) / align;
   const int64_t block_work = align * w.cols * std::max<int64_t>(tokens, 4);
   const int64_t grain = std::max<int64_t>(1, kMinChunkWork / block_work);
+  if (blocks * block_work >= kMinWakeWork) WakeKernelThreads();
   ParallelFor(blocks, grain, [&](int64_t begin, int64_t end) {
     fn(begin * align, std::min(w.rows, end * align));
   });

@@ -56,6 +56,9 @@ constexpr int64_t kRowsSpan = 32;
 // Least weight bytes worth handing to another thread (a few microseconds of streaming, against
 // about one for a ParallelFor).
 constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
+// Least weight bytes worth waking resting kernel threads for (WakeKernelThreads): tens of
+// microseconds of one thread's streaming, about what waking a blocked thread can cost.
+constexpr int64_t kMinWakeBytes = int64_t{1} << 20;
 // Weight bytes of the units a thread takes from another's share when its own is done.
 constexpr int64_t kUnitBytes = int64_t{32} << 10;
 
@@ -683,6 +686,7 @@ void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens) {
   // hold up the whole job.
   const int64_t shares =
       std::clamp<int64_t>(total_bytes / kMinChunkBytes, 1, KernelThreadCount());
+  if (total_bytes >= kMinWakeBytes) WakeKernelThreads();
   struct Unit {
     int task;
     int64_t row_begin, row_end;

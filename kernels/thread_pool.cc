@@ -112,7 +112,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   int64_t chunks = std::min<int64_t>(n / grain, threads_);
-  if (chunks <= 1 || t_in_job) {
+  if (chunks <= 1 || t_in_job || resting_.load(std::memory_order_relaxed)) {
     fn(0, n);
     return;
   }
@@ -122,7 +122,6 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   std::lock_guard<std::mutex> submit(submit_mu_);
   const uint32_t generation = ++last_generation_;
   job_ = Job{&fn, n, chunk};
-  resting_.store(false, std::memory_order_relaxed);
   unfinished_.store(chunks, std::memory_order_relaxed);
   claim_.store(uint64_t{generation} << 32 | static_cast<uint64_t>(chunks),
                std::memory_order_release);
@@ -145,6 +144,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
 }
 
 void ThreadPool::Rest() { resting_.store(true, std::memory_order_relaxed); }
+
+void ThreadPool::Wake() { resting_.store(false, std::memory_order_relaxed); }
 
 }  // namespace internal
 
@@ -180,5 +181,7 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 int KernelThreadCount() { return GlobalPool().size(); }
 
 void RestKernelThreads() { GlobalPool().Rest(); }
+
+void WakeKernelThreads() { GlobalPool().Wake(); }
 
 }  // namespace k3

@@ -16,11 +16,18 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 
 int KernelThreadCount();
 
-// Idle workers block now instead of spinning for their usual couple of hundred microseconds.
+// Idle workers block now instead of spinning for their usual couple of hundred microseconds, and
+// ParallelFor runs on the calling thread alone until a caller wakes them (WakeKernelThreads).
 // Call before waiting for another process (a transport receive): no kernel call comes until it
 // answers, and a spinning worker would hold a core that process may need (a local cluster on a
-// small machine). Cheap (one atomic store); the next ParallelFor wakes the workers as usual.
+// small machine). Cheap (one atomic store).
 void RestKernelThreads();
+
+// Ends a rest: the next ParallelFor splits its work over the workers again. For callers with
+// enough work to pay for waking a blocked thread (tens of microseconds on a busy machine): with
+// fewer cores than busy threads a woken worker may wait for a core, or lose it in the middle of
+// a chunk its caller then waits for, which small jobs do not repay.
+void WakeKernelThreads();
 
 }  // namespace k3
 

@@ -34,8 +34,9 @@ class ThreadPool {
   // The contract of k3::ParallelFor. At most size() chunks.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-  // Idle workers stop spinning and block until the next job (RestKernelThreads).
+  // Idle workers stop spinning and block; jobs run inline until Wake (RestKernelThreads).
   void Rest();
+  void Wake();
 
   int size() const { return threads_; }
 
@@ -66,7 +67,8 @@ class ThreadPool {
   std::atomic<int64_t> unfinished_{0};  // chunks of the current job not yet finished
   std::atomic<uint32_t> generation_{0};  // what workers wait on
   std::atomic<bool> stop_{false};
-  // Set by Rest(), cleared by the next job: an idle worker that sees it blocks instead of spinning.
+  // Set by Rest(), cleared by Wake(): an idle worker that sees it blocks instead of spinning, and
+  // ParallelFor runs inline.
   std::atomic<bool> resting_{false};
 
   std::mutex sleep_mu_;

@@ -108,19 +108,24 @@ TEST(ThreadPoolTest, WorkersWakeAfterBlocking) {
   }
 }
 
-// Rest() makes idle workers block at once; the next jobs must still wake them and cover every
-// index, also when Rest() races with jobs (it is called from a thread that is about to wait).
-TEST(ThreadPoolTest, RestingWorkersWakeForTheNextJob) {
+// Rest() makes idle workers block at once and jobs run on the caller until Wake(); jobs cover
+// every index also when Rest() and Wake() race with them (they are called from other threads).
+TEST(ThreadPoolTest, RestingWorkersLeaveJobsToTheCallerUntilWoken) {
   ThreadPool pool(3);
   std::atomic<bool> stop{false};
   std::thread rester([&] {
-    while (!stop.load()) {
-      pool.Rest();
+    for (int i = 0; !stop.load(); ++i) {
+      if (i % 2 == 0) {
+        pool.Rest();
+      } else {
+        pool.Wake();
+      }
       std::this_thread::yield();
     }
   });
   for (int call = 0; call < 2000; ++call) {
     if (call % 100 == 0) pool.Rest();
+    if (call % 100 == 50) pool.Wake();
     const int64_t n = 1 + call % 37;
     std::vector<std::atomic<int>> hits(n);
     pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
@@ -130,9 +135,15 @@ TEST(ThreadPoolTest, RestingWorkersWakeForTheNextJob) {
   }
   stop.store(true);
   rester.join();
-  // After a rest the workers block; a job that needs all three threads still gets them.
+  // After a rest every job runs on the caller alone, in one chunk.
   pool.Rest();
+  EXPECT_EQ(Record(pool, 100, 1), (Chunks{{0, 100}}));
+  std::set<std::thread::id> ids;
+  pool.ParallelFor(3, 1, [&](int64_t, int64_t) { ids.insert(std::this_thread::get_id()); });
+  EXPECT_EQ(ids, std::set<std::thread::id>{std::this_thread::get_id()});
+  // Woken (after they blocked), a job that needs all three threads gets them.
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  pool.Wake();
   EXPECT_EQ(ThreadsOfAJobNeedingAll(pool), 3u);
 }
 

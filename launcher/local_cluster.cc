@@ -327,10 +327,12 @@ absl::Status LocalCluster::Plan() {
     return absl::InvalidArgumentError(absl::StrCat("log folder ", log_dir_, ": ", ec.message()));
   }
 
+  const int hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   node_threads_ = o.node_threads > 0
                       ? o.node_threads
-                      : SplitKernelThreads(static_cast<int>(std::thread::hardware_concurrency()),
-                                           o.attention + o.routers + o.experts);
+                      : SplitKernelThreads(hardware_threads, o.attention + o.routers + o.experts);
+  attention_threads_ =
+      o.node_threads > 0 ? o.node_threads : SplitKernelThreads(hardware_threads, o.attention);
   auto site = [&](NodeRole role) {
     auto it = o.sites.find(role);
     return it == o.sites.end() ? NodeSite() : it->second;
@@ -404,7 +406,8 @@ absl::Status LocalCluster::Launch(Node& node) {
                           node.role == NodeRole::kExpert;
   if (data_plane && site.env.count("K3SERVE_THREADS") == 0 &&
       std::getenv("K3SERVE_THREADS") == nullptr) {
-    site.env["K3SERVE_THREADS"] = absl::StrCat(node_threads_);
+    site.env["K3SERVE_THREADS"] =
+        absl::StrCat(node.role == NodeRole::kAttention ? attention_threads_ : node_threads_);
   }
 
   // Everything the child needs is prepared before fork: after it, in a process with other

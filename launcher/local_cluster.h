@@ -88,11 +88,16 @@ struct LocalClusterOptions {
   // Polled while waiting for the cluster; true gives up (Start and WaitReady answer CANCELLED),
   // e.g. when the user pressed Ctrl-C. Null: never.
   std::function<bool()> cancelled;
-  // Kernel threads (K3SERVE_THREADS) of each attention, router and expert node. 0: this machine's
-  // hardware threads split evenly among those nodes (at least 1 each), since they all run here and
-  // poll for each other's messages: more kernel threads than cores means a woken worker waits for
-  // a core a poller holds (measured on 2 cores, A1/R1/E2 on k3-tiny: 1 thread each is 2.9x the
-  // cluster tokens/s of 2 each). K3SERVE_THREADS in the launcher's or a site's environment wins.
+  // Kernel threads (K3SERVE_THREADS) of each attention, router and expert node. 0: routers and
+  // experts get this machine's hardware threads split evenly among all of those nodes (at least 1
+  // each), since they all run here and poll for each other's messages: more busy threads than
+  // cores means a woken worker waits for a core a poller holds (measured on 2 cores, A1/R1/E2 on
+  // k3-tiny: 1 thread each is 2.9x the cluster tokens/s of 2 each). Attention nodes split the
+  // hardware threads among themselves only: an attention worker's compute is on every token's
+  // path while the tiers behind it wait, and its extra threads block while it waits for them and
+  // are woken only for products big enough to repay it (RestKernelThreads, WakeKernelThreads;
+  // measured on 2 cores, A1/R1/E2, one stream: k3-perf 1.2x the tokens/s of 1 thread, k3-tiny
+  // unchanged). K3SERVE_THREADS in the launcher's or a site's environment wins.
   int node_threads = 0;
   // Picks `n` distinct ports for the nodes when base_port is 0. Null: free ports drawn at random
   // (see the file comment). Tests hand out a port that is already taken here.
@@ -194,7 +199,8 @@ class LocalCluster {
   std::vector<Node> nodes_;  // coordinator first, then attention, routers, experts
   bool stopped_ = false;
   bool starting_ = false;  // inside Start
-  int node_threads_ = 1;   // K3SERVE_THREADS given to data-plane nodes (Plan)
+  int node_threads_ = 1;       // K3SERVE_THREADS given to routers and experts (Plan)
+  int attention_threads_ = 1;  // and to attention nodes
 };
 
 // The even split of `hardware_threads` among `data_plane_nodes` processes, at least 1 each.

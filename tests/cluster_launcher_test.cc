@@ -302,15 +302,17 @@ TEST(LocalClusterTest, ANodeWhosePortWasTakenStartsAgainOnAnother) {
   ASSERT_TRUE(completion);
   EXPECT_EQ(completion->status, 200) << completion->body;
 
-  // Each data-plane node got its share of this machine's threads (LocalClusterOptions::
-  // node_threads), unless the environment already names a count.
+  // Each router and expert node got its share of this machine's threads, the attention node all
+  // of them (LocalClusterOptions::node_threads), unless the environment already names a count.
   const char* inherited = std::getenv("K3SERVE_THREADS");
-  const std::string want = inherited != nullptr
-                               ? std::string(inherited)
-                               : absl::StrCat(SplitKernelThreads(
-                                     static_cast<int>(std::thread::hardware_concurrency()), 3));
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   for (const LocalCluster::Node& node : (*cluster)->nodes()) {
     if (node.role == NodeRole::kCoordinator || node.role == NodeRole::kHttp) continue;
+    const std::string want =
+        inherited != nullptr ? std::string(inherited)
+                             : absl::StrCat(node.role == NodeRole::kAttention
+                                                ? hardware
+                                                : SplitKernelThreads(hardware, 3));
     std::ifstream environ_file(absl::StrCat("/proc/", node.pid, "/environ"));
     std::string all((std::istreambuf_iterator<char>(environ_file)), {});
     const std::vector<std::string> entries = absl::StrSplit(all, '\0');
