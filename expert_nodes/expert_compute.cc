@@ -1,6 +1,7 @@
 #include "expert_nodes/expert_compute.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 
@@ -57,10 +58,22 @@ absl::Status RunExperts(const std::vector<GatedMlpWeights>& experts, const GluPa
              group.answer.data(), false, &group.mlp);
   };
   if (static_cast<int>(count) >= KernelThreadCount()) {
-    // Nested ParallelFor calls inside run inline, so each expert runs on one thread.
+    // Nested ParallelFor calls inside run inline, so each expert runs on one thread. The threads
+    // take experts one at a time, those with the most rows first: experts differ in their rows,
+    // and a thread that is slowed down (a busy machine) takes fewer, instead of holding up a
+    // fixed share.
+    std::vector<int32_t>& by_rows = scratch->by_rows;
+    by_rows.resize(count);
+    std::iota(by_rows.begin(), by_rows.end(), 0);
+    std::stable_sort(by_rows.begin(), by_rows.end(), [&](int32_t a, int32_t b) {
+      return groups[a].end - groups[a].begin > groups[b].end - groups[b].begin;
+    });
+    std::atomic<size_t> next{0};
     WakeKernelThreads();
-    ParallelFor(static_cast<int64_t>(count), 1, [&](int64_t first, int64_t last) {
-      for (int64_t g = first; g < last; ++g) run_group(groups[g]);
+    ParallelFor(KernelThreadCount(), 1, [&](int64_t, int64_t) {
+      for (size_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+        run_group(groups[by_rows[i]]);
+      }
     });
   } else {
     for (size_t g = 0; g < count; ++g) run_group(groups[g]);

@@ -27,6 +27,7 @@ struct ExpertScratch {
   };
   std::vector<Group> groups;
   std::vector<int32_t> order;
+  std::vector<int32_t> by_rows;  // groups, most rows first
 };
 
 // z: [rows, width]; out: [rows, width], overwritten. InvalidArgument for an out-of-range row or an
