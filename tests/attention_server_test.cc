@@ -301,6 +301,12 @@ TEST_F(AttentionServerTest, AdaptivePrefillWhileAStreamDecodesGivesTheSameTokens
 // that arrives later is prefilled first: it gets its token long before the long prompt does,
 // instead of queueing behind all of it. Tokens are unchanged.
 TEST_F(AttentionServerTest, AShortPromptIsNotQueuedBehindALongOneBeingAdmitted) {
+  // Steps of at most 64 tokens: the long prompt takes 24 or more, so what is left of it when the
+  // short one arrives cannot fit in the step that serves the short one (with the default 2048 a
+  // busy machine, whose slow steps let the chunks grow, could admit the rest in one step).
+  SchedulerOptions scheduler;
+  scheduler.max_batch_tokens = 64;
+  StartServer(scheduler);
   auto value = CounterValue;
   const std::vector<int32_t> running = Prompt(4, 31);
   constexpr int kRunningTokens = 600;
