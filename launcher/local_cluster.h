@@ -97,7 +97,8 @@ struct LocalClusterOptions {
   // path while the tiers behind it wait, and its extra threads block while it waits for them and
   // are woken only for products big enough to repay it (RestKernelThreads, WakeKernelThreads;
   // measured on 2 cores, A1/R1/E2, one stream: k3-perf 1.1-1.2x the tokens/s of 1 thread,
-  // k3-tiny within the noise). K3SERVE_THREADS in the launcher's or a site's environment wins.
+  // k3-tiny within the noise; 8 streams, where ping-pong micro-batches make the tiers compute at
+  // the same time, no worse). K3SERVE_THREADS in the launcher's or a site's environment wins.
   int node_threads = 0;
   // Picks `n` distinct ports for the nodes when base_port is 0. Null: free ports drawn at random
   // (see the file comment). Tests hand out a port that is already taken here.
