@@ -17,7 +17,6 @@
 // expert wait (wire both ways plus expert compute) per layer step, and the expert workers'
 // compute per request; wire = router expert wait - expert compute (roughly: one layer step may
 // ask several expert workers at once).
-#include <malloc.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -37,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
 #include "model/checkpoint.h"
@@ -355,10 +355,7 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace k3
 
 int main(int argc, char** argv) {
-  // The allocator settings k3serve's main uses (tools/k3serve_main.cc), so the in-process engine
-  // runs as `k3serve generate` does: large step buffers stay mapped instead of faulting in anew
-  // on every step.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // The settings of k3serve's main, so that the in-process engine runs as `k3serve generate` does.
+  k3::TuneServingProcess();
   return k3::Main(std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -8,7 +8,6 @@
 // Prints one line per shape: bytes per peer, rounds, p50/p99/mean round time, and the bytes moved
 // per second (2 * E * bytes per peer / mean round time).
 #include <fcntl.h>
-#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -30,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cluster/process_tuning.h"
 #include "cluster/ucx_transport.h"
 
 ABSL_FLAG(int, experts, 3, "expert processes (E)");
@@ -241,8 +241,7 @@ absl::Status RunRouter() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  k3::TuneServingProcess();
   if (absl::GetFlag(FLAGS_role) == "expert") return k3::RunExpert();
   absl::Status status = k3::RunRouter();
   if (!status.ok()) {

@@ -1,6 +1,5 @@
 // k3serve: one binary for every role and tool; the first argument picks the subcommand, and
 // `k3serve <command> --help` lists its flags.
-#include <malloc.h>
 
 #include <algorithm>
 #include <functional>
@@ -13,6 +12,7 @@
 
 #include "attention_nodes/attention_server.h"
 #include "cluster/command_line.h"
+#include "cluster/process_tuning.h"
 #include "coordinator/coordinator_main.h"
 #include "expert_nodes/expert_node.h"
 #include "http_front/http_front.h"
@@ -41,10 +41,7 @@ void AddCommand(CLI::App* top, std::vector<Command>* commands, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Data-plane buffers of 128 KiB and more would otherwise be fresh mappings on every step, and
-  // their page faults dominate an all-to-all round (measured in bench/transport_bench).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  k3::TuneServingProcess();
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
