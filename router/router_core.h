@@ -163,8 +163,8 @@ class RouterCore {
   void Finish(std::unique_ptr<PendingStep> step);
   // Answers a dispatched step with an error (recording its spans).
   void Fail(const PendingStep& step, const absl::Status& status);
-  // Answers a request that was held and never dispatched (`request`: the encoded MoeRequest, or
-  // empty) with an error, recording its spans as a step that waited for experts all along.
+  // Answers a request that was held and never dispatched (`request`: the encoded MoeRequest) with
+  // an error, recording its spans as a step that waited for experts all along.
   void FailHeld(PeerId origin, uint64_t origin_step, absl::Time start, const std::string& request,
                 const absl::Status& status);
   // The step's spans, one per trace context it carries (RouterCoreOptions::spans).
