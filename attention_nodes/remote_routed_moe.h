@@ -127,7 +127,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
     // place, or why there is none.
     bool done = false;
     absl::Status result;
-    std::string answer;
+    MessageBytes answer;
     size_t rows_offset = 0;
   };
 

@@ -83,7 +83,9 @@ int RunExpert() {
     } else if (received->bytes.empty()) {
       break;
     } else {
-      status = (*transport)->Send(kRouter, std::move(received->bytes));
+      // The answer is a new message of the same size, as an expert worker writes one (a lent
+      // receive buffer is copied into it; an owned one is sent back as it is).
+      status = (*transport)->Send(kRouter, std::move(received->bytes).TakeString());
     }
   }
   if (!status.ok()) std::cerr << "expert: " << status << "\n";

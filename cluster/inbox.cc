@@ -40,7 +40,7 @@ void Inbox::EnqueueLocked(uint64_t token, std::shared_ptr<Entry> entry) {
   queue_.push_back(std::move(entry));
 }
 
-void Inbox::Deliver(uint64_t token, std::string bytes) {
+void Inbox::Deliver(uint64_t token, MessageBytes bytes) {
   auto entry = std::make_shared<Entry>();
   entry->ready = true;
   entry->received.bytes = std::move(bytes);
@@ -60,7 +60,7 @@ Inbox::Slot Inbox::Reserve(uint64_t token) {
   return entry;
 }
 
-void Inbox::Fill(const Slot& slot, std::string bytes) {
+void Inbox::Fill(const Slot& slot, MessageBytes bytes) {
   absl::MutexLock lock(&mu_);
   if (slot->dropped) return;
   slot->received.bytes = std::move(bytes);

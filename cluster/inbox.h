@@ -45,11 +45,11 @@ class Inbox {
   void Unbind(uint64_t token);
 
   // A whole message from `token`.
-  void Deliver(uint64_t token, std::string bytes);
+  void Deliver(uint64_t token, MessageBytes bytes);
   // A message from `token` whose bytes will come later: Fill or Drop the slot exactly once. A slot
   // filled after its sender failed is still delivered, before the failure event.
   Slot Reserve(uint64_t token);
-  void Fill(const Slot& slot, std::string bytes);
+  void Fill(const Slot& slot, MessageBytes bytes);
   void Drop(const Slot& slot);
 
   // `token` died: unless it already failed, queues one kPeerFailed event (when bound) carrying

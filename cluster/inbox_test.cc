@@ -15,7 +15,7 @@ std::string Next(Inbox& inbox) {
   absl::StatusOr<Received> received = inbox.Receive(Soon());
   if (!received.ok()) return received.status().ToString();
   if (received->kind == Received::Kind::kPeerFailed) return absl::StrCat("failed:", received->from);
-  return absl::StrCat(received->from, ":", received->bytes);
+  return absl::StrCat(received->from, ":", std::string(received->bytes.view()));
 }
 
 TEST(InboxTest, DeliversInArrivalOrderUnderTheBoundName) {

@@ -28,7 +28,7 @@ std::string NextMessage(Transport& transport) {
   absl::StatusOr<Received> received = transport.Receive(absl::Now() + kWait);
   if (!received.ok()) return std::string(received.status().message());
   if (received->kind != Received::Kind::kMessage) return "failure";
-  return std::to_string(received->from) + ":" + received->bytes;
+  return std::to_string(received->from) + ":" + std::string(received->bytes.view());
 }
 
 TEST(PeerLinksTest, ConnectsAliveTargetsOnly) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/message_bytes.h"
 
 namespace k3 {
 
@@ -39,7 +40,9 @@ struct Received {
   };
   Kind kind = Kind::kMessage;
   PeerId from = 0;
-  std::string bytes;
+  // Owned, or lent by the transport (its receive buffer, read in place): keep it only as long as
+  // needed, and destroy it before the Transport.
+  MessageBytes bytes;
   absl::Status error;
 };
 

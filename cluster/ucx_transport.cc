@@ -28,6 +28,9 @@ namespace k3 {
 namespace {
 
 constexpr unsigned kAmId = 0x4b33;  // every message travels as this active message id
+// Received buffers are lent only at addresses aligned for any scalar a message holds (UCX's
+// shared-memory buffers are 8-byte aligned; moe_wire's in-place decoding needs 4).
+constexpr uintptr_t kLentAlignment = alignof(double);
 
 // The address: magic, version, token, host key, liveness port, IPv4 addresses, UCX worker address.
 constexpr uint32_t kAddressMagic = 0x58553b4b;
@@ -279,6 +282,35 @@ struct UcxTransport::RecvOp {
   std::string data;
 };
 
+// Between the transport and the borrowers of its receive buffers. `mu` is a leaf lock (taken under
+// the transport's mu_, never the other way round), so a borrower may let go anywhere, even while
+// holding the Inbox's or the transport's lock.
+struct UcxTransport::Lender {
+  absl::Mutex mu;
+  // Buffers let go of, for the next driver to release.
+  std::vector<void*> returned ABSL_GUARDED_BY(mu);
+  // Lent and not yet released to UCX (returned ones included).
+  int64_t outstanding ABSL_GUARDED_BY(mu) = 0;
+  // Set when the transport closed while buffers were still lent: the last one given back
+  // releases itself into this worker and then destroys the worker and the context.
+  ucp_worker_h orphan_worker ABSL_GUARDED_BY(mu) = nullptr;
+  ucp_context_h orphan_context ABSL_GUARDED_BY(mu) = nullptr;
+
+  void GiveBack(void* data) {
+    absl::MutexLock lock(&mu);
+    if (orphan_worker == nullptr) {
+      returned.push_back(data);
+      return;
+    }
+    ucp_am_data_release(orphan_worker, data);
+    if (--outstanding > 0) return;
+    ucp_worker_destroy(orphan_worker);
+    orphan_worker = nullptr;
+    if (orphan_context != nullptr) ucp_cleanup(orphan_context);
+    orphan_context = nullptr;
+  }
+};
+
 struct UcxTransport::CloseOp {
   UcxTransport* transport;
   Remote* remote_to_acknowledge;  // answer its BYE once closed; null for none
@@ -298,7 +330,8 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
         uint64_t token = 0;
         while (token == 0) token = (uint64_t{random()} << 32) ^ random();
         return token;
-      }()) {}
+      }()),
+      lender_(std::make_shared<Lender>()) {}
 
 absl::Status UcxTransport::Init() {
   host_key_ = HostKey();
@@ -649,7 +682,17 @@ void UcxTransport::Close() {
     ProgressLocked();
     const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
-    ucp_worker_destroy(worker_);
+    ReleaseReturnedLocked();
+    absl::MutexLock lend_lock(&lender_->mu);
+    if (lender_->outstanding > 0) {
+      // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory:
+      // the last one given back destroys the worker and the context.
+      lender_->orphan_worker = worker_;
+      lender_->orphan_context = context_;
+      context_ = nullptr;
+    } else {
+      ucp_worker_destroy(worker_);
+    }
     worker_ = nullptr;
   }
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -829,7 +872,20 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
   }
 }
 
+int UcxTransport::ReleaseReturnedLocked() {
+  std::vector<void*> returned;
+  {
+    absl::MutexLock lock(&lender_->mu);
+    if (lender_->returned.empty()) return 0;
+    returned.swap(lender_->returned);
+    lender_->outstanding -= static_cast<int64_t>(returned.size());
+  }
+  for (void* data : returned) ucp_am_data_release(worker_, data);
+  return static_cast<int>(returned.size());
+}
+
 bool UcxTransport::ProgressLocked() {
+  ReleaseReturnedLocked();
   bool progressed = false;
   while (ucp_worker_progress(worker_) != 0) progressed = true;
   while (!eps_to_force_close_.empty()) {
@@ -1061,6 +1117,19 @@ ucs_status_t UcxTransport::OnActiveMessage(void* arg, const void* header, size_t
   if (!valid) {
     LOG(WARNING) << "UCX transport: dropped a message with a " << header_length << "-byte header";
     return UCS_OK;
+  }
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0 &&
+      reinterpret_cast<uintptr_t>(data) % kLentAlignment == 0) {
+    // Read where UCX put it (ucx_transport.h, "Receiving in place").
+    {
+      absl::MutexLock lock(&self->lender_->mu);
+      ++self->lender_->outstanding;
+    }
+    self->inbox_.Deliver(token, MessageBytes::Lent(static_cast<const char*>(data), length,
+                                                   [lender = self->lender_, data] {
+                                                     lender->GiveBack(data);
+                                                   }));
+    return UCS_INPROGRESS;
   }
   self->inbox_.Deliver(token, std::string(static_cast<const char*>(data), length));
   return UCS_OK;

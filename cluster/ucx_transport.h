@@ -23,13 +23,24 @@
 // one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx directly, so a small
 // message costs no thread hop on the sending side either.
 //
-// Memory. Messages are std::strings, so with glibc's default malloc every buffer of 128 KiB or more
-// is a fresh mmap whose page faults cost more than the copy (3-10x slower rounds at 256 KiB on the
-// CI VM). Processes that move large messages should raise the thresholds at start, before threads:
-// mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30) (or the environment
-// MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824), as bench/transport_bench
-// does. Sends still in flight to a peer that died on shared memory are never completed by UCX 1.13
-// (a forced close does not cancel them there); their buffers are freed by Close.
+// Receiving in place. A message that arrived eagerly (UCX copied it into its own receive buffer)
+// is handed out where it lies: Received::bytes borrows UCX's buffer, and destroying it gives the
+// buffer back (ucp_am_data_release, done by the next thread that drives UCX). So a message's bytes
+// are copied once, by UCX on the sending side, and token rows are not copied out of the transport.
+// What UCX cannot lend (messages of a few dozen bytes, which take its short protocol; one-fragment
+// messages over TCP) or hands out at an address that is not 8-byte aligned (moe_wire's in-place
+// decoding needs 4) is copied into a std::string, and a rendezvous message is fetched straight into
+// one. A buffer still borrowed when the Transport is destroyed keeps UCX's worker alive until it
+// is given back; the last one destroys the worker.
+//
+// Memory. Sent messages are std::strings, so with glibc's default malloc every buffer of 128 KiB or
+// more is a fresh mmap whose page faults cost more than the copy (3-10x slower rounds at 256 KiB on
+// the CI VM). Processes that move large messages should raise the thresholds at start, before
+// threads: mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30) (or the
+// environment MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824), as
+// bench/transport_bench does. Sends still in flight to a peer that died on shared memory are never
+// completed by UCX 1.13 (a forced close does not cancel them there); their buffers are freed by
+// Close.
 //
 // Thread-safety: all methods, from any threads (see transport.h).
 #ifndef K3SERVE_CLUSTER_UCX_TRANSPORT_H_
@@ -105,6 +116,7 @@ class UcxTransport final : public Transport {
   struct SendOp;
   struct RecvOp;
   struct CloseOp;
+  struct Lender;
 
   explicit UcxTransport(const UcxTransportOptions& options);
   absl::Status Init();
@@ -118,6 +130,8 @@ class UcxTransport final : public Transport {
   // Runs UCX until it has nothing to do, then closes endpoints of peers that failed meanwhile.
   // Returns whether anything happened.
   bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives UCX back the receive buffers whose borrowers let go. Returns how many.
+  int ReleaseReturnedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
   void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,6 +181,8 @@ class UcxTransport final : public Transport {
   std::set<SendOp*> sends_ ABSL_GUARDED_BY(mu_);
   std::set<RecvOp*> recvs_ ABSL_GUARDED_BY(mu_);
   int pending_closes_ ABSL_GUARDED_BY(mu_) = 0;
+  // UCX receive buffers lent out as Received::bytes (shared with their borrowers).
+  const std::shared_ptr<Lender> lender_;
   // Endpoints of failed peers, force-closed after the current progress call returns.
   std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;

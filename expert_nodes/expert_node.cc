@@ -104,7 +104,7 @@ class ExpertNode final : public RoleHooks {
   void Retain();
   void PublishStatus();
   // Answers a request (see ExpertWorker::Handle for `may_defer`) and records it in the metrics.
-  void Serve(const Received& received, bool may_defer);
+  void Serve(Received received, bool may_defer);
   // Hands deferred requests to the current worker: all of them, or those past their limit.
   void ServeDeferred(bool all);
   // Starts draining (the coordinator's drain flag, or SIGTERM through DrainFirst).
@@ -248,7 +248,7 @@ void ExpertNode::Pump() {
   RestKernelThreads();  // nothing to compute until a message arrives
   absl::StatusOr<Received> received = transport_->Receive(absl::Now() + kPollInterval);
   if (received.ok()) {
-    Serve(*received, /*may_defer=*/true);
+    Serve(std::move(*received), /*may_defer=*/true);
   } else if (received.status().code() == absl::StatusCode::kCancelled) {
     Fail(received.status());
     return;  // the transport is gone: no more turns
@@ -265,7 +265,7 @@ void ExpertNode::Pump() {
   actor_->Post([this] { Pump(); });
 }
 
-void ExpertNode::Serve(const Received& received, bool may_defer) {
+void ExpertNode::Serve(Received received, bool may_defer) {
   if (received.kind == Received::Kind::kPeerFailed) {
     links_->MarkFailed(received.from, received.error);
     return;
@@ -275,7 +275,7 @@ void ExpertNode::Serve(const Received& received, bool may_defer) {
   const int64_t rows_before = worker_->rows_processed();
   ExpertWorker::Outcome outcome = worker_->Handle(transport_.get(), received, may_defer);
   if (outcome.deferred) {
-    deferred_.push_back(Deferred{received, start + kDeferLimit});
+    deferred_.push_back(Deferred{std::move(received), start + kDeferLimit});
     return;
   }
   metrics_.seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -292,7 +292,7 @@ void ExpertNode::ServeDeferred(bool all) {
   waiting.swap(deferred_);
   for (Deferred& entry : waiting) {
     if (all || now >= entry.until) {
-      Serve(entry.received, /*may_defer=*/now < entry.until);
+      Serve(std::move(entry.received), /*may_defer=*/now < entry.until);
     } else {
       deferred_.push_back(std::move(entry));
     }
@@ -565,7 +565,7 @@ void ExpertNode::Shutdown() {
           // timeout.
           std::deque<Deferred> deferred;
           deferred.swap(deferred_);
-          for (const Deferred& entry : deferred) Serve(entry.received, /*may_defer=*/false);
+          for (Deferred& entry : deferred) Serve(std::move(entry.received), /*may_defer=*/false);
           absl::StatusOr<int64_t> rss = ResidentBytes();
           LOG(INFO) << name_ << " computed " << worker_->rows_processed()
                     << " rows; selected weights "

@@ -28,7 +28,7 @@ const float* PendingStep::Partial(size_t slot) const {
   return reinterpret_cast<const float*>(answers[slot].data() + partial_at[slot]);
 }
 
-PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, std::string message) {
+PendingSteps::Answer PendingSteps::OnAnswer(PeerId node, MessageBytes message) {
   Answer answer;
   ExpertResponse response;
   absl::Span<const float> partial;

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "cluster/message_bytes.h"
 #include "cluster/trace_context.h"
 #include "cluster/transport.h"
 #include "moe/moe_wire.h"
@@ -40,12 +41,12 @@ struct PendingStep {
   bool resent = false;     // some rows went again to a replica (its time is no round trip)
   // The encoded MoeRequest: planned again from scratch when rows find no live host (a lost
   // expert the coordinator is moving, router/router_core.h).
-  std::string request;
+  MessageBytes request;
   RouterStep step;
   // Per worker slot: the node the rows went to (0: the slot got no rows), and its answer: the
   // ExpertResponse message, whose partial sums are read in place (Partial).
   std::vector<PeerId> nodes;
-  std::vector<std::string> answers;
+  std::vector<MessageBytes> answers;
   std::vector<size_t> partial_at;  // where in answers[slot] the partial sums start
   std::vector<bool> answered;
   int outstanding = 0;  // slots with rows and no answer yet
@@ -93,7 +94,7 @@ class PendingSteps {
   // replica) counts when well-formed (the same rows, computed by another host) and is dropped
   // otherwise. A kFailed error keeps the worker's status code; a malformed answer whose step id
   // was read fails its step with INTERNAL.
-  Answer OnAnswer(PeerId node, std::string message);
+  Answer OnAnswer(PeerId node, MessageBytes message);
 
   // Removes and returns the steps still owed an answer by `node`, in id order.
   std::vector<std::unique_ptr<PendingStep>> TakeWaitingOn(PeerId node);

@@ -286,7 +286,7 @@ bool RouterCore::ApplyClusterState() {
 }
 
 void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start,
-                            std::string request, PeerId node, const absl::Status& why) {
+                            MessageBytes request, PeerId node, const absl::Status& why) {
   // The coordinator's verdict on this node's death, which it may not have noticed yet (the
   // transport reports a dead process at once), or on the experts it already knows are lost.
   const auto unrecoverable = unrecoverable_losses_.find(static_cast<uint32_t>(node));
@@ -376,7 +376,7 @@ absl::Status RouterCore::WorkerStatus(int worker) const {
   return NodeStatus(placement_.worker_nodes[worker]);
 }
 
-void RouterCore::HandleMoeRequest(PeerId from, std::string bytes, absl::Time start,
+void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time start,
                                   bool held) {
   MoeRequest request;
   absl::Span<const float> rows;  // read in place, inside `bytes`
@@ -549,7 +549,7 @@ void RouterCore::RecordRoundTrip(absl::Duration round_trip) {
       std::max(options_.expert_retry_floor, sorted[p99] * options_.expert_retry_p99_factor);
 }
 
-void RouterCore::HandleExpertResponse(PeerId from, std::string bytes) {
+void RouterCore::HandleExpertResponse(PeerId from, MessageBytes bytes) {
   if (auto suspect = suspects_.find(from); suspect != suspects_.end()) {
     LOG(INFO) << WorkerName(from) << " answers again; it no longer counts as lost";
     suspects_.erase(suspect);
@@ -626,7 +626,7 @@ void RouterCore::Fail(const PendingStep& step, const absl::Status& status) {
 }
 
 void RouterCore::FailHeld(PeerId origin, uint64_t origin_step, absl::Time start,
-                          const std::string& request, const absl::Status& status) {
+                          std::string_view request, const absl::Status& status) {
   PendingStep step;
   step.origin = origin;
   step.origin_step = origin_step;
@@ -791,7 +791,7 @@ bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
   }
   // The slot answers nothing now; one new slot per target does.
   step.step.plan.workers[slot] = WorkerDispatch();
-  step.answers[slot].clear();
+  step.answers[slot] = MessageBytes();
   step.answered[slot] = true;
   step.requests[slot].clear();
   --step.outstanding;

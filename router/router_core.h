@@ -59,6 +59,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -150,22 +151,22 @@ class RouterCore {
   bool ApplyClusterState();
   void ApplyBias();
   // `start`: when the request first arrived; `held`: a held request planned again.
-  void HandleMoeRequest(PeerId from, std::string bytes, absl::Time start, bool held = false);
+  void HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time start, bool held = false);
   // Holds a request whose rows need an expert without a live host (see the file comment), or
   // fails it when the coordinator says the experts cannot move or it waited step_timeout.
-  void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, std::string request,
+  void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, MessageBytes request,
                   PeerId node, const absl::Status& why);
   // Plans the held requests again (all: a new cluster state) or fails those held too long.
   void RetryHeld();
   void ExpireHeld(absl::Time now);
-  void HandleExpertResponse(PeerId from, std::string bytes);
+  void HandleExpertResponse(PeerId from, MessageBytes bytes);
   void ExpireSteps(absl::Time now);
   void Finish(std::unique_ptr<PendingStep> step);
   // Answers a dispatched step with an error (recording its spans).
   void Fail(const PendingStep& step, const absl::Status& status);
   // Answers a request that was held and never dispatched (`request`: the encoded MoeRequest) with
   // an error, recording its spans as a step that waited for experts all along.
-  void FailHeld(PeerId origin, uint64_t origin_step, absl::Time start, const std::string& request,
+  void FailHeld(PeerId origin, uint64_t origin_step, absl::Time start, std::string_view request,
                 const absl::Status& status);
   // The step's spans, one per trace context it carries (RouterCoreOptions::spans).
   void RecordSpans(const PendingStep& step, absl::Time end, absl::Duration compute,
@@ -228,7 +229,7 @@ class RouterCore {
     PeerId origin = 0;
     uint64_t origin_step = 0;
     absl::Time start;
-    std::string request;  // the encoded MoeRequest
+    MessageBytes request;  // the encoded MoeRequest
     PeerId node = 0;      // the lost worker
     absl::Status why;     // why, for the error if it is never planned
   };
