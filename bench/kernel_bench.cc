@@ -11,7 +11,9 @@
 // Times are per call; "best" is the 10th percentile of calls, "median" the median. k3 and oneDNN
 // run in alternating rounds. The machine is shared and noisy: compare ratios measured in the same
 // run, and the limits are taken as the best of a measurement before and one after. (e) MXFP4
-// expert products at K3's expert shapes (16 experts per step) against read bandwidth, beside BF16.
+// expert products at K3's expert shapes (16 experts per step) against read bandwidth, beside BF16,
+// and for 1 token also on one thread, which tells whether the product is bound by memory or by
+// instructions.
 
 #include <immintrin.h>
 
@@ -312,8 +314,20 @@ struct Mxfp4Row {
   const char* name;
   int64_t out, in, tokens;
   Stats mxfp4, bf16;
+  // 1 token only: the same products on one thread (the pool's other threads idle), to tell a
+  // product bound by instruction throughput (it scales with threads) from one bound by bandwidth.
+  bool has_one_thread = false;
+  Stats mxfp4_one_thread, bf16_one_thread;
   double mxfp4_bytes, bf16_bytes;  // weight bytes per step
 };
+
+// Runs fn on one thread of the kernel pool: a two-chunk job whose second chunk is empty, so the
+// products inside it run inline (kernels/thread_pool.h: nested ParallelFor calls do).
+void OnOneThread(const std::function<void()>& fn) {
+  k3::ParallelFor(2, 1, [&](int64_t begin, int64_t) {
+    if (begin == 0) fn();
+  });
+}
 
 // One decode step's worth of expert products at K3's expert shapes: 16 experts, each a product
 // with its own cold weights, for 1, 4 and 16 tokens per expert; MXFP4 against BF16 in alternating
@@ -354,6 +368,12 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
       std::tie(row.mxfp4, row.bf16) = TimePair(
           1 << 30, [&](int i) { step(WeightType::kMxfp4, i); },
           [&](int i) { step(WeightType::kBf16, i); });
+      if (m == 1 && KernelThreadCount() > 1) {
+        row.has_one_thread = true;
+        std::tie(row.mxfp4_one_thread, row.bf16_one_thread) = TimePair(
+            1 << 30, [&](int i) { OnOneThread([&] { step(WeightType::kMxfp4, i); }); },
+            [&](int i) { OnOneThread([&] { step(WeightType::kBf16, i); }); });
+      }
       row.mxfp4_bytes = kExperts * (weights / 2.0 + weights / 32.0);
       row.bf16_bytes = kExperts * weights * 2.0;
       rows.push_back(row);
@@ -381,6 +401,21 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
                 static_cast<long long>(r.tokens), r.mxfp4.best * 1e6, r.mxfp4.median * 1e6, mx_gbs,
                 mx_gbs / limits.read_gbs, r.bf16.best * 1e6, bf16_gbs, bf16_gbs / limits.read_gbs,
                 r.bf16.best / r.mxfp4.best);
+  }
+  std::printf(
+      "\n1 token on one thread vs all %d (weights cold as above). BF16 on one thread shows what one\n"
+      "core can read; MXFP4 on one thread below that is bound by the core's instruction\n"
+      "throughput, not by memory, and gains only from more cores:\n",
+      KernelThreadCount());
+  for (const Mxfp4Row& r : rows) {
+    if (!r.has_one_thread) continue;
+    const double mx1 = r.mxfp4_bytes / r.mxfp4_one_thread.best / 1e9;
+    const double mxn = r.mxfp4_bytes / r.mxfp4.best / 1e9;
+    const double bf1 = r.bf16_bytes / r.bf16_one_thread.best / 1e9;
+    const double bfn = r.bf16_bytes / r.bf16.best / 1e9;
+    std::printf("  %-6s MXFP4 %5.1f -> %5.1f GB/s (%.2fx), BF16 %5.1f -> %5.1f GB/s (%.2fx); "
+                "read bandwidth %.1f GB/s\n",
+                r.name, mx1, mxn, mxn / mx1, bf1, bfn, bfn / bf1, limits.read_gbs);
   }
 }
 
