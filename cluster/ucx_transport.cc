@@ -682,8 +682,10 @@ void UcxTransport::Close() {
     ProgressLocked();
     const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
-    ReleaseReturnedLocked();
-    absl::MutexLock lend_lock(&lender_->mu);
+    absl::MutexLock lend_lock(&lender_->mu);  // from here on borrowers wait, then see the orphan
+    for (void* data : lender_->returned) ucp_am_data_release(worker_, data);
+    lender_->outstanding -= static_cast<int64_t>(lender_->returned.size());
+    lender_->returned.clear();
     if (lender_->outstanding > 0) {
       // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory:
       // the last one given back destroys the worker and the context.
