@@ -37,7 +37,7 @@ class MessageBytes {
   const char* data() const { return lent_ ? lent_data_ : owned_.data(); }
   size_t size() const { return lent_ ? lent_size_ : owned_.size(); }
   bool empty() const { return size() == 0; }
-  // Whether the bytes are a transport's buffer (for tests and metrics).
+  // Whether the bytes are a transport's buffer (for tests).
   bool lent() const { return lent_; }
   std::string_view view() const { return std::string_view(data(), size()); }
   operator std::string_view() const { return view(); }  // NOLINT(runtime/explicit)
