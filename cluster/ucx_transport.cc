@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -289,6 +290,8 @@ struct UcxTransport::Lender {
   absl::Mutex mu;
   // Buffers let go of, for the next driver to release.
   std::vector<void*> returned ABSL_GUARDED_BY(mu);
+  // Whether `returned` may be non-empty: read without the lock by drivers polling UCX in a loop.
+  std::atomic<bool> any_returned{false};
   // Lent and not yet released to UCX (returned ones included).
   int64_t outstanding ABSL_GUARDED_BY(mu) = 0;
   // Set when the transport closed while buffers were still lent: the last one given back
@@ -300,6 +303,7 @@ struct UcxTransport::Lender {
     absl::MutexLock lock(&mu);
     if (orphan_worker == nullptr) {
       returned.push_back(data);
+      any_returned.store(true, std::memory_order_release);
       return;
     }
     ucp_am_data_release(orphan_worker, data);
@@ -875,9 +879,11 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
 }
 
 int UcxTransport::ReleaseReturnedLocked() {
+  if (!lender_->any_returned.load(std::memory_order_acquire)) return 0;
   std::vector<void*> returned;
   {
     absl::MutexLock lock(&lender_->mu);
+    lender_->any_returned.store(false, std::memory_order_relaxed);
     if (lender_->returned.empty()) return 0;
     returned.swap(lender_->returned);
     lender_->outstanding -= static_cast<int64_t>(returned.size());
