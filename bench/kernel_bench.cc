@@ -403,8 +403,8 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
                 r.bf16.best / r.mxfp4.best);
   }
   std::printf(
-      "\n1 token on one thread vs all %d (weights cold as above). BF16 on one thread shows what one\n"
-      "core can read; MXFP4 on one thread below that is bound by the core's instruction\n"
+      "\n1 token on one thread vs all %d (weights cold as above). BF16 on one thread shows what\n"
+      "one core can read; MXFP4 on one thread below that is bound by the core's instruction\n"
       "throughput, not by memory, and gains only from more cores:\n",
       KernelThreadCount());
   for (const Mxfp4Row& r : rows) {

@@ -299,6 +299,15 @@ struct UcxTransport::Lender {
   ucp_worker_h orphan_worker ABSL_GUARDED_BY(mu) = nullptr;
   ucp_context_h orphan_context ABSL_GUARDED_BY(mu) = nullptr;
 
+  // Empties `returned` (those buffers are no longer lent) for the caller to release to UCX.
+  std::vector<void*> TakeReturned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<void*> taken;
+    taken.swap(returned);
+    outstanding -= static_cast<int64_t>(taken.size());
+    any_returned.store(false, std::memory_order_relaxed);
+    return taken;
+  }
+
   void GiveBack(void* data) {
     absl::MutexLock lock(&mu);
     if (orphan_worker == nullptr) {
@@ -687,9 +696,7 @@ void UcxTransport::Close() {
     const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
     absl::MutexLock lend_lock(&lender_->mu);  // from here on borrowers wait, then see the orphan
-    for (void* data : lender_->returned) ucp_am_data_release(worker_, data);
-    lender_->outstanding -= static_cast<int64_t>(lender_->returned.size());
-    lender_->returned.clear();
+    for (void* data : lender_->TakeReturned()) ucp_am_data_release(worker_, data);
     if (lender_->outstanding > 0) {
       // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory:
       // the last one given back destroys the worker and the context.
@@ -878,18 +885,14 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
   }
 }
 
-int UcxTransport::ReleaseReturnedLocked() {
-  if (!lender_->any_returned.load(std::memory_order_acquire)) return 0;
+void UcxTransport::ReleaseReturnedLocked() {
+  if (!lender_->any_returned.load(std::memory_order_acquire)) return;
   std::vector<void*> returned;
   {
     absl::MutexLock lock(&lender_->mu);
-    lender_->any_returned.store(false, std::memory_order_relaxed);
-    if (lender_->returned.empty()) return 0;
-    returned.swap(lender_->returned);
-    lender_->outstanding -= static_cast<int64_t>(returned.size());
+    returned = lender_->TakeReturned();
   }
   for (void* data : returned) ucp_am_data_release(worker_, data);
-  return static_cast<int>(returned.size());
 }
 
 bool UcxTransport::ProgressLocked() {

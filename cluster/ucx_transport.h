@@ -130,8 +130,8 @@ class UcxTransport final : public Transport {
   // Runs UCX until it has nothing to do, then closes endpoints of peers that failed meanwhile.
   // Returns whether anything happened.
   bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives UCX back the receive buffers whose borrowers let go. Returns how many.
-  int ReleaseReturnedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives UCX back the receive buffers whose borrowers let go.
+  void ReleaseReturnedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
   void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -175,7 +175,8 @@ int RunGroupChild(const std::string& role) {
 // "clean" if it never saw a failure, else "failed <error>".
 int RunEchoChild() {
   absl::StatusOr<std::unique_ptr<UcxTransport>> created =
-      UcxTransport::Create(OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES"), getenv("K3_EAGER_LIMIT")));
+      UcxTransport::Create(
+          OptionsFor(getenv("K3_TLS"), getenv("K3_NET_DEVICES"), getenv("K3_EAGER_LIMIT")));
   if (!created.ok()) {
     Say(absl::StrCat("error ", created.status().ToString()));
     return 1;
