@@ -2,6 +2,7 @@
 //
 //   bazel run //bench:kernel_bench            (about a minute; needs ~1.3 GB of memory)
 //   bazel run //bench:kernel_bench -- --mxfp4-only     (just the limits and (e))
+//   bazel run //bench:kernel_bench -- --decode-only    (just the limits and (f))
 //
 // Prints (a) read bandwidth (2 threads streaming a 1 GiB buffer), (b) fp32 FMA and bf16 vdpbf16ps
 // peaks (2 threads, independent accumulators), (c) k3::MatMul on M x K x N = tokens x in x out with
@@ -13,7 +14,8 @@
 // run, and the limits are taken as the best of a measurement before and one after. (e) MXFP4
 // expert products at K3's expert shapes (16 experts per step) against read bandwidth, beside BF16,
 // and for 1 token also on one thread, which tells whether the product is bound by memory or by
-// instructions.
+// instructions. (f) BF16 1-token products at the sizes of a k3-perf decode step, weights cold in
+// scattered order, on one thread and on all.
 
 #include <immintrin.h>
 
@@ -419,6 +421,62 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
   }
 }
 
+// ---- (f) decode-sized BF16 products -----------------------------------------------------------
+
+struct DecodeRow {
+  const char* name;
+  int64_t out, in;
+  Stats one_thread, all_threads;
+};
+
+// One token through BF16 matrices of the sizes a k3-perf decode step multiplies (spec 12.6) and one
+// of K3's, each call on the next matrix of a scattered order over the 1 GiB pool (a decode step
+// reads its routed experts wherever the router sends it, not one after another), on one thread
+// and on all. Small matrices stream slower per core than large ones: this shows how much.
+std::vector<DecodeRow> BenchDecodeShapes(uint32_t* weight_pool) {
+  std::vector<DecodeRow> rows;
+  std::printf("Timing decode-sized products");
+  std::fflush(stdout);
+  std::vector<float> x(8192, 0.5f), y(8192);
+  for (DecodeRow row : {DecodeRow{"k3-perf routed expert", 512, 512},
+                        DecodeRow{"k3-perf attention", 1024, 1024},
+                        DecodeRow{"k3-perf shared gate/up", 2048, 1024},
+                        DecodeRow{"k3-perf lm_head", 4096, 1024},
+                        DecodeRow{"K3 expert w1 (BF16)", 3072, 3584}}) {
+    const int64_t bytes = row.out * row.in * 2;
+    const int64_t copies = static_cast<int64_t>(kStreamBytes) / bytes;
+    const char* base = reinterpret_cast<const char*>(weight_pool);
+    auto call = [&](int i) {
+      // A multiplicative hash of i: consecutive calls land far apart in the pool.
+      const int64_t copy = static_cast<int64_t>((static_cast<uint64_t>(i) * 2654435761u) % copies);
+      WeightMatrix w{base + copy * bytes, WeightType::kBf16, row.out, row.in};
+      MatMul(w, x.data(), row.in, 1, y.data(), row.out, false);
+    };
+    std::tie(row.one_thread, row.all_threads) = TimePair(
+        1 << 30, [&](int i) { OnOneThread([&] { call(i); }); }, call);
+    rows.push_back(row);
+    std::printf(".");
+    std::fflush(stdout);
+  }
+  std::printf("\n");
+  return rows;
+}
+
+void PrintDecodeShapes(const std::vector<DecodeRow>& rows, const Limits& limits) {
+  std::printf(
+      "\nBF16 1-token products at decode sizes, weights cold in scattered order (best = 10th\n"
+      "percentile): GB/s of weights on one thread and on all %d, and the latter as a fraction of\n"
+      "read bandwidth (%.1f GB/s):\n",
+      KernelThreadCount(), limits.read_gbs);
+  for (const DecodeRow& r : rows) {
+    const double bytes = r.out * r.in * 2.0;
+    const double one = bytes / r.one_thread.best / 1e9, all = bytes / r.all_threads.best / 1e9;
+    std::printf("  %-24s %5lld x %4lld  %5.2f MB  1 thread %5.1f GB/s  all %5.1f GB/s  %5.2f\n",
+                r.name, static_cast<long long>(r.out), static_cast<long long>(r.in), bytes / 1e6,
+                one, all, all / limits.read_gbs);
+  }
+}
+
 }  // namespace
 }  // namespace k3::bench
 
@@ -445,15 +503,24 @@ int main(int argc, char** argv) {
     std::printf("\ntotal %.0f s\n", Now() - start);
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "--decode-only") {
+    std::vector<DecodeRow> rows = BenchDecodeShapes(pool.get());
+    limits = BestOf(limits, MeasureMachineLimits());
+    PrintDecodeShapes(rows, limits);
+    std::printf("\ntotal %.0f s\n", Now() - start);
+    return 0;
+  }
   ThreadPoolOverhead();
   std::vector<Row> rows = BenchShapes(pool.get());
   std::vector<Mxfp4Row> mxfp4_rows = BenchMxfp4(pool.get());
+  std::vector<DecodeRow> decode_rows = BenchDecodeShapes(pool.get());
   limits = BestOf(limits, MeasureMachineLimits());
   std::printf("\nLimits (best of before and after): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 %.0f "
               "GFLOP/s\n\n",
               limits.read_gbs, limits.fma_gflops, limits.bf16_gflops);
   PrintTable(rows, limits);
   PrintMxfp4(mxfp4_rows, limits);
+  PrintDecodeShapes(decode_rows, limits);
   std::printf("\ntotal %.0f s\n", Now() - start);
   return 0;
 }
