@@ -16,11 +16,6 @@ namespace {
 
 // Process-wide, so that two RemoteRoutedMoe objects (or a restarted one) never reuse an id a
 // router might still answer.
-// Round trips the step deadline is computed from, how often it is recomputed, and how many it
-// waits for before the first time (until then: the floor).
-constexpr size_t kRoundTripWindow = 512;
-constexpr size_t kRecomputeEvery = 32;
-constexpr size_t kMinRoundTrips = 32;
 // How often a waiting Wait looks whether its router is still listed.
 constexpr absl::Duration kRecheck = absl::Milliseconds(50);
 
@@ -37,7 +32,7 @@ RemoteRoutedMoe::RemoteRoutedMoe(Transport* transport, const ModelConfig& config
       hidden_size_(config.hidden_size),
       expert_width_(config.ExpertWidth()),
       options_(std::move(options)),
-      step_deadline_(options_.retry_floor) {}
+      step_deadline_(options_.retry_floor, options_.retry_p99_factor) {}
 
 void RemoteRoutedMoe::SetRouters(std::vector<PeerId> routers) {
   absl::MutexLock lock(&mu_);
@@ -59,20 +54,6 @@ bool RemoteRoutedMoe::Usable(PeerId router) const {
   return std::find(routers_.begin(), routers_.end(), router) != routers_.end();
 }
 
-void RemoteRoutedMoe::RecordRoundTrip(absl::Duration round_trip) {
-  if (round_trips_.size() < kRoundTripWindow) {
-    round_trips_.push_back(round_trip);
-  } else {
-    round_trips_[next_round_trip_ % kRoundTripWindow] = round_trip;
-  }
-  ++next_round_trip_;
-  if (round_trips_.size() < kMinRoundTrips || next_round_trip_ % kRecomputeEvery != 0) return;
-  std::vector<absl::Duration> sorted = round_trips_;
-  const size_t p99 = sorted.size() * 99 / 100;
-  std::nth_element(sorted.begin(), sorted.begin() + p99, sorted.end());
-  step_deadline_ = std::max(options_.retry_floor, sorted[p99] * options_.retry_p99_factor);
-}
-
 absl::Status RemoteRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   if (in_flight_.size() >= kConcurrency) {
     return absl::FailedPreconditionError(
@@ -89,7 +70,7 @@ absl::Status RemoteRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
     in_flight_.clear();  // the step fails: nobody waits for the others
     return s;
   }
-  begun.retry_at = now + step_deadline_;
+  begun.retry_at = now + step_deadline_.deadline();
   return absl::OkStatus();
 }
 
@@ -157,7 +138,7 @@ void RemoteRoutedMoe::MaybeRetry(InFlight& layer, absl::Time now) {
   if (!gone && !late) return;
   layer.last_superseded = true;
   const bool newly_suspect = late && !gone && suspects_.insert(last).second;
-  layer.retry_at = now + step_deadline_;
+  layer.retry_at = now + step_deadline_.deadline();
   // With nobody else to ask now, keep waiting for what is in flight; look again later.
   if (!SendToNextRouter(layer).ok()) return;
   retries_.fetch_add(1, std::memory_order_relaxed);
@@ -167,7 +148,7 @@ void RemoteRoutedMoe::MaybeRetry(InFlight& layer, absl::Time now) {
   } else if (newly_suspect) {
     LOG(WARNING) << "router " << last << " did not answer MoE layer " << layer.layer << " ("
                  << layer.tokens << " rows) within the step deadline of "
-                 << absl::FormatDuration(step_deadline_) << "; sending it to router "
+                 << absl::FormatDuration(step_deadline_.deadline()) << "; sending it to router "
                  << layer.tried.back() << " and no new layers to router " << last
                  << " until it answers";
   }
@@ -242,7 +223,7 @@ void RemoteRoutedMoe::Deliver(Received received) {
                absl::UnavailableError(absl::StrCat(received.error.message(), "; ", s.message())));
         continue;
       }
-      layer.retry_at = absl::Now() + step_deadline_;
+      layer.retry_at = absl::Now() + step_deadline_.deadline();
     }
     return;
   }
@@ -287,7 +268,7 @@ void RemoteRoutedMoe::Deliver(Received received) {
                                << "; trying another router";
       if (SendToNextRouter(*layer).ok()) {
         retries_.fetch_add(1, std::memory_order_relaxed);
-        layer->retry_at = absl::Now() + step_deadline_;
+        layer->retry_at = absl::Now() + step_deadline_.deadline();
         return;
       }
     }
@@ -303,7 +284,7 @@ void RemoteRoutedMoe::Deliver(Received received) {
                        " x ", expert_width_)));
     return;
   }
-  RecordRoundTrip(absl::Now() - sent);
+  step_deadline_.Record(absl::Now() - sent);
   layer->rows_offset = static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) -
                                            received.bytes.data());
   layer->answer = std::move(received.bytes);

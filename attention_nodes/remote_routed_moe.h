@@ -53,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/retry_deadline.h"
 #include "cluster/transport.h"
 #include "model/config.h"
 #include "moe/routed_moe.h"
@@ -104,7 +105,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
   // Any thread.
   uint64_t retries() const { return retries_.load(std::memory_order_relaxed); }
   // The current step deadline (see RemoteRoutedMoeOptions). Stepping thread.
-  absl::Duration step_deadline() const { return step_deadline_; }
+  absl::Duration step_deadline() const { return step_deadline_.deadline(); }
 
  private:
   struct Attempt {
@@ -145,7 +146,6 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void Settle(InFlight& layer, absl::Status result);
   void DropRouter(PeerId router);
   bool Usable(PeerId router) const;
-  void RecordRoundTrip(absl::Duration round_trip);
 
   Transport* const transport_;
   const int hidden_size_;
@@ -161,9 +161,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
   std::vector<TraceContext> traces_;  // sent with every MoeRequest (SetTraces)
   std::set<PeerId> suspects_;       // late routers that have not answered since
   uint64_t stale_answers_ = 0;
-  std::vector<absl::Duration> round_trips_;  // a ring of the last kRoundTripWindow answered layers
-  size_t next_round_trip_ = 0;
-  absl::Duration step_deadline_;
+  RetryDeadline step_deadline_;  // from the answered layers' round trips
   std::atomic<uint64_t> retries_{0};
 };
 

@@ -18,11 +18,6 @@ namespace pb = k3serve::cluster::v1;
 
 namespace {
 
-// Expert round trips the expert deadline is computed from, how often it is recomputed, and how
-// many it waits for before the first time (until then: the floor).
-constexpr size_t kRoundTripWindow = 512;
-constexpr size_t kRecomputeEvery = 32;
-constexpr size_t kMinRoundTrips = 32;
 // How often held steps (router_core.h) are planned again without a new cluster state: a link that
 // comes up changes no state.
 constexpr absl::Duration kHeldRetry = absl::Milliseconds(100);
@@ -128,7 +123,7 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       stats_(std::move(stats)),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
       placement_problem_("no cluster state from the coordinator yet"),
-      expert_deadline_(options.expert_retry_floor) {
+      expert_deadline_(options.expert_retry_floor, options.expert_retry_p99_factor) {
   if (metrics_ != nullptr && options.per_expert_metrics) {
     metrics_->EnablePerExpert(metrics, config_.num_experts);
   }
@@ -531,22 +526,7 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
 absl::Time RouterCore::StepDeadline(absl::Time now, absl::Time timeout_at) const {
   // Without replicas there is nowhere to send rows again: only the step timeout counts.
   if (!has_replicas_) return timeout_at;
-  return std::min(timeout_at, now + expert_deadline_);
-}
-
-void RouterCore::RecordRoundTrip(absl::Duration round_trip) {
-  if (round_trips_.size() < kRoundTripWindow) {
-    round_trips_.push_back(round_trip);
-  } else {
-    round_trips_[next_round_trip_ % kRoundTripWindow] = round_trip;
-  }
-  ++next_round_trip_;
-  if (round_trips_.size() < kMinRoundTrips || next_round_trip_ % kRecomputeEvery != 0) return;
-  std::vector<absl::Duration> sorted = round_trips_;
-  const size_t p99 = sorted.size() * 99 / 100;
-  std::nth_element(sorted.begin(), sorted.begin() + p99, sorted.end());
-  expert_deadline_ =
-      std::max(options_.expert_retry_floor, sorted[p99] * options_.expert_retry_p99_factor);
+  return std::min(timeout_at, now + expert_deadline_.deadline());
 }
 
 void RouterCore::HandleExpertResponse(PeerId from, MessageBytes bytes) {
@@ -565,7 +545,7 @@ void RouterCore::HandleExpertResponse(PeerId from, MessageBytes bytes) {
     case PendingSteps::Outcome::kWaiting:
       return;
     case PendingSteps::Outcome::kComplete:
-      if (!answer.step->resent) RecordRoundTrip(absl::Now() - answer.step->dispatched);
+      if (!answer.step->resent) expert_deadline_.Record(absl::Now() - answer.step->dispatched);
       Finish(std::move(answer.step));
       return;
     case PendingSteps::Outcome::kFailed:
@@ -663,7 +643,7 @@ void RouterCore::ExpireSteps(absl::Time now) {
       for (PeerId node : slow) {
         if (slow_.insert(node).second) {
           LOG(WARNING) << WorkerName(node) << " did not answer a step within the expert deadline "
-                       << "of " << absl::FormatDuration(expert_deadline_)
+                       << "of " << absl::FormatDuration(expert_deadline_.deadline())
                        << "; its rows go to replicas until it answers again";
         }
         ResendWaitingOnSlow(node);

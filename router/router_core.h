@@ -69,6 +69,7 @@
 #include "absl/time/time.h"
 #include "moe/cluster_placement.h"
 #include "cluster/metrics.h"
+#include "cluster/retry_deadline.h"
 #include "cluster/span_log.h"
 #include "cluster/transport.h"
 #include "model/weights.h"
@@ -186,7 +187,6 @@ class RouterCore {
   void ResendWaitingOnSlow(PeerId node);
   // The deadline of a step whose requests went out at `now`.
   absl::Time StepDeadline(absl::Time now, absl::Time timeout_at) const;
-  void RecordRoundTrip(absl::Duration round_trip);
   // Answers a step that has no rows to return: an error, or a step of no tokens.
   void Reply(PeerId origin, uint64_t origin_step, absl::Time start, absl::Status status);
   // Sends an encoded MoeResponse whose status has `code`, counting it in the metrics.
@@ -221,9 +221,7 @@ class RouterCore {
   std::map<uint32_t, k3serve::cluster::v1::Member> members_;
   std::map<PeerId, Suspect> suspects_;  // timed out, by node
   std::set<PeerId> slow_;               // missed an expert deadline, no answer since
-  absl::Duration expert_deadline_;      // the expert deadline now
-  std::vector<absl::Duration> round_trips_;  // a ring of the last steps' expert round trips
-  size_t next_round_trip_ = 0;
+  RetryDeadline expert_deadline_;  // from the steps' expert round trips
   PendingSteps pending_;
   struct Held {
     PeerId origin = 0;
