@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <vector>
+#include <type_traits>
 
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
@@ -29,11 +30,12 @@ namespace {
 
 // ---- Row kernel -------------------------------------------------------------------------------
 //
-// Each block of R weight rows is read once from memory, as R sequential streams, and dotted with
-// the tokens in groups of up to 4 (a second group finds the rows in L1/L2). Partial sums run along
-// the input dimension in vectors and are reduced at the end of the row. BF16 rows are loaded 32
-// inputs at a time and widened with one shift (even inputs) and one mask (odd inputs); the
-// activations are packed once per call to match, each 32-input block as [16 even][16 odd].
+// Each block of R weight rows is read once from memory, as R sequential streams (one token through
+// short rows: R streams of two rows each, see RowsGroup), and dotted with the tokens in groups of
+// up to 4 (a second group finds the rows in L1/L2). Partial sums run along the input dimension in
+// vectors and are reduced at the end of the row. BF16 rows are loaded 32 inputs at a time and
+// widened with one shift (even inputs) and one mask (odd inputs); the activations are packed once
+// per call to match, each 32-input block as [16 even][16 odd].
 
 // Distance, in bytes along each weight row, of the software prefetch.
 constexpr int64_t kPrefetchBytes = 1024;
@@ -108,70 +110,77 @@ K3_AVX512 inline void StoreSums(const __m512 (&acc)[R][T], float* const* yt, int
   }
 }
 
-// xp: T packed activation rows (see PackRowInputs).
-template <int T, int R>
+// xp: T packed activation rows (see PackRowInputs). R streams of P consecutive rows each (see
+// RowsGroup): stream r reads rows row + P r .. row + P r + P - 1 one after the other.
+template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp,
                          float* const* yt, bool accumulate, int64_t row) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r) {
+  __m512 acc[R * P][T];
+  for (int r = 0; r < R * P; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  const uint16_t* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = w + (row + r) * cols;
+  const uint16_t* streams[R];
+  for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __mmask32 tail = static_cast<__mmask32>((1ull << (cols % 32)) - 1);
-  for (int64_t k = 0; k < cols; k += 32) {
-    const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
-    for (int r = 0; r < R; ++r) {
-      PrefetchRowAhead<R>(rows[r], 2 * k, 2 * cols);
-    }
-    __m512 even[T], odd[T];
-    for (int t = 0; t < T; ++t) {
-      even[t] = _mm512_load_ps(xp[t] + k);
-      odd[t] = _mm512_load_ps(xp[t] + k + 16);
-      KeepInRegister(even[t]);
-      KeepInRegister(odd[t]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, rows[r] + k);
-      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < cols; k += 32) {
+      const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
+      for (int r = 0; r < R; ++r) {
+        PrefetchRowAhead<R>(streams[r], 2 * (p * cols + k), 2 * P * cols);
+      }
+      __m512 even[T], odd[T];
       for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
+        even[t] = _mm512_load_ps(xp[t] + k);
+        odd[t] = _mm512_load_ps(xp[t] + k + 16);
+        KeepInRegister(even[t]);
+        KeepInRegister(odd[t]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
+        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+        for (int t = 0; t < T; ++t) {
+          acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
+          acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+        }
       }
     }
   }
-  StoreSums<T, R>(acc, yt, row, accumulate);
+  StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
-// xp: T activation rows as given.
-template <int T, int R>
+// xp: T activation rows as given. Streams as for BF16.
+template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r) {
+  __m512 acc[R * P][T];
+  for (int r = 0; r < R * P; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  const float* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = w + (row + r) * cols;
+  const float* streams[R];
+  for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
-  for (int64_t k = 0; k < cols; k += 16) {
-    const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
-    for (int r = 0; r < R; ++r) {  // one 64-byte line per row per step
-      PrefetchRowAhead<R>(rows[r], 4 * k, 4 * cols);
-    }
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t) {
-      xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
-      KeepInRegister(xv[t]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 wv = _mm512_maskz_loadu_ps(mask, rows[r] + k);
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < cols; k += 16) {
+      const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
+      for (int r = 0; r < R; ++r) {  // one 64-byte line per stream per step
+        PrefetchRowAhead<R>(streams[r], 4 * (p * cols + k), 4 * P * cols);
+      }
+      __m512 xv[T];
+      for (int t = 0; t < T; ++t) {
+        xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
+        KeepInRegister(xv[t]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 wv = _mm512_maskz_loadu_ps(mask, streams[r] + p * cols + k);
+        for (int t = 0; t < T; ++t) {
+          acc[P * r + p][t] = _mm512_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+        }
+      }
     }
   }
-  StoreSums<T, R>(acc, yt, row, accumulate);
+  StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
 // MXFP4 rows (kernels/mxfp4.h): codes [rows, cols / 2] and scales [rows, cols / 32].
@@ -199,53 +208,55 @@ const float* ScaledE2m1Tables() {
 // xp: T packed activation rows, as for BF16: a 32-input group's 16 bytes of codes widen to one
 // 32-bit lane per byte, whose low nibble is the even input and high nibble the odd one. vpermps
 // reads only the low 4 bits of each index, so each half is one lookup in the E2M1 table already
-// multiplied by the group's scale (exact: a power of two). REQUIRES: cols % 32 == 0.
-template <int T, int R>
+// multiplied by the group's scale (exact: a power of two). Streams as for BF16.
+// REQUIRES: cols % 32 == 0.
+template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r) {
+  __m512 acc[R * P][T];
+  for (int r = 0; r < R * P; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
   const uint8_t* codes[R];
   const uint8_t* scales[R];
   for (int r = 0; r < R; ++r) {
-    codes[r] = w->codes + (row + r) * cols / 2;
-    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
+    codes[r] = w->codes + (row + P * r) * cols / 2;
+    scales[r] = w->scales + (row + P * r) * cols / kMxfp4Group;
+  }
+  const int64_t block_scale_bytes = R * P * cols / kMxfp4Group;
+  for (int64_t b = 0; b < block_scale_bytes; b += 64) {  // the next block's scales
+    _mm_prefetch(reinterpret_cast<const char*>(scales[0] + block_scale_bytes) + b, _MM_HINT_T0);
   }
   const float* scaled_tables = ScaledE2m1Tables();
-  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
-    if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
-      for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+      if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
+        for (int r = 0; r < R; ++r) {
+          PrefetchRowAhead<R>(codes[r], (p * cols + k) / 2, P * cols / 2);
+        }
       }
-      if (k == 0) {  // the next block's scales, R * cols / 32 bytes
-        for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(scales[0] + R * cols / kMxfp4Group) + b,
-                       _MM_HINT_T0);
+      __m512 even[T], odd[T];
+      for (int t = 0; t < T; ++t) {
+        even[t] = _mm512_load_ps(xp[t] + k);
+        odd[t] = _mm512_load_ps(xp[t] + k + 16);
+        KeepInRegister(even[t]);
+        KeepInRegister(odd[t]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + (p * cols + k) / 2)));
+        const __m512 scaled = _mm512_load_ps(
+            scaled_tables + 16 * scales[r][(p * cols + k) / kMxfp4Group]);
+        const __m512 we = _mm512_permutexvar_ps(v, scaled);
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
+        for (int t = 0; t < T; ++t) {
+          acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
+          acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
         }
       }
     }
-    __m512 even[T], odd[T];
-    for (int t = 0; t < T; ++t) {
-      even[t] = _mm512_load_ps(xp[t] + k);
-      odd[t] = _mm512_load_ps(xp[t] + k + 16);
-      KeepInRegister(even[t]);
-      KeepInRegister(odd[t]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512i v =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
-      const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[r][k / kMxfp4Group]);
-      const __m512 we = _mm512_permutexvar_ps(v, scaled);
-      const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
-      for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
-      }
-    }
   }
-  StoreSums<T, R>(acc, yt, row, accumulate);
+  StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
 // Decodes rows [row, row + rows) of `w` into out[rows][cols] bf16, inputs in their natural order.
@@ -275,14 +286,31 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
   }
 }
 
-// Rows [row_begin, row_end) for one group of T tokens.
+// Bytes of one weight row.
+inline int64_t RowBytes(const uint16_t*, int64_t cols) { return 2 * cols; }
+inline int64_t RowBytes(const float*, int64_t cols) { return 4 * cols; }
+
+// Rows [row_begin, row_end) for one group of T tokens. For one token, a stream (one of a block's
+// R) reads BF16 and F32 rows of kShortRowBytes or less two at a time, as one run of twice the
+// length: a 1 KiB row is only 16 lines, and one thread streamed such rows at 26-31 GB/s, two at a
+// time at 31-34 (scattered 0.5-8 MB matrices, alternating runs). Not MXFP4, whose product is bound
+// by instructions, not by the run length, and which measured slower with twice the accumulators.
+// More tokens would need more accumulators than there are registers.
+constexpr int64_t kShortRowBytes = 1024;
 template <typename WT, int T>
 K3_AVX512 void RowsGroup(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row_begin, int64_t row_end) {
   constexpr int R = RowsPerBlock<T>();
   int64_t row = row_begin;
-  for (; row + R <= row_end; row += R) RowsBlock<T, R>(w, cols, xp, yt, accumulate, row);
-  for (; row < row_end; ++row) RowsBlock<T, 1>(w, cols, xp, yt, accumulate, row);
+  if constexpr (T == 1 && !std::is_same_v<WT, Mxfp4Rows>) {
+    if (RowBytes(w, cols) <= kShortRowBytes) {
+      for (; row + 2 * R <= row_end; row += 2 * R) {
+        RowsBlock<T, R, 2>(w, cols, xp, yt, accumulate, row);
+      }
+    }
+  }
+  for (; row + R <= row_end; row += R) RowsBlock<T, R, 1>(w, cols, xp, yt, accumulate, row);
+  for (; row < row_end; ++row) RowsBlock<T, 1, 1>(w, cols, xp, yt, accumulate, row);
 }
 
 template <typename WT>
