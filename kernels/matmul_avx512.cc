@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
