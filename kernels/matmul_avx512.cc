@@ -208,55 +208,55 @@ const float* ScaledE2m1Tables() {
 // xp: T packed activation rows, as for BF16: a 32-input group's 16 bytes of codes widen to one
 // 32-bit lane per byte, whose low nibble is the even input and high nibble the odd one. vpermps
 // reads only the low 4 bits of each index, so each half is one lookup in the E2M1 table already
-// multiplied by the group's scale (exact: a power of two). Streams as for BF16.
+// multiplied by the group's scale (exact: a power of two). One row per stream (see RowsGroup).
 // REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row) {
-  __m512 acc[R * P][T];
-  for (int r = 0; r < R * P; ++r) {
+  static_assert(P == 1, "MXFP4 rows are read one per stream");
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
   const uint8_t* codes[R];
   const uint8_t* scales[R];
   for (int r = 0; r < R; ++r) {
-    codes[r] = w->codes + (row + P * r) * cols / 2;
-    scales[r] = w->scales + (row + P * r) * cols / kMxfp4Group;
-  }
-  const int64_t block_scale_bytes = R * P * cols / kMxfp4Group;
-  for (int64_t b = 0; b < block_scale_bytes; b += 64) {  // the next block's scales
-    _mm_prefetch(reinterpret_cast<const char*>(scales[0] + block_scale_bytes) + b, _MM_HINT_T0);
+    codes[r] = w->codes + (row + r) * cols / 2;
+    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
   }
   const float* scaled_tables = ScaledE2m1Tables();
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += kMxfp4Group) {
-      if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
-        for (int r = 0; r < R; ++r) {
-          PrefetchRowAhead<R>(codes[r], (p * cols + k) / 2, P * cols / 2);
-        }
-      }
-      __m512 even[T], odd[T];
-      for (int t = 0; t < T; ++t) {
-        even[t] = _mm512_load_ps(xp[t] + k);
-        odd[t] = _mm512_load_ps(xp[t] + k + 16);
-        KeepInRegister(even[t]);
-        KeepInRegister(odd[t]);
-      }
+  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+    if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
-        const __m512i v = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + (p * cols + k) / 2)));
-        const __m512 scaled = _mm512_load_ps(
-            scaled_tables + 16 * scales[r][(p * cols + k) / kMxfp4Group]);
-        const __m512 we = _mm512_permutexvar_ps(v, scaled);
-        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
-        for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
-          acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+        PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+      }
+      if (k == 0) {  // the next block's scales, R * cols / 32 bytes
+        for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(scales[0] + R * cols / kMxfp4Group) + b,
+                       _MM_HINT_T0);
         }
       }
     }
+    __m512 even[T], odd[T];
+    for (int t = 0; t < T; ++t) {
+      even[t] = _mm512_load_ps(xp[t] + k);
+      odd[t] = _mm512_load_ps(xp[t] + k + 16);
+      KeepInRegister(even[t]);
+      KeepInRegister(odd[t]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
+      const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[r][k / kMxfp4Group]);
+      const __m512 we = _mm512_permutexvar_ps(v, scaled);
+      const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
+      for (int t = 0; t < T; ++t) {
+        acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
+      }
+    }
   }
-  StoreSums<T, R * P>(acc, yt, row, accumulate);
+  StoreSums<T, R>(acc, yt, row, accumulate);
 }
 
 // Decodes rows [row, row + rows) of `w` into out[rows][cols] bf16, inputs in their natural order.
