@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "engine/local_engine.h"
 #include "bench/machine_limits.h"
+#include "kernels/kernel_isa.h"
 #include "kernels/thread_pool.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -127,7 +128,7 @@ int Main(int argc, char** argv) {
   Options options;
   if (!ParseArgs(argc, argv, &options)) return 2;
   if (!HasLimitLoops()) {
-    std::printf("engine_bench needs AVX-512 with avx512_bf16 for its limit loops\n");
+    std::printf("engine_bench needs AVX2 for its limit loops\n");
     return 1;
   }
   std::vector<std::string> models = {options.model};
@@ -142,7 +143,8 @@ int Main(int argc, char** argv) {
       models.push_back(*dir);
     }
   }
-  std::printf("k3 engine_bench: kernel pool %d threads\n", KernelThreadCount());
+  std::printf("k3 engine_bench: kernel pool %d threads, matrix kernels %s (K3SERVE_ISA)\n",
+              KernelThreadCount(), KernelIsaName(ActiveKernelIsa()));
   MachineLimits limits = MeasureMachineLimits();
   std::vector<Measured> results;
   for (const std::string& model : models) {

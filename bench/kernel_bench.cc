@@ -42,6 +42,7 @@
 
 #include "bench/machine_limits.h"
 #include "kernels/bf16.h"
+#include "kernels/kernel_isa.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
@@ -483,12 +484,13 @@ void PrintDecodeShapes(const std::vector<DecodeRow>& rows, const Limits& limits)
 int main(int argc, char** argv) {
   using namespace k3::bench;
   const double start = Now();
-  if (!k3::internal::CpuHasAvx512() || !__builtin_cpu_supports("avx512bf16")) {
-    std::printf("kernel_bench needs AVX-512 with avx512_bf16 for its limit loops\n");
+  if (!HasLimitLoops()) {
+    std::printf("kernel_bench needs AVX2 for its limit loops\n");
     return 1;
   }
-  std::printf("k3 kernel_bench: kernel pool %d threads (K3SERVE_THREADS), limits on %d threads\n\n",
-              k3::KernelThreadCount(), kLimitThreads);
+  std::printf("k3 kernel_bench: kernel pool %d threads (K3SERVE_THREADS), limits on %d threads, "
+              "matrix kernels %s (K3SERVE_ISA)\n\n",
+              k3::KernelThreadCount(), kLimitThreads, k3::KernelIsaName(k3::ActiveKernelIsa()));
 
   Buffer<uint32_t> pool = Allocate<uint32_t>(kStreamBytes / 4);
   FillWeights(pool.get(), kStreamBytes / 4);

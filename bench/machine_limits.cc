@@ -16,8 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/kernel_isa.h"
+
 #define K3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define K3_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define K3_AVX2 __attribute__((target("avx2,fma")))
 
 namespace k3::bench {
 namespace {
@@ -81,13 +84,48 @@ K3_AVX512 float SumStreams(const float* p, size_t n) {
   return _mm512_reduce_add_ps(acc[0]);
 }
 
+// SumStreams for AVX2 (ymm): what an AVX2 kernel can read.
+template <int kStreams>
+K3_AVX2 float SumStreamsAvx2(const float* p, size_t n) {
+  const size_t part = n / kStreams / 64 * 64;
+  __m256 acc[2 * kStreams];
+  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = _mm256_setzero_ps();
+  for (size_t i = 0; i < part; i += 32) {
+#pragma GCC unroll 4
+    for (int s = 0; s < kStreams; ++s) {
+      const float* q = p + s * part + i;
+      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_load_ps(q));
+      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_load_ps(q + 8));
+      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_load_ps(q + 16));
+      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_load_ps(q + 24));
+    }
+  }
+  for (int s = 1; s < 2 * kStreams; ++s) acc[0] = _mm256_add_ps(acc[0], acc[s]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+
+// Whether the loops run at AVX-512 width: the matrix kernels' family (K3SERVE_ISA) is AVX-512 and
+// the CPU has vdpbf16ps. Otherwise the AVX2 loops run and the bf16 peak is the fp32 FMA peak
+// (what the kernels reach without vdpbf16ps).
+bool Avx512Limits() {
+  return ActiveKernelIsa() == KernelIsa::kAvx512 && __builtin_cpu_supports("avx512bf16");
+}
+
 Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
   std::vector<double> rates;
   for (int rep = 0; rep < 12; ++rep) {
     const double seconds = RunOnThreads(kLimitThreads, [&](int t) {
       const size_t share = n / kLimitThreads;
-      g_sink = streams == 1 ? SumStreams<1>(buffer + t * share, share)
-                            : SumStreams<4>(buffer + t * share, share);
+      const float* part = buffer + t * share;
+      if (Avx512Limits()) {
+        g_sink = streams == 1 ? SumStreams<1>(part, share) : SumStreams<4>(part, share);
+      } else {
+        g_sink = streams == 1 ? SumStreamsAvx2<1>(part, share) : SumStreamsAvx2<4>(part, share);
+      }
     });
     rates.push_back(n * sizeof(float) / seconds / 1e9);
   }
@@ -124,13 +162,28 @@ K3_AVX512_BF16 float Bf16Loop(float seed) {
   return _mm512_reduce_add_ps(acc[0]);
 }
 
-// GFLOP/s of `loop` (16 instructions of `flops_per_instruction` per iteration) on 2 threads.
-double Peak(float (*loop)(float), double flops_per_instruction) {
+// 12 ymm accumulators: enough independent FMAs for two pipes of latency up to 6 cycles.
+K3_AVX2 float FmaLoopAvx2(float seed) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(seed + i);
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  return lanes[0] + lanes[7];
+}
+
+// GFLOP/s of `loop` (`instructions` of `flops_per_instruction` per iteration) on 2 threads.
+double Peak(float (*loop)(float), int instructions, double flops_per_instruction) {
   double best = 0;
   for (int rep = 0; rep < 20; ++rep) {  // the best of many short runs finds the quiet moments
     const double seconds =
         RunOnThreads(kLimitThreads, [&](int t) { g_sink = loop(static_cast<float>(t)); });
-    best = std::max(best, kLimitThreads * kPeakIterations * 16 * flops_per_instruction /
+    best = std::max(best, kLimitThreads * kPeakIterations * instructions * flops_per_instruction /
                               seconds / 1e9);
   }
   return best;
@@ -148,10 +201,7 @@ void* AllocateStreamingBytes(size_t bytes) {
   return p;
 }
 
-bool HasLimitLoops() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
-}
+bool HasLimitLoops() { return CpuSupports(KernelIsa::kAvx2); }
 
 MachineLimits MeasureMachineLimits() {
   Buffer<float> buffer = Allocate<float>(kStreamBytes / sizeof(float));
@@ -161,13 +211,19 @@ MachineLimits MeasureMachineLimits() {
   const Stats bw4 = ReadBandwidth(buffer.get(), floats, 4);
   MachineLimits limits;
   limits.read_gbs = std::max(bw1.best, bw4.best);
-  limits.fma_gflops = Peak(FmaLoop, 32);
-  limits.bf16_gflops = Peak(Bf16Loop, 64);
+  if (Avx512Limits()) {
+    limits.fma_gflops = Peak(FmaLoop, 16, 32);
+    limits.bf16_gflops = Peak(Bf16Loop, 16, 64);
+  } else {
+    limits.fma_gflops = Peak(FmaLoopAvx2, 12, 16);
+    limits.bf16_gflops = limits.fma_gflops;
+  }
   std::printf("Read bandwidth, 2 threads over 1 GiB: 1 stream/thread %.1f GB/s (median %.1f), "
               "4 streams/thread %.1f GB/s (median %.1f)\n",
               bw1.best, bw1.median, bw4.best, bw4.median);
-  std::printf("Peaks, 2 threads: fp32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n",
-              limits.fma_gflops, limits.bf16_gflops);
+  std::printf("Peaks, 2 threads (%s loops): fp32 FMA %.0f GFLOP/s, bf16 %s %.0f GFLOP/s\n",
+              Avx512Limits() ? "avx512" : "avx2", limits.fma_gflops,
+              Avx512Limits() ? "vdpbf16ps" : "(as fp32 FMA, no vdpbf16ps)", limits.bf16_gflops);
   return limits;
 }
 

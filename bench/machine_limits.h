@@ -12,12 +12,13 @@ namespace k3::bench {
 
 struct MachineLimits {
   double read_gbs = 0;     // best of 1 and 4 streams per thread, 2 threads, over 1 GiB
-  double fma_gflops = 0;   // fp32 FMA (zmm), 2 threads
-  double bf16_gflops = 0;  // vdpbf16ps (zmm), 2 threads
+  double fma_gflops = 0;   // fp32 FMA, 2 threads
+  double bf16_gflops = 0;  // vdpbf16ps, 2 threads; without it (or with the AVX2 kernels): fp32 FMA
 };
 
-// Measures the limits on 2 threads (a few seconds) and prints them. REQUIRES: AVX-512 with
-// avx512_bf16 (HasLimitLoops()).
+// Measures the limits on 2 threads (a few seconds) and prints them: zmm loops where the matrix
+// kernels are AVX-512 (ActiveKernelIsa()) and the CPU has avx512_bf16, ymm loops otherwise.
+// REQUIRES: AVX2 (HasLimitLoops()).
 MachineLimits MeasureMachineLimits();
 
 // The element-wise maximum: limits measured before and after a benchmark, so that a busy moment

@@ -1,10 +1,13 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <vector>
 
 #include "glog/logging.h"
 #include "kernels/bf16.h"
+#include "kernels/kernel_isa.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
@@ -24,6 +27,14 @@ constexpr int64_t kMinChunkWork = int64_t{1} << 18;
 // Least work (as for kMinChunkWork) worth waking resting kernel threads for (WakeKernelThreads):
 // about 2^20 weight bytes, tens of microseconds of one thread.
 constexpr int64_t kMinWakeWork = int64_t{1} << 20;
+// Least weight bytes worth handing to another thread (a few microseconds of streaming, against
+// about one for a ParallelFor).
+constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
+// Least weight bytes worth waking resting kernel threads for (WakeKernelThreads): tens of
+// microseconds of one thread's streaming, about what waking a blocked thread can cost.
+constexpr int64_t kMinWakeBytes = int64_t{1} << 20;
+// Weight bytes of the units a thread takes from another's share when its own is done.
+constexpr int64_t kUnitBytes = int64_t{32} << 10;
 // Inputs per block in the portable kernel: a widened block of one weight row stays in L1.
 constexpr int64_t kPortableBlock = 512;
 
@@ -76,7 +87,28 @@ void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tok
 }
 
 void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens) {
-  bool rows_kernel = internal::CpuHasAvx512() && tokens > 0;
+  internal::MatMulBatchOn(ActiveKernelIsa(), tasks, count, tokens);
+}
+
+namespace internal {
+namespace {
+
+// The kernel of family `isa` for `tokens` tokens through weights of `type`.
+MatMulKernel KernelFor(KernelIsa isa, WeightType type, int64_t tokens) {
+  const bool rows =
+      tokens <= (type == WeightType::kMxfp4 ? kMxfp4RowsKernelMaxTokens : kRowsKernelMaxTokens);
+  switch (isa) {
+    case KernelIsa::kAvx512: return rows ? MatMulKernel::kAvx512Rows : MatMulKernel::kAvx512Tiles;
+    case KernelIsa::kAvx2: return rows ? MatMulKernel::kAvx2Rows : MatMulKernel::kAvx2Tiles;
+    default: return MatMulKernel::kPortable;
+  }
+}
+
+}  // namespace
+
+void MatMulBatchOn(KernelIsa isa, const MatMulTask* tasks, int count, int64_t tokens) {
+  CHECK(CpuSupports(isa)) << "MatMulBatch: " << KernelIsaName(isa) << " kernels on a CPU without";
+  bool rows_kernel = isa != KernelIsa::kPortable && tokens > 0;
   for (int i = 0; i < count && rows_kernel; ++i) {
     const MatMulTask& t = tasks[i];
     CHECK(t.w != nullptr) << "MatMulBatch: task " << i << " has no weights";
@@ -86,25 +118,27 @@ void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens) {
                                                             : kRowsKernelMaxTokens);
   }
   if (rows_kernel) {
-    internal::MatMulAvx512RowsBatch(tasks, count, tokens);
+    RowsBatch(isa == KernelIsa::kAvx512 ? Avx512RowKernel() : Avx2RowKernel(), tasks, count,
+              tokens);
     return;
   }
   for (int i = 0; i < count; ++i) {
     const MatMulTask& t = tasks[i];
-    MatMul(*t.w, t.x, t.x_stride, tokens, t.y, t.y_stride, t.accumulate);
+    MatMulWith(KernelFor(isa, t.w->type, tokens), *t.w, t.x, t.x_stride, tokens, t.y, t.y_stride,
+               t.accumulate);
   }
 }
 
-namespace internal {
+bool CpuHasAvx512() { return CpuSupports(KernelIsa::kAvx512); }
 
-bool CpuHasAvx512() {
-#if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has;
-#else
-  return false;
-#endif
+KernelIsa IsaOf(MatMulKernel kernel) {
+  switch (kernel) {
+    case MatMulKernel::kAvx512Rows:
+    case MatMulKernel::kAvx512Tiles: return KernelIsa::kAvx512;
+    case MatMulKernel::kAvx2Rows:
+    case MatMulKernel::kAvx2Tiles: return KernelIsa::kAvx2;
+    default: return KernelIsa::kPortable;
+  }
 }
 
 namespace {
@@ -125,9 +159,17 @@ void PortableRange(const WeightMatrix& w, const float* x, int64_t x_stride, int6
         for (int64_t k = 0; k < len; ++k) widened[k] = Bf16ToFloat(src[k]);
         row = widened;
       } else if (w.type == WeightType::kMxfp4) {
-        const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * cols / 2;
-        const uint8_t* scales = w.scales + r * cols / kMxfp4Group;
-        for (int64_t k = 0; k < len; ++k) widened[k] = Mxfp4Element(codes, scales, k0 + k);
+        // One scale per group of 32 (k0 and len are multiples of it), then table lookups.
+        const uint8_t* codes = static_cast<const uint8_t*>(w.data) + (r * cols + k0) / 2;
+        const uint8_t* scales = w.scales + (r * cols + k0) / kMxfp4Group;
+        for (int64_t g = 0; g < len; g += kMxfp4Group) {
+          const float scale = E8m0Scale(scales[g / kMxfp4Group]);
+          for (int64_t i = 0; i < kMxfp4Group / 2; ++i) {
+            const uint8_t byte = codes[g / 2 + i];
+            widened[g + 2 * i] = kE2m1Values[byte & 0xf] * scale;
+            widened[g + 2 * i + 1] = kE2m1Values[byte >> 4] * scale;
+          }
+        }
         row = widened;
       } else {
         row = static_cast<const float*>(w.data) + r * cols + k0;
@@ -184,30 +226,158 @@ void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int6
     return;
   }
 
-  if (kernel == MatMulKernel::kAuto) {
-    if (!CpuHasAvx512()) {
-      kernel = MatMulKernel::kPortable;
-    } else {
-      const int64_t rows_max =
-          w.type == WeightType::kMxfp4 ? kMxfp4RowsKernelMaxTokens : kRowsKernelMaxTokens;
-      kernel = tokens <= rows_max ? MatMulKernel::kAvx512Rows : MatMulKernel::kAvx512Tiles;
-    }
-  }
-  CHECK(kernel == MatMulKernel::kPortable || CpuHasAvx512())
-      << "MatMul: AVX-512 kernel requested on a CPU without AVX-512";
+  if (kernel == MatMulKernel::kAuto) kernel = KernelFor(ActiveKernelIsa(), w.type, tokens);
+  CHECK(CpuSupports(IsaOf(kernel))) << "MatMul: " << KernelIsaName(IsaOf(kernel))
+                                    << " kernel requested on a CPU without it";
 
   switch (kernel) {
     case MatMulKernel::kAvx512Rows:
-      MatMulAvx512Rows(w, x, x_stride, tokens, y, y_stride, accumulate);
+    case MatMulKernel::kAvx2Rows: {
+      const MatMulTask task{&w, x, x_stride, y, y_stride, accumulate};
+      RowsBatch(kernel == MatMulKernel::kAvx512Rows ? Avx512RowKernel() : Avx2RowKernel(), &task,
+                1, tokens);
       break;
+    }
     case MatMulKernel::kAvx512Tiles:
       MatMulAvx512Tiles(w, x, x_stride, tokens, y, y_stride, accumulate);
+      break;
+    case MatMulKernel::kAvx2Tiles:
+      MatMulAvx2Tiles(w, x, x_stride, tokens, y, y_stride, accumulate);
       break;
     default:
       MatMulPortable(w, x, x_stride, tokens, y, y_stride, accumulate);
       break;
   }
 }
+
+void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int64_t tokens) {
+  // Per task: its activation rows as the kernel reads them, and its output rows.
+  struct Prepared {
+    std::vector<const float*> xp;
+    std::vector<float*> yt;
+    int64_t blocks = 0;       // of kRowsAlign rows
+    int64_t block_bytes = 0;  // weight bytes of one block (MXFP4 rounded down: codes + scales)
+  };
+  // The caller's thread-local copies, captured by reference for the pool's threads (a lambda
+  // naming a thread_local would read the running thread's own, empty one).
+  thread_local std::vector<Prepared> t_prepared;
+  thread_local ThreadBuffer t_buffer;
+  std::vector<Prepared>& prepared = t_prepared;
+  ThreadBuffer& buffer = t_buffer;
+  prepared.resize(count);
+  int64_t packed_floats = 0;
+  for (int i = 0; i < count; ++i) {
+    const WeightMatrix& w = *tasks[i].w;
+    if (w.type != WeightType::kF32) packed_floats += tokens * ((w.cols + 31) / 32 * 32);
+  }
+  float* packed = buffer.Get(packed_floats);
+  int64_t total_bytes = 0;
+  for (int i = 0; i < count; ++i) {
+    const MatMulTask& task = tasks[i];
+    const WeightMatrix& w = *task.w;
+    Prepared& p = prepared[i];
+    p.xp.resize(tokens);
+    p.yt.resize(tokens);
+    for (int64_t t = 0; t < tokens; ++t) p.yt[t] = task.y + t * task.y_stride;
+    if (w.type == WeightType::kF32) {
+      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = task.x + t * task.x_stride;
+    } else {
+      // BF16 and MXFP4 read 32-input blocks as [16 even][16 odd] (MXFP4: cols % 32 == 0).
+      const int64_t padded_cols = (w.cols + 31) / 32 * 32;
+      kernel.pack_inputs(task.x, task.x_stride, tokens, w.cols, padded_cols, packed);
+      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = packed + t * padded_cols;
+      packed += tokens * padded_cols;
+    }
+    p.blocks = (w.rows + kRowsAlign - 1) / kRowsAlign;
+    const int64_t elements = kRowsAlign * w.cols;
+    p.block_bytes = w.type == WeightType::kF32    ? 4 * elements
+                    : w.type == WeightType::kBf16 ? 2 * elements
+                                                  : elements / 2 + elements / kMxfp4Group;
+    total_bytes += p.blocks * p.block_bytes;
+  }
+  auto run_rows = [&](int i, int64_t begin, int64_t end) {
+    kernel.rows(*tasks[i].w, prepared[i].xp.data(), prepared[i].yt.data(), tokens,
+                tasks[i].accumulate, begin, end);
+  };
+  // One share of equal weight bytes per thread (whole blocks: block j of a task goes to the share
+  // holding its first byte), at least kMinChunkBytes each, cut into units of about kUnitBytes.
+  // A thread works through its own share from the front, one contiguous stream, then takes units
+  // from the back of the others' shares: a thread that started late or was slowed down does not
+  // hold up the whole job.
+  const int64_t shares =
+      std::clamp<int64_t>(total_bytes / kMinChunkBytes, 1, KernelThreadCount());
+  if (total_bytes >= kMinWakeBytes) WakeKernelThreads();
+  struct Unit {
+    int task;
+    int64_t row_begin, row_end;
+  };
+  thread_local std::vector<Unit> t_units;
+  thread_local std::vector<int64_t> t_share_start;
+  thread_local std::unique_ptr<std::atomic<uint64_t>[]> t_cursors;
+  thread_local int64_t t_cursor_capacity = 0;
+  std::vector<Unit>& units = t_units;
+  std::vector<int64_t>& share_start = t_share_start;
+  units.clear();
+  share_start.assign(shares + 1, 0);
+  for (int64_t c = 0; c < shares; ++c) {
+    share_start[c] = static_cast<int64_t>(units.size());
+    const int64_t lo = total_bytes * c / shares, hi = total_bytes * (c + 1) / shares;
+    int64_t base = 0;
+    for (int i = 0; i < count; ++i) {
+      const Prepared& p = prepared[i];
+      const int64_t size = p.blocks * p.block_bytes;
+      if (base < hi && base + size > lo) {
+        const int64_t b0 = lo <= base ? 0 : (lo - base + p.block_bytes - 1) / p.block_bytes;
+        const int64_t b1 = std::min(p.blocks, (hi - base + p.block_bytes - 1) / p.block_bytes);
+        const int64_t step = std::max<int64_t>(1, kUnitBytes / p.block_bytes);
+        for (int64_t b = b0; b < b1; b += step) {
+          units.push_back(Unit{i, b * kRowsAlign,
+                               std::min(tasks[i].w->rows, std::min(b1, b + step) * kRowsAlign)});
+        }
+      }
+      base += size;
+    }
+  }
+  share_start[shares] = static_cast<int64_t>(units.size());
+  if (t_cursor_capacity < shares) {
+    t_cursors.reset(new std::atomic<uint64_t>[shares]);
+    t_cursor_capacity = shares;
+  }
+  // Share c's next unit from the front (high 32 bits) and one past its last from the back.
+  std::atomic<uint64_t>* cursors = t_cursors.get();
+  for (int64_t c = 0; c < shares; ++c) {
+    cursors[c].store(static_cast<uint64_t>(share_start[c]) << 32 |
+                         static_cast<uint64_t>(share_start[c + 1]),
+                     std::memory_order_relaxed);
+  }
+  // Takes a unit of share c from the front or the back; false when none is left.
+  auto take = [&](int64_t c, bool front, int64_t* unit) {
+    uint64_t word = cursors[c].load(std::memory_order_relaxed);
+    while (true) {
+      const uint64_t next = word >> 32, end = word & 0xffffffffu;
+      if (next >= end) return false;
+      const uint64_t updated = front ? word + (uint64_t{1} << 32) : word - 1;
+      if (cursors[c].compare_exchange_weak(word, updated, std::memory_order_relaxed)) {
+        *unit = static_cast<int64_t>(front ? next : end - 1);
+        return true;
+      }
+    }
+  };
+  ParallelFor(shares, 1, [&](int64_t first, int64_t last) {
+    int64_t unit;
+    for (int64_t c = first; c < last; ++c) {
+      while (take(c, true, &unit)) {
+        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
+      }
+    }
+    for (int64_t c = 0; c < shares; ++c) {
+      while (take(c, false, &unit)) {
+        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
+      }
+    }
+  });
+}
+
 
 }  // namespace internal
 }  // namespace k3

@@ -53,16 +53,7 @@ inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes)
 constexpr int kMaxGroupTokens = 4;
 // Threads get multiples of kRowsAlign rows (a multiple of every R below); the token groups take
 // turns over spans of kRowsSpan rows, whose weights stay in L2 for the groups after the first.
-constexpr int64_t kRowsAlign = 8;
 constexpr int64_t kRowsSpan = 32;
-// Least weight bytes worth handing to another thread (a few microseconds of streaming, against
-// about one for a ParallelFor).
-constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
-// Least weight bytes worth waking resting kernel threads for (WakeKernelThreads): tens of
-// microseconds of one thread's streaming, about what waking a blocked thread can cost.
-constexpr int64_t kMinWakeBytes = int64_t{1} << 20;
-// Weight bytes of the units a thread takes from another's share when its own is done.
-constexpr int64_t kUnitBytes = int64_t{32} << 10;
 
 // Rows per block for a group of T tokens: 8 weight streams for 1-2 tokens, 4 for 3-4 tokens
 // (16 accumulators and 8 activation vectors; 5 rows measured no faster).
@@ -387,9 +378,6 @@ static_assert(kBlockInputs<uint16_t> % 32 == 0 && kBlockInputs<float> % 16 == 0)
 static_assert(kBlockInputs<uint16_t> * kTileRows * 2 <= kPanelBytes &&
               kBlockInputs<float> * kTileRows * 4 <= kPanelBytes);
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
 
 // Per-thread packing buffers, allocated on first use.
 struct TileScratch {
@@ -621,169 +609,26 @@ K3_AVX512 void TilesRange(const WT* w, int64_t cols, const float* x, int64_t x_s
   }
 }
 
-// A per-thread buffer that grows to the largest size asked of it.
-class ThreadBuffer {
- public:
-  float* Get(size_t floats) {
-    if (floats > capacity_) {
-      const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-      capacity_ = floats;
-    }
-    return data_.get();
+// RowKernel::rows for AVX-512.
+K3_AVX512 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float* const* yt,
+                           int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
+  if (w.type == WeightType::kBf16) {
+    RowsRange(static_cast<const uint16_t*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
+              row_end);
+  } else if (w.type == WeightType::kMxfp4) {
+    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
+    RowsRange(&rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
+  } else {
+    RowsRange(static_cast<const float*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
+              row_end);
   }
-
- private:
-  std::unique_ptr<float, FreeDeleter> data_;
-  size_t capacity_ = 0;
-};
+}
 
 }  // namespace
 
-void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
-                      float* y, int64_t y_stride, bool accumulate) {
-  const MatMulTask task{&w, x, x_stride, y, y_stride, accumulate};
-  MatMulAvx512RowsBatch(&task, 1, tokens);
-}
-
-void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens) {
-  // Per task: its activation rows as the kernel reads them, and its output rows.
-  struct Prepared {
-    std::vector<const float*> xp;
-    std::vector<float*> yt;
-    Mxfp4Rows mxfp4;
-    int64_t blocks = 0;       // of kRowsAlign rows
-    int64_t block_bytes = 0;  // weight bytes of one block (MXFP4 rounded down: codes + scales)
-  };
-  // The caller's thread-local copies, captured by reference for the pool's threads (a lambda
-  // naming a thread_local would read the running thread's own, empty one).
-  thread_local std::vector<Prepared> t_prepared;
-  thread_local ThreadBuffer t_buffer;
-  std::vector<Prepared>& prepared = t_prepared;
-  ThreadBuffer& buffer = t_buffer;
-  prepared.resize(count);
-  int64_t packed_floats = 0;
-  for (int i = 0; i < count; ++i) {
-    const WeightMatrix& w = *tasks[i].w;
-    if (w.type != WeightType::kF32) packed_floats += tokens * ((w.cols + 31) / 32 * 32);
-  }
-  float* packed = buffer.Get(packed_floats);
-  int64_t total_bytes = 0;
-  for (int i = 0; i < count; ++i) {
-    const MatMulTask& task = tasks[i];
-    const WeightMatrix& w = *task.w;
-    Prepared& p = prepared[i];
-    p.xp.resize(tokens);
-    p.yt.resize(tokens);
-    for (int64_t t = 0; t < tokens; ++t) p.yt[t] = task.y + t * task.y_stride;
-    if (w.type == WeightType::kF32) {
-      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = task.x + t * task.x_stride;
-    } else {
-      // BF16 and MXFP4 read 32-input blocks as [16 even][16 odd] (MXFP4: cols % 32 == 0).
-      const int64_t padded_cols = (w.cols + 31) / 32 * 32;
-      PackRowInputs(task.x, task.x_stride, tokens, w.cols, padded_cols, packed);
-      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = packed + t * padded_cols;
-      packed += tokens * padded_cols;
-    }
-    p.mxfp4 = Mxfp4Rows{static_cast<const uint8_t*>(w.data), w.scales};
-    p.blocks = (w.rows + kRowsAlign - 1) / kRowsAlign;
-    const int64_t elements = kRowsAlign * w.cols;
-    p.block_bytes = w.type == WeightType::kF32    ? 4 * elements
-                    : w.type == WeightType::kBf16 ? 2 * elements
-                                                  : elements / 2 + elements / kMxfp4Group;
-    total_bytes += p.blocks * p.block_bytes;
-  }
-  auto run_rows = [&](int i, int64_t begin, int64_t end) {
-    const MatMulTask& task = tasks[i];
-    const WeightMatrix& w = *task.w;
-    const Prepared& p = prepared[i];
-    if (w.type == WeightType::kBf16) {
-      RowsRange(static_cast<const uint16_t*>(w.data), w.cols, p.xp.data(), p.yt.data(), tokens,
-                task.accumulate, begin, end);
-    } else if (w.type == WeightType::kMxfp4) {
-      RowsRange(&p.mxfp4, w.cols, p.xp.data(), p.yt.data(), tokens, task.accumulate, begin, end);
-    } else {
-      RowsRange(static_cast<const float*>(w.data), w.cols, p.xp.data(), p.yt.data(), tokens,
-                task.accumulate, begin, end);
-    }
-  };
-  // One share of equal weight bytes per thread (whole blocks: block j of a task goes to the share
-  // holding its first byte), at least kMinChunkBytes each, cut into units of about kUnitBytes.
-  // A thread works through its own share from the front, one contiguous stream, then takes units
-  // from the back of the others' shares: a thread that started late or was slowed down does not
-  // hold up the whole job.
-  const int64_t shares =
-      std::clamp<int64_t>(total_bytes / kMinChunkBytes, 1, KernelThreadCount());
-  if (total_bytes >= kMinWakeBytes) WakeKernelThreads();
-  struct Unit {
-    int task;
-    int64_t row_begin, row_end;
-  };
-  thread_local std::vector<Unit> t_units;
-  thread_local std::vector<int64_t> t_share_start;
-  thread_local std::unique_ptr<std::atomic<uint64_t>[]> t_cursors;
-  thread_local int64_t t_cursor_capacity = 0;
-  std::vector<Unit>& units = t_units;
-  std::vector<int64_t>& share_start = t_share_start;
-  units.clear();
-  share_start.assign(shares + 1, 0);
-  for (int64_t c = 0; c < shares; ++c) {
-    share_start[c] = static_cast<int64_t>(units.size());
-    const int64_t lo = total_bytes * c / shares, hi = total_bytes * (c + 1) / shares;
-    int64_t base = 0;
-    for (int i = 0; i < count; ++i) {
-      const Prepared& p = prepared[i];
-      const int64_t size = p.blocks * p.block_bytes;
-      if (base < hi && base + size > lo) {
-        const int64_t b0 = lo <= base ? 0 : (lo - base + p.block_bytes - 1) / p.block_bytes;
-        const int64_t b1 = std::min(p.blocks, (hi - base + p.block_bytes - 1) / p.block_bytes);
-        const int64_t step = std::max<int64_t>(1, kUnitBytes / p.block_bytes);
-        for (int64_t b = b0; b < b1; b += step) {
-          units.push_back(Unit{i, b * kRowsAlign,
-                               std::min(tasks[i].w->rows, std::min(b1, b + step) * kRowsAlign)});
-        }
-      }
-      base += size;
-    }
-  }
-  share_start[shares] = static_cast<int64_t>(units.size());
-  if (t_cursor_capacity < shares) {
-    t_cursors.reset(new std::atomic<uint64_t>[shares]);
-    t_cursor_capacity = shares;
-  }
-  // Share c's next unit from the front (high 32 bits) and one past its last from the back.
-  std::atomic<uint64_t>* cursors = t_cursors.get();
-  for (int64_t c = 0; c < shares; ++c) {
-    cursors[c].store(static_cast<uint64_t>(share_start[c]) << 32 |
-                         static_cast<uint64_t>(share_start[c + 1]),
-                     std::memory_order_relaxed);
-  }
-  // Takes a unit of share c from the front or the back; false when none is left.
-  auto take = [&](int64_t c, bool front, int64_t* unit) {
-    uint64_t word = cursors[c].load(std::memory_order_relaxed);
-    while (true) {
-      const uint64_t next = word >> 32, end = word & 0xffffffffu;
-      if (next >= end) return false;
-      const uint64_t updated = front ? word + (uint64_t{1} << 32) : word - 1;
-      if (cursors[c].compare_exchange_weak(word, updated, std::memory_order_relaxed)) {
-        *unit = static_cast<int64_t>(front ? next : end - 1);
-        return true;
-      }
-    }
-  };
-  ParallelFor(shares, 1, [&](int64_t first, int64_t last) {
-    int64_t unit;
-    for (int64_t c = first; c < last; ++c) {
-      while (take(c, true, &unit)) {
-        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
-      }
-    }
-    for (int64_t c = 0; c < shares; ++c) {
-      while (take(c, false, &unit)) {
-        run_rows(units[unit].task, units[unit].row_begin, units[unit].row_end);
-      }
-    }
-  });
+const RowKernel& Avx512RowKernel() {
+  static const RowKernel kernel{PackRowInputs, RowsAnyType};
+  return kernel;
 }
 
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
@@ -814,7 +659,7 @@ void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, 
 
 #else  // !defined(__x86_64__)
 
-void MatMulAvx512Rows(const WeightMatrix&, const float*, int64_t, int64_t, float*, int64_t, bool) {
+const RowKernel& Avx512RowKernel() {
   LOG(FATAL) << "AVX-512 kernel called on a non-x86 build";
 }
 

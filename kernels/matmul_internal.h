@@ -2,13 +2,19 @@
 // which picks them itself.
 //
 // Kernels (all compute y = W x in fp32 with BF16 weights widened exactly, never rounding x):
-// - kPortable: plain C++ the compiler may vectorize; used where the CPU lacks AVX-512.
+// - kPortable: plain C++ the compiler may vectorize (baseline x86-64, or any other CPU); MXFP4
+//   groups decoded through a 16-entry table times the group's scale.
 // - kAvx512Rows: dot products of a block of weight rows with groups of up to 4 tokens, reducing
 //   along the input dimension. Reads W once, straight from memory, as a few sequential streams;
 //   for decode (up to 12 tokens), where W streams from DRAM and the arithmetic is cheap.
 // - kAvx512Tiles: blocked GEMM. A panel of 48 weight rows x 384 inputs (192 for F32 weights) is
 //   transposed into an L1-resident buffer, then multiplied with every 8-token tile by an
 //   outer-product micro-kernel (24 fp32 accumulators, broadcast activations); for prefill.
+//
+// - kAvx2Rows, kAvx2Tiles: the same two designs for AVX2 + FMA (16 ymm registers): row blocks of
+//   8 rows for one token (4 for two, 2 for three or four), tiles of 16 rows x 6 tokens (12
+//   accumulators) over panels packed as 32-bit units (a bf16 pair, an f32, or an MXFP4 code byte
+//   decoded to a bf16 pair).
 //
 // MXFP4 weights: the row kernel decodes each 32-input group in registers (16 code bytes widened to
 // 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale), so decode reads
@@ -24,13 +30,19 @@
 #define K3SERVE_KERNELS_MATMUL_INTERNAL_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 
+#include "kernels/kernel_isa.h"
 #include "kernels/matmul.h"
 
 namespace k3::internal {
 
-enum class MatMulKernel { kAuto, kPortable, kAvx512Rows, kAvx512Tiles };
+enum class MatMulKernel { kAuto, kPortable, kAvx512Rows, kAvx512Tiles, kAvx2Rows, kAvx2Tiles };
+
+// The instruction-set family a kernel needs.
+KernelIsa IsaOf(MatMulKernel kernel);
 
 // Whether the AVX-512 kernels can run here (AVX-512F and BW, checked once at run time).
 bool CpuHasAvx512();
@@ -38,7 +50,7 @@ bool CpuHasAvx512();
 // MatMul's argument checks (a CHECK failure names the bad one).
 void CheckArguments(const WeightMatrix& w, int64_t x_stride, int64_t tokens, int64_t y_stride);
 
-// k3::MatMul with a chosen kernel. REQUIRES: CpuHasAvx512() for the kAvx512* kernels.
+// k3::MatMul with a chosen kernel (kAuto: ActiveKernelIsa()'s). REQUIRES: CpuSupports(IsaOf(kernel)).
 void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int64_t x_stride,
                 int64_t tokens, float* y, int64_t y_stride, bool accumulate);
 
@@ -46,18 +58,60 @@ void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int6
 // REQUIRES: arguments checked by MatMulWith; tokens, w.rows and w.cols all > 0.
 void MatMulPortable(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                     float* y, int64_t y_stride, bool accumulate);
-void MatMulAvx512Rows(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
-                      float* y, int64_t y_stride, bool accumulate);
-// The row kernel over several products (MatMulBatch). REQUIRES: each task checked by MatMulWith.
-void MatMulAvx512RowsBatch(const MatMulTask* tasks, int count, int64_t tokens);
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                        float* y, int64_t y_stride, bool accumulate);
+void MatMulAvx2Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
+                     float* y, int64_t y_stride, bool accumulate);
+
+// One family's row kernel, driven by RowsBatch.
+struct RowKernel {
+  // Packs `tokens` activation rows for the BF16 and MXFP4 rows: each block of 32 inputs as its 16
+  // even then its 16 odd inputs, zero-padded to padded_cols (a multiple of 32); 64-byte aligned.
+  void (*pack_inputs)(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                      int64_t padded_cols, float* packed);
+  // y rows [row_begin, row_end) of w for every token: xp[t] is token t's activations (packed for
+  // BF16 and MXFP4, as given for F32), yt[t] its output row.
+  void (*rows)(const WeightMatrix& w, const float* const* xp, float* const* yt, int64_t tokens,
+               bool accumulate, int64_t row_begin, int64_t row_end);
+};
+const RowKernel& Avx512RowKernel();
+const RowKernel& Avx2RowKernel();
+
+// Rows handed to a thread at a time by RowsBatch: a multiple of every family's rows per block.
+constexpr int64_t kRowsAlign = 8;
+
+// Every task through one row kernel, as one job of the kernel pool (MatMulBatch). REQUIRES: each
+// task checked by MatMulWith; tokens > 0 and every task's rows and cols > 0.
+void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int64_t tokens);
+
+// k3::MatMulBatch on a chosen family. REQUIRES: CpuSupports(isa).
+void MatMulBatchOn(KernelIsa isa, const MatMulTask* tasks, int count, int64_t tokens);
 
 // Calls fn(row_begin, row_end) on ranges covering the rows of `w`, across the kernel pool, each
 // starting at a multiple of `align` and holding enough work (for `tokens` tokens) to pay for a
 // thread.
 void ParallelForRows(const WeightMatrix& w, int64_t tokens, int64_t align,
                      const std::function<void(int64_t, int64_t)>& fn);
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+// A per-thread buffer that grows to the largest size asked of it.
+class ThreadBuffer {
+ public:
+  float* Get(size_t floats) {
+    if (floats > capacity_) {
+      const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float, FreeDeleter> data_;
+  size_t capacity_ = 0;
+};
 
 // Rows per panel of the tiled kernel.
 constexpr int64_t kTileRows = 48;

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
+#include "kernels/kernel_isa.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
 
@@ -163,10 +164,8 @@ std::vector<Case> Cases() {
 class MatMulKernelTest : public ::testing::TestWithParam<MatMulKernel> {
  protected:
   void SetUp() override {
-    if (GetParam() != MatMulKernel::kPortable && GetParam() != MatMulKernel::kAuto &&
-        !internal::CpuHasAvx512()) {
-      GTEST_SKIP() << "no AVX-512 on this CPU";
-    }
+    const KernelIsa isa = internal::IsaOf(GetParam());
+    if (!CpuSupports(isa)) GTEST_SKIP() << "this CPU does not run " << KernelIsaName(isa);
   }
 };
 
@@ -239,13 +238,16 @@ TEST_P(MatMulKernelTest, NoInputsGivesZeroOrLeavesAccumulator) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, MatMulKernelTest,
                          ::testing::Values(MatMulKernel::kAuto, MatMulKernel::kPortable,
-                                           MatMulKernel::kAvx512Rows, MatMulKernel::kAvx512Tiles),
+                                           MatMulKernel::kAvx512Rows, MatMulKernel::kAvx512Tiles,
+                                           MatMulKernel::kAvx2Rows, MatMulKernel::kAvx2Tiles),
                          [](const ::testing::TestParamInfo<MatMulKernel>& info) {
                            switch (info.param) {
                              case MatMulKernel::kAuto: return std::string("Auto");
                              case MatMulKernel::kPortable: return std::string("Portable");
                              case MatMulKernel::kAvx512Rows: return std::string("Avx512Rows");
                              case MatMulKernel::kAvx512Tiles: return std::string("Avx512Tiles");
+                             case MatMulKernel::kAvx2Rows: return std::string("Avx2Rows");
+                             case MatMulKernel::kAvx2Tiles: return std::string("Avx2Tiles");
                            }
                            return std::string("Unknown");
                          });
@@ -269,7 +271,22 @@ TEST(MatMulTest, DensePublicOverload) {
 // A batch gives every task exactly what MatMul gives it alone: the same kernel computes each row
 // whichever thread takes it. Mixed types, sizes that split across threads and rows that are not a
 // multiple of the row blocks, strides and accumulation; 13 tokens take the one-by-one path.
-TEST(MatMulBatchTest, EqualsMatMulTaskByTask) {
+// On every family this CPU runs, against MatMul through that family's kernels.
+class MatMulBatchTest : public ::testing::TestWithParam<KernelIsa> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupports(GetParam())) GTEST_SKIP() << "this CPU does not run " << KernelIsaName(GetParam());
+  }
+};
+
+TEST_P(MatMulBatchTest, EqualsMatMulTaskByTask) {
+  const KernelIsa isa = GetParam();
+  const MatMulKernel rows_kernel = isa == KernelIsa::kAvx512 ? MatMulKernel::kAvx512Rows
+                                   : isa == KernelIsa::kAvx2 ? MatMulKernel::kAvx2Rows
+                                                             : MatMulKernel::kPortable;
+  const MatMulKernel tiles_kernel = isa == KernelIsa::kAvx512 ? MatMulKernel::kAvx512Tiles
+                                    : isa == KernelIsa::kAvx2 ? MatMulKernel::kAvx2Tiles
+                                                              : MatMulKernel::kPortable;
   struct Spec {
     WeightType type;
     int64_t rows, cols, x_pad, y_pad;
@@ -296,10 +313,13 @@ TEST(MatMulBatchTest, EqualsMatMulTaskByTask) {
       const Spec& s = specs[i];
       tasks.push_back(MatMulTask{&weights[i].matrix(), xs[i].data(), s.cols + s.x_pad,
                                  batch_ys[i].data(), s.rows + s.y_pad, s.accumulate});
-      MatMul(weights[i].matrix(), xs[i].data(), s.cols + s.x_pad, tokens, single_ys[i].data(),
-             s.rows + s.y_pad, s.accumulate);
+      // The batch's choice of kernel: rows up to 12 tokens (MXFP4: 32), else tiles.
+      const int64_t rows_max = s.type == WeightType::kMxfp4 ? 32 : 12;
+      internal::MatMulWith(tokens <= rows_max ? rows_kernel : tiles_kernel, weights[i].matrix(),
+                           xs[i].data(), s.cols + s.x_pad, tokens, single_ys[i].data(),
+                           s.rows + s.y_pad, s.accumulate);
     }
-    MatMulBatch(tasks.data(), static_cast<int>(tasks.size()), tokens);
+    internal::MatMulBatchOn(isa, tasks.data(), static_cast<int>(tasks.size()), tokens);
     for (size_t i = 0; i < tasks.size(); ++i) {
       SCOPED_TRACE("task " + std::to_string(i));
       ASSERT_EQ(batch_ys[i].size(), single_ys[i].size());
@@ -308,6 +328,13 @@ TEST(MatMulBatchTest, EqualsMatMulTaskByTask) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, MatMulBatchTest,
+                         ::testing::Values(KernelIsa::kPortable, KernelIsa::kAvx2,
+                                           KernelIsa::kAvx512),
+                         [](const ::testing::TestParamInfo<KernelIsa>& info) {
+                           return std::string(KernelIsaName(info.param));
+                         });
 
 TEST(WeightMatrixTest, AtReadsEitherType) {
   const uint16_t bf16[] = {FloatToBf16(1.0f), FloatToBf16(-2.5f), FloatToBf16(3.0f),

@@ -1,0 +1,530 @@
+// The AVX2 kernels of kernels/matmul_internal.h (AVX2 + FMA: 16 ymm registers of 8 floats). Every
+// function that uses them carries a target attribute (the rest of the binary stays baseline
+// x86-64); callers check CpuSupports(KernelIsa::kAvx2).
+//
+// The designs are those of the AVX-512 kernels (matmul_avx512.cc), sized for half the registers:
+// - rows: a block of R weight rows streamed once and dotted with up to 4 tokens, R * T <= 8
+//   accumulators; activations packed as there (32-input blocks as [16 even][16 odd]), so a 16-input
+//   half of a block is one ymm of bf16 pairs widened by a shift (even) and a mask (odd).
+// - MXFP4 rows: 8 code bytes widen to 8 lanes; vpermps looks the low 3 bits of each nibble up in
+//   an 8-entry table of the magnitudes times the group's scale, whose entry c was stored XORed with
+//   c << 28, so one XOR with the nibble shifted to the top both undoes that and applies the sign.
+// - tiles: panels of 16 rows x 256 inputs packed as 32-bit units (a bf16 pair, an f32, or one
+//   MXFP4 code byte decoded to a bf16 pair, exactly), multiplied with 6-token tiles of packed
+//   activations by a 16 x 6 outer-product micro-kernel (12 accumulators, 2 weight registers).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "glog/logging.h"
+#include "kernels/matmul_internal.h"
+#include "kernels/mxfp4.h"
+#include "kernels/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define K3_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace k3::internal {
+
+#if defined(__x86_64__)
+namespace {
+
+// ---- Row kernel -------------------------------------------------------------------------------
+
+constexpr int kMaxGroupTokens = 4;
+constexpr int64_t kRowsSpan = 32;  // rows whose weights stay in L2 while the token groups take turns
+// Distance, in bytes along each weight row, of the software prefetch.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// R * T <= 8 accumulators, leaving registers for the activations and the widened weights.
+template <int T>
+constexpr int RowsPerBlock() {
+  return T == 1 ? 8 : T == 2 ? 4 : 2;
+}
+static_assert(kRowsAlign % RowsPerBlock<1>() == 0);
+
+// As in the AVX-512 kernel: past the row's end, the same row of the next block (read next).
+template <int R>
+inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes) {
+  int64_t ahead = offset + kPrefetchBytes;
+  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
+  _mm_prefetch(static_cast<const char*>(row) + ahead, _MM_HINT_T0);
+}
+
+// The sums of four vectors in the four lanes of the result.
+K3_AVX2 inline __m128 SumsOf4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Reduces each accumulator and stores (or adds) it to y[t][row + r].
+template <int T, int R>
+K3_AVX2 inline void StoreSums(const __m256 (&acc)[R][T], float* const* yt, int64_t row,
+                              bool accumulate) {
+  constexpr int kCount = R * T;
+  constexpr int kPadded = (kCount + 3) / 4 * 4;
+  __m256 flat[kPadded];
+  for (int i = 0; i < kPadded; ++i) flat[i] = i < kCount ? acc[i / T][i % T] : _mm256_setzero_ps();
+  float sums[kPadded];
+  for (int i = 0; i < kPadded; i += 4) {
+    _mm_storeu_ps(sums + i, SumsOf4(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]));
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float& out = yt[t][row + r];
+      out = accumulate ? out + sums[r * T + t] : sums[r * T + t];
+    }
+  }
+}
+
+// One 32-input step of R BF16 rows: w[r] points at the step's 32 weights of row r.
+template <int T, int R>
+K3_AVX2 inline void Bf16Step(const uint16_t* const (&w)[R], const float* const* xp, int64_t k,
+                             __m256 (&acc)[R][T]) {
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int h = 0; h < 2; ++h) {
+    __m256 even[T], odd[T];
+    for (int t = 0; t < T; ++t) {
+      even[t] = _mm256_load_ps(xp[t] + k + 8 * h);
+      odd[t] = _mm256_load_ps(xp[t] + k + 16 + 8 * h);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + 16 * h));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, high_half));
+      for (int t = 0; t < T; ++t) {
+        acc[r][t] = _mm256_fmadd_ps(we, even[t], acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(wo, odd[t], acc[r][t]);
+      }
+    }
+  }
+}
+
+// xp: T packed activation rows (zero past cols, up to a multiple of 32).
+template <int T, int R>
+K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, float* const* yt,
+                       bool accumulate, int64_t row) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  const uint16_t* stream[R];
+  for (int r = 0; r < R; ++r) stream[r] = w + (row + r) * cols;
+  const int64_t whole = cols / 32 * 32;
+  for (int64_t k = 0; k < whole; k += 32) {
+    const uint16_t* at[R];
+    for (int r = 0; r < R; ++r) {
+      PrefetchRowAhead<R>(stream[r], 2 * k, 2 * cols);
+      at[r] = stream[r] + k;
+    }
+    Bf16Step<T, R>(at, xp, k, acc);
+  }
+  if (whole < cols) {  // the last partial step from zero-padded copies
+    alignas(32) uint16_t tail[R][32] = {};
+    const uint16_t* at[R];
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(tail[r], stream[r] + whole, 2 * (cols - whole));
+      at[r] = tail[r];
+    }
+    Bf16Step<T, R>(at, xp, whole, acc);
+  }
+  StoreSums<T, R>(acc, yt, row, accumulate);
+}
+
+// xp: T activation rows as given.
+template <int T, int R>
+K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
+                       bool accumulate, int64_t row) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  const float* stream[R];
+  for (int r = 0; r < R; ++r) stream[r] = w + (row + r) * cols;
+  for (int64_t k = 0; k < cols; k += 8) {
+    const int64_t left = std::min<int64_t>(8, cols - k);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    if (k % 16 == 0) {
+      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(stream[r], 4 * k, 4 * cols);
+    }
+    __m256 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_maskload_ps(stream[r] + k, mask);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  StoreSums<T, R>(acc, yt, row, accumulate);
+}
+
+struct Mxfp4Rows {
+  const uint8_t* codes;
+  const uint8_t* scales;
+};
+
+// E8M0 byte s -> 8 floats: entry c is |E2M1 value c| * 2^(s - 127) with its bits XORed with
+// c << 28 (see the file comment). 8 KiB; the scales in use stay in L1.
+const float* SignFoldedTables() {
+  static const float* tables = [] {
+    alignas(32) static uint32_t bits[256 * 8];
+    for (int s = 0; s < 256; ++s) {
+      for (uint32_t c = 0; c < 8; ++c) {
+        const float value = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
+        std::memcpy(&bits[s * 8 + c], &value, 4);
+        bits[s * 8 + c] ^= c << 28;
+      }
+    }
+    return reinterpret_cast<const float*>(bits);
+  }();
+  return tables;
+}
+
+// 8 weights from the nibbles in the low 4 bits of each lane (bits 4-31 may be anything that the
+// shift by 28 drops: vpermps reads only bits 0-2).
+K3_AVX2 inline __m256 DecodeNibbles(__m256i nibbles, __m256 table) {
+  const __m256 folded = _mm256_permutevar8x32_ps(table, nibbles);
+  return _mm256_xor_ps(folded, _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
+}
+
+// xp: T packed activation rows; a group's code byte i holds inputs 2i (low) and 2i + 1 (high).
+// REQUIRES: cols % 32 == 0.
+template <int T, int R>
+K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
+                       bool accumulate, int64_t row) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  const uint8_t* codes[R];
+  const uint8_t* scales[R];
+  for (int r = 0; r < R; ++r) {
+    codes[r] = w->codes + (row + r) * cols / 2;
+    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
+  }
+  const float* tables = SignFoldedTables();
+  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+    if (k % 128 == 0) {
+      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256 even[T], odd[T];
+      for (int t = 0; t < T; ++t) {
+        even[t] = _mm256_load_ps(xp[t] + k + 8 * h);
+        odd[t] = _mm256_load_ps(xp[t] + k + 16 + 8 * h);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i v = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes[r] + k / 2 + 8 * h)));
+        const __m256 table = _mm256_load_ps(tables + 8 * scales[r][k / kMxfp4Group]);
+        const __m256 we = DecodeNibbles(v, table);  // bits 4-7 leave in the shift
+        const __m256 wo = DecodeNibbles(_mm256_srli_epi32(v, 4), table);
+        for (int t = 0; t < T; ++t) {
+          acc[r][t] = _mm256_fmadd_ps(we, even[t], acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(wo, odd[t], acc[r][t]);
+        }
+      }
+    }
+  }
+  StoreSums<T, R>(acc, yt, row, accumulate);
+}
+
+template <typename WT, int T>
+K3_AVX2 void RowsGroup(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
+                       bool accumulate, int64_t row_begin, int64_t row_end) {
+  constexpr int R = RowsPerBlock<T>();
+  int64_t row = row_begin;
+  for (; row + R <= row_end; row += R) RowsBlock<T, R>(w, cols, xp, yt, accumulate, row);
+  for (; row < row_end; ++row) RowsBlock<T, 1>(w, cols, xp, yt, accumulate, row);
+}
+
+// Rows [row_begin, row_end) for all tokens: spans of rows outside, token groups of up to 4 inside
+// (even sizes: 7 as 4 + 3), so that every group after the first finds the weights in cache.
+template <typename WT>
+K3_AVX2 void RowsRange(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
+                       int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
+  const int64_t groups = (tokens + kMaxGroupTokens - 1) / kMaxGroupTokens;
+  for (int64_t row = row_begin; row < row_end; row += kRowsSpan) {
+    const int64_t end = std::min(row_end, row + kRowsSpan);
+    int64_t t0 = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t t1 = tokens * (g + 1) / groups;
+      const float* const* x = xp + t0;
+      float* const* y = yt + t0;
+      switch (t1 - t0) {
+        case 1: RowsGroup<WT, 1>(w, cols, x, y, accumulate, row, end); break;
+        case 2: RowsGroup<WT, 2>(w, cols, x, y, accumulate, row, end); break;
+        case 3: RowsGroup<WT, 3>(w, cols, x, y, accumulate, row, end); break;
+        default: RowsGroup<WT, 4>(w, cols, x, y, accumulate, row, end); break;
+      }
+      t0 = t1;
+    }
+  }
+}
+
+K3_AVX2 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float* const* yt,
+                         int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
+  if (w.type == WeightType::kBf16) {
+    RowsRange(static_cast<const uint16_t*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
+              row_end);
+  } else if (w.type == WeightType::kMxfp4) {
+    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
+    RowsRange(&rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
+  } else {
+    RowsRange(static_cast<const float*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
+              row_end);
+  }
+}
+
+// RowKernel::pack_inputs: per 8 inputs, one shuffle takes the even (odd) ones of two vectors in
+// 128-bit-lane order and one 64-bit permute puts them in order.
+K3_AVX2 void PackRowInputs(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                           int64_t padded_cols, float* packed) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* src = x + t * x_stride;
+    float* out = packed + t * padded_cols;
+    for (int64_t k = 0; k < padded_cols; k += 32) {
+      alignas(32) float block[32] = {};
+      const float* in = src + k;
+      if (k + 32 > cols) {
+        std::memcpy(block, src + k, 4 * std::max<int64_t>(0, cols - k));
+        in = block;
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 a = _mm256_loadu_ps(in + 16 * h), b = _mm256_loadu_ps(in + 16 * h + 8);
+        const __m256d even = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+        const __m256d odd = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd));
+        _mm256_store_ps(out + k + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(even, 0xd8)));
+        _mm256_store_ps(out + k + 16 + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(odd, 0xd8)));
+      }
+    }
+  }
+}
+
+// ---- Tiled kernel -----------------------------------------------------------------------------
+
+constexpr int kPanelRows = 16;
+constexpr int kTileTokens = 6;
+constexpr int64_t kBlockUnits = 128;  // kc in 32-bit units: 256 bf16 inputs, 128 f32; 8 KiB panel
+constexpr int64_t kBlockTokens = 43 * kTileTokens;  // 258: a 256-token prefill in one block
+
+// Unit u (inputs 2u, 2u + 1 for bf16 and MXFP4; input u for f32) of row r, as 32 bits; REQUIRES
+// u within the row (BF16: an odd last input gives a zero high half).
+struct Bf16Units {
+  const uint16_t* w;
+  int64_t cols;
+  static constexpr int kInputsPerUnit = 2;
+  uint32_t operator()(int64_t r, int64_t u) const {
+    const uint16_t* p = w + r * cols + 2 * u;
+    return p[0] | (2 * u + 1 < cols ? uint32_t{p[1]} << 16 : 0);
+  }
+};
+struct F32Units {
+  const float* w;
+  int64_t cols;
+  static constexpr int kInputsPerUnit = 1;
+  uint32_t operator()(int64_t r, int64_t u) const {
+    uint32_t bits;
+    std::memcpy(&bits, w + r * cols + u, 4);
+    return bits;
+  }
+};
+// One code byte as the bf16 pair of its two values times the group's scale (exact: at most 2
+// significant bits, so the fp32 value's low 16 bits are zero).
+struct Mxfp4Units {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  int64_t cols;
+  const uint32_t* scaled;  // [256][16] fp32 bits of E2M1 value c times scale s
+  static constexpr int kInputsPerUnit = 2;
+  uint32_t operator()(int64_t r, int64_t u) const {
+    const uint8_t byte = codes[r * cols / 2 + u];
+    const uint32_t* table = scaled + 16 * scales[(r * cols + 2 * u) / kMxfp4Group];
+    return (table[byte & 0xf] >> 16) | (table[byte >> 4] & 0xffff0000u);
+  }
+};
+
+const uint32_t* ScaledE2m1Bits() {
+  static const uint32_t* tables = [] {
+    static uint32_t bits[256 * 16];
+    for (int s = 0; s < 256; ++s) {
+      for (int c = 0; c < 16; ++c) {
+        const float value = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
+        std::memcpy(&bits[s * 16 + c], &value, 4);
+      }
+    }
+    return bits;
+  }();
+  return tables;
+}
+
+// packed[u * 16 + r] = unit u0 + u of row row + r; zero for rows past `rows` and units past
+// `units` up to padded_units.
+template <typename Units>
+void PackPanel(const Units& w, int64_t row, int64_t rows, int64_t u0, int64_t units,
+               int64_t padded_units, uint32_t* packed) {
+  for (int64_t r = 0; r < kPanelRows; ++r) {
+    for (int64_t u = 0; u < padded_units; ++u) {
+      packed[u * kPanelRows + r] = r < rows && u < units ? w(row + r, u0 + u) : 0;
+    }
+  }
+}
+
+// packed[(tile * kc + k) * 6 + t] = x[(tile * 6 + t) * x_stride + k], zero past `tokens` and kc.
+void PackTileInputs(const float* x, int64_t x_stride, int64_t tokens, int64_t kc,
+                    int64_t padded_kc, float* packed) {
+  for (int64_t tile = 0; tile * kTileTokens < tokens; ++tile) {
+    float* out = packed + tile * padded_kc * kTileTokens;
+    for (int t = 0; t < kTileTokens; ++t) {
+      const int64_t token = tile * kTileTokens + t;
+      const int64_t valid = token < tokens ? kc : 0;
+      const float* src = x + token * x_stride;
+      for (int64_t k = 0; k < valid; ++k) out[k * kTileTokens + t] = src[k];
+      for (int64_t k = valid; k < padded_kc; ++k) out[k * kTileTokens + t] = 0.0f;
+    }
+  }
+}
+
+// Adds (or stores) a tile: tokens [0, tokens), rows [0, rows).
+K3_AVX2 inline void StoreTile(const __m256 (&acc)[kTileTokens][2], float* y, int64_t y_stride,
+                              int tokens, int rows, bool accumulate) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), lane);
+  const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows - 8), lane);
+  for (int t = 0; t < tokens; ++t) {
+    float* out = y + t * y_stride;
+    __m256 v0 = acc[t][0], v1 = acc[t][1];
+    if (accumulate) {
+      v0 = _mm256_add_ps(v0, _mm256_maskload_ps(out, mask0));
+      v1 = _mm256_add_ps(v1, _mm256_maskload_ps(out + 8, mask1));
+    }
+    _mm256_maskstore_ps(out, mask0, v0);
+    _mm256_maskstore_ps(out + 8, mask1, v1);
+  }
+}
+
+// y[t, 0:16] (+)= sum over the panel. Bf16 pairs: even inputs by a shift, odd ones by a mask;
+// packed_x holds 2 * units inputs per token.
+K3_AVX2 void MicroKernelPairs(const uint32_t* packed_w, const float* packed_x, int64_t units,
+                              float* y, int64_t y_stride, int tokens, int rows, bool accumulate) {
+  __m256 acc[kTileTokens][2];
+  for (int t = 0; t < kTileTokens; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t u = 0; u < units; ++u) {
+    const __m256i a0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(packed_w + u * 16));
+    const __m256i a1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(packed_w + u * 16 + 8));
+    const float* xk = packed_x + 2 * u * kTileTokens;
+    __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(a0, 16));
+    __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(a1, 16));
+#pragma GCC unroll 6
+    for (int t = 0; t < kTileTokens; ++t) {
+      const __m256 b = _mm256_broadcast_ss(xk + t);
+      acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
+    }
+    w0 = _mm256_castsi256_ps(_mm256_and_si256(a0, high_half));
+    w1 = _mm256_castsi256_ps(_mm256_and_si256(a1, high_half));
+#pragma GCC unroll 6
+    for (int t = 0; t < kTileTokens; ++t) {
+      const __m256 b = _mm256_broadcast_ss(xk + kTileTokens + t);
+      acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
+    }
+  }
+  StoreTile(acc, y, y_stride, tokens, rows, accumulate);
+}
+
+K3_AVX2 void MicroKernelF32(const uint32_t* packed_w, const float* packed_x, int64_t units,
+                            float* y, int64_t y_stride, int tokens, int rows, bool accumulate) {
+  __m256 acc[kTileTokens][2];
+  for (int t = 0; t < kTileTokens; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const float* wf = reinterpret_cast<const float*>(packed_w);
+  for (int64_t u = 0; u < units; ++u) {
+    const __m256 w0 = _mm256_load_ps(wf + u * 16);
+    const __m256 w1 = _mm256_load_ps(wf + u * 16 + 8);
+    const float* xk = packed_x + u * kTileTokens;
+#pragma GCC unroll 6
+    for (int t = 0; t < kTileTokens; ++t) {
+      const __m256 b = _mm256_broadcast_ss(xk + t);
+      acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
+    }
+  }
+  StoreTile(acc, y, y_stride, tokens, rows, accumulate);
+}
+
+// Rows [row_begin, row_end) of y for every token.
+template <typename Units>
+K3_AVX2 void TilesRange(const Units& w, int64_t cols, const float* x, int64_t x_stride,
+                        int64_t tokens, float* y, int64_t y_stride, bool accumulate,
+                        int64_t row_begin, int64_t row_end) {
+  constexpr int64_t kPer = Units::kInputsPerUnit;
+  thread_local ThreadBuffer panel_buffer, input_buffer;
+  uint32_t* panel = reinterpret_cast<uint32_t*>(panel_buffer.Get(kBlockUnits * kPanelRows));
+  float* packed_x = input_buffer.Get(kBlockTokens * kBlockUnits * kPer);
+  const int64_t units_total = (cols + kPer - 1) / kPer;
+  for (int64_t m0 = 0; m0 < tokens; m0 += kBlockTokens) {
+    const int64_t mb = std::min(kBlockTokens, tokens - m0);
+    const int64_t tiles = (mb + kTileTokens - 1) / kTileTokens;
+    for (int64_t u0 = 0; u0 < units_total; u0 += kBlockUnits) {
+      const int64_t units = std::min(kBlockUnits, units_total - u0);
+      const int64_t kc = std::min(units * kPer, cols - u0 * kPer);
+      PackTileInputs(x + m0 * x_stride + u0 * kPer, x_stride, mb, kc, units * kPer, packed_x);
+      const bool add = accumulate || u0 > 0;
+      for (int64_t row = row_begin; row < row_end; row += kPanelRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, row_end - row));
+        PackPanel(w, row, rows, u0, units, units, panel);
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+          const int64_t t0 = tile * kTileTokens;
+          const int n = static_cast<int>(std::min<int64_t>(kTileTokens, mb - t0));
+          float* out = y + (m0 + t0) * y_stride + row;
+          const float* xt = packed_x + t0 * units * kPer;
+          if constexpr (kPer == 2) {
+            MicroKernelPairs(panel, xt, units, out, y_stride, n, rows, add);
+          } else {
+            MicroKernelF32(panel, xt, units, out, y_stride, n, rows, add);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const RowKernel& Avx2RowKernel() {
+  static const RowKernel kernel{PackRowInputs, RowsAnyType};
+  return kernel;
+}
+
+void MatMulAvx2Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
+                     float* y, int64_t y_stride, bool accumulate) {
+  ParallelForRows(w, tokens, kPanelRows, [&](int64_t begin, int64_t end) {
+    if (w.type == WeightType::kBf16) {
+      TilesRange(Bf16Units{static_cast<const uint16_t*>(w.data), w.cols}, w.cols, x, x_stride,
+                 tokens, y, y_stride, accumulate, begin, end);
+    } else if (w.type == WeightType::kMxfp4) {
+      TilesRange(Mxfp4Units{static_cast<const uint8_t*>(w.data), w.scales, w.cols,
+                            ScaledE2m1Bits()},
+                 w.cols, x, x_stride, tokens, y, y_stride, accumulate, begin, end);
+    } else {
+      TilesRange(F32Units{static_cast<const float*>(w.data), w.cols}, w.cols, x, x_stride, tokens,
+                 y, y_stride, accumulate, begin, end);
+    }
+  });
+}
+
+#else  // !defined(__x86_64__)
+
+const RowKernel& Avx2RowKernel() { LOG(FATAL) << "AVX2 kernel called on a non-x86 build"; }
+
+void MatMulAvx2Tiles(const WeightMatrix&, const float*, int64_t, int64_t, float*, int64_t, bool) {
+  LOG(FATAL) << "AVX2 kernel called on a non-x86 build";
+}
+
+#endif
+
+}  // namespace k3::internal
