@@ -52,9 +52,9 @@ std::optional<KernelIsa> ParseKernelIsa(std::string_view name) {
 bool CpuSupports(KernelIsa isa) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  static const bool avx512 = __builtin_cpu_supports("avx512f") &&
-                             __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (isa) {
     case KernelIsa::kAvx512: return avx512;
     case KernelIsa::kAvx2: return avx2;

@@ -35,7 +35,8 @@ namespace {
 // ---- Row kernel -------------------------------------------------------------------------------
 
 constexpr int kMaxGroupTokens = 4;
-constexpr int64_t kRowsSpan = 32;  // rows whose weights stay in L2 while the token groups take turns
+// Rows whose weights stay in L2 while the token groups take turns over them.
+constexpr int64_t kRowsSpan = 32;
 // Distance, in bytes along each weight row, of the software prefetch.
 constexpr int64_t kPrefetchBytes = 1024;
 

@@ -50,7 +50,8 @@ bool CpuHasAvx512();
 // MatMul's argument checks (a CHECK failure names the bad one).
 void CheckArguments(const WeightMatrix& w, int64_t x_stride, int64_t tokens, int64_t y_stride);
 
-// k3::MatMul with a chosen kernel (kAuto: ActiveKernelIsa()'s). REQUIRES: CpuSupports(IsaOf(kernel)).
+// k3::MatMul with a chosen kernel (kAuto: ActiveKernelIsa()'s family).
+// REQUIRES: CpuSupports(IsaOf(kernel)).
 void MatMulWith(MatMulKernel kernel, const WeightMatrix& w, const float* x, int64_t x_stride,
                 int64_t tokens, float* y, int64_t y_stride, bool accumulate);
 

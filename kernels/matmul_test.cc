@@ -275,7 +275,9 @@ TEST(MatMulTest, DensePublicOverload) {
 class MatMulBatchTest : public ::testing::TestWithParam<KernelIsa> {
  protected:
   void SetUp() override {
-    if (!CpuSupports(GetParam())) GTEST_SKIP() << "this CPU does not run " << KernelIsaName(GetParam());
+    if (!CpuSupports(GetParam())) {
+      GTEST_SKIP() << "this CPU does not run " << KernelIsaName(GetParam());
+    }
   }
 };
 
