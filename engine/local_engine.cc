@@ -42,19 +42,37 @@ absl::StatusOr<std::vector<float>> LocalEngine::Logits(const std::vector<int32_t
   return all;
 }
 
+absl::Status LocalEngine::EnablePrefixCache(const PrefixCacheOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  prefix_cache_ = std::make_unique<PrefixCache>(config(), options);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int32_t>& prompt,
                                                            const GenerateOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (absl::Status s = ValidateSamplingOptions(options.sampling); !s.ok()) return s;
   std::unique_ptr<SequenceState> state = runner_->NewSequence();
   Sampler sampler(options.sampling);
+  // Every token fed or to feed: the prompt, then each generated token but the last.
+  std::vector<int32_t> tokens = prompt;
+  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
+  int64_t fed = prefix_cache_ ? prefix_cache_->Restore(prompt, state.get()) : 0;
   std::vector<int32_t> generated;
   std::vector<float> logits;
-  std::vector<int32_t> feed = prompt;
   while (static_cast<int>(generated.size()) < options.max_new_tokens) {
-    BatchEntry entry{state.get(), absl::MakeConstSpan(feed), false};
+    const int64_t end = fed < prompt_size && prefix_cache_
+                            ? prefix_cache_->PrefillCut(fed, prompt_size)
+                            : static_cast<int64_t>(tokens.size());
+    BatchEntry entry{state.get(), absl::MakeConstSpan(tokens).subspan(fed, end - fed), false};
     if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    fed = end;
+    if (prefix_cache_) {
+      if (absl::Status s = prefix_cache_->Record(tokens, *state); !s.ok()) return s;
+    }
+    if (fed < prompt_size) continue;  // the prompt's first piece, up to its last block boundary
     if (absl::Status s = CheckLogitsFinite(logits.data(), config().vocab_size); !s.ok()) return s;
+    if (options.on_logits) options.on_logits(absl::MakeConstSpan(logits));
     const int32_t next = sampler.Next(logits.data(), config().vocab_size);
     generated.push_back(next);
     if (options.on_token) options.on_token(next);
@@ -63,7 +81,7 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
             options.stop_token_ids.end()) {
       break;
     }
-    feed.assign(1, next);
+    tokens.push_back(next);
   }
   return generated;
 }

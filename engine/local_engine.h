@@ -1,6 +1,8 @@
 // LocalEngine: the whole model in one process: weights, the in-process routed experts and a
 // ModelRunner. Backs the CLI's `logits` and local `generate`, and the single-process side of the
-// cross-tier tests. Not thread-safe.
+// cross-tier tests. With a prefix cache (EnablePrefixCache), Generate restores the longest cached
+// prefix of the prompt and records the sequence's state at block boundaries, so a conversation's
+// next turn prefills only what is new. Not thread-safe.
 #ifndef K3SERVE_ENGINE_LOCAL_ENGINE_H_
 #define K3SERVE_ENGINE_LOCAL_ENGINE_H_
 
@@ -10,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "attention_nodes/model_runner.h"
+#include "attention_nodes/prefix_cache.h"
 #include "attention_nodes/sampler.h"
 #include "model/weights.h"
 #include "engine/local_routed_moe.h"
@@ -25,6 +29,8 @@ struct GenerateOptions {
   // Sees each token as soon as it is sampled (an interactive front streaming the answer); null:
   // none.
   std::function<void(int32_t)> on_token;
+  // Sees the logits row each token is sampled from, before on_token; null: none.
+  std::function<void(absl::Span<const float>)> on_logits;
 };
 
 class LocalEngine {
@@ -40,6 +46,12 @@ class LocalEngine {
   // the caches.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
 
+  // From now on Generate reuses and records prefixes (PrefixCache). INVALID_ARGUMENT for bad
+  // options.
+  absl::Status EnablePrefixCache(const PrefixCacheOptions& options);
+  // Null unless enabled.
+  const PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
+
   // New tokens after `prompt`; stops at max_new_tokens or after emitting a stop token or (unless
   // ignore_eos) the model's eos_token_id.
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
@@ -50,6 +62,7 @@ class LocalEngine {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<LocalRoutedMoe> moe_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
 };
 
 }  // namespace k3

@@ -36,6 +36,8 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
   absl::StatusOr<std::unique_ptr<LocalEngine>> opened = LocalEngine::Open(o.model);
   if (!opened.ok()) return opened.status();
   std::shared_ptr<LocalEngine> engine = *std::move(opened);
+  // Each turn's prompt is the conversation so far: the next turn prefills only what is new.
+  if (absl::Status s = engine->EnablePrefixCache(PrefixCacheOptions()); !s.ok()) return s;
   GenerateOptions generate;
   generate.max_new_tokens = o.max_new_tokens;
   generate.sampling.temperature = static_cast<float>(o.temperature);
