@@ -1,0 +1,146 @@
+// prefix_cache_bench: time to first token of a conversation's second turn with the prefix cache,
+// against its first turn, on a random k3-tiny checkpoint (issue 24: ">= 10x sooner").
+//
+//   bazel run //bench:prefix_cache_bench -- [--prompt-tokens 8192] [--added-tokens 64]
+//                                                   [--answer-tokens 16] [--rounds 5]
+//
+// Each round is a new conversation (random tokens, so nothing is shared across rounds): turn 1 is
+// the prompt, answered with --answer-tokens tokens; turn 2 is turn 1, its answer and
+// --added-tokens new tokens. Both turns run on the same engine with the prefix cache, and turn 2
+// also on an engine without it (what turn 2 costs cold). Reported: the per-round ratios, median
+// and range over the rounds (rounds interleave the three measurements, so a noisy host moves all
+// of them alike).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cluster/process_tuning.h"
+#include "engine/local_engine.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+
+namespace k3::bench {
+namespace {
+
+struct Options {
+  int prompt_tokens = 8192;
+  int added_tokens = 64;
+  int answer_tokens = 16;
+  int rounds = 5;
+};
+
+bool ParseArgs(int argc, char** argv, Options* options) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    int* target = flag == "--prompt-tokens"   ? &options->prompt_tokens
+                  : flag == "--added-tokens"  ? &options->added_tokens
+                  : flag == "--answer-tokens" ? &options->answer_tokens
+                  : flag == "--rounds"        ? &options->rounds
+                                              : nullptr;
+    if (target == nullptr || !absl::SimpleAtoi(value, target) || *target < 1) {
+      std::fprintf(stderr, "prefix_cache_bench: bad flag %s %s\n", flag.c_str(), value.c_str());
+      return false;
+    }
+  }
+  return argc % 2 == 1;
+}
+
+struct Timed {
+  double first_token_seconds = 0;
+  std::vector<int32_t> answer;
+};
+
+Timed TimeTurn(LocalEngine& engine, const std::vector<int32_t>& prompt, int answer_tokens) {
+  Timed timed;
+  GenerateOptions options;
+  options.max_new_tokens = answer_tokens;
+  options.ignore_eos = true;
+  const absl::Time start = absl::Now();
+  options.on_token = [&](int32_t) {
+    if (timed.first_token_seconds == 0) {
+      timed.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    }
+  };
+  absl::StatusOr<std::vector<int32_t>> answer = engine.Generate(prompt, options);
+  if (!answer.ok()) {
+    std::fprintf(stderr, "generate: %s\n", answer.status().ToString().c_str());
+    std::exit(1);
+  }
+  timed.answer = *answer;
+  return timed;
+}
+
+void Report(const char* what, std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  std::printf("%-44s median %8.4f  range %8.4f .. %8.4f\n", what, values[values.size() / 2],
+              values.front(), values.back());
+}
+
+int Main(int argc, char** argv) {
+  Options options;
+  if (!ParseArgs(argc, argv, &options)) return 2;
+  TuneServingProcess();
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/k3_prefix_cache_bench";
+  std::filesystem::create_directories(dir);
+  if (absl::Status s = WriteRandomCheckpoint(*config, 3, dir, 1); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<LocalEngine>> cached = LocalEngine::Open(dir);
+  absl::StatusOr<std::unique_ptr<LocalEngine>> plain = LocalEngine::Open(dir);
+  if (!cached.ok() || !plain.ok() || !(*cached)->EnablePrefixCache(PrefixCacheOptions()).ok()) {
+    std::fprintf(stderr, "cannot open the engines\n");
+    return 1;
+  }
+  std::mt19937 rng(11);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % config->vocab_size);
+    return t;
+  };
+  std::vector<double> first, second, cold, ratio, cold_ratio;
+  for (int round = 0; round < options.rounds; ++round) {
+    std::vector<int32_t> prompt = random_tokens(options.prompt_tokens);
+    const Timed turn1 = TimeTurn(**cached, prompt, options.answer_tokens);
+    prompt.insert(prompt.end(), turn1.answer.begin(), turn1.answer.end());
+    const std::vector<int32_t> added = random_tokens(options.added_tokens);
+    prompt.insert(prompt.end(), added.begin(), added.end());
+    const Timed turn2 = TimeTurn(**cached, prompt, 1);
+    const Timed turn2_cold = TimeTurn(**plain, prompt, 1);
+    first.push_back(turn1.first_token_seconds);
+    second.push_back(turn2.first_token_seconds);
+    cold.push_back(turn2_cold.first_token_seconds);
+    ratio.push_back(turn1.first_token_seconds / turn2.first_token_seconds);
+    cold_ratio.push_back(turn2_cold.first_token_seconds / turn2.first_token_seconds);
+    std::printf("round %d: turn 1 %.4f s, turn 2 %.4f s (cold %.4f s): %.1fx\n", round,
+                turn1.first_token_seconds, turn2.first_token_seconds,
+                turn2_cold.first_token_seconds, ratio.back());
+  }
+  std::printf("k3-tiny, %d-token first turn, +%d answer +%d new tokens, %d rounds\n",
+              options.prompt_tokens, options.answer_tokens, options.added_tokens, options.rounds);
+  Report("turn 1 first token (s)", first);
+  Report("turn 2 first token, prefix cache (s)", second);
+  Report("turn 2 first token, no cache (s)", cold);
+  Report("turn 1 / turn 2 with the cache (x)", ratio);
+  Report("turn 2 no cache / with the cache (x)", cold_ratio);
+  const PrefixCacheStats stats = (*cached)->prefix_cache()->stats();
+  std::printf("cache: %lld/%lld hits, %lld of %lld tokens restored, %lld bytes held\n",
+              static_cast<long long>(stats.hits), static_cast<long long>(stats.lookups),
+              static_cast<long long>(stats.hit_tokens), static_cast<long long>(stats.lookup_tokens),
+              static_cast<long long>(stats.bytes));
+  return 0;
+}
+
+}  // namespace
+}  // namespace k3::bench
+
+int main(int argc, char** argv) { return k3::bench::Main(argc, argv); }
