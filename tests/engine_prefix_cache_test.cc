@@ -72,7 +72,7 @@ TEST(EnginePrefixCacheTest, ConversationsMatchWithoutTheCache) {
   ASSERT_TRUE(cached.ok() && plain.ok());
   PrefixCacheOptions options;
   options.block_tokens = 16;
-  options.budget_bytes = 1 << 20;  // a handful of snapshots of k3-tiny: evictions happen
+  options.budget_bytes = 4 << 20;  // ~30 snapshots of k3-tiny: the 50 conversations evict
   ASSERT_TRUE((*cached)->EnablePrefixCache(options).ok());
 
   std::mt19937 rng(7);
@@ -88,8 +88,9 @@ TEST(EnginePrefixCacheTest, ConversationsMatchWithoutTheCache) {
   for (int c = 0; c < 50; ++c) {
     std::vector<int32_t> history;
     if (c > 0 && uniform(0, 2) == 0) {
-      // Branch off an earlier conversation somewhere inside it (mostly mid-block).
-      const std::vector<int32_t>& from = histories[uniform(0, c - 1)];
+      // Branch off a recent conversation (likely still cached) somewhere inside it, mostly
+      // mid-block and past blocks that hold pages but no state.
+      const std::vector<int32_t>& from = histories[uniform(std::max(0, c - 3), c - 1)];
       history.assign(from.begin(), from.begin() + uniform(1, static_cast<int>(from.size())));
     }
     const int num_turns = uniform(2, 4);
