@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
@@ -81,10 +82,11 @@ K3_AVX2 inline void StoreSums(const __m256 (&acc)[R][T], float* const* yt, int64
   }
 }
 
-// One 32-input step of R BF16 rows: w[r] points at the step's 32 weights of row r.
-template <int T, int R>
+// One 32-input step of R BF16 rows into accumulators acc[P r + p]: w[r] points at the step's 32
+// weights of row P r + p.
+template <int T, int R, int P>
 K3_AVX2 inline void Bf16Step(const uint16_t* const (&w)[R], const float* const* xp, int64_t k,
-                             __m256 (&acc)[R][T]) {
+                             int p, __m256 (&acc)[R * P][T]) {
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int h = 0; h < 2; ++h) {
     __m256 even[T], odd[T];
@@ -97,69 +99,78 @@ K3_AVX2 inline void Bf16Step(const uint16_t* const (&w)[R], const float* const* 
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, high_half));
       for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm256_fmadd_ps(we, even[t], acc[r][t]);
-        acc[r][t] = _mm256_fmadd_ps(wo, odd[t], acc[r][t]);
+        acc[P * r + p][t] = _mm256_fmadd_ps(we, even[t], acc[P * r + p][t]);
+        acc[P * r + p][t] = _mm256_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
       }
     }
   }
 }
 
-// xp: T packed activation rows (zero past cols, up to a multiple of 32).
-template <int T, int R>
+// xp: T packed activation rows (zero past cols, up to a multiple of 32). R streams of P
+// consecutive rows each (see RowsGroup): stream r reads rows row + P r .. row + P r + P - 1.
+template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
-  __m256 acc[R][T];
-  for (int r = 0; r < R; ++r) {
+  __m256 acc[R * P][T];
+  for (int r = 0; r < R * P; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   }
   const uint16_t* stream[R];
-  for (int r = 0; r < R; ++r) stream[r] = w + (row + r) * cols;
+  for (int r = 0; r < R; ++r) stream[r] = w + (row + P * r) * cols;
   const int64_t whole = cols / 32 * 32;
-  for (int64_t k = 0; k < whole; k += 32) {
-    const uint16_t* at[R];
-    for (int r = 0; r < R; ++r) {
-      PrefetchRowAhead<R>(stream[r], 2 * k, 2 * cols);
-      at[r] = stream[r] + k;
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < whole; k += 32) {
+      const uint16_t* at[R];
+      for (int r = 0; r < R; ++r) {
+        PrefetchRowAhead<R>(stream[r], 2 * (p * cols + k), 2 * P * cols);
+        at[r] = stream[r] + p * cols + k;
+      }
+      Bf16Step<T, R, P>(at, xp, k, p, acc);
     }
-    Bf16Step<T, R>(at, xp, k, acc);
-  }
-  if (whole < cols) {  // the last partial step from zero-padded copies
-    alignas(32) uint16_t tail[R][32] = {};
-    const uint16_t* at[R];
-    for (int r = 0; r < R; ++r) {
-      std::memcpy(tail[r], stream[r] + whole, 2 * (cols - whole));
-      at[r] = tail[r];
+    if (whole < cols) {  // the last partial step from zero-padded copies
+      alignas(32) uint16_t tail[R][32] = {};
+      const uint16_t* at[R];
+      for (int r = 0; r < R; ++r) {
+        std::memcpy(tail[r], stream[r] + p * cols + whole, 2 * (cols - whole));
+        at[r] = tail[r];
+      }
+      Bf16Step<T, R, P>(at, xp, whole, p, acc);
     }
-    Bf16Step<T, R>(at, xp, whole, acc);
   }
-  StoreSums<T, R>(acc, yt, row, accumulate);
+  StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
-// xp: T activation rows as given.
-template <int T, int R>
+// xp: T activation rows as given. Streams as for BF16.
+template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
-  __m256 acc[R][T];
-  for (int r = 0; r < R; ++r) {
+  __m256 acc[R * P][T];
+  for (int r = 0; r < R * P; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   }
   const float* stream[R];
-  for (int r = 0; r < R; ++r) stream[r] = w + (row + r) * cols;
-  for (int64_t k = 0; k < cols; k += 8) {
-    const int64_t left = std::min<int64_t>(8, cols - k);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    if (k % 16 == 0) {
-      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(stream[r], 4 * k, 4 * cols);
-    }
-    __m256 xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_maskload_ps(stream[r] + k, mask);
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+  for (int r = 0; r < R; ++r) stream[r] = w + (row + P * r) * cols;
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < cols; k += 8) {
+      const int64_t left = std::min<int64_t>(8, cols - k);
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      if (k % 16 == 0) {
+        for (int r = 0; r < R; ++r) {
+          PrefetchRowAhead<R>(stream[r], 4 * (p * cols + k), 4 * P * cols);
+        }
+      }
+      __m256 xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
+      for (int r = 0; r < R; ++r) {
+        const __m256 wv = _mm256_maskload_ps(stream[r] + p * cols + k, mask);
+        for (int t = 0; t < T; ++t) {
+          acc[P * r + p][t] = _mm256_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+        }
+      }
     }
   }
-  StoreSums<T, R>(acc, yt, row, accumulate);
+  StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
 struct Mxfp4Rows {
@@ -193,9 +204,10 @@ K3_AVX2 inline __m256 DecodeNibbles(__m256i nibbles, __m256 table) {
 
 // xp: T packed activation rows; a group's code byte i holds inputs 2i (low) and 2i + 1 (high).
 // REQUIRES: cols % 32 == 0.
-template <int T, int R>
+template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
+  static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -233,13 +245,28 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 
+// Bytes of one weight row.
+inline int64_t RowBytes(const uint16_t*, int64_t cols) { return 2 * cols; }
+inline int64_t RowBytes(const float*, int64_t cols) { return 4 * cols; }
+
+// Rows [row_begin, row_end) for one group of T tokens. For one token, BF16 and F32 rows of
+// kShortRowBytes or less are read two at a time by 4 streams (8 accumulators), as in the AVX-512
+// kernel: a 1 KiB row ends before the prefetchers get going.
+constexpr int64_t kShortRowBytes = 1024;
 template <typename WT, int T>
 K3_AVX2 void RowsGroup(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row_begin, int64_t row_end) {
   constexpr int R = RowsPerBlock<T>();
   int64_t row = row_begin;
-  for (; row + R <= row_end; row += R) RowsBlock<T, R>(w, cols, xp, yt, accumulate, row);
-  for (; row < row_end; ++row) RowsBlock<T, 1>(w, cols, xp, yt, accumulate, row);
+  if constexpr (T == 1 && !std::is_same_v<WT, Mxfp4Rows>) {
+    if (RowBytes(w, cols) <= kShortRowBytes) {
+      for (; row + R <= row_end; row += R) {
+        RowsBlock<T, R / 2, 2>(w, cols, xp, yt, accumulate, row);
+      }
+    }
+  }
+  for (; row + R <= row_end; row += R) RowsBlock<T, R, 1>(w, cols, xp, yt, accumulate, row);
+  for (; row < row_end; ++row) RowsBlock<T, 1, 1>(w, cols, xp, yt, accumulate, row);
 }
 
 // Rows [row_begin, row_end) for all tokens: spans of rows outside, token groups of up to 4 inside
