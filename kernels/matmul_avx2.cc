@@ -223,21 +223,19 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
     if (k % 128 == 0) {
       for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
     }
-    for (int h = 0; h < 2; ++h) {
-      __m256 even[T], odd[T];
-      for (int t = 0; t < T; ++t) {
-        even[t] = _mm256_load_ps(xp[t] + k + 8 * h);
-        odd[t] = _mm256_load_ps(xp[t] + k + 16 + 8 * h);
-      }
-      for (int r = 0; r < R; ++r) {
+    // Row by row, both halves of the group: the row's table lives in one register for the two,
+    // and the activations come from L1 as FMA operands (with 8 tables and 4 activation vectors
+    // held at once, the 8 accumulators did not fit the 16 registers).
+    for (int r = 0; r < R; ++r) {
+      const __m256 table = _mm256_load_ps(tables + 8 * scales[r][k / kMxfp4Group]);
+      for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_cvtepu8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes[r] + k / 2 + 8 * h)));
-        const __m256 table = _mm256_load_ps(tables + 8 * scales[r][k / kMxfp4Group]);
         const __m256 we = DecodeNibbles(v, table);  // bits 4-7 leave in the shift
         const __m256 wo = DecodeNibbles(_mm256_srli_epi32(v, 4), table);
         for (int t = 0; t < T; ++t) {
-          acc[r][t] = _mm256_fmadd_ps(we, even[t], acc[r][t]);
-          acc[r][t] = _mm256_fmadd_ps(wo, odd[t], acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(we, _mm256_load_ps(xp[t] + k + 8 * h), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(wo, _mm256_load_ps(xp[t] + k + 16 + 8 * h), acc[r][t]);
         }
       }
     }
