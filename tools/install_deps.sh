@@ -17,6 +17,11 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the tests' references (the official `openai` client in tests/openai_client,
+# js-tiktoken in tokenizer/reference, the k8s manifest validator). Checked as commands, not as
+# packages: a machine with another Node.js build (NodeSource's bundles npm) keeps its own.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
