@@ -107,9 +107,14 @@ GenerationRequest FromProto(const v1::GenerateRequest& proto, int max_new_tokens
   if (sampling.has_top_p()) request.sampling.top_p = sampling.top_p();
   if (sampling.has_top_k()) request.sampling.top_k = sampling.top_k();
   request.sampling.seed = sampling.has_seed() ? sampling.seed() : RandomSeed();
-  request.max_new_tokens = sampling.has_max_new_tokens()
-                               ? sampling.max_new_tokens()
-                               : std::min(kDefaultMaxNewTokens, max_new_tokens_limit);
+  if (!sampling.has_max_new_tokens()) {
+    request.max_new_tokens = std::min(kDefaultMaxNewTokens, max_new_tokens_limit);
+  } else {  // 0: as many as the server allows
+    request.max_new_tokens =
+        sampling.max_new_tokens() == 0 ? max_new_tokens_limit : sampling.max_new_tokens();
+  }
+  // Negative: none (the scheduler's -1); beyond the limit: the scheduler's INVALID_ARGUMENT.
+  if (sampling.has_top_logprobs()) request.top_logprobs = std::max(sampling.top_logprobs(), -1);
   request.stop_token_ids.assign(sampling.stop_token_ids().begin(),
                                 sampling.stop_token_ids().end());
   request.ignore_eos = sampling.ignore_eos();
@@ -141,10 +146,22 @@ class GenerateStream final : public GenerationSink {
     handle_ = std::move(handle);
   }
 
+  void OnLogprobs(const TokenLogprobs& logprobs) override { logprobs_ = logprobs; }
+
   void OnToken(int32_t token, int prompt_tokens, int generated_tokens) override {
     v1::GenerateResponse message = FirstOrNext();
     v1::TokenChunk* chunk = message.mutable_chunk();
     chunk->add_token_ids(token);
+    if (logprobs_.has_value()) {
+      v1::TokenLogprobs* entry = chunk->add_logprobs();
+      entry->set_logprob(logprobs_->logprob);
+      for (const auto& [id, logprob] : logprobs_->top) {
+        v1::TopLogprob* top = entry->add_top();
+        top->set_token_id(id);
+        top->set_logprob(logprob);
+      }
+      logprobs_.reset();
+    }
     chunk->set_prompt_tokens(prompt_tokens);
     chunk->set_generated_tokens(generated_tokens);
     if (decoder_.has_value() &&
@@ -210,6 +227,7 @@ class GenerateStream final : public GenerationSink {
   const std::vector<int32_t> silent_ids_;
   MetricFamily<Counter>* const calls_;
   std::optional<StreamingDecoder> decoder_;  // the scheduler's thread only (OnToken, OnFinish)
+  std::optional<TokenLogprobs> logprobs_;  // the next OnToken's, from OnLogprobs (same thread)
   absl::Mutex mu_;
   std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is in flight if writing_

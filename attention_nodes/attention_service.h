@@ -11,7 +11,8 @@
 //    and UNAVAILABLE. A client that cancels the stream (or whose deadline passes) has its request
 //    cancelled and its state freed at the next step boundary.
 //    Unset sampling fields take the defaults: greedy, top_p 1, no top-k, a random seed,
-//    max_new_tokens kDefaultMaxNewTokens (capped by the server's limit).
+//    max_new_tokens kDefaultMaxNewTokens (capped by the server's limit; 0 asks for the limit).
+//    top_logprobs adds each token's log-probabilities to the chunks (LogprobsOf, sampler.h).
 //    With a tokenizer, a prompt may come as text or chat messages (chat adds the turn end as a stop
 //    token), and every chunk carries the text its tokens complete (StreamingDecoder: never half
 //    a character; stop tokens and eos add no text); without one, such prompts are

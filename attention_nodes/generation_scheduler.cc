@@ -256,6 +256,10 @@ absl::Status GenerationScheduler::Validate(const GenerationRequest& request) con
                                                    "; it must lie in [1, ",
                                                    options_.max_new_tokens_limit, "]"));
   }
+  if (request.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs is ", request.top_logprobs,
+                                                   "; at most ", kMaxTopLogprobs));
+  }
   return ValidateSamplingOptions(request.sampling);
 }
 
@@ -565,6 +569,9 @@ void GenerationScheduler::RunStep() {
           metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - sequence.last_token));
         }
         sequence.last_token = now;
+      }
+      if (sequence.request.top_logprobs >= 0) {
+        sequence.sink->OnLogprobs(LogprobsOf(row, vocab, token, sequence.request.top_logprobs));
       }
       sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
       const std::vector<int32_t>& stops = sequence.request.stop_token_ids;

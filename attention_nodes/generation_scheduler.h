@@ -115,6 +115,8 @@ struct GenerationRequest {
   int max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // true: the model's eos_token_id does not end the request
+  // >= 0: OnLogprobs reports each token's log-probability and this many top alternatives.
+  int top_logprobs = -1;
   // A sampled W3C trace context from the client (its `traceparent`): the request's spans go to
   // SchedulerOptions::spans, and its steps' contexts travel with the MoE rows.
   std::optional<TraceContext> trace;
@@ -140,6 +142,9 @@ class GenerationSink {
   virtual ~GenerationSink() = default;
   // A new token; counts are cumulative, this token included.
   virtual void OnToken(int32_t token, int prompt_tokens, int generated_tokens) = 0;
+  // With GenerationRequest::top_logprobs >= 0: the next token's log-probabilities, just before
+  // its OnToken.
+  virtual void OnLogprobs(const TokenLogprobs& /*logprobs*/) {}
   // The end, exactly once, after every OnToken.
   virtual void OnFinish(const GenerationResult& result) = 0;
 };

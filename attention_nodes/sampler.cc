@@ -25,6 +25,23 @@ absl::Status CheckLogitsFinite(const float* logits, int64_t vocab) {
       "the model produced non-finite logits (NaN or infinity); no token can be sampled");
 }
 
+TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int top) {
+  const float max = *std::max_element(logits, logits + vocab);
+  double total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(total);
+  auto logprob = [&](int32_t id) { return static_cast<float>(logits[id] - log_z); };
+  TokenLogprobs result{.logprob = logprob(token)};
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t keep = std::min<int64_t>(top, vocab);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int64_t i = 0; i < keep; ++i) result.top.emplace_back(order[i], logprob(order[i]));
+  return result;
+}
+
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
 
 int32_t Sampler::Next(const float* logits, int64_t vocab) {

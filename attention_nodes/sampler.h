@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +27,19 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& options);
 // INTERNAL when a row of logits holds a NaN or an infinity (broken weights or a broken step): no
 // token may be sampled from it, since argmax and softmax would return an arbitrary one.
 absl::Status CheckLogitsFinite(const float* logits, int64_t vocab);
+
+// The most top_logprobs a request may ask for (OpenAI's limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
+// A sampled token's log-probability and the `top` most likely tokens' (most likely first, ties to
+// the lower id), from the model's own distribution: log_softmax of the raw logits, before
+// temperature, top_k and top_p (as OpenAI and vLLM report them), summed in double.
+struct TokenLogprobs {
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // (token id, log-probability)
+};
+// REQUIRES: finite logits, 0 <= token < vocab, 0 <= top.
+TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int top);
 
 class Sampler {
  public:

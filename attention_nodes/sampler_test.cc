@@ -69,5 +69,24 @@ TEST(SamplerTest, NonFiniteLogitsAreAnInternalError) {
   }
 }
 
+// Log-probabilities against log(softmax) computed here in long double, term by term.
+TEST(SamplerTest, LogprobsAreTheRawDistributionsLogSoftmax) {
+  const std::vector<float> logits = {0.25f, 3.f, -2.f, 3.f, 1.5f, -0.75f};
+  long double z = 0;
+  for (float l : logits) z += std::exp(static_cast<long double>(l));
+  auto expected = [&](int id) { return static_cast<double>(logits[id] - std::log(z)); };
+  const TokenLogprobs lp = LogprobsOf(logits.data(), logits.size(), 4, 3);
+  EXPECT_NEAR(lp.logprob, expected(4), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  // Most likely first; the tie between ids 1 and 3 goes to the lower id.
+  const int order[] = {1, 3, 4};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lp.top[i].first, order[i]);
+    EXPECT_NEAR(lp.top[i].second, expected(order[i]), 1e-6);
+  }
+  EXPECT_TRUE(LogprobsOf(logits.data(), logits.size(), 0, 0).top.empty());
+  EXPECT_EQ(LogprobsOf(logits.data(), logits.size(), 0, 100).top.size(), logits.size());
+}
+
 }  // namespace
 }  // namespace k3

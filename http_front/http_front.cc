@@ -1,5 +1,6 @@
 #include "http_front/http_front.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -22,12 +24,13 @@
 #include "cluster/security.h"
 #include "cluster/trace_context.h"
 #include "glog/logging.h"
+#include "http_front/client_connection.h"
+#include "http_front/connection_queue.h"
 #include "http_front/openai_protocol.h"
-#include "http_front/stop_matcher.h"
+#include "http_front/text_stream.h"
 #include "http_front/worker_pool.h"
 #include "httplib.h"
 #include "tokenizer/chat_template.h"
-#include "tokenizer/streaming_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace k3 {
@@ -36,11 +39,11 @@ namespace {
 namespace v1 = k3serve::v1;
 
 constexpr char kJson[] = "application/json";
-// Connections served at once: each stream holds one thread while it waits for tokens.
-constexpr size_t kServerThreads = 64;
 constexpr absl::Duration kReadinessTimeout = absl::Seconds(1);
-// Request bodies above this are refused (413): prompts are far smaller; memory is not.
-constexpr size_t kMaxBodyBytes = 16 << 20;
+// A connection's thread ends after this long without a connection to serve.
+constexpr absl::Duration kIdleThreadTimeout = absl::Seconds(10);
+// What a client shed past --max-connections is told to wait before it tries again.
+constexpr char kRetryAfterSeconds[] = "1";
 
 absl::StatusOr<std::string> ReadApiKey(const std::string& path) {
   std::ifstream file(path);
@@ -53,10 +56,6 @@ absl::StatusOr<std::string> ReadApiKey(const std::string& path) {
   return key;
 }
 
-const char* FinishReasonOf(v1::Complete::FinishReason reason) {
-  return reason == v1::Complete::LENGTH ? "length" : "stop";
-}
-
 }  // namespace
 
 struct HttpFront::Impl {
@@ -67,87 +66,76 @@ struct HttpFront::Impl {
   std::vector<int32_t> stop_ids;       // eos, for every request
   std::optional<int32_t> turn_end_id;  // chat: also the end of the assistant's turn
   std::unique_ptr<WorkerPool> pool;
-  httplib::Server http;
+  std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with --tls-cert
+  int listen_fd = -1;                     // http's listening socket
   int port = -1;
   std::thread thread;
   absl::Notification done;
   std::atomic<bool> stopping{false};
   std::unique_ptr<NodeEndpoints> endpoints;
   MetricFamily<Counter>* responses = nullptr;
+  Counter* shed = nullptr;  // connections answered 503 past --max-connections
   Gauge* active = nullptr;  // generations in flight
+  MetricFamily<Histogram>* latency = nullptr;  // by endpoint: body read to last byte
+  MetricFamily<Histogram>* first_token = nullptr;  // by endpoint: body read to the first text
   std::atomic<uint64_t> next_id{0};  // of responses, with the time: unique per process
 
   absl::Mutex mu;
   absl::flat_hash_set<GenerateCall*> calls ABSL_GUARDED_BY(mu);  // in flight, for Stop
 
+  // Makes the server (HTTPS with --tls-cert), binds, listens and starts the accept loop.
+  absl::Status Serve();
   void Route();
   void Reply(httplib::Response& response, const absl::Status& error);
-  void Complete(const httplib::Request& request, httplib::Response& response, Endpoint endpoint);
+  // The pre-routing check: shedding (bodiless requests) and the API key.
+  bool Admit(const httplib::Request& request, httplib::Response& response);
+  // Answers 503 with Retry-After (true) on a connection past --max-connections.
+  bool Shed(httplib::Response& response);
+  // Reads a POST body through `reader` (so that no content type gets httplib's own limits);
+  // false after replying 413 (over max_body_bytes) or 400.
+  bool ReadBody(const httplib::ContentReader& reader, httplib::Response& response,
+                std::string* body);
+  struct Generation;
+  // What the response needs of the request.
+  struct RequestShape {
+    int prompt_tokens = 0;
+    bool logprobs = false;
+    bool include_usage = false;
+  };
+  // The request's latency metrics: from its body read to the first token, and to the end.
+  struct Timing {
+    absl::Time start;
+    Histogram* latency;
+    Histogram* first_token;
+    // Shared by the copies the stream's callback holds.
+    std::shared_ptr<std::atomic<bool>> first_seen = std::make_shared<std::atomic<bool>>(false);
+
+    void TokenArrived(int generated) const {
+      if (generated > 0 && !first_seen->exchange(true)) {
+        first_token->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+    }
+    void Done() const { latency->Observe(absl::ToDoubleSeconds(absl::Now() - start)); }
+  };
+  void Complete(const httplib::Request& request, const std::string& body,
+                httplib::Response& response, Endpoint endpoint);
+  // Starts the request's n calls.
+  absl::StatusOr<std::vector<Generation>> StartChoices(const CompletionRequest& request,
+                                                       v1::GenerateRequest grpc_request,
+                                                       Endpoint endpoint,
+                                                       const std::string& traceparent);
+  // A non-streamed answer; cancelled when the client goes away (ClientConnection).
+  void CompleteWhole(const httplib::Request& http_request, const ResponseHead& head,
+                     std::vector<Generation>& choices, const RequestShape& shape,
+                     const Timing& timing, httplib::Response& response);
+  // Server-sent events; cancelled when a write fails.
+  void Stream(const ResponseHead& head, std::vector<Generation> choices,
+              const RequestShape& shape, const Timing& timing, httplib::Response& response);
   absl::StatusOr<v1::GenerateRequest> ToGrpc(const CompletionRequest& request,
                                              Endpoint endpoint) const;
   absl::StatusOr<std::unique_ptr<GenerateCall>> StartCall(const v1::GenerateRequest& request,
                                                           const std::string& traceparent);
   void EndCall(GenerateCall* call);
-};
-
-// Turns a call's token stream into text pieces: decoding (never half a character), dropping the
-// stop token's name, stop strings. One per request, on the thread that serves it.
-class TextStream {
- public:
-  TextStream(const Tokenizer& tokenizer, std::vector<int32_t> stop_ids,
-             std::vector<std::string> stops)
-      : decoder_(tokenizer), stop_ids_(std::move(stop_ids)), matcher_(std::move(stops)) {}
-
-  // Reads the next message; false once the generation ended (then finish_reason() is set).
-  // Appends the text it releases to *text.
-  bool Next(GenerateCall& call, std::string* text) {
-    v1::GenerateResponse response;
-    if (!call.Next(&response)) return false;
-    if (response.has_complete()) {
-      const v1::Complete& complete = response.complete();
-      if (complete.finish_reason() == v1::Complete::CANCELLED ||
-          complete.finish_reason() == v1::Complete::ERROR) {
-        error_ = absl::UnavailableError(
-            absl::StrCat("the generation ended early: ", complete.message()));
-        return false;
-      }
-      text->append(matcher_.Push(decoder_.Finish()));
-      text->append(matcher_.Finish());
-      finish_reason_ = FinishReasonOf(complete.finish_reason());
-      return false;
-    }
-    for (int32_t id : response.chunk().token_ids()) {
-      ++generated_;
-      if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) continue;
-      absl::StatusOr<std::string> piece = decoder_.Push(id);
-      text->append(matcher_.Push(piece.ok() ? *piece : std::string(kReplacementCharacter)));
-    }
-    if (matcher_.stopped()) {
-      finish_reason_ = "stop";
-      call.Cancel();  // the worker stops generating and frees the request's state
-      return false;
-    }
-    return true;
-  }
-
-  // The error when the stream ended without a finish reason.
-  absl::Status Error(GenerateCall& call) {
-    if (!error_.ok()) return error_;
-    absl::Status status = call.Finish();
-    if (!status.ok()) return status;
-    return absl::InternalError("the Generate stream ended without a Complete message");
-  }
-
-  const std::string& finish_reason() const { return finish_reason_; }
-  int generated() const { return generated_; }
-
- private:
-  StreamingDecoder decoder_;
-  const std::vector<int32_t> stop_ids_;
-  StopMatcher matcher_;
-  std::string finish_reason_;  // empty until the generation ended normally
-  absl::Status error_;
-  int generated_ = 0;
 };
 
 void HttpFront::Impl::Reply(httplib::Response& response, const absl::Status& error) {
@@ -175,8 +163,11 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   }
   grpc_request.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
   v1::SamplingParams* sampling = grpc_request.mutable_sampling();
-  if (request.max_tokens.has_value()) sampling->set_max_new_tokens(*request.max_tokens);
-  if (request.temperature.has_value()) sampling->set_temperature(*request.temperature);
+  // Unset fields take the server's defaults (OpenAI's unless flags say otherwise): max_new_tokens
+  // 0 asks the worker for as many as it allows.
+  sampling->set_max_new_tokens(request.max_tokens.value_or(options.default_max_tokens));
+  sampling->set_temperature(request.temperature.value_or(options.default_temperature));
+  if (request.top_logprobs.has_value()) sampling->set_top_logprobs(*request.top_logprobs);
   if (request.top_p.has_value()) sampling->set_top_p(*request.top_p);
   if (request.seed.has_value()) sampling->set_seed(*request.seed);
   for (int32_t id : stop_ids) sampling->add_stop_token_ids(id);
@@ -206,18 +197,51 @@ void HttpFront::Impl::EndCall(GenerateCall* call) {
   active->Set(static_cast<double>(calls.size()));
 }
 
-void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Response& response,
-                               Endpoint endpoint) {
-  absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(http_request.body, endpoint);
+// One choice's call and text (n > 1 gives several).
+struct HttpFront::Impl::Generation {
+  std::shared_ptr<GenerateCall> call;
+  std::shared_ptr<TextStream> text;
+};
+
+absl::StatusOr<std::vector<HttpFront::Impl::Generation>> HttpFront::Impl::StartChoices(
+    const CompletionRequest& request, v1::GenerateRequest grpc_request, Endpoint endpoint,
+    const std::string& traceparent) {
+  TextStreamOptions text_options{.stop_ids = stop_ids,
+                                 .stops = request.stop,
+                                 .skip_special_tokens = request.skip_special_tokens};
+  if (endpoint == Endpoint::kChatCompletions && turn_end_id.has_value()) {
+    text_options.stop_ids.push_back(*turn_end_id);
+  }
+  std::vector<Generation> choices;
+  for (int i = 0; i < request.n; ++i) {
+    // Choices differ by their seeds: the request's plus the index, or the worker's random ones.
+    if (request.seed.has_value()) grpc_request.mutable_sampling()->set_seed(*request.seed + i);
+    absl::StatusOr<std::unique_ptr<GenerateCall>> started = StartCall(grpc_request, traceparent);
+    if (!started.ok()) return started.status();  // the started ones are cancelled as they go
+    choices.push_back({std::shared_ptr<GenerateCall>(started->release(),
+                                                     [this](GenerateCall* call) {
+                                                       EndCall(call);
+                                                       delete call;
+                                                     }),
+                       std::make_shared<TextStream>(*tokenizer, text_options)});
+  }
+  return choices;
+}
+
+void HttpFront::Impl::Complete(const httplib::Request& http_request, const std::string& body,
+                               httplib::Response& response, Endpoint endpoint) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(body, endpoint);
   if (!request.ok()) return Reply(response, request.status());
   absl::StatusOr<v1::GenerateRequest> grpc_request = ToGrpc(*request, endpoint);
   if (!grpc_request.ok()) return Reply(response, grpc_request.status());
   // A client's W3C trace context goes on to the attention worker (cluster/trace_context.h);
   // a malformed one starts no trace.
   const std::string traceparent = http_request.get_header_value(kTraceparentHeader);
-  absl::StatusOr<std::unique_ptr<GenerateCall>> started = StartCall(
-      *grpc_request, ParseTraceparent(traceparent).ok() ? traceparent : std::string());
-  if (!started.ok()) return Reply(response, started.status());
+  absl::StatusOr<std::vector<Generation>> choices =
+      StartChoices(*request, *grpc_request, endpoint,
+                   ParseTraceparent(traceparent).ok() ? traceparent : std::string());
+  if (!choices.ok()) return Reply(response, choices.status());
 
   const bool chat = endpoint == Endpoint::kChatCompletions;
   ResponseHead head;
@@ -226,92 +250,198 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request, httplib::Re
   head.created = absl::ToUnixSeconds(absl::Now());
   head.model = model_name;
   head.endpoint = endpoint;
-  std::vector<int32_t> stops = stop_ids;
-  if (chat && turn_end_id.has_value()) stops.push_back(*turn_end_id);
-  auto text_stream = std::make_shared<TextStream>(*tokenizer, std::move(stops), request->stop);
-  std::shared_ptr<GenerateCall> call(started->release(), [this](GenerateCall* c) {
-    EndCall(c);
-    delete c;
-  });
-  const int prompt_tokens = grpc_request->prompt_token_ids_size();
-
-  if (!request->stream) {
-    std::string text;
-    while (text_stream->Next(*call, &text)) {
-    }
-    if (text_stream->finish_reason().empty()) return Reply(response, text_stream->Error(*call));
-    response.set_content(CompletionBody(head, text, text_stream->finish_reason(),
-                                        {prompt_tokens, text_stream->generated()}),
-                         kJson);
-    return;
+  const std::string label = chat ? "chat" : "completions";
+  Timing timing{start, latency->WithLabels({label}), first_token->WithLabels({label})};
+  const RequestShape shape{grpc_request->prompt_token_ids_size(),
+                           request->top_logprobs.has_value(), request->include_usage};
+  if (request->stream) {
+    Stream(head, *std::move(choices), shape, timing, response);
+  } else {
+    CompleteWhole(http_request, head, *choices, shape, timing, response);
   }
+}
 
-  const bool include_usage = request->include_usage;
+void HttpFront::Impl::CompleteWhole(const httplib::Request& http_request,
+                                    const ResponseHead& head, std::vector<Generation>& choices,
+                                    const RequestShape& shape, const Timing& timing,
+                                    httplib::Response& response) {
+  const ClientConnection client(http_request);
+  std::vector<Choice> out(choices.size());
+  Usage usage{shape.prompt_tokens, 0};
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Generation& choice = choices[i];
+    out[i].index = static_cast<int>(i);
+    if (shape.logprobs) out[i].logprobs.emplace();
+    while (choice.text->Next(*choice.call, &out[i])) {
+      timing.TokenArrived(choice.text->generated());
+      if (client.Gone()) {
+        // Nobody will read the answer: the workers stop generating and free the requests.
+        for (Generation& c : choices) c.call->Cancel();
+        return Reply(response, absl::CancelledError("the client closed the connection"));
+      }
+    }
+    if (choice.text->finish_reason().empty()) {
+      return Reply(response, choice.text->Error(*choice.call));
+    }
+    out[i].finish_reason = choice.text->finish_reason();
+    usage.completion_tokens += choice.text->generated();
+  }
+  response.set_content(CompletionBody(head, out, usage), kJson);
+  timing.Done();
+}
+
+void HttpFront::Impl::Stream(const ResponseHead& head, std::vector<Generation> choices,
+                             const RequestShape& shape, const Timing& timing,
+                             httplib::Response& response) {
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
-      "text/event-stream", [head, call, text_stream, prompt_tokens, include_usage](
-                               size_t /*offset*/, httplib::DataSink& sink) {
-        bool first = true;
-        std::string text;
-        bool more = true;
-        while (more) {
-          text.clear();
-          more = text_stream->Next(*call, &text);
-          if (!more && text_stream->finish_reason().empty()) break;  // an error: see below
-          if (first || !text.empty()) {
-            const std::string event = CompletionChunkEvent(head, text, first, "");
-            if (!sink.write(event.data(), event.size())) {
-              call->Cancel();  // the client is gone: the worker frees the request's state
+      "text/event-stream", [head, choices, shape, timing](size_t /*offset*/,
+                                                          httplib::DataSink& sink) {
+        auto cancel_all = [&] {
+          for (const Generation& c : choices) c.call->Cancel();
+        };
+        // The choices take turns, a message each: the workers generate them all at once.
+        std::vector<bool> started(choices.size(), false), ended(choices.size(), false);
+        Usage usage{shape.prompt_tokens, 0};
+        for (size_t left = choices.size(); left > 0;) {
+          for (size_t i = 0; i < choices.size(); ++i) {
+            if (ended[i]) continue;
+            const Generation& choice = choices[i];
+            Choice piece{.index = static_cast<int>(i)};
+            if (shape.logprobs) piece.logprobs.emplace();
+            const bool more = choice.text->Next(*choice.call, &piece);
+            timing.TokenArrived(choice.text->generated());
+            std::string events;
+            if (!more && choice.text->finish_reason().empty()) {
+              // The headers are sent: the error goes in the stream, as OpenAI's servers do.
+              cancel_all();
+              events = absl::StrCat("data: ", ErrorBody(choice.text->Error(*choice.call)),
+                                    "\n\n", kDoneEvent);
+              sink.write(events.data(), events.size());
+              sink.done();
+              return true;
+            }
+            if (!started[i] || !piece.text.empty() ||
+                (piece.logprobs.has_value() && !piece.logprobs->empty())) {
+              events = CompletionChunkEvent(head, piece, !started[i]);
+              started[i] = true;
+            }
+            if (!more) {
+              ended[i] = true;
+              --left;
+              usage.completion_tokens += choice.text->generated();
+              events += CompletionChunkEvent(
+                  head, {.index = piece.index, .finish_reason = choice.text->finish_reason()},
+                  false);
+            }
+            if (!events.empty() && !sink.write(events.data(), events.size())) {
+              cancel_all();  // the client is gone: the workers free the requests' state
               return false;
             }
-            first = false;
           }
         }
-        std::string tail;
-        if (text_stream->finish_reason().empty()) {
-          // The headers are sent: the error goes in the stream, as OpenAI's servers do.
-          tail = absl::StrCat("data: ", ErrorBody(text_stream->Error(*call)), "\n\n");
-        } else {
-          tail = CompletionChunkEvent(head, "", false, text_stream->finish_reason());
-          if (include_usage) {
-            tail += UsageChunkEvent(head, {prompt_tokens, text_stream->generated()});
-          }
-        }
+        std::string tail = shape.include_usage ? UsageChunkEvent(head, usage) : "";
         tail += kDoneEvent;
         if (!sink.write(tail.data(), tail.size())) return false;
         sink.done();
+        timing.Done();
         return true;
       });
 }
 
+bool HttpFront::Impl::Shed(httplib::Response& response) {
+  if (!ConnectionQueue::Shedding()) return false;
+  Reply(response, absl::UnavailableError(
+                      "the server has as many connections as it serves at once; retry later"));
+  response.set_header("Retry-After", kRetryAfterSeconds);
+  response.set_header("Connection", "close");
+  return true;
+}
+
+bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& response) {
+  // A request with a body is shed once its body is read (ReadBody's callers): closing a
+  // connection with unread bytes would reset it before the client reads the 503.
+  const bool has_body = request.has_header("Transfer-Encoding") ||
+                        request.get_header_value<uint64_t>("Content-Length") > 0;
+  if (!has_body && Shed(response)) return false;
+  if (api_key.empty()) return true;
+  // RFC 6750: the scheme is case-insensitive; the token is not.
+  absl::string_view key = absl::StripLeadingAsciiWhitespace(request.get_header_value("Authorization"));
+  if (absl::StartsWithIgnoreCase(key, "Bearer ")) {
+    key.remove_prefix(7);
+    if (ConstantTimeEquals(absl::StripAsciiWhitespace(key), api_key)) return true;
+  }
+  const bool missing = !request.has_header("Authorization");
+  Reply(response, absl::UnauthenticatedError(
+                      missing ? "missing API key: send 'Authorization: Bearer <key>'"
+                              : "incorrect API key"));
+  response.set_header("WWW-Authenticate",
+                      missing ? "Bearer realm=\"k3serve\""
+                              : "Bearer realm=\"k3serve\", error=\"invalid_token\"");
+  return false;
+}
+
+bool HttpFront::Impl::ReadBody(const httplib::ContentReader& reader, httplib::Response& response,
+                               std::string* body) {
+  // A body over the limit with a Content-Length never reaches the receiver: httplib reads it
+  // away and sets 413. A chunked one is read to its end and dropped here, so that the client
+  // gets the 413 rather than a reset.
+  bool too_large = false;
+  const bool read = reader([&](const char* data, size_t size) {
+    too_large |= body->size() + size > static_cast<size_t>(options.max_body_bytes);
+    if (!too_large) body->append(data, size);
+    return true;
+  });
+  if (too_large || response.status == 413) {
+    Reply(response, absl::InvalidArgumentError(absl::StrCat(
+                        "the request body is larger than ", options.max_body_bytes, " bytes")));
+    response.status = 413;
+    return false;
+  }
+  if (!read) {
+    Reply(response, absl::InvalidArgumentError("the request body could not be read"));
+    response.set_header("Connection", "close");
+    return false;
+  }
+  return !Shed(response);
+}
+
 void HttpFront::Impl::Route() {
-  http.set_pre_routing_handler(
+  http->set_pre_routing_handler(
       [this](const httplib::Request& request, httplib::Response& response) {
-        if (api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string authorization = request.get_header_value("Authorization");
-        absl::string_view key = authorization;
-        if (absl::ConsumePrefix(&key, "Bearer ") && ConstantTimeEquals(key, api_key)) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        Reply(response,
-              absl::UnauthenticatedError(authorization.empty()
-                                             ? "missing API key: send 'Authorization: Bearer <key>'"
-                                             : "incorrect API key"));
-        return httplib::Server::HandlerResponse::Handled;
+        return Admit(request, response) ? httplib::Server::HandlerResponse::Unhandled
+                                        : httplib::Server::HandlerResponse::Handled;
       });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+  http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(ModelsBody(model_name), kJson);
   });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& request, httplib::Response& response) {
-              Complete(request, response, Endpoint::kCompletions);
-            });
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& request, httplib::Response& response) {
-              Complete(request, response, Endpoint::kChatCompletions);
-            });
+  http->Get("/v1/models/(.+)", [this](const httplib::Request& request,
+                                      httplib::Response& response) {
+    if (request.matches[1] != model_name) {
+      return Reply(response, absl::NotFoundError(absl::StrCat(
+                                 "model '", request.matches[1].str(),
+                                 "' does not exist; this server serves '", model_name, "'")));
+    }
+    response.set_content(ModelBody(model_name), kJson);
+  });
+  for (const Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const char* path =
+        endpoint == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+    // With a body (the content reader bypasses httplib's 8 KB limit on form-encoded bodies:
+    // curl -d sends JSON as application/x-www-form-urlencoded), and without one (a 400).
+    http->Post(path, [this, endpoint](const httplib::Request& request,
+                                      httplib::Response& response,
+                                      const httplib::ContentReader& reader) {
+      std::string body;
+      if (ReadBody(reader, response, &body)) Complete(request, body, response, endpoint);
+    });
+    http->Post(path, [this, endpoint](const httplib::Request& request,
+                                      httplib::Response& response) {
+      Complete(request, request.body, response, endpoint);
+    });
+  }
   // Unknown routes (httplib leaves them 404 without a body) and errors get OpenAI's shape.
-  http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
+  http->set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;  // already an OpenAI error
     const absl::Status error =
         response.status == 404
@@ -323,10 +453,80 @@ void HttpFront::Impl::Route() {
     Reply(response, error);
     response.status = status;
   });
-  http.set_exception_handler(
+  http->set_exception_handler(
       [this](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
         Reply(response, absl::InternalError("internal error"));
       });
+}
+
+// Every connection holds a descriptor: the soft limit (often 1024) must leave room for
+// --max-connections of them besides the gRPC channels and files.
+void RaiseOpenFileLimit(int max_connections) {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t wanted = std::min<rlim_t>(limit.rlim_max, max_connections + 1024);
+  if (limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = wanted;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) PLOG(WARNING) << "cannot raise RLIMIT_NOFILE";
+}
+
+absl::Status HttpFront::Impl::Serve() {
+  const TlsFlags& tls = options.tls;
+  if (!tls.cert.empty() || !tls.key.empty()) {
+    if (tls.cert.empty() || tls.key.empty()) {
+      return absl::InvalidArgumentError("HTTPS needs both --tls-cert and --tls-key");
+    }
+    // No client certificates: the API's clients authenticate with their bearer key.
+    auto server = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str());
+    if (!server->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot serve HTTPS with --tls-cert ", tls.cert, " and --tls-key ", tls.key));
+    }
+    http = std::move(server);
+  } else {
+    http = std::make_unique<httplib::Server>();
+  }
+  RaiseOpenFileLimit(options.max_connections);
+  http->new_task_queue = [this] {
+    return new ConnectionQueue(options.max_connections, kIdleThreadTimeout,
+                               [this] { shed->Increment(); });
+  };
+  // SO_REUSEADDR only (see cluster/metrics.cc): a taken port must be reported, not shared.
+  http->set_socket_options([this](int fd) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    listen_fd = fd;
+  });
+  http->set_logger([this](const httplib::Request&, const httplib::Response& response) {
+    responses->WithLabels({absl::StrCat(response.status)})->Increment();
+  });
+  http->set_payload_max_length(options.max_body_bytes);
+  Route();
+  port = options.port == 0
+             ? http->bind_to_any_port(options.host)
+             : (http->bind_to_port(options.host, options.port) ? options.port : -1);
+  if (port < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for HTTP on ", options.host, ":", options.port));
+  }
+  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian built the
+  // library): a burst of connections overflows it, and the kernel drops or resets them. listen()
+  // on the listening socket sets a new backlog.
+  if (listen(listen_fd, options.listen_backlog) != 0) {
+    return absl::InternalError(absl::StrCat("listen(): ", strerror(errno)));
+  }
+  thread = std::thread([this] {
+    if (!http->listen_after_bind()) LOG(ERROR) << "the HTTP front stopped serving";
+    done.Notify();
+  });
+  // httplib's stop() only acts once the accept loop runs, so Stop could otherwise miss it.
+  while (!http->is_running()) {
+    if (done.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
+      thread.join();
+      return absl::InternalError("the HTTP server did not start");
+    }
+  }
+  return absl::OkStatus();
 }
 
 HttpFront::HttpFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -384,34 +584,19 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   f.active = DefaultMetrics()
                  .AddGauge("k3_http_active_requests", "Generations the HTTP front has in flight.")
                  .Get();
-  f.http.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
-  // SO_REUSEADDR only (see cluster/metrics.cc): a taken port must be reported, not shared.
-  f.http.set_socket_options([](int fd) {
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  });
-  f.http.set_logger([&responses](const httplib::Request&, const httplib::Response& response) {
-    responses.WithLabels({absl::StrCat(response.status)})->Increment();
-  });
-  f.http.set_payload_max_length(kMaxBodyBytes);
-  f.Route();
-  f.port = options.port == 0
-               ? f.http.bind_to_any_port(options.host)
-               : (f.http.bind_to_port(options.host, options.port) ? options.port : -1);
-  if (f.port < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen for HTTP on ", options.host, ":", options.port));
-  }
-  f.thread = std::thread([&f] {
-    if (!f.http.listen_after_bind()) LOG(ERROR) << "the HTTP front stopped serving";
-    f.done.Notify();
-  });
-  // httplib's stop() only acts once the accept loop runs, so Stop could otherwise miss it.
-  while (!f.http.is_running()) {
-    if (f.done.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
-      return absl::InternalError("the HTTP server did not start");
-    }
-  }
+  f.shed = DefaultMetrics()
+               .AddCounter("k3_http_shed_connections_total",
+                           "Connections answered 503 (Retry-After) past --max-connections.")
+               .Get();
+  const std::vector<double> buckets = ExponentialBuckets(0.005, 2, 16);
+  f.latency = &DefaultMetrics().AddHistogram(
+      "k3_http_request_seconds",
+      "Completions from the request's body to its last byte, by endpoint.", buckets, {"endpoint"});
+  f.first_token = &DefaultMetrics().AddHistogram(
+      "k3_http_time_to_first_token_seconds",
+      "Completions from the request's body to the first generated token, by endpoint.", buckets,
+      {"endpoint"});
+  if (absl::Status status = f.Serve(); !status.ok()) return status;
 
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags.host = options.host;
@@ -435,7 +620,7 @@ void HttpFront::Stop() {
     absl::MutexLock lock(&f.mu);
     for (GenerateCall* call : f.calls) call->Cancel();
   }
-  f.http.stop();
+  if (f.http) f.http->stop();
   if (f.thread.joinable()) f.thread.join();
   if (f.endpoints) f.endpoints->Stop();
 }
@@ -460,6 +645,21 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
                   "file holding the attention workers' bearer token: sent to them, and required "
                   "from this front's clients unless --api-key-file is given");
   AddTlsFlags(app, &options->tls);
+  AddBoundedInt(app, "--default-max-tokens", &options->default_max_tokens, 0, 1 << 24,
+                "max_tokens of requests that give none (0: as many as the workers allow, "
+                "OpenAI's default)");
+  app->add_option("--default-temperature", options->default_temperature,
+                  "temperature of requests that give none (OpenAI's default: 1)")
+      ->check(CLI::Range(0.0, 2.0))
+      ->capture_default_str();
+  AddBoundedInt(app, "--listen-backlog", &options->listen_backlog, 1, 1 << 20,
+                "connections the kernel queues before they are accepted (capped by "
+                "net.core.somaxconn)");
+  AddBoundedInt(app, "--max-connections", &options->max_connections, 1, 1 << 20,
+                "connections served at once, a thread each; those past it get 503 with "
+                "Retry-After");
+  AddBoundedInt(app, "--max-body-bytes", &options->max_body_bytes, 1024, int64_t{1} << 32,
+                "the largest request body (413 beyond)");
 }
 
 namespace {

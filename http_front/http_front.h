@@ -4,35 +4,49 @@
 //
 // Security: --auth-token-file holds the attention workers' bearer token (their
 // --auth-token-file): the front sends it with every gRPC call, and its own clients must send
-// `Authorization: Bearer <token>` too (401 otherwise), unless --api-key-file gives them a key of
-// their own. The TLS flags are the front's gRPC client credentials towards the workers (and its
-// gRPC health port's); the HTTP API itself is plain HTTP (terminate TLS in front of it).
+// `Authorization: Bearer <token>` too (the scheme in any case; 401 with WWW-Authenticate
+// otherwise), unless --api-key-file gives them a key of their own. The TLS flags are the front's
+// gRPC client credentials towards the workers (and its gRPC health port's), and --tls-cert with
+// --tls-key make the HTTP API HTTPS (no client certificates asked).
 //
 // A separate role in front of the attention workers (docs/ARCHITECTURE.md): it holds no model
 // state, only the model folder's tokenizer, and calls k3serve.v1.K3Serve on the workers
 // round-robin with token ids, so the workers' API stays the ground truth and fronts scale on
 // their own. It does not register with the coordinator.
 //
-// Endpoints (cpp-httplib, one thread per connection of a pool):
-//   GET  /v1/models
+// Connections (cpp-httplib; connection_queue.h): a listen backlog of --listen-backlog (httplib's
+// own is 5), a thread per connection (so a stream never waits for a pool's thread), up to
+// --max-connections at once; a connection past that gets 503 with Retry-After and is closed
+// (k3_http_shed_connections_total counts them). Bodies over --max-body-bytes get 413, whatever
+// their content type. Metrics: k3_http_responses_total by status, k3_http_request_seconds and
+// k3_http_time_to_first_token_seconds by endpoint.
+//
+// Endpoints:
+//   GET  /v1/models, /v1/models/{model}
 //   POST /v1/completions        prompt as a string or token ids
-//   POST /v1/chat/completions   messages rendered with the tokenizer's chat format
+//   POST /v1/chat/completions   messages rendered with the tokenizer's chat format (`developer`
+//                               messages as `system` ones)
 // both with stream (server-sent events ending "data: [DONE]"), max_tokens, temperature, top_p,
-// seed, stop (strings, matched on the text across token boundaries), n=1 only, and for chat
+// seed, stop (strings, matched on the text across token boundaries), n (one gRPC call per
+// choice; with a seed, choice i uses seed + i), logprobs (chat: logprobs + top_logprobs;
+// completions: logprobs N), skip_special_tokens (default true), and for chat
 // chat_template_kwargs.thinking (K3's think block, off by default); generation also
 // stops at the tokenizer's eos and, for chat, at the end of the assistant's turn. Errors have
 // OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad input, 401 a missing or
-// wrong bearer token (with --api-key-file), 404 unknown route or model, 503 no worker reachable.
-// Unset sampling fields take the workers' defaults (greedy; max_tokens 16), not OpenAI's.
-// A client that disconnects from a stream has its gRPC call cancelled at the next event, which
-// frees the request's state on the worker; a non-streamed request runs to its end (max_tokens
-// bounds it) because the server learns of the disconnect only when it writes. /healthz (some worker answers) and /metrics are on --metrics-port, from
-// the node runtime.
+// wrong bearer token (with --api-key-file), 404 unknown route or model, 413 a body over
+// --max-body-bytes, 503 no worker reachable or too many connections.
+// Unset max_tokens and temperature take OpenAI's defaults (as many tokens as the workers allow;
+// temperature 1) unless --default-max-tokens / --default-temperature say otherwise.
+// A client that disconnects has its gRPC calls cancelled, which frees the requests' state on the
+// worker: a stream's at its next event (the write fails), a non-streamed request's at its next
+// token (ClientConnection sees the socket closed). /healthz (some worker answers) and /metrics
+// are on --metrics-port, from the node runtime.
 //
 // Thread-safety: HttpFront's methods may be called from any thread; Stop from one.
 #ifndef K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
 #define K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +68,18 @@ struct HttpFrontOptions {
   std::string api_key_file;       // empty: no authentication
   std::string served_model_name;  // empty: the model folder's name
   std::string auth_token_file;    // the workers' bearer token; empty: none
-  TlsFlags tls;                   // towards the workers
+  TlsFlags tls;                   // towards the workers; --tls-cert/--tls-key also serve HTTPS
+  // Connection handling (connection_queue.h): the listen backlog asked of the kernel (which caps
+  // it at net.core.somaxconn), the connections served at once (503 with Retry-After beyond), and
+  // the largest request body (413 beyond, whatever its content type).
+  // What requests that do not say get (OpenAI's defaults): max_tokens (0: as many as the workers
+  // allow) and temperature.
+  int default_max_tokens = 0;
+  float default_temperature = 1.f;
+  int listen_backlog = 4096;
+  int max_connections = 2048;
+  // The workers' default --max-request-bytes: a larger prompt would not reach them.
+  int64_t max_body_bytes = 4 << 20;
 };
 
 void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options);

@@ -94,6 +94,9 @@ absl::Status ParsePrompt(const json& body, CompletionRequest* request) {
   return absl::OkStatus();
 }
 
+// OpenAI's `developer` messages are what older models call `system` ones.
+std::string CanonicalRole(std::string role) { return role == "developer" ? "system" : role; }
+
 absl::Status ParseMessages(const json& body, CompletionRequest* request) {
   const json* messages = Field(body, "messages");
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
@@ -104,7 +107,7 @@ absl::Status ParseMessages(const json& body, CompletionRequest* request) {
     if (role == nullptr || !role->is_string()) {
       return BadParam("messages", "every message needs a string 'role'");
     }
-    ChatMessage message{.role = role->get<std::string>()};
+    ChatMessage message{.role = CanonicalRole(role->get<std::string>())};
     const json* content = Field(m, "content");
     if (content == nullptr) {
       // An assistant message may have no content (OpenAI: tool calls only).
@@ -147,6 +150,34 @@ absl::Status ParseStop(const json& body, CompletionRequest* request) {
   return absl::OkStatus();
 }
 
+// n, logprobs and top_logprobs (the two endpoints name them differently), skip_special_tokens.
+absl::Status ParseChoicesAndLogprobs(const json& body, Endpoint endpoint,
+                                     CompletionRequest* request) {
+  absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, kMaxChoices);
+  if (!n.ok()) return n.status();
+  request->n = static_cast<int>(n->value_or(1));
+  if (endpoint == Endpoint::kCompletions) {
+    absl::StatusOr<std::optional<int64_t>> logprobs = Integer(body, "logprobs", 0, 5);
+    if (!logprobs.ok()) return logprobs.status();
+    if (logprobs->has_value()) request->top_logprobs = static_cast<int>(**logprobs);
+  } else {
+    absl::StatusOr<bool> logprobs = Bool(body, "logprobs");
+    if (!logprobs.ok()) return logprobs.status();
+    absl::StatusOr<std::optional<int64_t>> top = Integer(body, "top_logprobs", 0, 20);
+    if (!top.ok()) return top.status();
+    if (top->has_value() && !*logprobs) {
+      return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (*logprobs) request->top_logprobs = static_cast<int>(top->value_or(0));
+  }
+  if (Field(body, "skip_special_tokens") != nullptr) {
+    absl::StatusOr<bool> skip = Bool(body, "skip_special_tokens");
+    if (!skip.ok()) return skip.status();
+    request->skip_special_tokens = *skip;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* request) {
   if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
   if (const json* model = Field(body, "model")) {
@@ -156,8 +187,7 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
   absl::Status status = endpoint == Endpoint::kChatCompletions ? ParseMessages(body, request)
                                                                : ParsePrompt(body, request);
   if (!status.ok()) return status;
-  absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, 1);
-  if (!n.ok()) return BadParam("n", "only n=1 is supported");
+  if (status = ParseChoicesAndLogprobs(body, endpoint, request); !status.ok()) return status;
   // Chat's newer name for max_tokens wins where both are given.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     absl::StatusOr<std::optional<int64_t>> max = Integer(body, name, 1, INT32_MAX);
@@ -210,6 +240,48 @@ json HeadJson(const ResponseHead& head, bool chunk) {
       {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
       {"created", head.created},
       {"model", head.model}};
+}
+
+json BytesJson(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(c);
+  return bytes;
+}
+
+// A choice's `logprobs`: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the
+// completions API's {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+json LogprobsJson(Endpoint endpoint, const std::optional<std::vector<TokenLogprob>>& logprobs) {
+  if (!logprobs.has_value()) return nullptr;
+  if (endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const TokenLogprob& t : *logprobs) {
+      json top = json::array();
+      for (const auto& [token, logprob] : t.top) {
+        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", BytesJson(token)}});
+      }
+      content.push_back({{"token", t.token},
+                         {"logprob", t.logprob},
+                         {"bytes", BytesJson(t.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t offset = 0;
+  for (const TokenLogprob& t : *logprobs) {
+    tokens.push_back(t.token);
+    token_logprobs.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [token, logprob] : t.top) top[token] = logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += t.token.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 std::string Event(const json& data) {
@@ -272,32 +344,37 @@ std::string ErrorBody(const absl::Status& status) {
   return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string CompletionBody(const ResponseHead& head, const std::string& text,
-                           const std::string& finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
-  if (head.endpoint == Endpoint::kChatCompletions) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
-  }
+std::string CompletionBody(const ResponseHead& head, const std::vector<Choice>& choices,
+                           const Usage& usage) {
   json body = HeadJson(head, /*chunk=*/false);
-  body["choices"] = json::array({choice});
+  body["choices"] = json::array();
+  for (const Choice& c : choices) {
+    json choice = {{"index", c.index},
+                   {"logprobs", LogprobsJson(head.endpoint, c.logprobs)},
+                   {"finish_reason", c.finish_reason}};
+    if (head.endpoint == Endpoint::kChatCompletions) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    body["choices"].push_back(std::move(choice));
+  }
   body["usage"] = UsageJson(usage);
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string CompletionChunkEvent(const ResponseHead& head, const std::string& text, bool first,
-                                 const std::string& finish_reason) {
-  json choice = {{"index", 0},
-                 {"logprobs", nullptr},
-                 {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+std::string CompletionChunkEvent(const ResponseHead& head, const Choice& piece, bool first) {
+  json choice = {
+      {"index", piece.index},
+      {"logprobs", LogprobsJson(head.endpoint, piece.logprobs)},
+      {"finish_reason", piece.finish_reason.empty() ? json(nullptr) : json(piece.finish_reason)}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (first || !text.empty()) delta["content"] = text;
+    if (first || !piece.text.empty()) delta["content"] = piece.text;
     choice["delta"] = delta;
   } else {
-    choice["text"] = text;
+    choice["text"] = piece.text;
   }
   json body = HeadJson(head, /*chunk=*/true);
   body["choices"] = json::array({choice});
@@ -311,9 +388,18 @@ std::string UsageChunkEvent(const ResponseHead& head, const Usage& usage) {
   return Event(body);
 }
 
-std::string ModelsBody(const std::string& model) {
-  json entry = {{"id", model}, {"object", "model"}, {"created", 0}, {"owned_by", "k3serve"}};
-  return json{{"object", "list"}, {"data", json::array({entry})}}.dump();
+namespace {
+
+json ModelJson(const std::string& model) {
+  return {{"id", model}, {"object", "model"}, {"created", 0}, {"owned_by", "k3serve"}};
 }
+
+}  // namespace
+
+std::string ModelsBody(const std::string& model) {
+  return json{{"object", "list"}, {"data", json::array({ModelJson(model)})}}.dump();
+}
+
+std::string ModelBody(const std::string& model) { return ModelJson(model).dump(); }
 
 }  // namespace k3

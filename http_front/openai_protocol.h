@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,10 +35,18 @@ struct CompletionRequest {
   std::vector<std::string> stop;  // at most 4, none empty
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  int n = 1;                   // choices, [1, kMaxChoices]
+  // Log-probabilities of the generated tokens with this many alternatives each; nullopt: none.
+  // Chat: logprobs true and top_logprobs (0-20); completions: logprobs (0-5).
+  std::optional<int> top_logprobs;
+  bool skip_special_tokens = true;  // special tokens add nothing to the text (vLLM's field)
 };
 
+inline constexpr int kMaxChoices = 128;  // OpenAI's limit on n
+
 // Parses and checks a request body. INVALID_ARGUMENT naming the field (ParamOf gives it) for
-// malformed JSON, wrong types, values out of range, n != 1 and unsupported message contents.
+// malformed JSON, wrong types, values out of range and unsupported message contents. The
+// `developer` role is read as `system` (OpenAI's newer name for it).
 // Unknown fields are ignored, as OpenAI's clients send fields a server may not know.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint);
 
@@ -66,19 +75,34 @@ struct ResponseHead {
   Endpoint endpoint = Endpoint::kCompletions;
 };
 
-// The whole (non-streamed) response; finish_reason "stop" or "length".
-std::string CompletionBody(const ResponseHead& head, const std::string& text,
-                           const std::string& finish_reason, const Usage& usage);
-// One server-sent event "data: {...}\n\n" carrying `text` (chat: the delta's content; `first`
-// adds the assistant role) and, when non-empty, the finish reason.
-std::string CompletionChunkEvent(const ResponseHead& head, const std::string& text, bool first,
-                                 const std::string& finish_reason);
+// One generated token's log-probabilities, for a choice's `logprobs`.
+struct TokenLogprob {
+  std::string token;  // its bytes (a special token's name); may be part of a UTF-8 character
+  float logprob = 0.f;
+  std::vector<std::pair<std::string, float>> top;  // the most likely tokens, most likely first
+};
+
+// One choice of a response (n > 1 gives several), or one choice's piece in a stream.
+struct Choice {
+  int index = 0;
+  std::string text;
+  std::string finish_reason;  // "stop" or "length"; in a stream, empty until the last chunk
+  std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
+};
+
+// The whole (non-streamed) response.
+std::string CompletionBody(const ResponseHead& head, const std::vector<Choice>& choices,
+                           const Usage& usage);
+// One server-sent event "data: {...}\n\n" carrying one choice's piece (chat: the delta's
+// content; `first` adds the assistant role).
+std::string CompletionChunkEvent(const ResponseHead& head, const Choice& piece, bool first);
 // The usage event of stream_options.include_usage (empty choices).
 std::string UsageChunkEvent(const ResponseHead& head, const Usage& usage);
 inline constexpr char kDoneEvent[] = "data: [DONE]\n\n";
 
-// GET /v1/models.
+// GET /v1/models, and GET /v1/models/{model}.
 std::string ModelsBody(const std::string& model);
+std::string ModelBody(const std::string& model);
 
 }  // namespace k3
 

@@ -62,7 +62,15 @@ TEST(OpenAiProtocolTest, BadInputIsInvalidArgumentNamingTheField) {
       {R"({"messages":[]})", "messages"},
       {R"({"messages":[{"content":"x"}]})", "messages"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages"},
-      {R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":129})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
+       "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs"},
+      {R"({"prompt":"x","logprobs":6})", "logprobs", Endpoint::kCompletions},
+      {R"({"messages":[{"role":"user","content":"x"}],"skip_special_tokens":0})",
+       "skip_special_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"5"})", "max_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", "temperature"},
@@ -102,7 +110,7 @@ TEST(OpenAiProtocolTest, ErrorBodyHasOpenAisShape) {
 
 TEST(OpenAiProtocolTest, ChatChunksCarryDeltas) {
   const ResponseHead head{"chatcmpl-1", 5, "k3", Endpoint::kChatCompletions};
-  const std::string event = CompletionChunkEvent(head, "hé", /*first=*/true, "");
+  const std::string event = CompletionChunkEvent(head, {.text = "hé"}, /*first=*/true);
   ASSERT_EQ(event.rfind("data: ", 0), 0u);
   ASSERT_EQ(event.substr(event.size() - 2), "\n\n");
   const json chunk = json::parse(event.substr(6));
@@ -110,17 +118,83 @@ TEST(OpenAiProtocolTest, ChatChunksCarryDeltas) {
   EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "hé");
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
-  const json last = json::parse(CompletionChunkEvent(head, "", false, "length").substr(6));
+  const json last =
+      json::parse(CompletionChunkEvent(head, {.index = 1, .finish_reason = "length"}, false)
+                      .substr(6));
+  EXPECT_EQ(last["choices"][0]["index"], 1);
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
 }
 
 TEST(OpenAiProtocolTest, CompletionBodyCountsUsage) {
   const ResponseHead head{"cmpl-1", 5, "k3", Endpoint::kCompletions};
-  const json body = json::parse(CompletionBody(head, "abc", "stop", {3, 4}));
+  const json body = json::parse(CompletionBody(
+      head, {{.text = "abc", .finish_reason = "stop"}, {.index = 1, .finish_reason = "length"}},
+      {3, 4}));
   EXPECT_EQ(body["object"], "text_completion");
   EXPECT_EQ(body["choices"][0]["text"], "abc");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "length");
   EXPECT_EQ(body["usage"]["total_tokens"], 7);
+}
+
+TEST(OpenAiProtocolTest, DeveloperMessagesAreSystemMessages) {
+  absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(
+      R"({"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"}]})",
+      Endpoint::kChatCompletions);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->messages[0].role, "system");
+}
+
+TEST(OpenAiProtocolTest, ParsesChoicesLogprobsAndSpecialTokens) {
+  absl::StatusOr<CompletionRequest> chat = ParseCompletionRequest(
+      R"({"messages":[{"role":"user","content":"x"}],"n":3,"logprobs":true,"top_logprobs":2,
+          "skip_special_tokens":false})",
+      Endpoint::kChatCompletions);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->n, 3);
+  EXPECT_EQ(chat->top_logprobs, 2);
+  EXPECT_FALSE(chat->skip_special_tokens);
+  absl::StatusOr<CompletionRequest> plain = ParseCompletionRequest(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})", Endpoint::kChatCompletions);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->n, 1);
+  EXPECT_FALSE(plain->top_logprobs.has_value());
+  EXPECT_TRUE(plain->skip_special_tokens);
+  absl::StatusOr<CompletionRequest> legacy =
+      ParseCompletionRequest(R"({"prompt":"x","logprobs":0})", Endpoint::kCompletions);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(legacy->top_logprobs, 0);
+}
+
+// The two APIs' shapes of logprobs (OpenAI's reference: chat `logprobs.content[]` with token,
+// logprob, bytes and top_logprobs; completions' parallel arrays with text offsets).
+TEST(OpenAiProtocolTest, LogprobsHaveEachApisShape) {
+  const std::vector<TokenLogprob> logprobs = {{"hé", -0.5f, {{"hé", -0.5f}, {"x", -1.25f}}},
+                                               {"!", -2.f, {{"?", -1.f}, {"!", -2.f}}}};
+  const json chat = json::parse(CompletionBody({"c", 1, "k3", Endpoint::kChatCompletions},
+                                               {{.text = "hé!", .logprobs = logprobs}}, {1, 2}));
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "hé");
+  EXPECT_EQ(content[0]["bytes"], json({0x68, 0xc3, 0xa9}));
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_EQ(content[1]["top_logprobs"][0]["token"], "?");
+  EXPECT_EQ(content[1]["top_logprobs"][1]["logprob"], -2.0);
+  const json completion = json::parse(CompletionBody(
+      {"c", 1, "k3", Endpoint::kCompletions}, {{.text = "hé!", .logprobs = logprobs}}, {1, 2}));
+  const json& lp = completion["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"hé", "!"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -2.0}));
+  EXPECT_EQ(lp["top_logprobs"][1]["?"], -1.0);
+  EXPECT_EQ(lp["text_offset"], json({0, 3}));
+}
+
+TEST(OpenAiProtocolTest, ModelBodyIsOneModelObject) {
+  const json model = json::parse(ModelBody("k3"));
+  EXPECT_EQ(model["id"], "k3");
+  EXPECT_EQ(model["object"], "model");
 }
 
 }  // namespace

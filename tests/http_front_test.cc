@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,8 @@ constexpr char kApiKey[] = "test-key-123";
 constexpr char kClientScript[] = "tests/openai_client/chat.mjs";
 constexpr char kQuestion[] = "Why is the sky blue?";
 constexpr int kMaxTokens = 12;
+// The trace of the request ClosingANonStreamedRequestCancelsIt abandons.
+constexpr char kCancelledTraceId[] = "5ce0e9a56015fec5aadfa328ae398115";
 
 std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
 
@@ -104,8 +107,9 @@ class HttpFrontTest : public ::testing::Test {
   }
 
   // The chat answer the front must give: the single-process engine's greedy tokens for the
-  // rendered question, up to the end of the turn (or eos), detokenized.
-  static std::string ExpectedAnswer(int max_tokens) {
+  // rendered question, up to the end of the turn (or eos), detokenized without special tokens
+  // (skip_special_tokens). `tokens` (if not null) gets how many tokens that is, specials included.
+  static std::string ExpectedAnswer(int max_tokens, int* tokens_out = nullptr) {
     absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
     EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
     absl::StatusOr<std::vector<int32_t>> prompt =
@@ -121,6 +125,8 @@ class HttpFrontTest : public ::testing::Test {
                  answer.end());
     // An empty answer would make the comparisons vacuous: the seed gives a few tokens first.
     EXPECT_GE(answer.size(), 2u);
+    if (tokens_out != nullptr) *tokens_out = static_cast<int>(answer.size());
+    std::erase_if(answer, [&](int32_t id) { return tokenizer->IsSpecial(id); });
     return *DecodeForDisplay(*tokenizer, answer);
   }
 
@@ -204,6 +210,7 @@ TEST_F(HttpFrontTest, ATraceparentHeaderTracesTheRequest) {
   std::ifstream file(TraceFile());
   for (std::string line; std::getline(file, line);) {
     const json span = json::parse(line);
+    if (span["trace_id"] == kCancelledTraceId) continue;  // the next test's
     EXPECT_EQ(span["trace_id"], trace_id) << line;
     if (span["name"] != "k3.generate") continue;
     ++requests;
@@ -263,7 +270,7 @@ TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
   };
   const Case cases[] = {
       {"/v1/chat/completions", "{not json", kApiKey, 400, "invalid_request_error"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":2})", kApiKey,
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":0})", kApiKey,
        400, "invalid_request_error"},
       {"/v1/chat/completions", ChatBody(2, false), "", 401, "authentication_error"},
       {"/v1/chat/completions", ChatBody(2, false), "wrong", 401, "authentication_error"},
@@ -308,6 +315,38 @@ TEST_F(HttpFrontTest, ClosingTheStreamFreesTheRequestOnTheWorker) {
   EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
 }
 
+// A non-streamed request whose client goes away is cancelled at its next token, not run to its
+// max_tokens: the worker's span of it (traced for this) counts fewer tokens than it asked for.
+TEST_F(HttpFrontTest, ClosingANonStreamedRequestCancelsIt) {
+  ASSERT_EQ(ActiveRequests(), 0);
+  constexpr int kAsked = 4096;
+  std::ofstream(TmpDir() + "/long-whole.json") << ChatBody(kAsked, false);
+  const std::string command = absl::StrCat(
+      "sh -c 'echo $$; exec curl -sS -H \"Authorization: Bearer ", kApiKey,
+      "\" -H \"traceparent: 00-", kCancelledTraceId, "-00f067aa0ba902b7-01\" --data-binary @",
+      TmpDir(), "/long-whole.json ", Url("/v1/chat/completions"), "'");
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char line[256];
+  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
+  const pid_t curl = std::atoi(line);
+  ASSERT_GT(curl, 0);
+  ASSERT_TRUE(WaitFor([] { return ActiveRequests() == 1; }, absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(200));  // a few tokens
+  kill(curl, SIGKILL);
+  pclose(pipe);
+  EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(60)));
+  int spans = 0;
+  std::ifstream file(TraceFile());
+  for (std::string span_line; std::getline(file, span_line);) {
+    const json span = json::parse(span_line);
+    if (span["trace_id"] != kCancelledTraceId || span["name"] != "k3.generate") continue;
+    ++spans;
+    EXPECT_LT(span["attributes"]["k3.generated_tokens"].get<int>(), kAsked) << span_line;
+  }
+  EXPECT_EQ(spans, 1);
+}
+
 TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
   if (std::system("node --version >/dev/null 2>&1") != 0) {
     std::cout << "SKIPPED: Node.js is missing\n";
@@ -334,6 +373,44 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
   EXPECT_EQ(result["usage"], result["stream_usage"]);
   EXPECT_GT(result["usage"]["prompt_tokens"].get<int>(), 0);
   EXPECT_EQ(result["wrong_key_status"], 401);
+
+  // n=2 with logprobs, whole and streamed: each choice is the greedy answer, with one entry per
+  // generated token (the turn end excluded) whose logprob, greedy, is the most likely one's.
+  int answer_tokens = 0;
+  ExpectedAnswer(kMaxTokens, &answer_tokens);
+  for (const char* key : {"choices", "stream_choices"}) {
+    const json& choices = result[key];
+    ASSERT_EQ(choices.size(), 2u) << key << ": " << out;
+    for (int i = 0; i < 2; ++i) {
+      const json& choice = choices[i];
+      if (choice.contains("index")) EXPECT_EQ(choice["index"], i);
+      EXPECT_EQ(choice["content"], expected) << key << " " << i;
+      EXPECT_EQ(choice["finish_reason"], result["finish_reason"]) << key << " " << i;
+      const json& logprobs = choice["logprobs"];
+      ASSERT_EQ(logprobs.size(), static_cast<size_t>(answer_tokens)) << key << " " << i;
+      for (const json& token : logprobs) {
+        const json& top = token["top_logprobs"];
+        ASSERT_EQ(top.size(), 3u) << token;
+        EXPECT_LE(token["logprob"].get<double>(), 0.0) << token;
+        EXPECT_EQ(token["token"], top[0]["token"]) << token;
+        EXPECT_DOUBLE_EQ(token["logprob"].get<double>(), top[0]["logprob"].get<double>());
+        double mass = 0;
+        for (size_t k = 0; k < top.size(); ++k) {
+          if (k > 0) EXPECT_GE(top[k - 1]["logprob"], top[k]["logprob"]) << token;
+          mass += std::exp(top[k]["logprob"].get<double>());
+        }
+        EXPECT_LE(mass, 1.0 + 1e-5) << token;
+      }
+    }
+  }
+  for (size_t t = 0; t < static_cast<size_t>(answer_tokens); ++t) {
+    const json& whole = result["choices"][0]["logprobs"][t];
+    const json& streamed = result["stream_choices"][1]["logprobs"][t];
+    EXPECT_EQ(whole["token"], streamed["token"]);
+    EXPECT_NEAR(whole["logprob"].get<double>(), streamed["logprob"].get<double>(), 1e-3);
+  }
+  EXPECT_EQ(result["choices_usage"]["completion_tokens"],
+            2 * result["usage"]["completion_tokens"].get<int>());
 }
 
 }  // namespace

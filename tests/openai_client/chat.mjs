@@ -1,5 +1,6 @@
 // Drives /v1/chat/completions of k3serve's HTTP front with the official OpenAI client, streaming
-// and not, and prints what it got as one JSON object for //tests:http_front_test to check.
+// and not, with one choice and with two (n=2) carrying log-probabilities, and prints what it got
+// as one JSON object for //tests:http_front_test to check.
 //
 //   node chat.mjs BASE_URL API_KEY MODEL PROMPT MAX_TOKENS
 import OpenAI from 'openai';
@@ -29,6 +30,24 @@ for await (const chunk of stream) {
   for (const choice of chunk.choices) {
     result.stream_content += choice.delta.content ?? '';
     if (choice.finish_reason) result.stream_finish_reason = choice.finish_reason;
+  }
+}
+
+// Two choices with log-probabilities, whole and streamed (the stream's pieces joined by choice).
+const withLogprobs = { ...request, n: 2, logprobs: true, top_logprobs: 3 };
+const two = await client.chat.completions.create(withLogprobs);
+result.choices = two.choices.map((c) => ({
+  index: c.index, content: c.message.content, finish_reason: c.finish_reason,
+  logprobs: c.logprobs.content }));
+result.choices_usage = two.usage;
+const twoStream = await client.chat.completions.create({ ...withLogprobs, stream: true });
+result.stream_choices = [];
+for await (const chunk of twoStream) {
+  for (const c of chunk.choices) {
+    const out = (result.stream_choices[c.index] ??= { content: '', logprobs: [] });
+    out.content += c.delta.content ?? '';
+    out.logprobs.push(...(c.logprobs?.content ?? []));
+    if (c.finish_reason) out.finish_reason = c.finish_reason;
   }
 }
 

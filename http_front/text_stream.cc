@@ -1,0 +1,78 @@
+#include "http_front/text_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/generate.pb.h"
+
+namespace k3 {
+
+namespace v1 = k3serve::v1;
+
+TextStream::TextStream(const Tokenizer& tokenizer, TextStreamOptions options)
+    : tokenizer_(tokenizer),
+      decoder_(tokenizer),
+      options_(std::move(options)),
+      matcher_(options_.stops) {}
+
+bool TextStream::Silent(int32_t id) const {
+  const std::vector<int32_t>& stops = options_.stop_ids;
+  return std::find(stops.begin(), stops.end(), id) != stops.end() ||
+         (options_.skip_special_tokens && tokenizer_.IsSpecial(id));
+}
+
+std::string TextStream::TokenText(int32_t id) const {
+  absl::StatusOr<std::string> text = tokenizer_.Decode({id});
+  return text.ok() ? *std::move(text) : std::string(kReplacementCharacter);
+}
+
+bool TextStream::Next(GenerateCall& call, Choice* piece) {
+  v1::GenerateResponse response;
+  if (!call.Next(&response)) return false;
+  if (response.has_complete()) {
+    const v1::Complete& complete = response.complete();
+    if (complete.finish_reason() == v1::Complete::CANCELLED ||
+        complete.finish_reason() == v1::Complete::ERROR) {
+      error_ = absl::UnavailableError(
+          absl::StrCat("the generation ended early: ", complete.message()));
+      return false;
+    }
+    piece->text.append(matcher_.Push(decoder_.Finish()));
+    piece->text.append(matcher_.Finish());
+    finish_reason_ = complete.finish_reason() == v1::Complete::LENGTH ? "length" : "stop";
+    return false;
+  }
+  const v1::TokenChunk& chunk = response.chunk();
+  for (int i = 0; i < chunk.token_ids_size(); ++i) {
+    const int32_t id = chunk.token_ids(i);
+    ++generated_;
+    const bool stop =
+        std::find(options_.stop_ids.begin(), options_.stop_ids.end(), id) != options_.stop_ids.end();
+    if (piece->logprobs.has_value() && i < chunk.logprobs_size() && !stop) {
+      TokenLogprob entry{.token = TokenText(id), .logprob = chunk.logprobs(i).logprob()};
+      for (const v1::TopLogprob& top : chunk.logprobs(i).top()) {
+        entry.top.emplace_back(TokenText(top.token_id()), top.logprob());
+      }
+      piece->logprobs->push_back(std::move(entry));
+    }
+    if (Silent(id)) continue;
+    absl::StatusOr<std::string> text = decoder_.Push(id);
+    piece->text.append(matcher_.Push(text.ok() ? *text : std::string(kReplacementCharacter)));
+  }
+  if (matcher_.stopped()) {
+    finish_reason_ = "stop";
+    call.Cancel();  // the worker stops generating and frees the request's state
+    return false;
+  }
+  return true;
+}
+
+absl::Status TextStream::Error(GenerateCall& call) {
+  if (!error_.ok()) return error_;
+  absl::Status status = call.Finish();
+  if (!status.ok()) return status;
+  return absl::InternalError("the Generate stream ended without a Complete message");
+}
+
+}  // namespace k3
