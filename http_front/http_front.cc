@@ -366,7 +366,8 @@ bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& 
   if (!has_body && Shed(response)) return false;
   if (api_key.empty()) return true;
   // RFC 6750: the scheme is case-insensitive; the token is not.
-  absl::string_view key = absl::StripLeadingAsciiWhitespace(request.get_header_value("Authorization"));
+  const std::string authorization = request.get_header_value("Authorization");
+  absl::string_view key = absl::StripLeadingAsciiWhitespace(authorization);
   if (absl::StartsWithIgnoreCase(key, "Bearer ")) {
     key.remove_prefix(7);
     if (ConstantTimeEquals(absl::StripAsciiWhitespace(key), api_key)) return true;

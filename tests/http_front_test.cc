@@ -315,6 +315,80 @@ TEST_F(HttpFrontTest, ClosingTheStreamFreesTheRequestOnTheWorker) {
   EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
 }
 
+// Fields a request leaves out take OpenAI's defaults: temperature 1 (two seeds give two answers;
+// greedy would give one) and max_tokens up to what the worker allows (not 16: a stream without
+// max_tokens is still going after 20 events, each of at least one token).
+TEST_F(HttpFrontTest, UnsetFieldsTakeOpenAisDefaults) {
+  auto text = [](int seed) {
+    const json body = json::parse(Body(Curl(
+        "/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"seed", seed}}
+                               .dump())));
+    return body["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_NE(text(1), text(2));
+  EXPECT_EQ(text(1), text(1));  // the seed, not chance, made them differ
+
+  std::ofstream(TmpDir() + "/no-max-tokens.json")
+      << R"({"prompt":"Once upon a time","stream":true})";
+  const std::string command = absl::StrCat(
+      "sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
+      "\" --data-binary @", TmpDir(), "/no-max-tokens.json ", Url("/v1/completions"), "'");
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char line[65536];
+  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
+  const pid_t curl = std::atoi(line);
+  int events = 0;
+  while (events < 20 && fgets(line, sizeof(line), pipe) != nullptr) {
+    if (!absl::StartsWith(line, "data: {")) continue;
+    const json chunk = json::parse(std::string(line).substr(6));
+    ASSERT_TRUE(chunk["choices"][0]["finish_reason"].is_null()) << line;
+    ++events;
+  }
+  kill(curl, SIGKILL);
+  pclose(pipe);
+  EXPECT_EQ(events, 20);
+  EXPECT_TRUE(WaitFor([] { return ActiveRequests() == 0; }, absl::Seconds(30)));
+}
+
+// Special tokens add nothing to the text unless skip_special_tokens is false: the same sampled
+// answer (same seed) with them is the answer without them plus their names, which the test reads
+// off the tokenizer.
+TEST_F(HttpFrontTest, SpecialTokensAreSkippedInText) {
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto answer = [](int seed, bool skip) {
+    return json::parse(Body(Curl("/v1/completions",
+                                 json{{"prompt", "Once upon a time"},
+                                      {"max_tokens", 48},
+                                      {"temperature", 2},
+                                      {"seed", seed},
+                                      {"logprobs", 0},
+                                      {"skip_special_tokens", skip}}
+                                     .dump())))["choices"][0];
+  };
+  int with_specials = 0;
+  for (int seed = 1; seed <= 10 && with_specials == 0; ++seed) {
+    const json raw = answer(seed, false);
+    for (const json& token : raw["logprobs"]["tokens"]) {
+      with_specials += tokenizer->SpecialTokenId(token.get<std::string>()).has_value();
+    }
+    if (with_specials == 0) continue;
+    const json skipped = answer(seed, true);
+    EXPECT_EQ(skipped["logprobs"]["tokens"], raw["logprobs"]["tokens"]);  // the same answer
+    std::string text = raw["text"];
+    for (const json& token : raw["logprobs"]["tokens"]) {
+      const std::string name = token;
+      if (!tokenizer->SpecialTokenId(name).has_value()) continue;
+      const size_t at = text.find(name);
+      ASSERT_NE(at, std::string::npos) << name << " is not in " << raw;
+      text.erase(at, name.size());
+    }
+    EXPECT_EQ(skipped["text"], text) << raw;
+  }
+  EXPECT_GT(with_specials, 0) << "no seed sampled a special token: the test checked nothing";
+}
+
 // A non-streamed request whose client goes away is cancelled at its next token, not run to its
 // max_tokens: the worker's span of it (traced for this) counts fewer tokens than it asked for.
 TEST_F(HttpFrontTest, ClosingANonStreamedRequestCancelsIt) {
