@@ -457,7 +457,9 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
     ASSERT_EQ(choices.size(), 2u) << key << ": " << out;
     for (int i = 0; i < 2; ++i) {
       const json& choice = choices[i];
-      if (choice.contains("index")) EXPECT_EQ(choice["index"], i);
+      if (choice.contains("index")) {
+        EXPECT_EQ(choice["index"], i);
+      }
       EXPECT_EQ(choice["content"], expected) << key << " " << i;
       EXPECT_EQ(choice["finish_reason"], result["finish_reason"]) << key << " " << i;
       const json& logprobs = choice["logprobs"];
@@ -470,7 +472,9 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
         EXPECT_DOUBLE_EQ(token["logprob"].get<double>(), top[0]["logprob"].get<double>());
         double mass = 0;
         for (size_t k = 0; k < top.size(); ++k) {
-          if (k > 0) EXPECT_GE(top[k - 1]["logprob"], top[k]["logprob"]) << token;
+          if (k > 0) {
+            EXPECT_GE(top[k - 1]["logprob"], top[k]["logprob"]) << token;
+          }
           mass += std::exp(top[k]["logprob"].get<double>());
         }
         EXPECT_LE(mass, 1.0 + 1e-5) << token;
