@@ -87,12 +87,14 @@ struct HttpFront::Impl {
   absl::Status Serve();
   void Route();
   void Reply(httplib::Response& response, const absl::Status& error);
-  // The pre-routing check: shedding (bodiless requests) and the API key.
+  // The pre-routing check of a request without a body: shedding and the API key.
   bool Admit(const httplib::Request& request, httplib::Response& response);
+  // Checks the API key; false after replying 401.
+  bool Authorized(const httplib::Request& request, httplib::Response& response);
   // Answers 503 with Retry-After (true) on a connection past --max-connections.
   bool Shed(httplib::Response& response);
   // Reads a POST body through `reader` (so that no content type gets httplib's own limits);
-  // false after replying 413 (over max_body_bytes) or 400.
+  // false after replying 413 (over max_body_bytes), 400, or 503 (Shed).
   bool ReadBody(const httplib::ContentReader& reader, httplib::Response& response,
                 std::string* body);
   struct Generation;
@@ -359,11 +361,16 @@ bool HttpFront::Impl::Shed(httplib::Response& response) {
 }
 
 bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& response) {
-  // A request with a body is shed once its body is read (ReadBody's callers): closing a
-  // connection with unread bytes would reset it before the client reads the 503.
+  // A request with a body is shed and authenticated once its body is read (the POST handlers):
+  // an answer that leaves the body unread breaks the connection (its bytes would be read as the
+  // next request; closing instead would reset it before the client reads the answer).
   const bool has_body = request.has_header("Transfer-Encoding") ||
                         request.get_header_value<uint64_t>("Content-Length") > 0;
-  if (!has_body && Shed(response)) return false;
+  if (has_body) return true;
+  return !Shed(response) && Authorized(request, response);
+}
+
+bool HttpFront::Impl::Authorized(const httplib::Request& request, httplib::Response& response) {
   if (api_key.empty()) return true;
   // RFC 6750: the scheme is case-insensitive; the token is not.
   const std::string authorization = request.get_header_value("Authorization");
@@ -434,7 +441,9 @@ void HttpFront::Impl::Route() {
                                       httplib::Response& response,
                                       const httplib::ContentReader& reader) {
       std::string body;
-      if (ReadBody(reader, response, &body)) Complete(request, body, response, endpoint);
+      if (ReadBody(reader, response, &body) && Authorized(request, response)) {
+        Complete(request, body, response, endpoint);
+      }
     });
     http->Post(path, [this, endpoint](const httplib::Request& request,
                                       httplib::Response& response) {

@@ -115,6 +115,42 @@ TEST_F(HttpFrontTest, MissingOrWrongKeyIs401) {
   ExpectError(Post("/v1/completions", body, "guess"), 401, "authentication_error");
 }
 
+// A refused request's body is read all the same: the connection goes on to serve the next
+// request instead of parsing the body as one.
+TEST_F(HttpFrontTest, A401LeavesTheConnectionUsable) {
+  const std::string body = R"({"prompt":"hi"})";
+  const std::string refused = absl::StrCat(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer guess\r\n"
+      "Content-Type: application/json\r\nContent-Length: ",
+      body.size(), "\r\n\r\n", body);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(front_->port()));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(send(fd, refused.data(), refused.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(refused.size()));
+  std::string answers;
+  char buffer[4096];
+  // The 401's whole body ends with the error object's closing braces.
+  while (!absl::EndsWith(answers, "}}")) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    ASSERT_GT(n, 0) << answers;
+    answers.append(buffer, n);
+  }
+  EXPECT_TRUE(absl::StartsWith(answers, "HTTP/1.1 401")) << answers;
+  answers.clear();
+  const std::string next =
+      "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+      "Connection: close\r\n\r\n";
+  ASSERT_EQ(send(fd, next.data(), next.size(), MSG_NOSIGNAL), static_cast<ssize_t>(next.size()));
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) answers.append(buffer, n);
+  close(fd);
+  EXPECT_TRUE(absl::StartsWith(answers, "HTTP/1.1 200")) << answers;
+  EXPECT_TRUE(absl::StrContains(answers, R"("object":"list")")) << answers;
+}
+
 // RFC 6750: a 401 names the scheme in WWW-Authenticate, and the scheme is case-insensitive.
 TEST_F(HttpFrontTest, BearerIsCaseInsensitiveAnd401SaysWhatItWants) {
   httplib::Result missing = client_->Get("/v1/models");

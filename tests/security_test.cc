@@ -154,11 +154,14 @@ TEST_F(SecureClusterTest, RefusesClientsWithoutCaCertificateOrToken) {
   EXPECT_TRUE(*serving);
 }
 
+// The front serves HTTPS with the cluster's certificate, wants the token and forwards it.
 TEST_F(SecureClusterTest, HttpFrontWantsTheTokenAndForwardsIt) {
   const std::string http = cluster_->http_address();
   ASSERT_FALSE(http.empty());
   const size_t colon = http.rfind(':');
-  httplib::Client client(http.substr(0, colon), std::atoi(http.c_str() + colon + 1));
+  httplib::SSLClient client(http.substr(0, colon), std::atoi(http.c_str() + colon + 1));
+  client.set_ca_cert_path(certs_->ca.c_str());
+  client.enable_server_certificate_verification(true);
   client.set_read_timeout(30, 0);
   const std::string body = R"({"prompt":[1,2,3],"max_tokens":3,"temperature":0})";
   httplib::Result missing = client.Post("/v1/completions", body, "application/json");
