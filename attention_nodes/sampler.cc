@@ -32,6 +32,7 @@ TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int 
   const double log_z = max + std::log(total);
   auto logprob = [&](int32_t id) { return static_cast<float>(logits[id] - log_z); };
   TokenLogprobs result{.logprob = logprob(token)};
+  if (top <= 0) return result;
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   const int64_t keep = std::min<int64_t>(top, vocab);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -137,6 +138,23 @@ class HttpFrontTest : public ::testing::Test {
                 {"temperature", 0},
                 {"stream", stream}}
         .dump();
+  }
+
+  // Starts curl in the background (through a shell that prints its pid first) posting `body` to
+  // `path` with the key and the `extra` options: curl's pid (0 if it did not start) and stdout.
+  static std::pair<pid_t, FILE*> StartCurl(const std::string& path, const std::string& body,
+                                           const std::string& extra = "") {
+    static int bodies = 0;
+    const std::string file = absl::StrCat(TmpDir(), "/body-", bodies++, ".json");
+    std::ofstream(file) << body;
+    const std::string command = absl::StrCat(
+        "sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey, "\" ", extra,
+        " --data-binary @", file, " ", Url(path), "'");
+    FILE* pipe = popen(command.c_str(), "r");
+    if (pipe == nullptr) return {0, nullptr};
+    char line[64];
+    const pid_t pid = fgets(line, sizeof(line), pipe) != nullptr ? std::atoi(line) : 0;
+    return {pid, pipe};
   }
 
   static int ActiveRequests() {
@@ -292,20 +310,10 @@ TEST_F(HttpFrontTest, ErrorsHaveOpenAisShapeAndStatus) {
 
 TEST_F(HttpFrontTest, ClosingTheStreamFreesTheRequestOnTheWorker) {
   ASSERT_EQ(ActiveRequests(), 0);
-  // The shell prints curl's pid, then curl the events of an answer far longer than the test.
-  const std::string command =
-      absl::StrCat("sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
-                   "\" --data-binary @", TmpDir(), "/long.json ", Url("/v1/chat/completions"), "'");
-  {
-    json body = json::parse(ChatBody(4096, true));
-    std::ofstream(TmpDir() + "/long.json") << body.dump();
-  }
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  char line[65536];
-  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
-  const pid_t curl = std::atoi(line);
+  // The events of an answer far longer than the test.
+  const auto [curl, pipe] = StartCurl("/v1/chat/completions", ChatBody(4096, true));
   ASSERT_GT(curl, 0);
+  char line[65536];
   ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);  // the first event
   EXPECT_TRUE(absl::StartsWith(line, "data: {")) << line;
   EXPECT_EQ(ActiveRequests(), 1);  // still generating
@@ -328,16 +336,10 @@ TEST_F(HttpFrontTest, UnsetFieldsTakeOpenAisDefaults) {
   EXPECT_NE(text(1), text(2));
   EXPECT_EQ(text(1), text(1));  // the seed, not chance, made them differ
 
-  std::ofstream(TmpDir() + "/no-max-tokens.json")
-      << R"({"prompt":"Once upon a time","stream":true})";
-  const std::string command = absl::StrCat(
-      "sh -c 'echo $$; exec curl -sS -N -H \"Authorization: Bearer ", kApiKey,
-      "\" --data-binary @", TmpDir(), "/no-max-tokens.json ", Url("/v1/completions"), "'");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
+  const auto [curl, pipe] =
+      StartCurl("/v1/completions", R"({"prompt":"Once upon a time","stream":true})");
+  ASSERT_GT(curl, 0);
   char line[65536];
-  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
-  const pid_t curl = std::atoi(line);
   int events = 0;
   while (events < 20 && fgets(line, sizeof(line), pipe) != nullptr) {
     if (!absl::StartsWith(line, "data: {")) continue;
@@ -394,16 +396,9 @@ TEST_F(HttpFrontTest, SpecialTokensAreSkippedInText) {
 TEST_F(HttpFrontTest, ClosingANonStreamedRequestCancelsIt) {
   ASSERT_EQ(ActiveRequests(), 0);
   constexpr int kAsked = 4096;
-  std::ofstream(TmpDir() + "/long-whole.json") << ChatBody(kAsked, false);
-  const std::string command = absl::StrCat(
-      "sh -c 'echo $$; exec curl -sS -H \"Authorization: Bearer ", kApiKey,
-      "\" -H \"traceparent: 00-", kCancelledTraceId, "-00f067aa0ba902b7-01\" --data-binary @",
-      TmpDir(), "/long-whole.json ", Url("/v1/chat/completions"), "'");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  char line[256];
-  ASSERT_NE(fgets(line, sizeof(line), pipe), nullptr);
-  const pid_t curl = std::atoi(line);
+  const auto [curl, pipe] =
+      StartCurl("/v1/chat/completions", ChatBody(kAsked, false),
+                absl::StrCat("-H \"traceparent: 00-", kCancelledTraceId, "-00f067aa0ba902b7-01\""));
   ASSERT_GT(curl, 0);
   ASSERT_TRUE(WaitFor([] { return ActiveRequests() == 1; }, absl::Seconds(30)));
   absl::SleepFor(absl::Milliseconds(200));  // a few tokens
