@@ -21,6 +21,13 @@
 // only the packed bytes and scales; the tiled kernel decodes blocks of 384 rows once into a bf16
 // buffer (exact: MXFP4 values have at most 2 significant bits) and runs the BF16 micro-kernel.
 //
+// Why per-family intrinsics (and not Google Highway): the kernels' speed comes from choices that
+// differ by register file, not only by width (R x T accumulator blocks, 48 x 8 vs 16 x 6 tiles,
+// vpermps tables of 16 vs 8 entries with the sign folded in), which a width-agnostic source would
+// still spell per target; and the BF16 row kernel, the decode path, is bound by memory on either
+// family (one thread 30-35 GB/s with AVX2, 28-34 with AVX-512 in interleaved runs), so there is no
+// speed for a library to add. Element-wise loops elsewhere use kernels/simd.h's Vec16 clones.
+//
 // Why no vdpbf16ps: its bf16 x bf16 products need bf16 activations. Keeping them exact enough
 // takes a hi + lo split of each activation and two dot-product instructions per 32 multiply-adds,
 // the same instruction count as fp32 FMA on this hardware (vdpbf16ps and vfmadd231ps issue at the
