@@ -291,6 +291,18 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   constexpr int64_t kMaxMs = 24 * 3600 * 1000;
   AddBoundedInt(app, "--max-batch-tokens", &s.max_batch_tokens, 1, 1 << 20,
                 "tokens one step computes at most");
+  AddMilliseconds(app, "--step-target-ms", &s.step_target, 0, kMaxMs,
+                  "while streams decode, the step time the prompt budget aims at (0: "
+                  "--step-target-factor x a one-token step, measured)");
+  app->add_option("--step-target-factor", s.step_target_factor,
+                  "with --step-target-ms 0: the step time target as a multiple of a one-token "
+                  "step's (>= 1)")
+      ->check(CLI::Range(1.0, 1000.0));
+  AddMilliseconds(app, "--ttft-target-ms", &s.ttft_target, 1, kMaxMs,
+                  "once the oldest prompt has waited longer, prompts get proportionally more of "
+                  "each step");
+  AddBoundedInt(app, "--min-prefill-tokens", &s.min_prefill_chunk, 1, 1 << 20,
+                "prompt tokens a step takes at least while prompts wait");
   AddBoundedInt(app, "--max-sequences", &s.max_sequences, 1, 1 << 16,
                 "requests held at once (state in memory)");
   AddBoundedInt(app, "--max-new-tokens-limit", &s.max_new_tokens_limit, 1, 1 << 24,

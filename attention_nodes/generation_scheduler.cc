@@ -30,8 +30,14 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError("max_new_tokens_limit must be >= 1");
   }
   if (max_prompt_tokens < 1) return absl::InvalidArgumentError("max_prompt_tokens must be >= 1");
-  if (!(prefill_target_factor >= 1.0)) {
-    return absl::InvalidArgumentError("prefill_target_factor must be >= 1");
+  if (step_target < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("step_target must be >= 0");
+  }
+  if (!(step_target_factor >= 1.0)) {
+    return absl::InvalidArgumentError("step_target_factor must be >= 1");
+  }
+  if (ttft_target <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ttft_target must be > 0");
   }
   if (min_prefill_chunk < 1) return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   return absl::OkStatus();
@@ -190,13 +196,14 @@ absl::Status StepFailure(const absl::Status& cause) {
                       absl::StrCat("model step failed: ", cause.message()));
 }
 
-PrefillChunkOptions ChunkOptions(const SchedulerOptions& options) {
-  PrefillChunkOptions chunk;
-  chunk.max_chunk = std::max<int64_t>(options.max_batch_tokens, 1);
-  chunk.min_chunk = std::clamp<int64_t>(options.min_prefill_chunk, 1, chunk.max_chunk);
-  chunk.granule = std::min<int64_t>(kKdaChunk, chunk.max_chunk);
-  chunk.target_factor = std::max(options.prefill_target_factor, 1.0);
-  return chunk;
+StepBudgetOptions BudgetOptions(const SchedulerOptions& options) {
+  StepBudgetOptions budget;
+  budget.max_tokens = std::max<int64_t>(options.max_batch_tokens, 1);
+  budget.min_prompt_tokens = std::clamp<int64_t>(options.min_prefill_chunk, 1, budget.max_tokens);
+  budget.target = std::max(options.step_target, absl::ZeroDuration());
+  budget.target_factor = std::max(options.step_target_factor, 1.0);
+  if (options.ttft_target > absl::ZeroDuration()) budget.ttft_target = options.ttft_target;
+  return budget;
 }
 
 GenerationResult ErrorResult(absl::Status status) {
@@ -216,7 +223,7 @@ GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe*
       options_(options),
       metrics_(metrics != nullptr ? std::make_unique<Metrics>(*metrics) : nullptr),
       runner_(weights, routed_moe),
-      chunk_controller_(ChunkOptions(options)),
+      step_budget_(BudgetOptions(options)),
       actor_("scheduler") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
@@ -420,6 +427,19 @@ void GenerationScheduler::UpdateCounts() {
 
 void GenerationScheduler::RunStep() {
   step_posted_ = false;
+  DropCancelled();
+  AdmitWaiting();
+  if (running_.empty()) {
+    UpdateCounts();
+    return;
+  }
+  ExecuteStep(PlanStep());
+  RemoveFinished();
+  UpdateCounts();
+  if (!running_.empty() || !waiting_.empty()) PostStep();
+}
+
+void GenerationScheduler::DropCancelled() {
   for (auto& sequence : running_) {
     if (sequence->handle->cancelled()) Finish(*sequence, sequence->handle->CancelResult());
   }
@@ -427,81 +447,67 @@ void GenerationScheduler::RunStep() {
     if (sequence->handle->cancelled()) Finish(*sequence, sequence->handle->CancelResult());
   }
   RemoveFinished();
+}
+
+void GenerationScheduler::AdmitWaiting() {
   while (!waiting_.empty() && running_.size() < static_cast<size_t>(options_.max_sequences)) {
     waiting_.front()->state = runner_.NewSequence();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
-  if (running_.empty()) {
-    UpdateCounts();
-    return;
-  }
+}
 
-  // Decode tokens first (a rotating window when they exceed the budget), then prefill chunks.
+StepPack GenerationScheduler::PlanStep() {
+  std::vector<PackInput> inputs;
+  inputs.reserve(running_.size());
+  int64_t decoders = 0;
+  absl::Time oldest_prompt = absl::InfiniteFuture();
+  for (const auto& sequence : running_) {
+    inputs.push_back({static_cast<int64_t>(sequence->request.prompt.size()),
+                      static_cast<int64_t>(sequence->consumed)});
+    if (sequence->decoding()) {
+      ++decoders;
+    } else {
+      oldest_prompt = std::min(oldest_prompt, sequence->submitted);
+    }
+  }
+  if (!waiting_.empty()) oldest_prompt = std::min(oldest_prompt, waiting_.front()->submitted);
+  PackLimits limits;
+  limits.max_tokens = options_.max_batch_tokens;
+  limits.prompt_floor = std::min<int64_t>(options_.min_prefill_chunk, options_.max_batch_tokens);
+  limits.granule = kKdaChunk;
+  const int64_t decode_tokens =
+      std::min<int64_t>(decoders, options_.max_batch_tokens - limits.prompt_floor);
+  const absl::Duration wait = oldest_prompt == absl::InfiniteFuture()
+                                  ? absl::ZeroDuration()
+                                  : absl::Now() - oldest_prompt;
+  limits.prompt_budget =
+      options_.adaptive_prefill || decoders == 0
+          ? step_budget_.PromptTokens(std::max<int64_t>(decode_tokens, 0), wait)
+          : options_.max_batch_tokens;
+  return packer_.Pack(inputs, limits);
+}
+
+void GenerationScheduler::ExecuteStep(const StepPack& pack) {
   std::vector<BatchEntry> batch;
   std::vector<Sequence*> members;
   std::vector<bool> samples;  // whether the entry's logits row yields a token
-  int64_t budget = options_.max_batch_tokens;
-  std::vector<Sequence*> decoders;
-  for (auto& sequence : running_) {
-    if (sequence->decoding()) decoders.push_back(sequence.get());
+  for (size_t index : pack.decode) {
+    Sequence* sequence = running_[index].get();
+    batch.push_back(
+        {sequence->state.get(), absl::MakeConstSpan(&sequence->generated.back(), 1), false});
+    members.push_back(sequence);
+    samples.push_back(true);
   }
-  if (!decoders.empty()) {
-    const size_t count = decoders.size();
-    const size_t take = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(count), budget));
-    const size_t start = decode_cursor_ % count;
-    for (size_t i = 0; i < take; ++i) {
-      Sequence* sequence = decoders[(start + i) % count];
-      batch.push_back({sequence->state.get(), absl::MakeConstSpan(&sequence->generated.back(), 1),
-                       false});
-      members.push_back(sequence);
-      samples.push_back(true);
-    }
-    decode_cursor_ = (start + take) % count;
-    budget -= static_cast<int64_t>(take);
-  }
-  const int64_t decode_tokens = options_.max_batch_tokens - budget;
-  if (options_.adaptive_prefill) {
-    budget = std::min(budget, chunk_controller_.ChunkTokens(decode_tokens > 0));
-  }
-  // Prompt tokens of the step's budget: half (at least one) to the oldest prompt, so that every
-  // prompt progresses; then shortest-left first, so that a short prompt arriving while a long
-  // one is admitted a few tokens a step gets its first token in a step or two instead of waiting
-  // for all of the long one; what is left, in arrival order.
-  std::vector<Sequence*> prefilling;
-  for (auto& sequence : running_) {
-    if (!sequence->decoding()) prefilling.push_back(sequence.get());
-  }
-  std::vector<int64_t> give(prefilling.size(), 0);
-  auto left = [&](size_t i) {
-    return static_cast<int64_t>(prefilling[i]->request.prompt.size() - prefilling[i]->consumed) -
-           give[i];
-  };
-  auto grant = [&](size_t i, int64_t most) {
-    const int64_t tokens = std::min({budget, left(i), most});
-    give[i] += tokens;
-    budget -= tokens;
-  };
-  if (!prefilling.empty()) grant(0, std::max<int64_t>(1, budget / 2));
-  std::vector<size_t> shortest;
-  for (size_t i = 1; i < prefilling.size(); ++i) shortest.push_back(i);
-  std::stable_sort(shortest.begin(), shortest.end(),
-                   [&](size_t a, size_t b) { return left(a) < left(b); });
-  for (size_t i : shortest) grant(i, budget);
-  for (size_t i = 0; i < prefilling.size(); ++i) grant(i, budget);
-  int64_t prefill_tokens = 0;
-  for (size_t i = 0; i < prefilling.size(); ++i) {
-    if (give[i] == 0) continue;
-    Sequence* sequence = prefilling[i];
+  for (const PrefillChunk& chunk : pack.prefill) {
+    Sequence* sequence = running_[chunk.index].get();
     const std::vector<int32_t>& prompt = sequence->request.prompt;
     batch.push_back({sequence->state.get(),
-                     absl::MakeConstSpan(prompt.data() + sequence->consumed, give[i]), false});
+                     absl::MakeConstSpan(prompt.data() + sequence->consumed, chunk.tokens),
+                     false});
     members.push_back(sequence);
-    samples.push_back(static_cast<int64_t>(sequence->consumed) + give[i] ==
-                      static_cast<int64_t>(prompt.size()));
-    prefill_tokens += give[i];
+    samples.push_back(chunk.completes);
   }
-
   std::vector<Sequence*> traced;
   for (size_t i = 0; i < members.size() && options_.spans != nullptr; ++i) {
     Sequence* sequence = members[i];
@@ -513,79 +519,85 @@ void GenerationScheduler::RunStep() {
   const absl::Time start = absl::Now();
   const absl::Status status = runner_.Step(batch, &logits_);
   const absl::Duration step_time = absl::Now() - start;
-  if (!traced.empty()) {
-    const StepProfile& profile = runner_.last_profile();
-    for (Sequence* sequence : traced) {
-      Span span;
-      span.name = "k3.step";
-      span.context = sequence->step_trace;
-      span.parent = sequence->span_id;
-      span.start = start;
-      span.end = start + step_time;
-      span.attributes = {{"k3.batch_tokens", static_cast<double>(decode_tokens + prefill_tokens)},
-                         {"k3.prefill", sequence->decoding() ? 0.0 : 1.0},
-                         {"k3.ok", status.ok() ? 1.0 : 0.0},
-                         {"k3.compute_ms", absl::ToDoubleMilliseconds(profile.compute())},
-                         {"k3.moe_wait_ms", absl::ToDoubleMilliseconds(profile.moe_wait)}};
-      options_.spans->Record(span);
-    }
-  }
-  if (status.ok()) chunk_controller_.ObserveStep(decode_tokens, prefill_tokens, step_time);
-  if (metrics_) {
-    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
-    const StepProfile& profile = runner_.last_profile();
-    metrics_->step_compute->Observe(absl::ToDoubleSeconds(profile.compute()));
-    metrics_->step_moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
-    for (absl::Duration wait : profile.layer_moe_wait) {
-      metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
-    }
-    metrics_->step_tokens->Observe(static_cast<double>(decode_tokens + prefill_tokens));
-    if (profile.ping_pong) metrics_->ping_pong_steps->Increment();
-  }
+  RecordStep(pack, traced, start, step_time, status);
   if (!status.ok()) {
     const GenerationResult result = ErrorResult(StepFailure(status));
     for (Sequence* sequence : members) Finish(*sequence, result);
-  } else {
-    if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(prefill_tokens));
-    const int64_t vocab = config().vocab_size;
-    for (size_t i = 0; i < members.size(); ++i) {
-      Sequence& sequence = *members[i];
-      if (!sequence.decoding()) sequence.consumed += batch[i].tokens.size();
-      if (!samples[i]) continue;
-      const float* row = logits_.data() + i * vocab;
-      if (absl::Status finite = CheckLogitsFinite(row, vocab); !finite.ok()) {
-        Finish(sequence, ErrorResult(std::move(finite)));
-        continue;
+    return;
+  }
+  step_budget_.ObserveStep(pack.tokens(), step_time);
+  if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(pack.prefill_tokens()));
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!members[i]->decoding()) members[i]->consumed += batch[i].tokens.size();
+  }
+  DeliverTokens(members, samples);
+}
+
+void GenerationScheduler::RecordStep(const StepPack& pack, const std::vector<Sequence*>& traced,
+                                     absl::Time start, absl::Duration step_time,
+                                     const absl::Status& status) {
+  const StepProfile& profile = runner_.last_profile();
+  for (Sequence* sequence : traced) {
+    Span span;
+    span.name = "k3.step";
+    span.context = sequence->step_trace;
+    span.parent = sequence->span_id;
+    span.start = start;
+    span.end = start + step_time;
+    span.attributes = {{"k3.batch_tokens", static_cast<double>(pack.tokens())},
+                       {"k3.prefill", sequence->decoding() ? 0.0 : 1.0},
+                       {"k3.ok", status.ok() ? 1.0 : 0.0},
+                       {"k3.compute_ms", absl::ToDoubleMilliseconds(profile.compute())},
+                       {"k3.moe_wait_ms", absl::ToDoubleMilliseconds(profile.moe_wait)}};
+    options_.spans->Record(span);
+  }
+  if (!metrics_) return;
+  metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
+  metrics_->step_compute->Observe(absl::ToDoubleSeconds(profile.compute()));
+  metrics_->step_moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
+  for (absl::Duration wait : profile.layer_moe_wait) {
+    metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
+  }
+  metrics_->step_tokens->Observe(static_cast<double>(pack.tokens()));
+  if (profile.ping_pong) metrics_->ping_pong_steps->Increment();
+}
+
+void GenerationScheduler::DeliverTokens(const std::vector<Sequence*>& members,
+                                        const std::vector<bool>& samples) {
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!samples[i]) continue;
+    Sequence& sequence = *members[i];
+    const float* row = logits_.data() + i * vocab;
+    if (absl::Status finite = CheckLogitsFinite(row, vocab); !finite.ok()) {
+      Finish(sequence, ErrorResult(std::move(finite)));
+      continue;
+    }
+    const int32_t token = sequence.sampler.Next(row, vocab);
+    sequence.generated.push_back(token);
+    const int generated = static_cast<int>(sequence.generated.size());
+    if (metrics_) {
+      const absl::Time now = absl::Now();
+      metrics_->generated_tokens->Increment();
+      if (generated == 1) {
+        metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - sequence.submitted));
+      } else {
+        metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - sequence.last_token));
       }
-      const int32_t token = sequence.sampler.Next(row, vocab);
-      sequence.generated.push_back(token);
-      const int generated = static_cast<int>(sequence.generated.size());
-      if (metrics_) {
-        const absl::Time now = absl::Now();
-        metrics_->generated_tokens->Increment();
-        if (generated == 1) {
-          metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - sequence.submitted));
-        } else {
-          metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - sequence.last_token));
-        }
-        sequence.last_token = now;
-      }
-      if (sequence.request.top_logprobs >= 0) {
-        sequence.sink->OnLogprobs(LogprobsOf(row, vocab, token, sequence.request.top_logprobs));
-      }
-      sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
-      const std::vector<int32_t>& stops = sequence.request.stop_token_ids;
-      if ((token == config().eos_token_id && !sequence.request.ignore_eos) ||
-          std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        Finish(sequence, GenerationResult{FinishReason::kStop});
-      } else if (generated >= sequence.request.max_new_tokens) {
-        Finish(sequence, GenerationResult{FinishReason::kLength});
-      }
+      sequence.last_token = now;
+    }
+    if (sequence.request.top_logprobs >= 0) {
+      sequence.sink->OnLogprobs(LogprobsOf(row, vocab, token, sequence.request.top_logprobs));
+    }
+    sequence.sink->OnToken(token, static_cast<int>(sequence.request.prompt.size()), generated);
+    const std::vector<int32_t>& stops = sequence.request.stop_token_ids;
+    if ((token == config().eos_token_id && !sequence.request.ignore_eos) ||
+        std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      Finish(sequence, GenerationResult{FinishReason::kStop});
+    } else if (generated >= sequence.request.max_new_tokens) {
+      Finish(sequence, GenerationResult{FinishReason::kLength});
     }
   }
-  RemoveFinished();
-  UpdateCounts();
-  if (!running_.empty() || !waiting_.empty()) PostStep();
 }
 
 }  // namespace k3

@@ -3,19 +3,20 @@
 // One scheduler thread (an Actor) owns the ModelRunner and every request's SequenceState. It runs
 // model steps back to back while there is work; between two steps it admits submitted requests,
 // drops cancelled ones and frees the state of finished ones. Each step packs up to
-// `max_batch_tokens` tokens:
-//   1. one decode token for every sequence that has consumed its prompt (if there are more such
-//      sequences than the budget, a rotating window of them, so none starves);
-//   2. the rest of the budget goes to prompts, as prefill chunks: half of it (at least a token)
-//      to the oldest prompt, so that every prompt progresses, then to the prompts with the
-//      fewest tokens left, so that a short prompt does not wait for a long one, then in
-//      admission order; a prompt longer than what it gets is continued in the next steps
-//      (chunked prefill). While some
-//      sequences decode and `adaptive_prefill` is on, the prefill part of the budget is what a
-//      PrefillChunkController (prefill_chunk_controller.h) allows: it keeps the step time near
-//      `prefill_target_factor` x the decode-only step time, so a long prompt being admitted
-//      raises the running streams' inter-token latency by about that factor, not by the time of
-//      a max_batch_tokens step. Where a prompt is cut does not change its tokens.
+// `max_batch_tokens` tokens (StepPacker, step_packer.h): one decode token for every sequence that
+// has consumed its prompt, plus prefill chunks of as many prompts as the step's prompt budget
+// allows (the oldest prompt first, then short prompts that complete, then arrival order; a
+// prompt longer than what it gets continues in the next steps: chunked prefill). While some
+// sequences decode and `adaptive_prefill` is on, the prompt budget is StepBudget's
+// (step_budget.h): what fits beside the decode tokens in a step time target (`step_target`, or
+// `step_target_factor` x a one-token step, fitted from measured steps), at least
+// `min_prefill_chunk`, growing once the oldest prompt has waited past `ttft_target`; so
+// throughput grows with the streams while their inter-token latency stays near the target.
+// Without decoding sequences a step takes up to `max_batch_tokens` prompt tokens. Where a prompt
+// is cut does not change its tokens.
+//
+// Admission (AdmitWaiting) is the one place a request's state is created: a waiting request
+// enters the running set, in submission order, while fewer than `max_sequences` hold state.
 // A sequence whose prompt completes in a step samples its first token from that step's logits;
 // a decoding sequence samples one token per step. Each sequence samples with its own Sampler
 // (seeded per request), so its tokens do not depend on what it is batched with, up to the
@@ -68,8 +69,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
-#include "attention_nodes/prefill_chunk_controller.h"
 #include "attention_nodes/sampler.h"
+#include "attention_nodes/step_budget.h"
+#include "attention_nodes/step_packer.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/span_log.h"
@@ -84,13 +86,14 @@ struct SchedulerOptions {
   int max_sequences = 64;           // requests holding KV/KDA state at once
   int max_new_tokens_limit = 4096;  // requests asking for more are rejected
   int max_prompt_tokens = 32768;    // longer prompts are rejected
-  // Prefill chunk sizing while sequences decode (see above); off: prompts take the whole rest of
-  // the budget, as before.
+  // Prompt tokens per step while sequences decode (StepBudget, see above); off: prompts take
+  // the whole rest of max_batch_tokens.
   bool adaptive_prefill = true;
-  double prefill_target_factor = 1.5;  // >= 1
-  // >= 1; capped at max_batch_tokens. 1: where a prompt token costs more than the decode step
-  // (k3-tiny at a long prefix), even one more token per step keeps the latency bound.
-  int64_t min_prefill_chunk = 1;
+  absl::Duration step_target = absl::ZeroDuration();  // zero: step_target_factor x 1-token step
+  double step_target_factor = 2.0;                    // >= 1
+  absl::Duration ttft_target = absl::Seconds(2);      // > 0; beyond it prompts get more
+  // >= 1; prompt tokens a step takes at least while prompts wait (KDA's chunk).
+  int64_t min_prefill_chunk = 16;
   // When steps of two or more sequences run as two ping-pong micro-batches (where the MoE tier
   // keeps two layers in flight; ModelRunner::set_ping_pong).
   PingPong ping_pong = PingPong::kMeasured;
@@ -228,6 +231,16 @@ class GenerationScheduler {
   void Admit(std::shared_ptr<Sequence> sequence);
   void PostStep();
   void RunStep();
+  void DropCancelled();
+  // Moves waiting requests into the running set (with fresh state) while room is left.
+  void AdmitWaiting();
+  StepPack PlanStep();
+  // Runs `pack` as one model step and hands out its tokens.
+  void ExecuteStep(const StepPack& pack);
+  void RecordStep(const StepPack& pack, const std::vector<Sequence*>& traced, absl::Time start,
+                  absl::Duration step_time, const absl::Status& status);
+  // Samples and delivers the token of members[i] for every i with samples[i].
+  void DeliverTokens(const std::vector<Sequence*>& members, const std::vector<bool>& samples);
   void Finish(Sequence& sequence, GenerationResult result);
   void RemoveFinished();
   void UpdateCounts();
@@ -247,10 +260,10 @@ class GenerationScheduler {
 
   // Scheduler thread only.
   ModelRunner runner_;
-  PrefillChunkController chunk_controller_;
+  StepBudget step_budget_;
+  StepPacker packer_;
   std::deque<std::shared_ptr<Sequence>> waiting_;
   std::vector<std::shared_ptr<Sequence>> running_;  // in admission order
-  size_t decode_cursor_ = 0;
   bool step_posted_ = false;
   std::vector<float> logits_;
 

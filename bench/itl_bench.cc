@@ -8,13 +8,13 @@
 // alone ("without": `--window` tokens per stream), then from the moment a `--prompt-tokens`
 // prompt is submitted until its first token ("with"). Both ways run twice in one process: with
 // the prefill chunk fixed at the step budget (the scheduler before adaptive prefill) and with
-// the adaptive chunk (PrefillChunkController). Prints p50/p99 of the gaps and the p99 ratio
+// the adaptive prompt budget (StepBudget). Prints p50/p99 of the gaps and the p99 ratio
 // with/without for each (goal: adaptive <= 3x), and checks that the long prompt's first token
 // is the same either way.
 //
 //   bazel-bin/bench/itl_bench [--config k3-tiny] [--prompt-tokens 32000] [--streams 4]
 //                             [--window 200] [--stream-tokens 128] [--max-batch-tokens 2048]
-//                             [--target-factor X (default SchedulerOptions::prefill_target_factor, 1.5)]
+//                             [--target-factor X (default SchedulerOptions::step_target_factor, 2)]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -44,7 +44,7 @@ struct Options {
   int window = 200;
   int max_batch_tokens = 2048;
   int stream_tokens = 128;
-  double target_factor = SchedulerOptions().prefill_target_factor;
+  double target_factor = SchedulerOptions().step_target_factor;
 };
 
 bool ParseArgs(int argc, char** argv, Options* options) {
@@ -212,7 +212,7 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   scheduler_options.max_prompt_tokens = std::max(options.prompt_tokens, 1);
   scheduler_options.max_new_tokens_limit = 1 << 20;
   scheduler_options.adaptive_prefill = adaptive;
-  scheduler_options.prefill_target_factor = options.target_factor;
+  scheduler_options.step_target_factor = options.target_factor;
   GenerationScheduler scheduler(&weights, &moe, scheduler_options, nullptr);
   const int vocab = static_cast<int>(weights.config.vocab_size);
 

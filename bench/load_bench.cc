@@ -1,0 +1,247 @@
+// Throughput and inter-token latency of one local cluster under concurrent streams (issue 24):
+//
+//   bazel run -c opt //bench:load_bench -- [--config k3-tiny] [--attention 1 --routers 1
+//       --experts 2] [--prompt-tokens 200] [--max-tokens 64] [--streams 16] [--rounds 3]
+//       [--requests-per-stream 3] [--load-requests 1000] [--load-concurrency 32]
+//
+// Writes a random checkpoint, starts `k3serve local`'s processes (LocalCluster) and talks gRPC to
+// the attention worker. Every request has its own random `--prompt-tokens` prompt and asks for
+// exactly `--max-tokens` greedy tokens (ignore_eos). Part 1, in `--rounds` interleaved rounds:
+// one stream, then `--streams` concurrent streams, each a closed loop of `--requests-per-stream`
+// requests; it prints each round's tokens/s (all tokens over the round's wall time) and the p99
+// of the gaps between a request's consecutive tokens as the client receives them, then the
+// medians and ranges of the ratios many/one (goals: tokens/s >= 4x, p99 gap <= 3x). Part 2:
+// `--load-requests` requests at `--load-concurrency` in flight; every one must end with all its
+// tokens. Exits 1 when a request fails.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attention_nodes/generate_client.h"
+#include "cluster/command_line.h"
+#include "cluster/process_tuning.h"
+#include "launcher/local_cluster.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "proto/generate.pb.h"
+
+namespace k3 {
+namespace {
+
+struct BenchOptions {
+  std::string config = "k3-tiny";
+  int attention = 1;
+  int routers = 1;
+  int experts = 2;
+  int prompt_tokens = 200;
+  int max_tokens = 64;
+  int streams = 16;
+  int rounds = 3;
+  int requests_per_stream = 3;
+  int load_requests = 1000;
+  int load_concurrency = 32;
+  std::string k3serve = "k3serve";
+  std::string work_dir;
+};
+
+// What a set of requests measured.
+struct Measured {
+  int64_t tokens = 0;
+  int failures = 0;
+  std::string first_failure;
+  std::vector<double> gaps;  // seconds between consecutive tokens of one request
+};
+
+class LoadRunner {
+ public:
+  LoadRunner(const BenchOptions& o, std::string address, int64_t vocab)
+      : o_(o), address_(std::move(address)), vocab_(vocab) {}
+
+  // Runs `requests` requests with `concurrency` in flight; returns what they measured.
+  Measured Run(int requests, int concurrency) {
+    Measured measured;
+    absl::Mutex mu;
+    std::atomic<int> next{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < concurrency; ++t) {
+      threads.emplace_back([&] {
+        for (int i = next++; i < requests; i = next++) {
+          Measured one = RunOne();
+          absl::MutexLock lock(&mu);
+          measured.tokens += one.tokens;
+          measured.failures += one.failures;
+          if (measured.first_failure.empty()) measured.first_failure = one.first_failure;
+          measured.gaps.insert(measured.gaps.end(), one.gaps.begin(), one.gaps.end());
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return measured;
+  }
+
+ private:
+  Measured RunOne() {
+    k3serve::v1::GenerateRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(vocab_ - 1));
+      for (int i = 0; i < o_.prompt_tokens; ++i) request.add_prompt_token_ids(token(random_));
+    }
+    request.mutable_sampling()->set_temperature(0.0f);
+    request.mutable_sampling()->set_max_new_tokens(o_.max_tokens);
+    request.mutable_sampling()->set_ignore_eos(true);
+    Measured measured;
+    absl::Time last = absl::InfinitePast();
+    auto on_tokens = [&](absl::Span<const int32_t> tokens) {
+      const absl::Time now = absl::Now();
+      if (last != absl::InfinitePast()) measured.gaps.push_back(absl::ToDoubleSeconds(now - last));
+      // Tokens arriving together: the later ones came with no gap of their own.
+      for (size_t i = 1; i < tokens.size(); ++i) measured.gaps.push_back(0);
+      last = now;
+    };
+    absl::StatusOr<GenerateOutcome> outcome =
+        GenerateOverGrpc(address_, request, absl::Minutes(10), on_tokens);
+    if (!outcome.ok() || static_cast<int>(outcome->tokens.size()) != o_.max_tokens) {
+      measured.failures = 1;
+      measured.first_failure =
+          outcome.ok() ? absl::StrCat("got ", outcome->tokens.size(), " tokens: ",
+                                      outcome->complete.message())
+                       : outcome.status().ToString();
+      return measured;
+    }
+    measured.tokens = static_cast<int64_t>(outcome->tokens.size());
+    return measured;
+  }
+
+  const BenchOptions& o_;
+  const std::string address_;
+  const int64_t vocab_;
+  absl::Mutex mu_;
+  std::mt19937 random_ ABSL_GUARDED_BY(mu_){20261204};
+};
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t index = std::min(values.size() - 1, static_cast<size_t>(p * values.size()));
+  return values[index];
+}
+
+void PrintRatios(const char* what, std::vector<double> ratios, const char* goal) {
+  std::sort(ratios.begin(), ratios.end());
+  std::printf("%s: median %.2fx (range %.2f-%.2f over %zu rounds; goal %s)\n", what,
+              Percentile(ratios, 0.5), ratios.front(), ratios.back(), ratios.size(), goal);
+}
+
+absl::Status Bench(const BenchOptions& o) {
+  absl::StatusOr<ModelConfig> config = NamedConfig(o.config);
+  if (!config.ok()) return config.status();
+  const std::string dir = absl::StrCat(o.work_dir, "/", o.config);
+  if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
+  LocalClusterOptions cluster_options;
+  cluster_options.binary = o.k3serve;
+  cluster_options.model = dir;
+  cluster_options.attention = o.attention;
+  cluster_options.routers = o.routers;
+  cluster_options.experts = o.experts;
+  cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs");
+  cluster_options.startup_timeout = absl::Minutes(5);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
+  if (!cluster.ok()) return cluster.status();
+  LoadRunner runner(o, (*cluster)->generate_addresses()[0], config->vocab_size);
+  runner.Run(2, 1);  // warm-up: page in weights, connect, fit the step cost
+  std::vector<double> speedups, latency_ratios;
+  for (int round = 0; round < o.rounds; ++round) {
+    double rate[2], p99[2];
+    for (int side = 0; side < 2; ++side) {
+      const int streams = side == 0 ? 1 : o.streams;
+      const absl::Time start = absl::Now();
+      const Measured m = runner.Run(streams * o.requests_per_stream, streams);
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (m.failures > 0) return absl::InternalError(m.first_failure);
+      rate[side] = m.tokens / seconds;
+      p99[side] = Percentile(m.gaps, 0.99);
+      std::printf("round %d, %2d stream(s): %7.1f tokens/s, inter-token p50 %.1f ms p99 %.1f ms\n",
+                  round, streams, rate[side], 1e3 * Percentile(m.gaps, 0.5), 1e3 * p99[side]);
+      std::fflush(stdout);
+    }
+    speedups.push_back(rate[1] / rate[0]);
+    latency_ratios.push_back(p99[1] / p99[0]);
+  }
+  PrintRatios(absl::StrCat("tokens/s, ", o.streams, " streams / 1").c_str(), speedups, ">= 4x");
+  PrintRatios(absl::StrCat("inter-token p99, ", o.streams, " streams / 1").c_str(),
+              latency_ratios, "<= 3x");
+  if (o.load_requests > 0) {
+    const absl::Time start = absl::Now();
+    const Measured m = runner.Run(o.load_requests, o.load_concurrency);
+    std::printf("%d requests at concurrency %d: %d failed, %.1f tokens/s over %.0f s%s%s\n",
+                o.load_requests, o.load_concurrency, m.failures,
+                m.tokens / absl::ToDoubleSeconds(absl::Now() - start),
+                absl::ToDoubleSeconds(absl::Now() - start), m.failures > 0 ? "; first: " : "",
+                m.first_failure.c_str());
+    if (m.failures > 0) return absl::InternalError("requests failed under load");
+  }
+  return (*cluster)->Stop();
+}
+
+int Main(const std::vector<std::string>& args) {
+  BenchOptions o;
+  CLI::App app{"load_bench: tokens/s and inter-token latency under concurrent streams"};
+  app.add_option("--config", o.config, "named config");
+  AddBoundedInt(&app, "--attention", &o.attention, 1, 64, "attention workers");
+  AddBoundedInt(&app, "--routers", &o.routers, 1, 64, "routers");
+  AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
+  AddBoundedInt(&app, "--prompt-tokens", &o.prompt_tokens, 1, 1 << 20, "tokens per prompt");
+  AddBoundedInt(&app, "--max-tokens", &o.max_tokens, 1, 1 << 20, "new tokens per request");
+  AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams (part 1)");
+  AddBoundedInt(&app, "--rounds", &o.rounds, 1, 1000, "interleaved rounds (part 1)");
+  AddBoundedInt(&app, "--requests-per-stream", &o.requests_per_stream, 1, 1000,
+                "requests each stream runs per round (part 1)");
+  AddBoundedInt(&app, "--load-requests", &o.load_requests, 0, 1 << 24, "requests (part 2)");
+  AddBoundedInt(&app, "--load-concurrency", &o.load_concurrency, 1, 1024,
+                "requests in flight (part 2)");
+  app.add_option("--k3serve", o.k3serve, "the k3serve binary");
+  app.add_option("--work-dir", o.work_dir, "checkpoint and logs (default: a new folder)");
+  if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
+  }
+  // `bazel run` starts us in our runfiles folder, where the data dependency //:k3serve lies.
+  o.k3serve = std::filesystem::absolute(o.k3serve).string();
+  const bool own_work_dir = o.work_dir.empty();
+  if (own_work_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/k3-load-bench-XXXXXX");
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::cerr << "cannot create a work folder\n";
+      return 1;
+    }
+    o.work_dir = pattern;
+  }
+  const absl::Status status = Bench(o);
+  if (own_work_dir) std::filesystem::remove_all(o.work_dir);
+  if (!status.ok()) {
+    std::cerr << status << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace k3
+
+int main(int argc, char** argv) {
+  k3::TuneServingProcess();
+  return k3::Main(std::vector<std::string>(argv + 1, argv + argc));
+}
