@@ -100,6 +100,19 @@ struct GenerationScheduler::Metrics {
                              .AddCounter("k3_attention_generated_tokens_total",
                                          "Tokens generated and streamed.")
                              .Get()),
+        step_fixed(registry
+                       .AddGauge("k3_attention_step_fixed_seconds",
+                                 "Fitted fixed cost of a model step (StepBudget).")
+                       .Get()),
+        step_per_token(registry
+                           .AddGauge("k3_attention_step_per_token_seconds",
+                                     "Fitted cost of one more token in a model step.")
+                           .Get()),
+        step_target(registry
+                        .AddGauge("k3_attention_step_target_seconds",
+                                  "The step time the prompt budget aims at while streams "
+                                  "decode.")
+                        .Get()),
         ping_pong_steps(registry
                             .AddCounter("k3_attention_ping_pong_steps_total",
                                         "Steps run as two ping-pong micro-batches.")
@@ -170,6 +183,9 @@ struct GenerationScheduler::Metrics {
   Counter* rejected;
   Counter* prompt_tokens;
   Counter* generated_tokens;
+  Gauge* step_fixed;
+  Gauge* step_per_token;
+  Gauge* step_target;
   Counter* ping_pong_steps;
   Gauge* active;
   Gauge* cached;
@@ -526,6 +542,11 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
     return;
   }
   step_budget_.ObserveStep(pack.tokens(), step_time);
+  if (metrics_) {
+    metrics_->step_fixed->Set(absl::ToDoubleSeconds(step_budget_.fixed_cost()));
+    metrics_->step_per_token->Set(absl::ToDoubleSeconds(step_budget_.per_token_cost()));
+    metrics_->step_target->Set(absl::ToDoubleSeconds(step_budget_.target_step_time()));
+  }
   if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(pack.prefill_tokens()));
   for (size_t i = 0; i < members.size(); ++i) {
     if (!members[i]->decoding()) members[i]->consumed += batch[i].tokens.size();

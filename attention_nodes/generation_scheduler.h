@@ -41,7 +41,8 @@
 // k3_attention_rejected_requests_total, k3_attention_prompt_tokens_total,
 // k3_attention_generated_tokens_total, k3_attention_active_requests,
 // k3_attention_cached_sequences, k3_attention_request_state_bytes, k3_attention_step_seconds,
-// k3_attention_step_tokens, where each step's time went (ModelRunner's StepProfile):
+// k3_attention_step_tokens, StepBudget's fit (k3_attention_step_fixed_seconds,
+// k3_attention_step_per_token_seconds, k3_attention_step_target_seconds), where each step's time went (ModelRunner's StepProfile):
 // k3_attention_step_compute_seconds and k3_attention_step_moe_wait_seconds (one observation per
 // step each), k3_attention_layer_moe_wait_seconds (one per MoE layer of a step), and the
 // latencies users see, from Submit:

@@ -26,7 +26,7 @@ StepBudget::StepBudget(const StepBudgetOptions& options) : options_(options) {
 
 absl::Duration StepBudget::target_step_time() const {
   if (options_.target > absl::ZeroDuration()) return options_.target;
-  return (fixed_ + per_token_) * options_.target_factor;
+  return (single_seen_ ? single_ : fixed_ + per_token_) * options_.target_factor;
 }
 
 void StepBudget::ObserveStep(int64_t tokens, absl::Duration step_time) {
@@ -39,7 +39,11 @@ void StepBudget::ObserveStep(int64_t tokens, absl::Duration step_time) {
   t_ = t_ * d + t;
   nn_ = nn_ * d + n * n;
   nt_ = nt_ * d + n * t;
-  last_tokens_ = tokens;
+  span_ = std::max(n, span_ * d);
+  if (tokens == 1) {
+    single_ = single_seen_ ? single_ * d + step_time * (1 - d) : step_time;
+    single_seen_ = true;
+  }
   Refit();
 }
 
@@ -68,7 +72,7 @@ int64_t StepBudget::PromptTokens(int64_t decode_tokens, absl::Duration oldest_pr
   if (oldest_prompt_wait > options_.ttft_target) {
     tokens *= absl::FDivDuration(oldest_prompt_wait, options_.ttft_target);
   }
-  tokens = std::min(tokens, static_cast<double>(2 * last_tokens_) + floor);
+  tokens = std::min(tokens, 2 * span_ + floor);
   return std::min(static_cast<int64_t>(tokens), room);
 }
 

@@ -5,11 +5,13 @@
 // fits the two by least squares over the steps the scheduler reports, older steps weighing less
 // (`decay` per step), so the model follows a prompt's position (MLA attends over the prefix)
 // and the machine's load. The step time target is `target` when set, else `target_factor` x the
-// time of a one-token step (fixed + per_token): what one stream alone would see between tokens.
+// time of a one-token step: what one stream alone sees between tokens (the moving average of
+// one-token steps, weighing the newest by 1 - decay; fixed + per_token before one was seen. The
+// line's intercept overstates it: a lone token reads only its own experts' weights).
 // With sequences decoding, PromptTokens is what fits the target beside their decode tokens:
 // (target - fixed - per_token x decode) / per_token, at least `min_prompt_tokens` (so a queue
-// always progresses), at most twice the last step's tokens plus `min_prompt_tokens` (a fit from
-// too few or too alike steps never jumps far), and at most `max_tokens` less the decode tokens.
+// always progresses), at most twice the largest recent step plus `min_prompt_tokens` (the line
+// is not trusted far beyond the steps it was fitted on; "recent": shrinking by `decay` per step), and at most `max_tokens` less the decode tokens.
 // Without decoding sequences there is no latency to protect: the whole `max_tokens`.
 //
 // No prompt starves: once the oldest waiting prompt has waited longer than `ttft_target`, the
@@ -63,7 +65,9 @@ class StepBudget {
   const StepBudgetOptions options_;
   // Decayed sums over observations of (n tokens, t seconds): weight, n, t, n*n, n*t.
   double w_ = 0, n_ = 0, t_ = 0, nn_ = 0, nt_ = 0;
-  int64_t last_tokens_ = 0;
+  double span_ = 0;  // the largest step's tokens, shrinking by `decay` per step
+  absl::Duration single_ = absl::ZeroDuration();  // one-token steps' moving average
+  bool single_seen_ = false;
   absl::Duration fixed_ = absl::ZeroDuration();
   absl::Duration per_token_ = absl::ZeroDuration();
 };

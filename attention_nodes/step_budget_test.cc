@@ -45,12 +45,24 @@ TEST(StepBudgetTest, LearnsTheCostLineAndFillsTheTarget) {
   EXPECT_LE(StepTime(16 + prompt), budget.target_step_time() + absl::Microseconds(1));
 }
 
+// Where a lone token costs less than the line says (it reads only its own experts), the target
+// follows the measured one-token steps.
+TEST(StepBudgetTest, TheAutomaticTargetIsMeasuredOnOneTokenSteps) {
+  StepBudget budget(Options());
+  for (int64_t tokens : {16, 100, 16, 100}) budget.ObserveStep(tokens, StepTime(tokens));
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(budget.target_step_time()), 20.2, 1e-6);
+  budget.ObserveStep(1, absl::Milliseconds(6));
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(budget.target_step_time()), 12.0, 1e-6);
+  // Beside 16 decode tokens (11.6 ms on the line) that leaves 0.4 ms: 4 tokens, so the floor.
+  EXPECT_EQ(budget.PromptTokens(16, absl::ZeroDuration()), 16);
+}
+
 TEST(StepBudgetTest, AnExplicitTargetWins) {
   StepBudgetOptions options = Options();
   options.target = absl::Milliseconds(50);
   StepBudget budget(options);
   for (int64_t tokens : {1, 100, 1, 100}) budget.ObserveStep(tokens, StepTime(tokens));
-  // (50 - 10 - 0.1 x 4) / 0.1 = 396, capped at twice the last step plus the floor (216).
+  // (50 - 10 - 0.1 x 4) / 0.1 = 396, capped at twice the largest recent step plus the floor (216).
   EXPECT_EQ(budget.PromptTokens(4, absl::ZeroDuration()), 216);
   budget.ObserveStep(300, StepTime(300));
   EXPECT_NEAR(budget.PromptTokens(4, absl::ZeroDuration()), 396, 1);
