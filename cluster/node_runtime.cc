@@ -22,8 +22,13 @@ int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role) {
   } else {
     for (;;) {
       if (const int signal_number = signals.Poll(); signal_number != 0) {
-        LOG(INFO) << name << " got signal " << signal_number << "; shutting down";
-        break;
+        const absl::Status accepted = role->AcceptStop();
+        if (accepted.ok()) {
+          LOG(INFO) << name << " got signal " << signal_number << "; shutting down";
+          break;
+        }
+        LOG(WARNING) << name << " got signal " << signal_number
+                     << " but keeps serving: " << accepted.message();
       }
       if (status = role->Failure(); !status.ok()) {
         LOG(ERROR) << name << " failed: " << status;

@@ -40,11 +40,16 @@ class RoleHooks {
   // True once the role has finished its work and the process should exit 0 as after a signal
   // (e.g. an expert node drained by the coordinator). Called like Failure.
   virtual bool Finished() { return false; }
+  // Asked on SIGINT/SIGTERM before RunNode stops the role: non-OK refuses the stop (logged with
+  // its reason) and the role keeps serving, e.g. an expert node whose drain the coordinator
+  // cannot honour, which would leave with the only copy of its experts. A later signal asks again.
+  virtual absl::Status AcceptStop() { return absl::OkStatus(); }
   // Drains what is in flight (within the role's own deadline) and releases everything.
   virtual void Shutdown() = 0;
 };
 
-// Runs `role` as this process until SIGINT/SIGTERM, Failure() or Finished(). Returns the exit
+// Runs `role` as this process until SIGINT/SIGTERM that AcceptStop() accepts, Failure() or
+// Finished(). Returns the exit
 // status: 0 after a signal or once finished, 1 when it could not start or failed. `name`
 // prefixes the log lines ("router node").
 int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role);

@@ -184,6 +184,10 @@ absl::Status CoordinatorState::Leave(uint32_t node_id, uint64_t incarnation, abs
 absl::Status CoordinatorState::Drain(uint32_t node_id, absl::Time now) {
   auto it = members_.find(node_id);
   if (it == members_.end()) return absl::NotFoundError(absl::StrCat("no node ", node_id));
+  if (absl::Status room = RoomToDrain(node_id); !room.ok()) {
+    LOG(WARNING) << "drain of node " << node_id << " refused: " << room.message();
+    return room;
+  }
   if (!it->second.draining) {
     LOG(INFO) << "draining node " << node_id;
     it->second.draining = true;
@@ -191,6 +195,28 @@ absl::Status CoordinatorState::Drain(uint32_t node_id, absl::Time now) {
     Update(now);
   }
   return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::RoomToDrain(uint32_t node_id) const {
+  const Member& member = members_.at(node_id);
+  if (member.draining || member.info.role() != pb::ROLE_EXPERT || options_.num_experts == 0) {
+    return absl::OkStatus();
+  }
+  // A cluster without a live router needs no experts (the launcher stops routers first).
+  bool router = false;
+  int slots = 0;  // per MoE layer, over the expert nodes that would be left
+  for (const auto& [id, m] : members_) {
+    if (m.state != pb::ALIVE) continue;
+    router |= m.info.role() == pb::ROLE_ROUTER;
+    if (id != node_id && Usable(id)) {
+      slots += m.info.expert_slots() + std::max(0, options_.replica_slots_per_worker);
+    }
+  }
+  if (!router || slots >= options_.num_experts) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "node ", node_id, " cannot drain: the other expert nodes offer ", slots,
+      " slots per MoE layer for ", options_.num_experts,
+      " experts; it keeps serving (add an expert node or give the nodes spare slots)"));
 }
 
 void CoordinatorState::Tick(absl::Time now) {

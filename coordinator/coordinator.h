@@ -110,7 +110,10 @@ class CoordinatorState {
   // Marks the node LEFT. NOT_FOUND for an unknown id or another incarnation.
   absl::Status Leave(uint32_t node_id, uint64_t incarnation, absl::Time now);
 
-  // Asks a node to drain. NOT_FOUND for an unknown id.
+  // Asks a node to drain. NOT_FOUND for an unknown id; FAILED_PRECONDITION, and nothing changes,
+  // when it is an expert node whose experts the other alive, non-draining expert nodes could not
+  // hold (their declared plus replica slots per MoE layer fall short of the experts) while a
+  // router is alive to need them: the node keeps serving rather than leave with the only copy.
   absl::Status Drain(uint32_t node_id, absl::Time now);
 
   // Declares members whose heartbeats stopped DEAD and repairs the placement. Call it at least
@@ -187,6 +190,8 @@ class CoordinatorState {
   void ComputeReadiness(absl::Time now);
   // An alive, non-draining expert node.
   bool Usable(uint32_t node_id) const;
+  // OK when draining `node_id` loses no expert (see Drain).
+  absl::Status RoomToDrain(uint32_t node_id) const;
   // unrecoverable_losses_ for the current members and placement.
   void ComputeUnrecoverableLosses();
   // The placement of experts over `nodes` (worker order), as initially: contiguous shares of

@@ -401,12 +401,30 @@ TEST(CoordinatorTest, ADrainingWorkerLeavesThePlacementThroughARollout) {
   EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
 }
 
-// A drain the other nodes cannot absorb waits: nothing is planned.
-TEST(CoordinatorTest, ADrainWithoutRoomForTheExpertsWaits) {
+// A drain the other nodes cannot absorb (8 experts, one other node of 4 slots and no replica
+// slots) is refused: the node is not marked draining, nothing is planned, the cluster stays
+// ready. Once another expert node brings room, the same drain is accepted.
+TEST(CoordinatorTest, ADrainWithoutRoomForTheExpertsIsRefused) {
   Cluster cl(/*experts=*/2);
-  ASSERT_TRUE(cl.c.Drain(cl.id(2), cl.now).ok());
+  const absl::Status refused = cl.c.Drain(cl.id(2), cl.now);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("4 slots per MoE layer for 8 experts"), std::string::npos)
+      << refused;
+  EXPECT_FALSE(cl.c.Heartbeat(cl.id(2), cl.infos[2].incarnation(), {}, cl.now).drain);
   EXPECT_FALSE(cl.c.PlanResize(cl.now).has_value());
-  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();  // the draining node still serves
+  EXPECT_TRUE(cl.c.ready()) << cl.c.not_ready_reason();
+  pb::NodeInfo joiner = Node(pb::ROLE_EXPERT, 4);
+  joiner.set_node_id(Join(cl.c, joiner, cl.now));
+  EXPECT_TRUE(cl.c.Drain(cl.id(2), cl.now).ok());
+}
+
+// Without a live router nobody needs the experts (the launcher stops routers first): a drain is
+// accepted whatever the room.
+TEST(CoordinatorTest, ADrainWithoutALiveRouterIsAccepted) {
+  Cluster cl(/*experts=*/2);
+  cl.Run(absl::Seconds(2), {cl.id(1)});  // the router's heartbeats stop
+  ASSERT_EQ(StateOf(cl.c, cl.id(1)), pb::DEAD);
+  EXPECT_TRUE(cl.c.Drain(cl.id(2), cl.now).ok());
 }
 
 // A dead worker whose experts all have live replicas needs no resize: a spare restores them.

@@ -83,6 +83,8 @@ class ExpertNode final : public RoleHooks {
     return failure_;
   }
   bool Finished() override { return drained_; }
+  // Refuses a stop while the coordinator refuses this node's drain (its experts would be lost).
+  absl::Status AcceptStop() override;
   void Shutdown() override;
 
   // The ExpertWorker RPCs, run on the actor.
@@ -487,6 +489,22 @@ std::string NobodyNeedsTheDrain(const pb::ClusterState& state, uint32_t self) {
   if (!router) return "no live router needs its experts";
   if (!other_expert) return "no other expert node can take its experts";
   return "";
+}
+
+absl::Status ExpertNode::AcceptStop() {
+  if (endpoints_ == nullptr || endpoints_->client() == nullptr || !Failure().ok()) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> placed =
+      actor_->Call([this] { return unplaced_since_ == absl::InfiniteFuture(); },
+                   absl::Now() + absl::Seconds(2));
+  if (!placed.ok() || !*placed) return absl::OkStatus();
+  // Asking to drain now (DrainFirst asks again, harmlessly) learns whether it may go at all.
+  // Unregistered (e.g. the coordinator is gone), nobody can take its experts: it may go.
+  if (!endpoints_->client()->WaitRegistered(absl::InfinitePast()).ok()) return absl::OkStatus();
+  absl::StatusOr<pb::ClusterState> state = endpoints_->client()->DrainSelf();
+  if (absl::IsFailedPrecondition(state.status())) return state.status();
+  return absl::OkStatus();
 }
 
 void ExpertNode::DrainFirst() {

@@ -1,8 +1,10 @@
 #include "http_front/worker_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/grpc_server.h"
 #include "cluster/grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -22,6 +24,7 @@ bool GenerateCall::Next(v1::GenerateResponse* response) {
 }
 
 GenerateCall::~GenerateCall() {
+  Release();
   if (reader_ == nullptr || finished_) return;
   context_.TryCancel();
   reader_->Finish();
@@ -29,7 +32,14 @@ GenerateCall::~GenerateCall() {
 
 absl::Status GenerateCall::Finish() {
   finished_ = true;
+  Release();
   return FromGrpcStatus(reader_->Finish());
+}
+
+void GenerateCall::Release() {
+  if (load_ == nullptr) return;
+  load_->fetch_sub(1);
+  load_ = nullptr;
 }
 
 WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls,
@@ -40,21 +50,48 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
   grpc::ChannelArguments arguments;
   arguments.SetLoadBalancingPolicyName("round_robin");
   for (const std::string& address : addresses) {
-    stubs_.push_back({address, v1::K3Serve::NewStub(tls.Connect(address, arguments))});
+    auto worker = std::make_unique<Worker>();
+    worker->address = address;
+    worker->channel = tls.Connect(address, arguments);
+    worker->stub = v1::K3Serve::NewStub(worker->channel);
+    workers_.push_back(std::move(worker));
   }
+}
+
+std::vector<size_t> WorkerPool::Order() {
+  const size_t n = workers_.size();
+  const size_t start = next_.fetch_add(1) % n;
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i) order.push_back((start + i) % n);
+  auto key = [&](size_t i) {
+    const Worker& w = *workers_[i];
+    return std::make_pair(w.down_until_ns.load() > now, w.load->load());
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  return order;
+}
+
+std::vector<int> WorkerPool::Loads() const {
+  std::vector<int> loads;
+  for (const auto& worker : workers_) loads.push_back(worker->load->load());
+  return loads;
 }
 
 absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
     const v1::GenerateRequest& request, const std::string& traceparent) {
   absl::Status last = absl::UnavailableError("no attention worker");
-  for (size_t attempt = 0; attempt < stubs_.size(); ++attempt) {
-    const Worker& worker = stubs_[next_.fetch_add(1) % stubs_.size()];
+  for (size_t index : Order()) {
+    Worker& worker = *workers_[index];
     std::unique_ptr<GenerateCall> call(new GenerateCall());
+    worker.load->fetch_add(1);
+    call->load_ = worker.load;
     AddBearer(auth_token_, &call->context_);
     if (!traceparent.empty()) call->context_.AddMetadata("traceparent", traceparent);
     call->reader_ = worker.stub->Generate(&call->context_, request);
     if (call->reader_->Read(&call->first_)) {
       call->has_first_ = true;
+      worker.down_until_ns.store(0);
       return call;
     }
     absl::Status status = call->Finish();
@@ -63,6 +100,7 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
           absl::StrCat("the Generate stream from ", worker.address, " ended without a message"));
     }
     if (!absl::IsUnavailable(status)) return status;
+    worker.down_until_ns.store(absl::ToUnixNanos(absl::Now() + kDownFor));
     last = absl::UnavailableError(
         absl::StrCat("attention worker ", worker.address, ": ", status.message()));
   }
@@ -71,15 +109,13 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
 
 absl::Status WorkerPool::Ping(absl::Duration timeout) {
   absl::Status last = absl::UnavailableError("no attention worker");
-  for (const Worker& worker : stubs_) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    AddBearer(auth_token_, &context);
-    v1::ModelInfo info;
-    const grpc::Status status = worker.stub->GetModelInfo(&context, {}, &info);
-    if (status.ok()) return absl::OkStatus();
-    last = absl::UnavailableError(
-        absl::StrCat("attention worker ", worker.address, ": ", status.error_message()));
+  for (const auto& worker : workers_) {
+    absl::StatusOr<bool> serving = CheckServing(worker->channel, "k3serve.v1.K3Serve", timeout);
+    if (serving.ok() && *serving) return absl::OkStatus();
+    last = absl::UnavailableError(absl::StrCat(
+        "attention worker ", worker->address, ": ",
+        serving.ok() ? "not ready (cluster not ready, no router, or draining)"
+                     : serving.status().message()));
   }
   return last;
 }

@@ -1,4 +1,6 @@
-// The HTTP front's gRPC side: k3serve.v1.K3Serve on a set of attention workers, round-robin.
+// The HTTP front's gRPC side: k3serve.v1.K3Serve on a set of attention workers, each new call on
+// the least-loaded reachable worker (fewest of this front's calls in flight; ties in turn), and
+// on another one when that worker is unreachable.
 #ifndef K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 #define K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 
@@ -33,7 +35,10 @@ class GenerateCall {
  private:
   friend class WorkerPool;
   GenerateCall() = default;
+  // Ends the call's share of its worker's load (once).
+  void Release();
 
+  std::shared_ptr<std::atomic<int>> load_;  // its worker's calls in flight; null once released
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<k3serve::v1::GenerateResponse>> reader_;
   bool has_first_ = false;
@@ -50,25 +55,37 @@ class WorkerPool {
   explicit WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls = ClientTls(),
                       std::string auth_token = "");
 
-  // Starts Generate on the next worker and waits for its first message, so that a rejected
-  // request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
-  // UNAVAILABLE before answering (down, draining) is skipped for the next one; when all are,
-  // UNAVAILABLE naming the last error.
+  // Starts Generate on the least-loaded worker and waits for its first message, so that a
+  // rejected request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
+  // UNAVAILABLE before answering (down, draining) is skipped for the next least-loaded one and
+  // tried last for the next kDownFor; when all are, UNAVAILABLE naming the last error.
   // A non-empty `traceparent` (the client's W3C trace context) goes with the call as metadata.
   absl::StatusOr<std::unique_ptr<GenerateCall>> Start(const k3serve::v1::GenerateRequest& request,
                                                       const std::string& traceparent = "");
 
-  // OK when some worker answers GetModelInfo within `timeout` (readiness).
+  // OK when some worker says it can serve (its gRPC readiness: registered, cluster ready with
+  // every expert hosted, a router connected, not draining) within `timeout`; else UNAVAILABLE
+  // with the last worker's reason. Backs the front's /healthz.
   absl::Status Ping(absl::Duration timeout);
 
-  size_t size() const { return stubs_.size(); }
+  size_t size() const { return workers_.size(); }
+  // This front's calls in flight on each worker, in address order (for tests and metrics).
+  std::vector<int> Loads() const;
+
+  static constexpr absl::Duration kDownFor = absl::Seconds(2);
 
  private:
   struct Worker {
     std::string address;
+    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<k3serve::v1::K3Serve::Stub> stub;
+    std::shared_ptr<std::atomic<int>> load = std::make_shared<std::atomic<int>>(0);
+    std::atomic<int64_t> down_until_ns{0};  // absl::ToUnixNanos; skipped before then
   };
-  std::vector<Worker> stubs_;
+  // Worker indices, best first: up before down, then fewest calls, ties from a rotating start.
+  std::vector<size_t> Order();
+
+  std::vector<std::unique_ptr<Worker>> workers_;
   const std::string auth_token_;
   std::atomic<size_t> next_{0};
 };

@@ -378,10 +378,14 @@ absl::Status LocalCluster::Plan() {
     nodes_.push_back(std::move(node));
   };
   // A fresh cluster has no members to relearn, so the coordinator needs no recovery window.
-  add(NodeRole::kCoordinator, 0,
-      {"--expected-experts", absl::StrCat(o.experts), "--required-roles",
-       o.experts > 0 ? "attention,router,expert" : "attention,router", "--recovery-window-ms",
-       "0"});
+  std::vector<std::string> coordinator_args = {
+      "--expected-experts", absl::StrCat(o.experts), "--required-roles",
+      o.experts > 0 ? "attention,router,expert" : "attention,router", "--recovery-window-ms", "0"};
+  if (const int spare = SpareExpertSlots(o, num_experts); spare > 0) {
+    coordinator_args.insert(coordinator_args.end(),
+                            {"--spare-slots-per-worker", absl::StrCat(spare)});
+  }
+  add(NodeRole::kCoordinator, 0, coordinator_args);
   // Attention nodes drain within half the stop grace, so SIGTERM rarely needs a SIGKILL after it.
   const int64_t drain_ms = absl::ToInt64Milliseconds(o.stop_grace / 2);
   for (int i = 0; i < o.attention; ++i) {
@@ -393,6 +397,18 @@ absl::Status LocalCluster::Plan() {
   }
   if (fronts > 0) add(NodeRole::kHttp, 0, {});
   return absl::OkStatus();
+}
+
+int SpareExpertSlots(const LocalClusterOptions& options, int num_experts) {
+  auto extra = options.extra_args.find(NodeRole::kCoordinator);
+  if (extra != options.extra_args.end() &&
+      std::find(extra->second.begin(), extra->second.end(), "--spare-slots-per-worker") !=
+          extra->second.end()) {
+    return 0;  // set by hand
+  }
+  if (options.spare_expert_slots >= 0) return options.spare_expert_slots;
+  if (options.experts < 2 || num_experts == 0) return 0;
+  return (num_experts + options.experts - 1) / options.experts;
 }
 
 int SplitKernelThreads(int hardware_threads, int data_plane_nodes) {
@@ -614,6 +630,10 @@ bool LocalCluster::RelaunchOnTakenPort(Node& node) {
     if (flag != "--port" && flag != "--metrics-port" && flag != "--grpc-port") continue;
     int port = 0;
     if (absl::SimpleAtoi(node.argv[i + 1], &port) && PortHeld(host, port)) {
+      // An HTTP port the user chose is theirs to change: its being taken is an error.
+      if (node.role == NodeRole::kHttp && flag == "--port" && options_.http_port > 0) {
+        return false;
+      }
       taken.emplace_back(i + 1, port);
     }
   }
@@ -779,7 +799,9 @@ absl::Status LocalCluster::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
   std::vector<std::string> problems;
-  for (NodeRole tier : {NodeRole::kHttp, NodeRole::kAttention, NodeRole::kRouter,
+  // Attention nodes first: they stop admitting and finish (or end with "shutting down") the
+  // streams in flight while the front still relays them.
+  for (NodeRole tier : {NodeRole::kAttention, NodeRole::kHttp, NodeRole::kRouter,
                         NodeRole::kExpert, NodeRole::kCoordinator}) {
     std::vector<Node*> running;
     for (Node& node : nodes_) {

@@ -65,6 +65,12 @@ struct LocalClusterOptions {
   // least the model's num_experts; the coordinator gives each node a contiguous slice of the
   // experts proportional to its slots. Empty: ceil(num_experts / experts) each.
   std::vector<int> expert_slots;
+  // Spare expert slots per MoE layer of each expert node (the coordinator's
+  // --spare-slots-per-worker), filled with replicas of the next nodes' experts, so that a killed
+  // expert node costs no request and a drained one can hand its experts over. -1: each node's
+  // share (ceil(num_experts / experts), every expert on two nodes) when there are two expert
+  // nodes or more, else 0. A coordinator --spare-slots-per-worker in extra_args wins.
+  int spare_expert_slots = -1;
   int base_port = 0;                   // see the file comment; 0 picks free ports
   // The OpenAI-compatible HTTP front (`k3serve http`, in front of every attention node; its gRPC
   // health port is one of the ports above, after the experts'): its HTTP port, 0 for a free one;
@@ -80,7 +86,9 @@ struct LocalClusterOptions {
   // Extra flags for every node of a role, appended after the launcher's own.
   std::map<NodeRole, std::vector<std::string>> extra_args;
   absl::Duration startup_timeout = absl::Seconds(60);
-  // Per tier at Stop: SIGTERM, then SIGKILL for nodes still running after this long.
+  // Per tier at Stop (attention nodes first: they stop admitting and finish their streams within
+  // half of it, while the HTTP front relays them; then the front, routers, expert nodes and the
+  // coordinator): SIGTERM, then SIGKILL for nodes still running after this long.
   absl::Duration stop_grace = absl::Seconds(5);
   // Startup progress lines (which nodes are up, what the coordinator still waits for). Null:
   // silent.
@@ -203,6 +211,10 @@ class LocalCluster {
   int node_threads_ = 1;       // K3SERVE_THREADS given to routers and experts (Plan)
   int attention_threads_ = 1;  // and to attention nodes
 };
+
+// The coordinator's --spare-slots-per-worker that `options` asks for (see spare_expert_slots) on a
+// model with `num_experts` routed experts per layer; 0: none (or set by hand in extra_args).
+int SpareExpertSlots(const LocalClusterOptions& options, int num_experts);
 
 // The even split of `hardware_threads` among `data_plane_nodes` processes, at least 1 each.
 int SplitKernelThreads(int hardware_threads, int data_plane_nodes);

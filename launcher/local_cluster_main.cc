@@ -76,12 +76,8 @@ int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSig
                         : absl::StrCat("exited with status ", node->exit_status))
                 << "; the end of " << node->log_path << ":\n"
                 << LocalCluster::LogTail(node->log_path) << std::endl;
-      if (node->role == NodeRole::kExpert && node->exit_status == 0) {
-        // A drained expert node (the coordinator's Drain RPC): its experts moved to the others.
-        std::cerr << "k3serve local: " << node->name << " was drained; not restarting it"
-                  << std::endl;
-        continue;
-      }
+      // A drained expert node (SIGTERM or the coordinator's Drain RPC) handed its experts over;
+      // restarted, it joins again, so the expert tier gets its capacity and replicas back.
       if (!exited(node->name, node->exit_status)) return 1;
     }
     for (const std::string& name : supervisor.TakeDue(absl::Now())) {
@@ -108,6 +104,10 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   AddBoundedInt(app, "--experts", &c.experts, 0, 256, "expert workers");
   CLI::Option* expert_slots =
       AddIntList(app, "--expert-slots", slots.get(), 1, 1 << 20, "slots of each expert worker");
+  AddBoundedInt(app, "--spare-expert-slots", &c.spare_expert_slots, -1, 1 << 20,
+                "spare slots per MoE layer of each expert worker, holding replicas so that a "
+                "killed or drained expert worker costs no request (-1: each worker's share when "
+                "there are two or more, so every expert lives on two workers; 0: none)");
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");

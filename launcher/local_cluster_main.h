@@ -18,8 +18,11 @@
 // backoff (0.2 s doubling to 5 s; a run of 10 s resets it), logged as `k3serve local: restarting
 // router-1 (exit: killed by signal 9), attempt 1 in 200 ms`. A process that fails more than
 // --max-restarts times in a row (default 5; 0: no restarts) makes the launcher say so, stop the
-// cluster and exit 1. An expert node that exits 0 by itself was drained (the coordinator's Drain
-// RPC moved its experts to the others) and is not restarted.
+// cluster and exit 1. An expert node that exits 0 was drained (SIGTERM or the coordinator's Drain
+// RPC moved its experts to the others); it is restarted too and joins again. Expert nodes get
+// spare slots holding replicas by default (--spare-expert-slots), so one that is killed costs no
+// request and one sent SIGTERM can hand its experts over; a drain the others cannot absorb is
+// refused and the node keeps serving.
 //
 // With --prompt it instead runs one greedy generation through the first attention node (without an HTTP front unless --http-port is given, nor metrics unless --metrics is),
 // prints the new tokens (space-separated, like `k3serve generate`) and stops.

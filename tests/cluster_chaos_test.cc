@@ -1,11 +1,12 @@
-// Chaos under load (issue 10, item 6): a local cluster with a replica of every expert (A1/R2/E3
-// of k3-tiny over UCX, spare slots), supervised as `k3serve local` supervises it (a child that
-// dies is restarted with backoff, launcher/restart_supervisor.h), serves 16 concurrent greedy
-// streams for a bounded time while, one fault at a time, a random router, expert worker or the
-// coordinator is killed with SIGKILL or hung with SIGSTOP (and continued with SIGCONT). After each
-// fault the test waits until the cluster recovered (every process runs, the coordinator is ready
-// and every expert has two live hosts again) before the next. Faults and their timing come from a
-// fixed seed.
+// Chaos under load (issues 10 and 24): `k3serve local`'s default expert tier (A1/R2/E3 of k3-tiny
+// over UCX, no hand-set slots: the launcher's default spare slots give every expert a replica),
+// supervised as `k3serve local` supervises it (a child that exits is restarted with backoff,
+// launcher/restart_supervisor.h), serves 16 concurrent greedy streams for a bounded time while,
+// one fault at a time, a random router, expert worker or the coordinator is sent SIGTERM (a
+// graceful stop; an expert worker drains first), killed with SIGKILL or hung with SIGSTOP (and
+// continued with SIGCONT). After each fault the test waits until the cluster recovered (every
+// process runs, the coordinator is ready and every expert has two live hosts again) before the
+// next. Faults and their timing come from a fixed seed.
 //
 // Printed: requests, failed, and requests whose tokens differ from the single-process engine's
 // (the fault-free answer). Expected: 0 failed, 0 differing.
@@ -227,10 +228,10 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
       SingleProcessTokens(model, prompts, kMaxNewTokens);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  // 32 experts over 3 workers of 11 slots, and 16 spare slots each: ring replicas give every
-  // expert a second host.
+  // 32 experts over 3 workers of 11 slots, and (the launcher's default) 11 spare slots each: ring
+  // replicas give every expert a second host.
   LocalClusterOptions options = TestClusterOptions(model, 1, 2, 3);
-  options.extra_args[NodeRole::kCoordinator] = {"--spare-slots-per-worker", "16"};
+  options.spare_expert_slots = LocalClusterOptions().spare_expert_slots;
   // Two MoE layers in flight per step: the retries and failovers then run for both at once.
   options.extra_args[NodeRole::kAttention] = {"--ping-pong=on"};
   absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
@@ -261,13 +262,15 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
     supervise_for(absl::Milliseconds(std::uniform_int_distribution<int>(1500, 3000)(random)));
     const std::string target =
         targets[std::uniform_int_distribution<size_t>(0, targets.size() - 1)(random)];
-    const bool kill = std::uniform_int_distribution<int>(0, 1)(random) == 0;
+    const int kind = std::uniform_int_distribution<int>(0, 2)(random);
+    const bool kill = kind != 1;  // SIGKILL or SIGTERM: the process goes and is restarted
+    const int stop_signal = kind == 0 ? SIGKILL : SIGTERM;
     const absl::Duration hang =
         absl::Milliseconds(std::uniform_int_distribution<int>(500, 3000)(random));
     const absl::Time at = absl::Now();
     const pid_t pid = (*cluster->node(target))->pid;
     if (kill) {
-      ASSERT_TRUE(cluster->Signal(target, SIGKILL).ok()) << target;
+      ASSERT_TRUE(cluster->Signal(target, stop_signal).ok()) << target;
     } else {
       ASSERT_TRUE(cluster->Signal(target, SIGSTOP).ok()) << target;
       supervise_for(hang);
@@ -288,8 +291,8 @@ TEST(ClusterChaosTest, NoRequestIsLostToFaultsOneAtATime) {
           return why.empty();
         },
         kRecoveryTimeout);
-    const std::string fault =
-        kill ? "SIGKILL" : absl::StrCat("SIGSTOP for ", absl::FormatDuration(hang));
+    const std::string fault = kill ? (stop_signal == SIGKILL ? "SIGKILL" : "SIGTERM")
+                                   : absl::StrCat("SIGSTOP for ", absl::FormatDuration(hang));
     const std::string line = absl::StrCat(
         "fault ", faults, " at ", absl::FormatDuration(at - start), ": ", fault, " ", target,
         "; recovered after ", absl::FormatDuration(absl::Now() - at), "; ",

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -563,6 +564,60 @@ TEST(LocalCommandTest, PromptPrintsTheSingleProcessTokens) {
       << local.Stderr();
   EXPECT_EQ(local.Wait(absl::Seconds(20)), 0) << local.Stderr();
   EXPECT_TRUE(AllGoneWithin(local.NodePids(), absl::Seconds(1)));
+}
+
+// An HTTP port the user chose is theirs: taken, it is an error naming it, not another port.
+TEST(LocalClusterTest, ATakenExplicitHttpPortIsAnError) {
+  HeldPort held;
+  ASSERT_GT(held.port(), 0);
+  LocalClusterOptions options = TestClusterOptions(RandomCheckpointDir("k3-tiny", 7), 1, 1, 1);
+  options.http_port = held.port();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_FALSE(cluster.ok()) << "started with its front on another port than " << held.port();
+  EXPECT_NE(cluster.status().message().find(absl::StrCat(held.port())), std::string::npos)
+      << cluster.status();
+}
+
+// SIGTERM to `k3serve local` with streams in flight: the attention worker stops admitting and
+// lets them run until its drain deadline, then ends the rest; every stream either gets all its
+// tokens or ends with UNAVAILABLE "the server is shutting down", never a broken stream.
+TEST(LocalCommandTest, SigtermEndsEveryStreamInFlightCleanly) {
+  LocalCommand local({"--model", RandomCheckpointDir("k3-tiny", 7), "--experts", "2",
+                      "--stop-grace-ms", "6000"});
+  const std::string line = local.ReadLine(absl::Seconds(60));
+  ASSERT_EQ(line.rfind("generate address: ", 0), 0u) << line << "\n" << local.Stderr();
+  const std::string address = line.substr(std::string("generate address: ").size());
+  constexpr int kStreams = 6;
+  std::vector<absl::StatusOr<GenerateOutcome>> outcomes(kStreams, absl::UnknownError("unset"));
+  std::vector<int> want(kStreams);
+  std::atomic<int> started{0};
+  std::vector<std::thread> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    want[i] = i % 2 == 0 ? 12 : 4000;  // short ones finish within the drain, long ones cannot
+    streams.emplace_back([&, i] {
+      bool counted = false;
+      outcomes[i] = GenerateOverGrpc(
+          address, GreedyRequest(absl::StrCat("stop-", i), {3, 1, 4, 1, 5, i}, want[i]),
+          absl::Seconds(120), [&](absl::Span<const int32_t>) {
+            if (!counted) started.fetch_add(1);
+            counted = true;
+          });
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return started.load() == kStreams; }, absl::Seconds(60)));
+  kill(local.pid(), SIGTERM);
+  for (std::thread& t : streams) t.join();
+  EXPECT_EQ(local.Wait(absl::Seconds(60)), 0) << local.Stderr();
+  for (int i = 0; i < kStreams; ++i) {
+    if (outcomes[i].ok()) {
+      EXPECT_EQ(static_cast<int>(outcomes[i]->tokens.size()), want[i]) << i;
+    } else {
+      EXPECT_TRUE(absl::IsUnavailable(outcomes[i].status())) << i << ": " << outcomes[i].status();
+      EXPECT_NE(outcomes[i].status().message().find("shutting down"), std::string::npos)
+          << i << ": " << outcomes[i].status();
+    }
+  }
+  for (int i = 0; i < kStreams; i += 2) EXPECT_TRUE(outcomes[i].ok()) << outcomes[i].status();
 }
 
 }  // namespace

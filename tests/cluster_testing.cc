@@ -55,6 +55,9 @@ LocalClusterOptions TestClusterOptions(const std::string& model, int attention, 
   options.routers = routers;
   options.experts = experts;
   options.expert_slots = std::move(expert_slots);
+  // The tests choose their replicas (the coordinator's --spare-slots-per-worker) themselves;
+  // those of `k3serve local`'s default topology set spare_expert_slots back to -1.
+  options.spare_expert_slots = 0;
   options.log_dir = absl::StrCat(TestTmpDir(), "/cluster-", clusters++);
   options.startup_timeout = absl::Seconds(60);
   // Every node exits within a second or so of SIGTERM on an idle machine, but its bounded waits

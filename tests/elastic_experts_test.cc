@@ -285,5 +285,30 @@ TEST_F(ElasticExpertsTest, LostExpertsThatCannotMoveEndTheStreamsNamingTheCause)
   }
 }
 
+// A1/R1/E2 without replicas: SIGTERM to an expert worker asks the coordinator to drain it, which
+// cannot (the other's 16 slots cannot take 32 experts); the drain is refused, the node keeps
+// serving its experts, and no request fails. A second SIGTERM is refused the same way.
+TEST_F(ElasticExpertsTest, ADrainThatWouldLoseExpertsIsRefusedAndTheNodeKeepsServing) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*routers=*/1, {16, 16}));
+  const uint32_t e1 = NodeId("expert-1");
+  const std::vector<uint32_t> workers = Workers();
+  std::unique_ptr<GreedyLoad> load = StartLoad();
+  ASSERT_TRUE(load->WaitMore(kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    ASSERT_TRUE(cluster_->Signal("expert-1", SIGTERM).ok());
+    // Still running well past a drain's quiet second, and still a worker.
+    EXPECT_FALSE(cluster_->WaitExit("expert-1", absl::Seconds(4)).ok());
+  }
+  EXPECT_EQ(Workers(), workers);
+  const pb::ClusterState state = State();
+  for (const pb::Member& m : state.members()) {
+    if (m.node().node_id() == e1) EXPECT_FALSE(m.draining());
+  }
+  ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
+  load->Stop();
+  EXPECT_EQ(load->failed(), 0) << absl::StrJoin(load->failures(), "\n");
+  EXPECT_TRUE(State().ready());
+}
+
 }  // namespace
 }  // namespace k3

@@ -1,0 +1,120 @@
+// WorkerPool over real gRPC servers in this process: fake attention workers whose Generate sends
+// one message and then holds the stream until released, so calls in flight are known exactly.
+#include "http_front/worker_pool.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "cluster/grpc_server.h"
+#include "gtest/gtest.h"
+
+namespace k3 {
+namespace {
+
+namespace v1 = k3serve::v1;
+
+class HoldingWorker final : public v1::K3Serve::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    v1::GenerateResponse first;
+    first.set_request_id(request->request_id());
+    writer->Write(first);
+    while (!release_.HasBeenNotified() && !context->IsCancelled()) {
+      release_.WaitForNotificationWithTimeout(absl::Milliseconds(10));
+    }
+    return grpc::Status::OK;
+  }
+  void Release() { release_.Notify(); }
+
+ private:
+  absl::Notification release_;
+};
+
+struct Fake {
+  HoldingWorker service;
+  std::unique_ptr<GrpcServer> server;
+  std::string address;
+};
+
+std::unique_ptr<Fake> StartFake() {
+  auto fake = std::make_unique<Fake>();
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.health_services = {"k3serve.v1.K3Serve"};
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(options, {&fake->service});
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  fake->server = *std::move(server);
+  fake->address = absl::StrCat("127.0.0.1:", fake->server->port());
+  return fake;
+}
+
+v1::GenerateRequest Request() {
+  v1::GenerateRequest request;
+  request.add_prompt_token_ids(1);
+  return request;
+}
+
+TEST(WorkerPoolTest, NewCallsGoToTheLeastLoadedWorker) {
+  std::unique_ptr<Fake> a = StartFake(), b = StartFake(), c = StartFake();
+  ASSERT_TRUE(a && b && c);
+  WorkerPool pool({a->address, b->address, c->address});
+  std::vector<std::unique_ptr<GenerateCall>> calls;
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();
+    calls.push_back(*std::move(call));
+  }
+  EXPECT_EQ(pool.Loads(), (std::vector<int>{2, 2, 2}));
+  // Calls end in an order unrelated to their workers; each new one lands on a worker that had
+  // the fewest calls in flight.
+  for (int step = 0; step < 30; ++step) {
+    if (step % 3 == 2) {
+      calls.erase(calls.begin() + (step * 7) % calls.size());
+      continue;
+    }
+    const std::vector<int> before = pool.Loads();
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();
+    calls.push_back(*std::move(call));
+    const std::vector<int> after = pool.Loads();
+    const int least = *std::min_element(before.begin(), before.end());
+    for (size_t w = 0; w < after.size(); ++w) {
+      if (after[w] > before[w]) EXPECT_EQ(before[w], least) << "step " << step;
+    }
+  }
+  for (Fake* fake : {a.get(), b.get(), c.get()}) fake->service.Release();
+}
+
+TEST(WorkerPoolTest, AnUnreachableWorkerIsSkippedAndHealthSaysWhetherAnyCanServe) {
+  std::unique_ptr<Fake> a = StartFake(), b = StartFake();
+  ASSERT_TRUE(a && b);
+  WorkerPool pool({a->address, b->address});
+  // Neither is ready yet: /healthz must not say OK.
+  EXPECT_FALSE(pool.Ping(absl::Seconds(2)).ok());
+  b->server->SetServing("k3serve.v1.K3Serve", true);
+  EXPECT_TRUE(pool.Ping(absl::Seconds(2)).ok());
+  a->server->Shutdown(absl::ZeroDuration());
+  a->server.reset();
+  std::vector<std::unique_ptr<GenerateCall>> calls;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();  // never the dead worker's UNAVAILABLE
+    calls.push_back(*std::move(call));
+  }
+  EXPECT_EQ(pool.Loads(), (std::vector<int>{0, 4}));
+  b->server->SetServing("k3serve.v1.K3Serve", false);
+  const absl::Status health = pool.Ping(absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(health)) << health;
+  b->service.Release();
+  calls.clear();
+  b->server->Shutdown(absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(pool.Start(Request()).status()));
+}
+
+}  // namespace
+}  // namespace k3
