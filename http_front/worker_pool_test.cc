@@ -84,7 +84,9 @@ TEST(WorkerPoolTest, NewCallsGoToTheLeastLoadedWorker) {
     const std::vector<int> after = pool.Loads();
     const int least = *std::min_element(before.begin(), before.end());
     for (size_t w = 0; w < after.size(); ++w) {
-      if (after[w] > before[w]) EXPECT_EQ(before[w], least) << "step " << step;
+      if (after[w] > before[w]) {
+        EXPECT_EQ(before[w], least) << "step " << step;
+      }
     }
   }
   for (Fake* fake : {a.get(), b.get(), c.get()}) fake->service.Release();
