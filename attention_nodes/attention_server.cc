@@ -265,7 +265,8 @@ int AttentionServer::Drain(absl::Time deadline) {
   if (p.scheduler->WaitIdle(deadline)) return 0;
   const int left = p.scheduler->Info().active_requests;
   LOG(WARNING) << "drain deadline passed with " << left << " request(s) running; cancelling them";
-  p.scheduler->CancelAll(absl::UnavailableError("the server is draining and its deadline passed"));
+  p.scheduler->CancelAll(absl::UnavailableError(
+      "the server is shutting down: its drain deadline passed"));
   return left;
 }
 

@@ -302,7 +302,9 @@ TEST_F(ElasticExpertsTest, ADrainThatWouldLoseExpertsIsRefusedAndTheNodeKeepsSer
   EXPECT_EQ(Workers(), workers);
   const pb::ClusterState state = State();
   for (const pb::Member& m : state.members()) {
-    if (m.node().node_id() == e1) EXPECT_FALSE(m.draining());
+    if (m.node().node_id() == e1) {
+      EXPECT_FALSE(m.draining());
+    }
   }
   ASSERT_TRUE(load->WaitMore(2 * kClients, kWait)) << absl::StrJoin(load->failures(), "\n");
   load->Stop();
