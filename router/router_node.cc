@@ -197,8 +197,9 @@ void RouterNode::Shutdown() {
   if (endpoints_) endpoints_->SetReady(false);
   if (actor_) {
     // The steps in flight get their answer before the node leaves; then the mailbox closes.
+    // ABORTED: the attention workers send those layers to another router (remote_routed_moe.h).
     const auto fail_all = [this] {
-      core_->FailAll(absl::UnavailableError(absl::StrCat(name_, " is shutting down")));
+      core_->FailAll(absl::AbortedError(absl::StrCat(name_, " is shutting down")));
     };
     actor_->Call(fail_all, absl::Now() + absl::Seconds(2)).IgnoreError();
     actor_->Stop();
