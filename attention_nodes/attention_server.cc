@@ -304,6 +304,11 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
                   "each step");
   AddBoundedInt(app, "--min-prefill-tokens", &s.min_prefill_chunk, 1, 1 << 20,
                 "prompt tokens a step takes at least while prompts wait");
+  AddBoundedInt(app, "--prefix-cache-bytes", &s.prefix_cache_bytes, 0, int64_t{1} << 50,
+                "memory for cached conversation prefixes (MLA pages, KDA state snapshots), "
+                "least recently used evicted; 0: no prefix cache");
+  AddBoundedInt(app, "--prefix-block-tokens", &s.prefix_block_tokens, 16, 1 << 20,
+                "prefix cache block: a hit resumes at a multiple of it (a multiple of 16)");
   AddBoundedInt(app, "--max-sequences", &s.max_sequences, 1, 1 << 16,
                 "requests held at once (state in memory)");
   AddBoundedInt(app, "--max-new-tokens-limit", &s.max_new_tokens_limit, 1, 1 << 24,

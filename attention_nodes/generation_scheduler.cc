@@ -40,6 +40,10 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError("ttft_target must be > 0");
   }
   if (min_prefill_chunk < 1) return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
+  if (prefix_cache_bytes < 0) return absl::InvalidArgumentError("prefix_cache_bytes must be >= 0");
+  if (prefix_cache_bytes > 0) {
+    return PrefixCacheOptions{prefix_block_tokens, prefix_cache_bytes}.Validate();
+  }
   return absl::OkStatus();
 }
 
@@ -244,6 +248,12 @@ GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe*
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
   runner_.set_ping_pong(options_.ping_pong);
+  if (options_.prefix_cache_bytes > 0) {
+    prefix_cache_ = std::make_unique<PrefixCache>(
+        weights->config,
+        PrefixCacheOptions{options_.prefix_block_tokens, options_.prefix_cache_bytes});
+    if (metrics != nullptr) prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(*metrics);
+  }
 }
 
 GenerationScheduler::~GenerationScheduler() { Shutdown(); }
@@ -467,7 +477,13 @@ void GenerationScheduler::DropCancelled() {
 
 void GenerationScheduler::AdmitWaiting() {
   while (!waiting_.empty() && running_.size() < static_cast<size_t>(options_.max_sequences)) {
-    waiting_.front()->state = runner_.NewSequence();
+    Sequence& sequence = *waiting_.front();
+    sequence.state = runner_.NewSequence();
+    if (prefix_cache_) {
+      sequence.consumed =
+          static_cast<size_t>(prefix_cache_->Restore(sequence.request.prompt, sequence.state.get()));
+      if (prefix_metrics_) prefix_metrics_->Update(prefix_cache_->stats());
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -479,8 +495,7 @@ StepPack GenerationScheduler::PlanStep() {
   int64_t decoders = 0;
   absl::Time oldest_prompt = absl::InfiniteFuture();
   for (const auto& sequence : running_) {
-    inputs.push_back({static_cast<int64_t>(sequence->request.prompt.size()),
-                      static_cast<int64_t>(sequence->consumed)});
+    inputs.push_back({PrefillTarget(*sequence), static_cast<int64_t>(sequence->consumed)});
     if (sequence->decoding()) {
       ++decoders;
     } else {
@@ -491,7 +506,8 @@ StepPack GenerationScheduler::PlanStep() {
   PackLimits limits;
   limits.max_tokens = options_.max_batch_tokens;
   limits.prompt_floor = std::min<int64_t>(options_.min_prefill_chunk, options_.max_batch_tokens);
-  limits.granule = kKdaChunk;
+  // Cut where the prefix cache can snapshot (its blocks are whole KDA chunks).
+  limits.granule = prefix_cache_ ? prefix_cache_->block_tokens() : kKdaChunk;
   const int64_t decode_tokens =
       std::min<int64_t>(decoders, options_.max_batch_tokens - limits.prompt_floor);
   const absl::Duration wait = oldest_prompt == absl::InfiniteFuture()
@@ -522,7 +538,9 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
                      absl::MakeConstSpan(prompt.data() + sequence->consumed, chunk.tokens),
                      false});
     members.push_back(sequence);
-    samples.push_back(chunk.completes);
+    // A chunk that completes the packer's target completes the prompt unless that target was
+    // the prompt's last block boundary (PrefillTarget).
+    samples.push_back(static_cast<size_t>(chunk.tokens) + sequence->consumed == prompt.size());
   }
   std::vector<Sequence*> traced;
   for (size_t i = 0; i < members.size() && options_.spans != nullptr; ++i) {
@@ -550,8 +568,32 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
   if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(pack.prefill_tokens()));
   for (size_t i = 0; i < members.size(); ++i) {
     if (!members[i]->decoding()) members[i]->consumed += batch[i].tokens.size();
+    if (prefix_cache_) RecordPrefix(*members[i]);
   }
+  if (prefix_metrics_) prefix_metrics_->Update(prefix_cache_->stats());
   DeliverTokens(members, samples);
+}
+
+int64_t GenerationScheduler::PrefillTarget(const Sequence& sequence) const {
+  const int64_t prompt = static_cast<int64_t>(sequence.request.prompt.size());
+  if (!prefix_cache_ || sequence.decoding()) return prompt;
+  return prefix_cache_->PrefillCut(static_cast<int64_t>(sequence.consumed), prompt);
+}
+
+void GenerationScheduler::RecordPrefix(const Sequence& sequence) {
+  const SequenceState& state = *sequence.state;
+  if (state.length % prefix_cache_->block_tokens() != 0) return;
+  const std::vector<int32_t>& prompt = sequence.request.prompt;
+  absl::Status recorded;
+  if (state.length <= static_cast<int64_t>(prompt.size())) {
+    recorded = prefix_cache_->Record(prompt, state);
+  } else {  // decoding: the state has consumed the prompt and every generated token
+    std::vector<int32_t> consumed = prompt;
+    consumed.insert(consumed.end(), sequence.generated.begin(), sequence.generated.end());
+    recorded = prefix_cache_->Record(consumed, state);
+  }
+  // Only a state/token mismatch fails, which would be a scheduler bug: the cache stays correct.
+  LOG_IF(ERROR, !recorded.ok()) << "prefix cache: " << recorded;
 }
 
 void GenerationScheduler::RecordStep(const StepPack& pack, const std::vector<Sequence*>& traced,

@@ -48,7 +48,8 @@
 // latencies users see, from Submit:
 // k3_attention_time_to_first_token_seconds (one observation per request with a token),
 // k3_attention_inter_token_seconds (one per token after a request's first) and
-// k3_attention_request_seconds (end to end: one per request that ends, whatever the reason).
+// k3_attention_request_seconds (end to end: one per request that ends, whatever the reason);
+// with the prefix cache, PrefixCacheMetrics' series (prefix_cache_metrics.h).
 //
 // Thread-safety: all public methods may be called from any thread. Sinks are called on the
 // scheduler thread and must not block.
@@ -70,6 +71,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
+#include "attention_nodes/prefix_cache.h"
+#include "attention_nodes/prefix_cache_metrics.h"
 #include "attention_nodes/sampler.h"
 #include "attention_nodes/step_budget.h"
 #include "attention_nodes/step_packer.h"
@@ -95,6 +98,11 @@ struct SchedulerOptions {
   absl::Duration ttft_target = absl::Seconds(2);      // > 0; beyond it prompts get more
   // >= 1; prompt tokens a step takes at least while prompts wait (KDA's chunk).
   int64_t min_prefill_chunk = 16;
+  // The prefix cache (prefix_cache.h): a request's prompt starts from its longest cached prefix,
+  // and every sequence's state is recorded at block boundaries (prompts are cut at their last
+  // one). prefix_cache_bytes 0: off.
+  int64_t prefix_cache_bytes = int64_t{1} << 30;
+  int64_t prefix_block_tokens = 64;  // a multiple of kKdaChunk
   // When steps of two or more sequences run as two ping-pong micro-batches (where the MoE tier
   // keeps two layers in flight; ModelRunner::set_ping_pong).
   PingPong ping_pong = PingPong::kMeasured;
@@ -242,6 +250,11 @@ class GenerationScheduler {
                   absl::Duration step_time, const absl::Status& status);
   // Samples and delivers the token of members[i] for every i with samples[i].
   void DeliverTokens(const std::vector<Sequence*>& members, const std::vector<bool>& samples);
+  // Where `sequence`'s prefill goes next: its prompt's last block boundary first (so the prefix
+  // cache gets a snapshot there), then the prompt's end.
+  int64_t PrefillTarget(const Sequence& sequence) const;
+  // Stores `sequence`'s state in the prefix cache when it stands at a block boundary.
+  void RecordPrefix(const Sequence& sequence);
   void Finish(Sequence& sequence, GenerationResult result);
   void RemoveFinished();
   void UpdateCounts();
@@ -263,6 +276,8 @@ class GenerationScheduler {
   ModelRunner runner_;
   StepBudget step_budget_;
   StepPacker packer_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // null: off
+  std::unique_ptr<PrefixCacheMetrics> prefix_metrics_;
   std::deque<std::shared_ptr<Sequence>> waiting_;
   std::vector<std::shared_ptr<Sequence>> running_;  // in admission order
   bool step_posted_ = false;

@@ -1,6 +1,7 @@
 #include "http_front/worker_pool.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -58,7 +59,7 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
   }
 }
 
-std::vector<size_t> WorkerPool::Order() {
+std::vector<size_t> WorkerPool::Order(absl::Span<const int32_t> prompt) {
   const size_t n = workers_.size();
   const size_t start = next_.fetch_add(1) % n;
   const int64_t now = absl::ToUnixNanos(absl::Now());
@@ -69,6 +70,15 @@ std::vector<size_t> WorkerPool::Order() {
     return std::make_pair(w.down_until_ns.load() > now, w.load->load());
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  const std::optional<std::pair<int, int64_t>> hint = affinity_.Lookup(prompt);
+  if (hint.has_value()) {
+    const size_t preferred = static_cast<size_t>(hint->first);
+    const auto [down, load] = key(preferred);
+    if (!down && load <= key(order.front()).second + kAffinitySlack) {
+      order.erase(std::find(order.begin(), order.end(), preferred));
+      order.insert(order.begin(), preferred);
+    }
+  }
   return order;
 }
 
@@ -81,7 +91,9 @@ std::vector<int> WorkerPool::Loads() const {
 absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
     const v1::GenerateRequest& request, const std::string& traceparent) {
   absl::Status last = absl::UnavailableError("no attention worker");
-  for (size_t index : Order()) {
+  const absl::Span<const int32_t> prompt(request.prompt_token_ids().data(),
+                                         request.prompt_token_ids_size());
+  for (size_t index : Order(prompt)) {
     Worker& worker = *workers_[index];
     std::unique_ptr<GenerateCall> call(new GenerateCall());
     worker.load->fetch_add(1);
@@ -92,6 +104,7 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
     if (call->reader_->Read(&call->first_)) {
       call->has_first_ = true;
       worker.down_until_ns.store(0);
+      affinity_.Record(prompt, static_cast<int>(index));
       return call;
     }
     absl::Status status = call->Finish();
@@ -101,6 +114,7 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
     }
     if (!absl::IsUnavailable(status)) return status;
     worker.down_until_ns.store(absl::ToUnixNanos(absl::Now() + kDownFor));
+    affinity_.Forget(static_cast<int>(index));  // a restarted worker's cache is empty
     last = absl::UnavailableError(
         absl::StrCat("attention worker ", worker.address, ": ", status.message()));
   }

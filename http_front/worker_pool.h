@@ -1,6 +1,9 @@
 // The HTTP front's gRPC side: k3serve.v1.K3Serve on a set of attention workers, each new call on
 // the least-loaded reachable worker (fewest of this front's calls in flight; ties in turn), and
-// on another one when that worker is unreachable.
+// on another one when that worker is unreachable. A prompt that extends one this front sent
+// before (a conversation's next turn: same leading blocks of tokens, PrefixAffinity) goes to the
+// worker that served it, where its prefix is cached, unless that worker is down or has
+// kAffinitySlack more calls in flight than the least-loaded one.
 #ifndef K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 #define K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 
@@ -13,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/security.h"
+#include "http_front/prefix_affinity.h"
 #include "grpcpp/client_context.h"
 #include "proto/generate.grpc.pb.h"
 
@@ -73,6 +77,12 @@ class WorkerPool {
   std::vector<int> Loads() const;
 
   static constexpr absl::Duration kDownFor = absl::Seconds(2);
+  // How much busier than the least-loaded worker a prefix's worker may be and still get the call.
+  static constexpr int kAffinitySlack = 2;
+  // The prefix blocks the affinity hashes (the workers' default --prefix-block-tokens) and how
+  // many prefix hashes it remembers (about 50 bytes each).
+  static constexpr int64_t kAffinityBlockTokens = 64;
+  static constexpr size_t kAffinityCapacity = size_t{1} << 18;
 
  private:
   struct Worker {
@@ -82,12 +92,14 @@ class WorkerPool {
     std::shared_ptr<std::atomic<int>> load = std::make_shared<std::atomic<int>>(0);
     std::atomic<int64_t> down_until_ns{0};  // absl::ToUnixNanos; skipped before then
   };
-  // Worker indices, best first: up before down, then fewest calls, ties from a rotating start.
-  std::vector<size_t> Order();
+  // Worker indices, best first: up before down, then fewest calls, ties from a rotating start;
+  // the worker holding `prompt`'s prefix first when it is up and within kAffinitySlack.
+  std::vector<size_t> Order(absl::Span<const int32_t> prompt);
 
   std::vector<std::unique_ptr<Worker>> workers_;
   const std::string auth_token_;
   std::atomic<size_t> next_{0};
+  PrefixAffinity affinity_{kAffinityBlockTokens, kAffinityCapacity};
 };
 
 }  // namespace k3

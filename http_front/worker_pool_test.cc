@@ -92,6 +92,63 @@ TEST(WorkerPoolTest, NewCallsGoToTheLeastLoadedWorker) {
   for (Fake* fake : {a.get(), b.get(), c.get()}) fake->service.Release();
 }
 
+v1::GenerateRequest Prompt(int length, int32_t first) {
+  v1::GenerateRequest request;
+  for (int i = 0; i < length; ++i) request.add_prompt_token_ids(first + i);
+  return request;
+}
+
+// Which worker has one more call in flight than before.
+int Grown(const std::vector<int>& before, const std::vector<int>& after) {
+  for (size_t w = 0; w < after.size(); ++w) {
+    if (after[w] > before[w]) return static_cast<int>(w);
+  }
+  return -1;
+}
+
+TEST(WorkerPoolTest, AConversationsNextTurnGoesToTheWorkerHoldingItsPrefix) {
+  std::unique_ptr<Fake> a = StartFake(), b = StartFake(), c = StartFake();
+  ASSERT_TRUE(a && b && c);
+  WorkerPool pool({a->address, b->address, c->address});
+  const int64_t block = WorkerPool::kAffinityBlockTokens;
+  std::vector<std::unique_ptr<GenerateCall>> calls;
+  auto start = [&](const v1::GenerateRequest& request) {
+    const std::vector<int> before = pool.Loads();
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(request);
+    EXPECT_TRUE(call.ok()) << call.status();
+    if (call.ok()) calls.push_back(*std::move(call));
+    return Grown(before, pool.Loads());
+  };
+  // Three conversations land on three workers (least loaded), each holding its call.
+  std::vector<int> home;
+  for (int c = 0; c < 3; ++c) home.push_back(start(Prompt(2 * block + 5, 1000 * c)));
+  std::vector<int> sorted = home;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_EQ(sorted, (std::vector<int>{0, 1, 2}));
+  // Each one's next turn (the same first blocks and more) goes to its own worker, loads equal.
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(start(Prompt(3 * block + 9, 1000 * c)), home[c]) << "conversation " << c;
+  }
+  // Conversation 0's turns stay on its worker while it is at most kAffinitySlack busier than the
+  // least loaded, then go by load.
+  for (;;) {
+    const std::vector<int> before = pool.Loads();
+    const int least = *std::min_element(before.begin(), before.end());
+    const int went = start(Prompt(4 * block, 0));
+    if (before[home[0]] <= least + WorkerPool::kAffinitySlack) {
+      ASSERT_EQ(went, home[0]) << "loads " << before[0] << " " << before[1] << " " << before[2];
+      continue;
+    }
+    EXPECT_EQ(before[went], least);
+    break;
+  }
+  // A prompt sharing no whole block goes by load alone: to a worker with the fewest calls.
+  const std::vector<int> before = pool.Loads();
+  const int least = *std::min_element(before.begin(), before.end());
+  EXPECT_EQ(before[start(Prompt(block - 1, 0))], least);
+  for (Fake* fake : {a.get(), b.get(), c.get()}) fake->service.Release();
+}
+
 TEST(WorkerPoolTest, AnUnreachableWorkerIsSkippedAndHealthSaysWhetherAnyCanServe) {
   std::unique_ptr<Fake> a = StartFake(), b = StartFake();
   ASSERT_TRUE(a && b);

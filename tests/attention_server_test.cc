@@ -272,6 +272,29 @@ TEST_F(AttentionServerTest, ChunkedPrefillGivesTheSameTokens) {
   EXPECT_EQ(outcome->tokens, Reference(prompt, 8));
 }
 
+// A conversation's next turn starts from the prefix cache (its prompt was cut at its last block
+// boundary, and decoding passed more) and gives the tokens of the engine, which has no cache.
+TEST_F(AttentionServerTest, NextTurnReusesTheCachedPrefixAndGivesTheSameTokens) {
+  SchedulerOptions scheduler;
+  scheduler.prefix_block_tokens = 16;
+  StartServer(scheduler);
+  const double hits_before = CounterValue("k3_attention_prefix_cache_hits_total");
+  const double tokens_before = CounterValue("k3_attention_prefix_cache_hit_tokens_total");
+  std::vector<int32_t> conversation = Prompt(70, 9);
+  for (int turn = 0; turn < 3; ++turn) {
+    absl::StatusOr<GenerateOutcome> outcome = Generate(Request(conversation, 10));
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    ASSERT_EQ(outcome->tokens, Reference(conversation, 10)) << "turn " << turn;
+    conversation.insert(conversation.end(), outcome->tokens.begin(), outcome->tokens.end());
+    const std::vector<int32_t> added = Prompt(5 + turn, 20 + turn);
+    conversation.insert(conversation.end(), added.begin(), added.end());
+  }
+  // Turn 1 (70 tokens) is cut at 64 and decodes up to 79; turn 2 (85 tokens) restores 64, is cut
+  // at 80 and decodes up to 94; turn 3 (101 tokens) restores 80.
+  EXPECT_EQ(CounterValue("k3_attention_prefix_cache_hits_total") - hits_before, 2);
+  EXPECT_EQ(CounterValue("k3_attention_prefix_cache_hit_tokens_total") - tokens_before, 64 + 80);
+}
+
 // A prompt admitted while another stream decodes is prefilled in chunks within the step's prompt
 // budget (here the floor, 16 tokens: the step time target is below any step's), not in one step;
 // neither stream's tokens change.
