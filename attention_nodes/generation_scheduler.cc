@@ -480,8 +480,9 @@ void GenerationScheduler::AdmitWaiting() {
     Sequence& sequence = *waiting_.front();
     sequence.state = runner_.NewSequence();
     if (prefix_cache_) {
-      sequence.consumed =
-          static_cast<size_t>(prefix_cache_->Restore(sequence.request.prompt, sequence.state.get()));
+      const int64_t restored =
+          prefix_cache_->Restore(sequence.request.prompt, sequence.state.get());
+      sequence.consumed = static_cast<size_t>(restored);
       if (prefix_metrics_) prefix_metrics_->Update(prefix_cache_->stats());
     }
     running_.push_back(std::move(waiting_.front()));

@@ -3,6 +3,10 @@
 //
 //   bazel run //bench:prefix_cache_bench -- [--prompt-tokens 8192] [--added-tokens 64]
 //                                                   [--answer-tokens 16] [--rounds 5]
+//                                                   [--scheduler 1]
+//
+// --scheduler 1 runs the turns through an attention worker's GenerationScheduler (over the
+// in-process routed experts), the serving path, instead of the single-process engine.
 //
 // Each round is a new conversation (random tokens, so nothing is shared across rounds): turn 1 is
 // the prompt, answered with --answer-tokens tokens; turn 2 is turn 1, its answer and
@@ -14,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,7 +28,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cluster/process_tuning.h"
+#include "absl/synchronization/notification.h"
+#include "attention_nodes/generation_scheduler.h"
 #include "engine/local_engine.h"
+#include "engine/local_routed_moe.h"
+#include "model/checkpoint.h"
+#include "model/weights.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 
@@ -34,6 +45,7 @@ struct Options {
   int added_tokens = 64;
   int answer_tokens = 16;
   int rounds = 5;
+  int scheduler = 0;  // 1: through GenerationScheduler
 };
 
 bool ParseArgs(int argc, char** argv, Options* options) {
@@ -43,8 +55,9 @@ bool ParseArgs(int argc, char** argv, Options* options) {
                   : flag == "--added-tokens"  ? &options->added_tokens
                   : flag == "--answer-tokens" ? &options->answer_tokens
                   : flag == "--rounds"        ? &options->rounds
+                  : flag == "--scheduler"     ? &options->scheduler
                                               : nullptr;
-    if (target == nullptr || !absl::SimpleAtoi(value, target) || *target < 1) {
+    if (target == nullptr || !absl::SimpleAtoi(value, target) || *target < 0) {
       std::fprintf(stderr, "prefix_cache_bench: bad flag %s %s\n", flag.c_str(), value.c_str());
       return false;
     }
@@ -77,6 +90,62 @@ Timed TimeTurn(LocalEngine& engine, const std::vector<int32_t>& prompt, int answ
   return timed;
 }
 
+// The first token's time and the tokens of one request through a scheduler.
+class TimingSink : public GenerationSink {
+ public:
+  explicit TimingSink(absl::Time start) : start_(start) {}
+  void OnToken(int32_t token, int, int) override {
+    if (timed_.answer.empty()) {
+      timed_.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    }
+    timed_.answer.push_back(token);
+  }
+  void OnFinish(const GenerationResult& result) override {
+    status_ = result.status;
+    done_.Notify();
+  }
+  Timed Wait() {
+    done_.WaitForNotification();
+    if (!status_.ok()) {
+      std::fprintf(stderr, "generate: %s\n", status_.ToString().c_str());
+      std::exit(1);
+    }
+    return timed_;
+  }
+
+ private:
+  const absl::Time start_;
+  Timed timed_;
+  absl::Status status_;
+  absl::Notification done_;
+};
+
+Timed TimeScheduled(GenerationScheduler& scheduler, const std::vector<int32_t>& prompt,
+                    int answer_tokens) {
+  GenerationRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = answer_tokens;
+  request.ignore_eos = true;
+  auto sink = std::make_shared<TimingSink>(absl::Now());
+  if (!scheduler.Submit(std::move(request), sink).ok()) std::exit(1);
+  return sink->Wait();
+}
+
+// One attention worker's scheduler over its own in-process routed experts.
+struct ScheduledWorker {
+  ScheduledWorker(const ModelWeights* weights, int64_t prefix_cache_bytes)
+      : moe(weights), scheduler(weights, &moe, Options(prefix_cache_bytes), nullptr) {}
+  static SchedulerOptions Options(int64_t prefix_cache_bytes) {
+    SchedulerOptions options;
+    options.prefix_cache_bytes = prefix_cache_bytes;
+    return options;
+  }
+  LocalRoutedMoe moe;
+  GenerationScheduler scheduler;
+};
+
+using TurnRunner = std::function<Timed(const std::vector<int32_t>&, int)>;
+
 void Report(const char* what, std::vector<double> values) {
   std::sort(values.begin(), values.end());
   std::printf("%-44s median %8.4f  range %8.4f .. %8.4f\n", what, values[values.size() / 2],
@@ -101,6 +170,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cannot open the engines\n");
     return 1;
   }
+  // The scheduler's weights: the engine's are its own.
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+  if (!checkpoint.ok()) return 1;
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
+      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  if (!weights.ok()) return 1;
+  ScheduledWorker cached_worker(weights->get(), SchedulerOptions().prefix_cache_bytes);
+  ScheduledWorker plain_worker(weights->get(), 0);
+  TurnRunner with_cache = [&](const std::vector<int32_t>& prompt, int answer) {
+    return options.scheduler ? TimeScheduled(cached_worker.scheduler, prompt, answer)
+                             : TimeTurn(**cached, prompt, answer);
+  };
+  TurnRunner without_cache = [&](const std::vector<int32_t>& prompt, int answer) {
+    return options.scheduler ? TimeScheduled(plain_worker.scheduler, prompt, answer)
+                             : TimeTurn(**plain, prompt, answer);
+  };
   std::mt19937 rng(11);
   auto random_tokens = [&](int n) {
     std::vector<int32_t> t(n);
@@ -110,12 +195,12 @@ int Main(int argc, char** argv) {
   std::vector<double> first, second, cold, ratio, cold_ratio;
   for (int round = 0; round < options.rounds; ++round) {
     std::vector<int32_t> prompt = random_tokens(options.prompt_tokens);
-    const Timed turn1 = TimeTurn(**cached, prompt, options.answer_tokens);
+    const Timed turn1 = with_cache(prompt, options.answer_tokens);
     prompt.insert(prompt.end(), turn1.answer.begin(), turn1.answer.end());
     const std::vector<int32_t> added = random_tokens(options.added_tokens);
     prompt.insert(prompt.end(), added.begin(), added.end());
-    const Timed turn2 = TimeTurn(**cached, prompt, 1);
-    const Timed turn2_cold = TimeTurn(**plain, prompt, 1);
+    const Timed turn2 = with_cache(prompt, 1);
+    const Timed turn2_cold = without_cache(prompt, 1);
     first.push_back(turn1.first_token_seconds);
     second.push_back(turn2.first_token_seconds);
     cold.push_back(turn2_cold.first_token_seconds);
@@ -125,18 +210,21 @@ int Main(int argc, char** argv) {
                 turn1.first_token_seconds, turn2.first_token_seconds,
                 turn2_cold.first_token_seconds, ratio.back());
   }
-  std::printf("k3-tiny, %d-token first turn, +%d answer +%d new tokens, %d rounds\n",
-              options.prompt_tokens, options.answer_tokens, options.added_tokens, options.rounds);
+  std::printf("k3-tiny, %s, %d-token first turn, +%d answer +%d new tokens, %d rounds\n",
+              options.scheduler ? "GenerationScheduler" : "LocalEngine", options.prompt_tokens,
+              options.answer_tokens, options.added_tokens, options.rounds);
   Report("turn 1 first token (s)", first);
   Report("turn 2 first token, prefix cache (s)", second);
   Report("turn 2 first token, no cache (s)", cold);
   Report("turn 1 / turn 2 with the cache (x)", ratio);
   Report("turn 2 no cache / with the cache (x)", cold_ratio);
-  const PrefixCacheStats stats = (*cached)->prefix_cache()->stats();
-  std::printf("cache: %lld/%lld hits, %lld of %lld tokens restored, %lld bytes held\n",
-              static_cast<long long>(stats.hits), static_cast<long long>(stats.lookups),
-              static_cast<long long>(stats.hit_tokens), static_cast<long long>(stats.lookup_tokens),
-              static_cast<long long>(stats.bytes));
+  if (!options.scheduler) {
+    const PrefixCacheStats stats = (*cached)->prefix_cache()->stats();
+    std::printf("cache: %lld/%lld hits, %lld of %lld tokens restored, %lld bytes held\n",
+                static_cast<long long>(stats.hits), static_cast<long long>(stats.lookups),
+                static_cast<long long>(stats.hit_tokens),
+                static_cast<long long>(stats.lookup_tokens), static_cast<long long>(stats.bytes));
+  }
   return 0;
 }
 
