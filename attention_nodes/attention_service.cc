@@ -22,10 +22,13 @@
 #include "glog/logging.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
+#include "nlohmann/json.hpp"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/json_grammar.h"
 #include "tokenizer/streaming_decoder.h"
+#include "tokenizer/token_constraint.h"
 
 namespace k3 {
 namespace {
@@ -119,6 +122,45 @@ GenerationRequest FromProto(const v1::GenerateRequest& proto, int max_new_tokens
                                 sampling.stop_token_ids().end());
   request.ignore_eos = sampling.ignore_eos();
   return request;
+}
+
+// The shape of a SamplingParams.constraint; InvalidArgument for an empty one or a bad schema.
+absl::StatusOr<std::shared_ptr<const ConstraintShape>> ConstraintShapeFromProto(
+    const v1::OutputConstraint& proto) {
+  auto shape = std::make_shared<ConstraintShape>();
+  for (const v1::ConstraintAlternative& alternative : proto.alternatives()) {
+    std::vector<ConstraintPiece>& pieces = shape->emplace_back();
+    for (const v1::ConstraintPiece& piece : alternative.pieces()) {
+      using Kind = ConstraintPiece::Kind;
+      switch (piece.kind_case()) {
+        case v1::ConstraintPiece::kTokenId:
+          pieces.push_back({.kind = Kind::kToken, .token = piece.token_id()});
+          break;
+        case v1::ConstraintPiece::kFreeUntilTokenId:
+          pieces.push_back({.kind = Kind::kFreeUntil, .token = piece.free_until_token_id()});
+          break;
+        case v1::ConstraintPiece::kText:
+          if (!piece.text().empty()) pieces.push_back({.kind = Kind::kText, .text = piece.text()});
+          break;
+        case v1::ConstraintPiece::kJsonSchema: {
+          const auto schema = nlohmann::ordered_json::parse(piece.json_schema(), nullptr, false);
+          if (schema.is_discarded()) {
+            return absl::InvalidArgumentError("a constraint's json_schema is not JSON");
+          }
+          absl::StatusOr<std::shared_ptr<const JsonGrammar>> grammar =
+              JsonGrammar::FromSchema(schema);
+          if (!grammar.ok()) return grammar.status();
+          pieces.push_back({.kind = Kind::kJson, .json = *std::move(grammar)});
+          break;
+        }
+        default:
+          return absl::InvalidArgumentError("a constraint piece has no kind");
+      }
+    }
+    if (pieces.empty()) return absl::InvalidArgumentError("a constraint alternative is empty");
+  }
+  if (shape->empty()) return absl::InvalidArgumentError("a constraint has no alternatives");
+  return shape;
 }
 
 class GenerateReactor;
@@ -369,7 +411,9 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     }
     GenerationRequest generation = FromProto(*request, scheduler_->options().max_new_tokens_limit);
     generation.trace = SampledTrace(*context);
-    if (absl::Status s = EncodeTextPrompt(*request, &generation); !s.ok()) {
+    absl::Status s = EncodeTextPrompt(*request, &generation);
+    if (s.ok()) s = AttachConstraint(request->sampling(), &generation);
+    if (!s.ok()) {
       auto* reactor = new GenerateReactor(request->request_id(), nullptr, {}, calls_);
       reactor->stream()->Reject(ToGrpcStatus(s));
       reactor->Hold(std::move(slot));
@@ -493,6 +537,25 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     return absl::OkStatus();
   }
 
+  // SamplingParams.constraint: the shape, with the vocabulary's bytes (built on first use).
+  absl::Status AttachConstraint(const v1::SamplingParams& sampling, GenerationRequest* generation) {
+    if (!sampling.has_constraint()) return absl::OkStatus();
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError("constrained decoding needs the node's tokenizer");
+    }
+    absl::StatusOr<std::shared_ptr<const ConstraintShape>> shape =
+        ConstraintShapeFromProto(sampling.constraint());
+    if (!shape.ok()) return shape.status();
+    absl::MutexLock lock(&mu_);
+    if (vocabulary_ == nullptr) {
+      vocabulary_ = std::make_shared<const TokenVocabulary>(*tokenizer_,
+                                                            scheduler_->config().vocab_size);
+    }
+    generation->sampling.vocabulary = vocabulary_;
+    generation->sampling.constraint = *std::move(shape);
+    return absl::OkStatus();
+  }
+
   GenerationScheduler* const scheduler_;
   const std::string auth_token_;  // empty: none required
   StreamCounts streams_;
@@ -501,6 +564,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   const absl::Time start_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::shared_ptr<const TokenVocabulary> vocabulary_ ABSL_GUARDED_BY(mu_);
 };
 
 class AttentionControlService final : public cpb::AttentionControl::Service {

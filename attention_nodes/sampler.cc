@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace k3 {
@@ -43,9 +44,24 @@ TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int 
   return result;
 }
 
-Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+  if (options.constraint != nullptr) constraint_.emplace(options.vocabulary, options.constraint);
+}
 
 int32_t Sampler::Next(const float* logits, int64_t vocab) {
+  if (!constraint_.has_value() || !constraint_->Allowed(&allowed_)) return Pick(logits, vocab);
+  masked_.assign(logits, logits + vocab);
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (id >= static_cast<int64_t>(allowed_.size()) || !allowed_[id]) {
+      masked_[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  const int32_t id = Pick(masked_.data(), vocab);
+  constraint_->Advance(id);
+  return id;
+}
+
+int32_t Sampler::Pick(const float* logits, int64_t vocab) {
   if (options_.temperature == 0.f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }

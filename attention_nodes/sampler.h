@@ -6,11 +6,14 @@
 #define K3SERVE_ATTENTION_NODES_SAMPLER_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tokenizer/token_constraint.h"
 
 namespace k3 {
 
@@ -19,6 +22,10 @@ struct SamplingOptions {
   float top_p = 1.f;
   int top_k = 0;
   uint64_t seed = 0;
+  // Constrained decoding (response_format, tool_choice): only ids the shape allows are sampled.
+  // Both set or both null; shared read-only between the sequences that use them.
+  std::shared_ptr<const TokenVocabulary> vocabulary;
+  std::shared_ptr<const ConstraintShape> constraint;
 };
 
 // InvalidArgument for a negative temperature, top_p outside (0, 1] or a negative top_k.
@@ -44,10 +51,17 @@ TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int 
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
+  // The next id; with a constraint, one it allows (the constraint moves past it). Where the
+  // constraint allows nothing (its shape ended) the logits are taken as they are.
   int32_t Next(const float* logits, int64_t vocab);
 
  private:
+  int32_t Pick(const float* logits, int64_t vocab);
+
   SamplingOptions options_;
+  std::optional<TokenConstraint> constraint_;
+  std::vector<char> allowed_;
+  std::vector<float> masked_;
   std::mt19937_64 rng_;
   std::vector<int32_t> order_;
   std::vector<double> probs_;

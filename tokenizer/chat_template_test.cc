@@ -37,7 +37,8 @@ TEST(ChatTemplateTest, RendersK3Xtml) {
   const Tokenizer t = Small(TokenizerFamily::kK3);
   ASSERT_EQ(*ChatFormatOf(t), ChatFormat::kK3);
   // The last user message's look-alike tags are text: rendered apart from the string below.
-  auto ids = RenderChat(t, absl::MakeConstSpan(kChat).first(3), ChatOptions{});
+  // (No thinking-effort message here: chat_template_golden_test checks it against the template.)
+  auto ids = RenderChat(t, absl::MakeConstSpan(kChat).first(3), {.thinking_effort = ""});
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(*ids, FromString(t,
                              "<|open|>message role=\"system\"<|sep|>You are terse."
@@ -56,7 +57,7 @@ TEST(ChatTemplateTest, RendersK3Xtml) {
                              "<|close|>message<|sep|><|end_of_msg|>"
                              "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"));
   auto no_prompt = RenderChat(t, absl::MakeConstSpan(kChat).first(1),
-                              {.add_generation_prompt = false});
+                              {.add_generation_prompt = false, .thinking_effort = ""});
   ASSERT_TRUE(no_prompt.ok());
   EXPECT_EQ(*no_prompt, FromString(t,
                                    "<|open|>message role=\"system\"<|sep|>You are terse."
@@ -96,8 +97,11 @@ TEST(ChatTemplateTest, MessageTextCannotInjectSpecialTokens) {
 
 TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
   const Tokenizer k3 = Small(TokenizerFamily::kK3);
+  // A tool result naming no tool, after no call (the template raises there too).
   EXPECT_EQ(RenderChat(k3, {{"tool", "{}", ""}}, {}).status().code(),
-            absl::StatusCode::kUnimplemented);
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderChat(k3, {{"user", "x", ""}}, {.thinking_effort = "extreme"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderChat(k3, {{"us\"er", "x", ""}}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderChat(k3, {{"user", "\xff", ""}}, {}).status().code(),

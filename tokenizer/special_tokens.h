@@ -23,6 +23,11 @@ inline constexpr SpecialTokenSlot kSpecialTokenSlots[] = {
     {5, "<|sep|>", nullptr},
     {9, "[EOT]", "[EOT]"},
     {10, nullptr, "<|im_system|>"},
+    {11, nullptr, "<|tool_calls_section_begin|>"},  // Kimi K2's tool calls (reserved on K3)
+    {12, nullptr, "<|tool_calls_section_end|>"},
+    {13, nullptr, "<|tool_call_begin|>"},
+    {14, nullptr, "<|tool_call_argument_begin|>"},
+    {15, nullptr, "<|tool_call_end|>"},
     {17, nullptr, "<|im_middle|>"},
     {254, "[UNK]", "[UNK]"},
     {255, "[PAD]", "[PAD]"},
@@ -40,6 +45,11 @@ inline constexpr char kKimiUser[] = "<|im_user|>";
 inline constexpr char kKimiAssistant[] = "<|im_assistant|>";
 inline constexpr char kKimiMiddle[] = "<|im_middle|>";
 inline constexpr char kKimiEnd[] = "<|im_end|>";
+inline constexpr char kKimiToolCallsBegin[] = "<|tool_calls_section_begin|>";
+inline constexpr char kKimiToolCallsEnd[] = "<|tool_calls_section_end|>";
+inline constexpr char kKimiToolCallBegin[] = "<|tool_call_begin|>";
+inline constexpr char kKimiToolCallArgumentBegin[] = "<|tool_call_argument_begin|>";
+inline constexpr char kKimiToolCallEnd[] = "<|tool_call_end|>";
 
 }  // namespace k3
 

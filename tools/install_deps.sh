@@ -9,6 +9,7 @@ packages=(
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils libdnnl-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3-regex
+  python3-jsonschema  # checks constrained decoding (tokenizer:json_grammar_test, tests:http_front_test)
   iproute2 procps openssl
   python3 curl  # tools/demo.sh asks the HTTP front with curl and reads its events with python3
 )
