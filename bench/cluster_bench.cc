@@ -35,6 +35,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/work_dir.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
@@ -333,13 +334,12 @@ int Main(const std::vector<std::string>& args) {
   o.k3serve = std::filesystem::absolute(k3serve).string();
   const bool own_work_dir = o.work_dir.empty();
   if (own_work_dir) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/k3-cluster-bench-XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) {
-      std::cerr << "cannot create a work folder\n";
+    absl::StatusOr<std::string> made = MakeBenchWorkDir("k3-cluster-bench");
+    if (!made.ok()) {
+      std::cerr << made.status() << "\n";
       return 1;
     }
-    o.work_dir = pattern;
+    o.work_dir = *made;
   }
   for (const std::string& config : o.configs) {
     if (absl::Status s = BenchConfig(o, config); !s.ok()) {

@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/work_dir.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
 #include "launcher/local_cluster.h"
@@ -221,13 +222,12 @@ int Main(const std::vector<std::string>& args) {
   o.k3serve = std::filesystem::absolute(o.k3serve).string();
   const bool own_work_dir = o.work_dir.empty();
   if (own_work_dir) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/k3-load-bench-XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) {
-      std::cerr << "cannot create a work folder\n";
+    absl::StatusOr<std::string> made = MakeBenchWorkDir("k3-load-bench");
+    if (!made.ok()) {
+      std::cerr << made.status() << "\n";
       return 1;
     }
-    o.work_dir = pattern;
+    o.work_dir = *made;
   }
   const absl::Status status = Bench(o);
   if (own_work_dir) std::filesystem::remove_all(o.work_dir);
