@@ -6,7 +6,6 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -27,6 +26,7 @@
 #include "http_front/client_connection.h"
 #include "http_front/connection_queue.h"
 #include "http_front/openai_protocol.h"
+#include "http_front/output_constraint.h"
 #include "http_front/text_stream.h"
 #include "http_front/worker_pool.h"
 #include "httplib.h"
@@ -155,7 +155,7 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   std::vector<int32_t> ids = request.prompt_ids;
   if (endpoint == Endpoint::kChatCompletions) {
     absl::StatusOr<std::vector<int32_t>> rendered =
-        RenderChat(*tokenizer, request.messages, {.thinking = request.thinking});
+        RenderChat(*tokenizer, request.messages, request.chat);
     if (!rendered.ok()) return rendered.status();
     ids = *std::move(rendered);
   } else if (request.prompt_text.has_value()) {
@@ -175,6 +175,10 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   for (int32_t id : stop_ids) sampling->add_stop_token_ids(id);
   if (endpoint == Endpoint::kChatCompletions && turn_end_id.has_value()) {
     sampling->add_stop_token_ids(*turn_end_id);
+    absl::StatusOr<std::optional<v1::OutputConstraint>> constraint =
+        OutputConstraintOf(request, *tokenizer);
+    if (!constraint.ok()) return constraint.status();
+    if (constraint->has_value()) *sampling->mutable_constraint() = **std::move(constraint);
   }
   return grpc_request;
 }
@@ -213,6 +217,10 @@ absl::StatusOr<std::vector<HttpFront::Impl::Generation>> HttpFront::Impl::StartC
                                  .skip_special_tokens = request.skip_special_tokens};
   if (endpoint == Endpoint::kChatCompletions && turn_end_id.has_value()) {
     text_options.stop_ids.push_back(*turn_end_id);
+    if (absl::StatusOr<ChatFormat> format = ChatFormatOf(*tokenizer); format.ok()) {
+      text_options.chat_format = *format;
+    }
+    text_options.thinking = request.chat.thinking;
   }
   std::vector<Generation> choices;
   for (int i = 0; i < request.n; ++i) {
@@ -220,6 +228,8 @@ absl::StatusOr<std::vector<HttpFront::Impl::Generation>> HttpFront::Impl::StartC
     if (request.seed.has_value()) grpc_request.mutable_sampling()->set_seed(*request.seed + i);
     absl::StatusOr<std::unique_ptr<GenerateCall>> started = StartCall(grpc_request, traceparent);
     if (!started.ok()) return started.status();  // the started ones are cancelled as they go
+    text_options.call_id_prefix = 
+        absl::StrCat("call_", absl::ToUnixMicros(absl::Now()), "_", next_id.fetch_add(1), "_");
     choices.push_back({std::shared_ptr<GenerateCall>(started->release(),
                                                      [this](GenerateCall* call) {
                                                        EndCall(call);
@@ -323,8 +333,7 @@ void HttpFront::Impl::Stream(const ResponseHead& head, std::vector<Generation> c
               sink.done();
               return true;
             }
-            if (!started[i] || !piece.text.empty() ||
-                (piece.logprobs.has_value() && !piece.logprobs->empty())) {
+            if (!started[i] || HasDelta(piece)) {
               events = CompletionChunkEvent(head, piece, !started[i]);
               started[i] = true;
             }
@@ -670,34 +679,6 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
                 "Retry-After");
   AddBoundedInt(app, "--max-body-bytes", &options->max_body_bytes, 1024, int64_t{1} << 32,
                 "the largest request body (413 beyond)");
-}
-
-namespace {
-
-class HttpFrontRole final : public RoleHooks {
- public:
-  explicit HttpFrontRole(HttpFrontOptions options) : options_(std::move(options)) {}
-  absl::Status Start() override {
-    absl::StatusOr<std::unique_ptr<HttpFront>> front = HttpFront::Start(options_);
-    if (!front.ok()) return front.status();
-    front_ = *std::move(front);
-    // Launchers and people read the address from this line.
-    std::cout << "http address: " << options_.host << ":" << front_->port() << std::endl;
-    return absl::OkStatus();
-  }
-  void Shutdown() override {
-    if (front_) front_->Stop();
-  }
-
- private:
-  const HttpFrontOptions options_;
-  std::unique_ptr<HttpFront> front_;
-};
-
-}  // namespace
-
-int RunHttpFront(const HttpFrontOptions& options) {
-  return RunNode("http front", std::make_unique<HttpFrontRole>(options));
 }
 
 }  // namespace k3

@@ -3,6 +3,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -10,7 +11,8 @@
 namespace k3 {
 namespace {
 
-using nlohmann::json;
+// Ordered: `tools` keep the client's key order (Kimi's template writes them as they came).
+using json = nlohmann::ordered_json;
 
 constexpr char kParamPayload[] = "type.k3serve/openai.param";
 constexpr int kMaxStops = 4;  // OpenAI's limit
@@ -97,6 +99,52 @@ absl::Status ParsePrompt(const json& body, CompletionRequest* request) {
 // OpenAI's `developer` messages are what older models call `system` ones.
 std::string CanonicalRole(std::string role) { return role == "developer" ? "system" : role; }
 
+// A string field of a message, or empty.
+absl::StatusOr<std::string> MessageString(const json& m, const char* name) {
+  const json* value = Field(m, name);
+  if (value == nullptr) return std::string();
+  if (!value->is_string()) {
+    return BadParam("messages", absl::StrCat("a message's '", name, "' must be a string"));
+  }
+  return value->get<std::string>();
+}
+
+// The fields of tool calling and reasoning: name, reasoning_content, tool_calls, tool_call_id.
+absl::Status ParseAgentMessageFields(const json& m, ChatMessage* message) {
+  absl::StatusOr<std::string> name = MessageString(m, "name");
+  absl::StatusOr<std::string> reasoning = MessageString(m, "reasoning_content");
+  absl::StatusOr<std::string> call_id = MessageString(m, "tool_call_id");
+  for (const auto* s : {&name, &reasoning, &call_id}) {
+    if (!s->ok()) return s->status();
+  }
+  message->name = *name;
+  message->reasoning = *reasoning;
+  message->tool_call_id = *call_id;
+  const json* calls = Field(m, "tool_calls");
+  if (calls == nullptr) return absl::OkStatus();
+  if (!calls->is_array() || message->role != "assistant") {
+    return BadParam("messages", "'tool_calls' must be an array, on an assistant message");
+  }
+  for (const json& call : *calls) {
+    const json* function = call.is_object() ? Field(call, "function") : nullptr;
+    const json* fn_name = function != nullptr && function->is_object() ? Field(*function, "name")
+                                                                        : nullptr;
+    if (fn_name == nullptr || !fn_name->is_string()) {
+      return BadParam("messages", "every tool call needs a 'function' with a string 'name'");
+    }
+    ChatToolCall parsed{.name = fn_name->get<std::string>()};
+    if (const json* id = Field(call, "id"); id != nullptr && id->is_string()) {
+      parsed.id = id->get<std::string>();
+    }
+    if (const json* arguments = Field(*function, "arguments")) {
+      // OpenAI sends a JSON string; an object is taken as that JSON.
+      parsed.arguments = arguments->is_string() ? arguments->get<std::string>() : arguments->dump();
+    }
+    message->tool_calls.push_back(std::move(parsed));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const json& body, CompletionRequest* request) {
   const json* messages = Field(body, "messages");
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
@@ -125,6 +173,7 @@ absl::Status ParseMessages(const json& body, CompletionRequest* request) {
     } else {
       return BadParam("messages", "a message's 'content' must be a string or an array of parts");
     }
+    if (absl::Status s = ParseAgentMessageFields(m, &message); !s.ok()) return s;
     request->messages.push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -178,6 +227,105 @@ absl::Status ParseChoicesAndLogprobs(const json& body, Endpoint endpoint,
   return absl::OkStatus();
 }
 
+// reasoning_effort, or chat_template_kwargs' thinking (enable_thinking) and thinking_effort.
+absl::Status ParseThinking(const json& body, CompletionRequest* request) {
+  if (const json* effort = Field(body, "reasoning_effort")) {
+    if (!effort->is_string()) return BadParam("reasoning_effort", "must be a string");
+    request->chat.thinking_effort = effort->get<std::string>();
+    // OpenAI's names for the ends of the range.
+    if (request->chat.thinking_effort == "none") request->chat.thinking = false;
+    if (request->chat.thinking_effort == "minimal") request->chat.thinking_effort = "low";
+  }
+  if (const json* kwargs = Field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) return BadParam("chat_template_kwargs", "must be an object");
+    for (const char* name : {"thinking", "enable_thinking"}) {
+      if (const json* thinking = Field(*kwargs, name)) {
+        if (!thinking->is_boolean()) {
+          return BadParam("chat_template_kwargs", absl::StrCat("'", name, "' must be a boolean"));
+        }
+        request->chat.thinking = thinking->get<bool>();
+      }
+    }
+    if (const json* effort = Field(*kwargs, "thinking_effort")) {
+      if (!effort->is_string()) {
+        return BadParam("chat_template_kwargs", "'thinking_effort' must be a string");
+      }
+      request->chat.thinking_effort = effort->get<std::string>();
+    }
+  }
+  const std::string& effort = request->chat.thinking_effort;
+  if (request->chat.thinking && effort != "low" && effort != "medium" && effort != "high" &&
+      effort != "max") {
+    return BadParam("reasoning_effort", absl::StrCat("unsupported reasoning effort '", effort,
+                                                     "': none, minimal, low, medium, high, max"));
+  }
+  return absl::OkStatus();
+}
+
+// tools (functions with names) and tool_choice.
+absl::Status ParseTools(const json& body, CompletionRequest* request) {
+  std::vector<std::string> names;
+  if (const json* tools = Field(body, "tools")) {
+    if (!tools->is_array()) return BadParam("tools", "'tools' must be an array");
+    for (const json& tool : *tools) {
+      const json* function = tool.is_object() ? Field(tool, "function") : nullptr;
+      const json* name = function != nullptr && function->is_object() ? Field(*function, "name")
+                                                                       : nullptr;
+      if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+        return BadParam("tools", "every tool needs a 'function' with a non-empty 'name'");
+      }
+      names.push_back(name->get<std::string>());
+    }
+    request->chat.tools = *tools;
+  }
+  request->tool_choice = names.empty() ? "none" : "auto";
+  const json* choice = Field(body, "tool_choice");
+  if (choice == nullptr) return absl::OkStatus();
+  if (choice->is_string() && (*choice == "none" || *choice == "auto" || *choice == "required")) {
+    request->tool_choice = choice->get<std::string>();
+    request->chat.tool_choice = request->tool_choice;
+  } else if (const json* function = choice->is_object() ? Field(*choice, "function") : nullptr;
+             function != nullptr && function->is_object() && Field(*function, "name") != nullptr &&
+             Field(*function, "name")->is_string()) {
+    request->tool_choice = "function";
+    request->tool_choice_function = Field(*function, "name")->get<std::string>();
+  } else {
+    return BadParam("tool_choice",
+                    "'tool_choice' must be none, auto, required or "
+                    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  if (request->tool_choice != "none" && request->tool_choice != "auto" &&
+      (names.empty() || (request->tool_choice == "function" &&
+                         absl::c_find(names, request->tool_choice_function) == names.end()))) {
+    return BadParam("tool_choice", "'tool_choice' asks for a tool that 'tools' does not declare");
+  }
+  return absl::OkStatus();
+}
+
+// response_format: text, json_object, or json_schema with its schema.
+absl::Status ParseResponseFormat(const json& body, CompletionRequest* request) {
+  const json* format = Field(body, "response_format");
+  if (format == nullptr) return absl::OkStatus();
+  const json* type = format->is_object() ? Field(*format, "type") : nullptr;
+  if (type == nullptr || !type->is_string() ||
+      (*type != "text" && *type != "json_object" && *type != "json_schema")) {
+    return BadParam("response_format", "'response_format.type' must be text, json_object or "
+                                       "json_schema");
+  }
+  if (*type == "text") return absl::OkStatus();
+  request->chat.response_format = type->get<std::string>();
+  if (*type == "json_schema") {
+    const json* wrapper = Field(*format, "json_schema");
+    const json* schema = wrapper != nullptr && wrapper->is_object() ? Field(*wrapper, "schema")
+                                                                     : nullptr;
+    if (schema == nullptr || !schema->is_object()) {
+      return BadParam("response_format", "'response_format.json_schema.schema' must be an object");
+    }
+    request->chat.response_schema = *schema;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* request) {
   if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
   if (const json* model = Field(body, "model")) {
@@ -209,11 +357,10 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
                                                : static_cast<uint64_t>(seed->get<int64_t>());
   }
   if (status = ParseStop(body, request); !status.ok()) return status;
-  if (const json* kwargs = Field(body, "chat_template_kwargs")) {
-    if (!kwargs->is_object()) return BadParam("chat_template_kwargs", "must be an object");
-    absl::StatusOr<bool> thinking = Bool(*kwargs, "thinking");
-    if (!thinking.ok()) return BadParam("chat_template_kwargs", "'thinking' must be a boolean");
-    request->thinking = *thinking;
+  if (endpoint == Endpoint::kChatCompletions) {
+    if (status = ParseThinking(body, request); !status.ok()) return status;
+    if (status = ParseTools(body, request); !status.ok()) return status;
+    if (status = ParseResponseFormat(body, request); !status.ok()) return status;
   }
   absl::StatusOr<bool> stream = Bool(body, "stream");
   if (!stream.ok()) return stream.status();
@@ -284,6 +431,25 @@ json LogprobsJson(Endpoint endpoint, const std::optional<std::vector<TokenLogpro
           {"text_offset", std::move(offsets)}};
 }
 
+// OpenAI's tool_calls: whole calls, or a stream's pieces (indexed; id, type and name in a call's
+// first piece only).
+json ToolCallsJson(const std::vector<ToolCallDelta>& calls, bool delta) {
+  json out = json::array();
+  for (const ToolCallDelta& call : calls) {
+    json piece = delta ? json{{"index", call.index}} : json::object();
+    json function = json::object();
+    if (!delta || !call.id.empty()) {
+      piece["id"] = call.id;
+      piece["type"] = "function";
+      function["name"] = call.name;
+    }
+    function["arguments"] = call.arguments;
+    piece["function"] = std::move(function);
+    out.push_back(std::move(piece));
+  }
+  return out;
+}
+
 std::string Event(const json& data) {
   // Invalid UTF-8 cannot reach here (the text is decoded by StreamingDecoder), but a dump must
   // never throw: replace rather than fail.
@@ -344,6 +510,11 @@ std::string ErrorBody(const absl::Status& status) {
   return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+bool HasDelta(const Choice& piece) {
+  return !piece.text.empty() || !piece.reasoning.empty() || !piece.tool_calls.empty() ||
+         (piece.logprobs.has_value() && !piece.logprobs->empty());
+}
+
 std::string CompletionBody(const ResponseHead& head, const std::vector<Choice>& choices,
                            const Usage& usage) {
   json body = HeadJson(head, /*chunk=*/false);
@@ -353,7 +524,11 @@ std::string CompletionBody(const ResponseHead& head, const std::vector<Choice>& 
                    {"logprobs", LogprobsJson(head.endpoint, c.logprobs)},
                    {"finish_reason", c.finish_reason}};
     if (head.endpoint == Endpoint::kChatCompletions) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message = {{"role", "assistant"}};
+      message["content"] = c.text.empty() && !c.tool_calls.empty() ? json(nullptr) : json(c.text);
+      if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
+      if (!c.tool_calls.empty()) message["tool_calls"] = ToolCallsJson(c.tool_calls, false);
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }
@@ -372,6 +547,8 @@ std::string CompletionChunkEvent(const ResponseHead& head, const Choice& piece, 
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (first || !piece.text.empty()) delta["content"] = piece.text;
+    if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
+    if (!piece.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(piece.tool_calls, true);
     choice["delta"] = delta;
   } else {
     choice["text"] = piece.text;

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tokenizer/chat_output_parser.h"
 #include "tokenizer/chat_template.h"
 
 namespace k3 {
@@ -25,9 +26,15 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;
   std::vector<ChatMessage> messages;
-  // K3 chat: the answer opens with a think block (chat_template_kwargs.thinking, as vLLM names
-  // it). Off by default, so that `content` is the answer.
-  bool thinking = false;
+  // Chat: the template's variables besides the messages: thinking and its effort
+  // (chat_template_kwargs.thinking / thinking_effort, or reasoning_effort; on and "max" by
+  // default, as the model's template has them), tools, tool_choice ("none" and "required"; a
+  // named function renders as "auto" does) and response_format ("json_object", "json_schema").
+  ChatOptions chat;
+  // tool_choice: "auto" (the default with tools), "none", "required" or "function", then
+  // `tool_choice_function` names it.
+  std::string tool_choice = "none";
+  std::string tool_choice_function;
   std::optional<int> max_tokens;
   std::optional<float> temperature;  // [0, 2]
   std::optional<float> top_p;        // (0, 1]
@@ -44,7 +51,10 @@ struct CompletionRequest {
 
 inline constexpr int kMaxChoices = 128;  // OpenAI's limit on n
 
-// Parses and checks a request body. INVALID_ARGUMENT naming the field (ParamOf gives it) for
+// Parses and checks a request body. Chat: an assistant's tool_calls, a tool message's
+// tool_call_id, `name` and reasoning_content go to the rendering; `tools` must be functions with
+// names, and a named tool_choice must name one of them; `tools` keep the client's key order
+// (Kimi K2's template writes them as they came). INVALID_ARGUMENT naming the field (ParamOf gives it) for
 // malformed JSON, wrong types, values out of range and unsupported message contents. The
 // `developer` role is read as `system` (OpenAI's newer name for it).
 // Unknown fields are ignored, as OpenAI's clients send fields a server may not know.
@@ -85,16 +95,25 @@ struct TokenLogprob {
 // One choice of a response (n > 1 gives several), or one choice's piece in a stream.
 struct Choice {
   int index = 0;
-  std::string text;
-  std::string finish_reason;  // "stop" or "length"; in a stream, empty until the last chunk
+  std::string text;  // chat: the content
+  // Chat: the thinking section and the tool calls (ChatOutputParser); in a stream, deltas.
+  std::string reasoning;
+  std::vector<ToolCallDelta> tool_calls;
+  // "stop", "length" or "tool_calls"; in a stream, empty until the last chunk.
+  std::string finish_reason;
   std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
 };
 
-// The whole (non-streamed) response.
+// Whether a stream piece carries anything to send.
+bool HasDelta(const Choice& piece);
+
+// The whole (non-streamed) response. Chat adds reasoning_content and tool_calls where non-empty
+// (content is then null when empty, as OpenAI's is).
 std::string CompletionBody(const ResponseHead& head, const std::vector<Choice>& choices,
                            const Usage& usage);
 // One server-sent event "data: {...}\n\n" carrying one choice's piece (chat: the delta's
-// content; `first` adds the assistant role).
+// content, reasoning_content and tool_calls, a call's first piece with its id and name; `first`
+// adds the assistant role).
 std::string CompletionChunkEvent(const ResponseHead& head, const Choice& piece, bool first);
 // The usage event of stream_options.include_usage (empty choices).
 std::string UsageChunkEvent(const ResponseHead& head, const Usage& usage);

@@ -20,7 +20,7 @@ TEST(OpenAiProtocolTest, ParsesAChatRequest) {
           {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
           "max_tokens":7,"temperature":0.5,"top_p":0.9,"seed":42,"stop":["a","b"],"stream":true,
           "stream_options":{"include_usage":true},"n":1,"user":"ignored",
-          "chat_template_kwargs":{"thinking":true}})",
+          "chat_template_kwargs":{"thinking":false}})",
       Endpoint::kChatCompletions);
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_EQ(request->model, "m");
@@ -34,7 +34,80 @@ TEST(OpenAiProtocolTest, ParsesAChatRequest) {
   EXPECT_EQ(request->stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(request->stream);
   EXPECT_TRUE(request->include_usage);
-  EXPECT_TRUE(request->thinking);
+  EXPECT_FALSE(request->chat.thinking);
+}
+
+// Before issue 23 tools, tool_choice, tool calls, tool results and reasoning were ignored or
+// refused, and thinking was off unless asked for.
+TEST(OpenAiProtocolTest, ParsesToolsReasoningAndResponseFormat) {
+  absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(
+      R"({"messages":[{"role":"user","content":"x","name":"ann"},
+          {"role":"assistant","content":null,"reasoning_content":"hmm","tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},
+          {"role":"tool","tool_call_id":"c1","content":"42"}],
+          "tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}],
+          "tool_choice":{"type":"function","function":{"name":"f"}},"reasoning_effort":"low",
+          "response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{
+            "type":"object"}}}})",
+      Endpoint::kChatCompletions);
+  ASSERT_TRUE(request.ok()) << request.status();
+  ASSERT_EQ(request->messages.size(), 3u);
+  EXPECT_EQ(request->messages[0].name, "ann");
+  EXPECT_EQ(request->messages[1].reasoning, "hmm");
+  ASSERT_EQ(request->messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(request->messages[1].tool_calls[0].id, "c1");
+  EXPECT_EQ(request->messages[1].tool_calls[0].name, "f");
+  EXPECT_EQ(request->messages[1].tool_calls[0].arguments, R"({"a":1})");
+  EXPECT_EQ(request->messages[2].tool_call_id, "c1");
+  EXPECT_EQ(request->tool_choice, "function");
+  EXPECT_EQ(request->tool_choice_function, "f");
+  EXPECT_TRUE(request->chat.thinking);
+  EXPECT_EQ(request->chat.thinking_effort, "low");
+  // The client's key order is kept (Kimi's template writes the tools as they came).
+  EXPECT_EQ(request->chat.tools.dump(), R"([{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}])");
+  EXPECT_EQ(request->chat.response_format, "json_schema");
+  EXPECT_EQ(request->chat.response_schema.dump(), R"({"type":"object"})");
+
+  absl::StatusOr<CompletionRequest> plain =
+      ParseCompletionRequest(R"({"messages":[{"role":"user","content":"x"}]})",
+                             Endpoint::kChatCompletions);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->chat.thinking);  // the template's default
+  EXPECT_EQ(plain->chat.thinking_effort, "max");
+  EXPECT_EQ(plain->tool_choice, "none");  // no tools
+}
+
+TEST(OpenAiProtocolTest, ChatAnswersCarryReasoningAndToolCalls) {
+  const ResponseHead head{"chatcmpl-1", 5, "k3", Endpoint::kChatCompletions};
+  const Choice answer{.reasoning = "think",
+                      .tool_calls = {{0, "call_0", "f", R"({"a": 1})"}},
+                      .finish_reason = "tool_calls"};
+  const json body = json::parse(CompletionBody(head, {answer}, {1, 2}));
+  const json& message = body["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  EXPECT_EQ(message["reasoning_content"], "think");
+  EXPECT_EQ(message["tool_calls"][0]["id"], "call_0");
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["arguments"], R"({"a": 1})");
+  EXPECT_FALSE(message["tool_calls"][0].contains("index"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+
+  const json first = json::parse(
+      CompletionChunkEvent(head, {.reasoning = "think", .tool_calls = answer.tool_calls}, false)
+          .substr(6));
+  EXPECT_EQ(first["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(first["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(first["choices"][0]["delta"]["reasoning_content"], "think");
+  const Choice more{.tool_calls = {{0, "", "", "}"}}};
+  EXPECT_TRUE(HasDelta(more));
+  EXPECT_FALSE(HasDelta(Choice{.index = 1}));
+  const json next = json::parse(CompletionChunkEvent(head, more, false).substr(6));
+  const json& piece = next["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(piece["index"], 0);
+  EXPECT_FALSE(piece.contains("id"));
+  EXPECT_FALSE(piece["function"].contains("name"));
+  EXPECT_EQ(piece["function"]["arguments"], "}");
 }
 
 TEST(OpenAiProtocolTest, ParsesCompletionPromptsAsTextOrIds) {
@@ -81,6 +154,21 @@ TEST(OpenAiProtocolTest, BadInputIsInvalidArgumentNamingTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking":1}})",
        "chat_template_kwargs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"huge"})",
+       "reasoning_effort"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes",
+           "tools":[{"type":"function","function":{"name":"f"}}]})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function",
+           "function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]})",
+       "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages"},
+      {R"({"messages":[{"role":"assistant","tool_calls":[{"function":{}}]}]})", "messages"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+       "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format"},
       {R"({"prompt":["a","b"]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":[1,-2]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":""})", "prompt", Endpoint::kCompletions},

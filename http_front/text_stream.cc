@@ -10,16 +10,47 @@ namespace k3 {
 
 namespace v1 = k3serve::v1;
 
+namespace {
+
+// Appends a parsed delta to a piece (ChatDelta::Append: a call's arguments pieces merge).
+void AddDelta(const ChatDelta& parsed, Choice* piece) {
+  ChatDelta sum{.reasoning = std::move(piece->reasoning),
+                .content = std::move(piece->text),
+                .tool_calls = std::move(piece->tool_calls)};
+  sum.Append(parsed);
+  piece->reasoning = std::move(sum.reasoning);
+  piece->text = std::move(sum.content);
+  piece->tool_calls = std::move(sum.tool_calls);
+}
+
+}  // namespace
+
 TextStream::TextStream(const Tokenizer& tokenizer, TextStreamOptions options)
     : tokenizer_(tokenizer),
       decoder_(tokenizer),
       options_(std::move(options)),
-      matcher_(options_.stops) {}
+      matcher_(options_.stops) {
+  if (options_.chat_format.has_value()) {
+    chat_.emplace(*options_.chat_format, options_.thinking, options_.call_id_prefix);
+  }
+}
 
 bool TextStream::Silent(int32_t id) const {
   const std::vector<int32_t>& stops = options_.stop_ids;
   return std::find(stops.begin(), stops.end(), id) != stops.end() ||
          (options_.skip_special_tokens && tokenizer_.IsSpecial(id));
+}
+
+void TextStream::Release(const std::string& text, Choice* piece) {
+  if (text.empty()) return;
+  if (!chat_.has_value()) {
+    piece->text.append(matcher_.Push(text));
+    return;
+  }
+  ChatDelta parsed;
+  chat_->Text(text, &parsed);
+  parsed.content = matcher_.Push(parsed.content);
+  AddDelta(parsed, piece);
 }
 
 std::string TextStream::TokenText(int32_t id) const {
@@ -38,9 +69,12 @@ bool TextStream::Next(GenerateCall& call, Choice* piece) {
           absl::StrCat("the generation ended early: ", complete.message()));
       return false;
     }
-    piece->text.append(matcher_.Push(decoder_.Finish()));
+    Release(decoder_.Finish(), piece);
     piece->text.append(matcher_.Finish());
     finish_reason_ = complete.finish_reason() == v1::Complete::LENGTH ? "length" : "stop";
+    if (finish_reason_ == "stop" && chat_.has_value() && chat_->tool_call_count() > 0) {
+      finish_reason_ = "tool_calls";
+    }
     return false;
   }
   const v1::TokenChunk& chunk = response.chunk();
@@ -56,9 +90,17 @@ bool TextStream::Next(GenerateCall& call, Choice* piece) {
       }
       piece->logprobs->push_back(std::move(entry));
     }
+    if (chat_.has_value() && !stop && tokenizer_.IsSpecial(id)) {
+      Release(decoder_.Finish(), piece);
+      ChatDelta parsed;
+      std::string name;
+      if (tokenizer_.AppendTokenBytes(id, &name).ok()) chat_->Special(name, &parsed);
+      AddDelta(parsed, piece);
+      continue;
+    }
     if (Silent(id)) continue;
     absl::StatusOr<std::string> text = decoder_.Push(id);
-    piece->text.append(matcher_.Push(text.ok() ? *text : std::string(kReplacementCharacter)));
+    Release(text.ok() ? *text : std::string(kReplacementCharacter), piece);
   }
   if (matcher_.stopped()) {
     finish_reason_ = "stop";

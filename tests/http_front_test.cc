@@ -43,6 +43,8 @@ namespace v1 = k3serve::v1;
 
 constexpr char kApiKey[] = "test-key-123";
 constexpr char kClientScript[] = "tests/openai_client/chat.mjs";
+constexpr char kAgentScript[] = "tests/openai_client/agent.mjs";
+constexpr char kValidateScript[] = "tokenizer/testdata/validate_json_instances.py";
 constexpr char kQuestion[] = "Why is the sky blue?";
 constexpr int kMaxTokens = 12;
 // The trace of the request ClosingANonStreamedRequestCancelsIt abandons.
@@ -110,11 +112,14 @@ class HttpFrontTest : public ::testing::Test {
   // The chat answer the front must give: the single-process engine's greedy tokens for the
   // rendered question, up to the end of the turn (or eos), detokenized without special tokens
   // (skip_special_tokens). `tokens` (if not null) gets how many tokens that is, specials included.
-  static std::string ExpectedAnswer(int max_tokens, int* tokens_out = nullptr) {
+  static std::string ExpectedAnswer(int max_tokens, int* tokens_out = nullptr,
+                                    bool thinking = false,
+                                    const std::string& question = kQuestion,
+                                    bool* special = nullptr) {
     absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
     EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
     absl::StatusOr<std::vector<int32_t>> prompt =
-        RenderChat(*tokenizer, {{.role = "user", .content = kQuestion}}, {.thinking = false});
+        RenderChat(*tokenizer, {{.role = "user", .content = question}}, {.thinking = thinking});
     EXPECT_TRUE(prompt.ok()) << prompt.status();
     absl::StatusOr<std::vector<std::vector<int32_t>>> tokens =
         SingleProcessTokens(*model_, {*prompt}, max_tokens);
@@ -127,6 +132,11 @@ class HttpFrontTest : public ::testing::Test {
     // An empty answer would make the comparisons vacuous: the seed gives a few tokens first.
     EXPECT_GE(answer.size(), 2u);
     if (tokens_out != nullptr) *tokens_out = static_cast<int>(answer.size());
+    // *special: whether the answer holds special tokens (the chat format's structure).
+    if (special != nullptr) {
+      *special = std::any_of(answer.begin(), answer.end(),
+                             [&](int32_t id) { return tokenizer->IsSpecial(id); });
+    }
     std::erase_if(answer, [&](int32_t id) { return tokenizer->IsSpecial(id); });
     return *DecodeForDisplay(*tokenizer, answer);
   }
@@ -136,7 +146,8 @@ class HttpFrontTest : public ::testing::Test {
                 {"messages", {{{"role", "user"}, {"content", kQuestion}}}},
                 {"max_tokens", max_tokens},
                 {"temperature", 0},
-                {"stream", stream}}
+                {"stream", stream},
+                {"chat_template_kwargs", {{"thinking", false}}}}  // the answer is content
         .dump();
   }
 
@@ -416,18 +427,40 @@ TEST_F(HttpFrontTest, ClosingANonStreamedRequestCancelsIt) {
   EXPECT_EQ(spans, 1);
 }
 
-TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
-  if (std::system("node --version >/dev/null 2>&1") != 0) {
-    std::cout << "SKIPPED: Node.js is missing\n";
-    GTEST_SKIP() << "Node.js is missing";
-  }
+// Why the openai client tests cannot run here, or "".
+std::string OpenAiClientMissing() {
+  if (std::system("node --version >/dev/null 2>&1") != 0) return "Node.js is missing";
   const std::filesystem::path sources = std::filesystem::canonical(kClientScript).parent_path();
   if (!std::filesystem::exists(sources / "node_modules" / "openai")) {
-    const std::string reason =
-        absl::StrCat("the openai package is not installed: run `npm ci` in ", sources.string());
-    std::cout << "SKIPPED: " << reason << "\n";
-    GTEST_SKIP() << reason;
+    return absl::StrCat("the openai package is not installed: run `npm ci` in ", sources.string());
   }
+  return "";
+}
+
+#define SKIP_WITHOUT_OPENAI_CLIENT()                      \
+  if (const std::string reason = OpenAiClientMissing(); \
+      !reason.empty()) {                                  \
+    std::cout << "SKIPPED: " << reason << "\n";          \
+    GTEST_SKIP() << reason;                               \
+  }
+
+// Checks `instance` (JSON text) against `schema` with python3-jsonschema where it is installed,
+// else that it is JSON with the schema's properties.
+void ExpectValidates(const json& schema, const std::string& instance) {
+  const json parsed = json::parse(instance, nullptr, false);
+  ASSERT_FALSE(parsed.is_discarded()) << instance;
+  for (const auto& [key, property] : schema["properties"].items()) {
+    EXPECT_TRUE(parsed.contains(key)) << instance;
+  }
+  if (std::system("python3 -c 'import jsonschema' >/dev/null 2>&1") != 0) return;
+  const std::string pairs = TmpDir() + "/instances.jsonl";
+  std::ofstream(pairs) << json{{"schema", schema}, {"instance", instance}}.dump() << "\n";
+  EXPECT_EQ(std::system(absl::StrCat("python3 ", kValidateScript, " ", pairs).c_str()), 0)
+      << instance;
+}
+
+TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
+  SKIP_WITHOUT_OPENAI_CLIENT();
   const std::string out =
       Output(absl::StrCat("node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
                           Quote(std::filesystem::path(*model_).filename().string()), " ",
@@ -484,6 +517,53 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
   }
   EXPECT_EQ(result["choices_usage"]["completion_tokens"],
             2 * result["usage"]["completion_tokens"].get<int>());
+}
+
+// Issue 23: tools, tool_choice, tool calls and tool results, reasoning_content and
+// response_format were ignored or refused before.
+TEST_F(HttpFrontTest, OpenAiClientCallsToolsReasonsAndAnswersInJson) {
+  SKIP_WITHOUT_OPENAI_CLIENT();
+  const std::string out =
+      Output(absl::StrCat("node ", kAgentScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                          Quote(std::filesystem::path(*model_).filename().string())));
+  const json result = json::parse(out, nullptr, false);
+  ASSERT_FALSE(result.is_discarded()) << out;
+  const json parameters = json::parse(R"({"type":"object","additionalProperties":false,
+      "required":["city","days"],"properties":{"city":{"type":"string","maxLength":8},
+      "days":{"type":"integer"}}})");
+  for (const char* mode : {"tools", "tools_stream"}) {
+    SCOPED_TRACE(mode);
+    const json& got = result[mode];
+    EXPECT_EQ(got["finish_reason"], "tool_calls");
+    ASSERT_EQ(got["calls"].size(), 1u) << got.dump();
+    const json& call = got["calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_FALSE(call["id"].get<std::string>().empty());
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    ExpectValidates(parameters, call["function"]["arguments"].get<std::string>());
+    // The answer after the tool's result: free text, its prompt the whole round trip.
+    EXPECT_TRUE(got["final_content"].is_string());
+    EXPECT_EQ(got["final_finish_reason"], "length");
+  }
+  EXPECT_EQ(result["tools"]["calls"][0]["function"], result["tools_stream"]["calls"][0]["function"]);
+  EXPECT_EQ(result["tools"]["final_prompt_tokens"], result["tools_stream"]["final_prompt_tokens"]);
+
+  // Thinking on by default: the greedy answer is reasoning (the model never closes its think
+  // section here), the same streamed and not.
+  bool special = false;
+  const std::string thought =
+      ExpectedAnswer(12, nullptr, /*thinking=*/true, "What is the weather in Paris?", &special);
+  const json& reasoning = result["reasoning"];
+  if (!special) EXPECT_EQ(reasoning["reasoning_content"], thought);
+  EXPECT_FALSE(reasoning["reasoning_content"].get<std::string>().empty());
+  EXPECT_EQ(result["reasoning_stream"]["reasoning_content"], reasoning["reasoning_content"]);
+  EXPECT_EQ(result["reasoning_stream"]["content"], reasoning["content"].is_null()
+                                                       ? json("")
+                                                       : reasoning["content"]);
+
+  EXPECT_EQ(result["json_schema"]["finish_reason"], "stop");
+  ExpectValidates(result["json_schema"]["schema"],
+                  result["json_schema"]["content"].get<std::string>());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ const request = {
   messages: [{ role: 'user', content: prompt }],
   max_tokens: Number(maxTokens),
   temperature: 0,
+  chat_template_kwargs: { thinking: false },  // the answer is content
 };
 
 const result = {};
