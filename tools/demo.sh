@@ -45,7 +45,7 @@ question="Why is the sky blue?"
 echo "Q: $question"
 printf 'A: '
 curl -sS -N "http://$http/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$question\"}],\"max_tokens\":24,\"stream\":true}" |
+  -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$question\"}],\"max_tokens\":24,\"stream\":true,\"chat_template_kwargs\":{\"thinking\":false}}" |
   python3 -c '
 import json, sys
 for line in sys.stdin:  # server-sent events: "data: {...}" lines, then "data: [DONE]"
