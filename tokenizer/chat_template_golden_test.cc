@@ -21,10 +21,8 @@ using json = nlohmann::ordered_json;  // the requests keep their key order
 constexpr char kGoldens[] = "tokenizer/testdata/chat/chat_template_goldens.json";
 
 Tokenizer Small(TokenizerFamily family) {
-  auto files = RandomTokenizerFiles(512, family);
-  EXPECT_TRUE(files.ok());
-  auto tokenizer = Tokenizer::Create(files->tiktoken_model, files->config_json);
-  EXPECT_TRUE(tokenizer.ok());
+  auto tokenizer = RandomTokenizer(512, family);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return *tokenizer;
 }
 

@@ -151,6 +151,11 @@ absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, Tokenize
   return files;
 }
 
+absl::StatusOr<Tokenizer> RandomTokenizer(int64_t vocab_size, TokenizerFamily family) {
+  K3_ASSIGN_OR_RETURN(const TokenizerFiles files, RandomTokenizerFiles(vocab_size, family));
+  return Tokenizer::Create(files.tiktoken_model, files.config_json);
+}
+
 absl::Status WriteRandomTokenizer(const std::string& dir, int64_t vocab_size,
                                   TokenizerFamily family) {
   K3_ASSIGN_OR_RETURN(const TokenizerFiles files, RandomTokenizerFiles(vocab_size, family));

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tokenizer/tokenizer.h"
 
 namespace k3 {
 
@@ -33,6 +34,9 @@ inline constexpr int64_t kSmallestTokenizerVocab = 256 + kSmallSpecialBlock;
 // ("<|reserved_token_{id}|>"). A pure function of its arguments. vocab_size below
 // kSmallestTokenizerVocab is InvalidArgument.
 absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, TokenizerFamily family);
+
+// The tokenizer of RandomTokenizerFiles(vocab_size, family), built in memory.
+absl::StatusOr<Tokenizer> RandomTokenizer(int64_t vocab_size, TokenizerFamily family);
 
 // Writes DIR/tiktoken.model and DIR/tokenizer_config.json (DIR must exist).
 absl::Status WriteRandomTokenizer(const std::string& dir, int64_t vocab_size,

@@ -8,10 +8,8 @@ namespace k3 {
 namespace {
 
 Tokenizer Small(TokenizerFamily family) {
-  auto files = RandomTokenizerFiles(512, family);
-  EXPECT_TRUE(files.ok());
-  auto tokenizer = Tokenizer::Create(files->tiktoken_model, files->config_json);
-  EXPECT_TRUE(tokenizer.ok());
+  auto tokenizer = RandomTokenizer(512, family);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return *tokenizer;
 }
 

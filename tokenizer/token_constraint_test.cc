@@ -12,10 +12,8 @@ namespace k3 {
 namespace {
 
 Tokenizer Small() {
-  auto files = RandomTokenizerFiles(512, TokenizerFamily::kK3);
-  EXPECT_TRUE(files.ok());
-  auto tokenizer = Tokenizer::Create(files->tiktoken_model, files->config_json);
-  EXPECT_TRUE(tokenizer.ok());
+  auto tokenizer = RandomTokenizer(512, TokenizerFamily::kK3);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return *tokenizer;
 }
 
