@@ -285,6 +285,8 @@ void ExpertNode::Serve(Received received, bool may_defer) {
   if (const int64_t rows = worker_->rows_processed() - rows_before; rows > 0) {
     metrics_.rows->Increment(static_cast<double>(rows));
     status_.set_rows_processed(worker_->rows_processed());
+    status_.mutable_assignments_per_layer()->Assign(worker_->assignments_per_layer().begin(),
+                                                    worker_->assignments_per_layer().end());
   }
 }
 
@@ -565,6 +567,8 @@ void ExpertNode::PublishStatus() {
   }
   status.set_weight_bytes(weight_bytes);
   status.set_rows_processed(worker_->rows_processed());
+  status.mutable_assignments_per_layer()->Assign(worker_->assignments_per_layer().begin(),
+                                                 worker_->assignments_per_layer().end());
   status_ = std::move(status);
   metrics_.weight_bytes->Set(static_cast<double>(weight_bytes));
   metrics_.hosted_experts->Set(static_cast<double>(hosting.TotalExperts()));

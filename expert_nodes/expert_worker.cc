@@ -172,6 +172,9 @@ std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const f
                                  &scratch_);
     if (response.status.ok()) {
       rows_processed_ += request.rows_count;
+      if (assignments_per_layer_.size() <= static_cast<size_t>(request.layer))
+        assignments_per_layer_.resize(request.layer + 1);
+      assignments_per_layer_[request.layer] += static_cast<int64_t>(request.assignments.size());
       *status = absl::OkStatus();
       return message;
     }

@@ -66,6 +66,9 @@ class ExpertWorker {
     return versions_.rbegin()->second.weights;
   }
   int64_t rows_processed() const { return rows_processed_; }
+  // (row, expert) pairs computed, by model layer (ExpertRequest.layer); as long as the highest
+  // layer served plus one.
+  const std::vector<int64_t>& assignments_per_layer() const { return assignments_per_layer_; }
   void set_name(std::string name) { name_ = std::move(name); }
   // Where spans of traced requests go ("k3.experts", under the router's layer span); null: none.
   // Not owned; must outlive the worker.
@@ -120,6 +123,7 @@ class ExpertWorker {
   GluParams glu_;
   ExpertScratch scratch_;
   int64_t rows_processed_ = 0;
+  std::vector<int64_t> assignments_per_layer_;
   SpanLog* spans_ = nullptr;
 };
 

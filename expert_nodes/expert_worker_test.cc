@@ -136,6 +136,9 @@ TEST_F(ExpertWorkerTest, PartialSumsOfTheSlicesAddUpToAllExperts) {
   EXPECT_EQ(answer_a.rows_count, request.rows_count);
   EXPECT_EQ(answer_a.width, request.width);
   EXPECT_EQ(a.rows_processed(), request.rows_count);
+  ASSERT_EQ(a.assignments_per_layer().size(), static_cast<size_t>(request.layer + 1));
+  EXPECT_EQ(a.assignments_per_layer()[request.layer], static_cast<int64_t>(for_a.assignments.size()));
+  EXPECT_EQ(b.assignments_per_layer()[request.layer], static_cast<int64_t>(for_b.assignments.size()));
 
   std::vector<int> every(config().num_experts);
   for (int e = 0; e < config().num_experts; ++e) every[e] = e;
