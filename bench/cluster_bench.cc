@@ -22,19 +22,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/step_breakdown.h"
 #include "bench/work_dir.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "cluster/process_tuning.h"
@@ -47,7 +45,6 @@
 #include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"
 #include "cluster/command_line.h"
-#include "httplib.h"
 
 namespace k3 {
 namespace {
@@ -102,72 +99,6 @@ absl::StatusOr<double> DecodeTokensPerSecond(const BenchOptions& o, Run run) {
   const double seconds = absl::ToDoubleSeconds(*many - *one);
   if (seconds <= 0) return absl::InternalError("decode took no measurable time; raise --tokens");
   return (o.tokens - 1) / seconds;
-}
-
-// Sum and count of a histogram, over every node scraped.
-struct SumCount {
-  double sum = 0;
-  double count = 0;
-  double MeanMs() const { return count > 0 ? 1e3 * sum / count : 0; }
-};
-
-// Adds `family`'s _sum and _count samples (unlabelled) from every node's /metrics.
-std::map<std::string, SumCount> ScrapeHistograms(const LocalCluster& cluster,
-                                                 const std::vector<std::string>& families) {
-  std::map<std::string, SumCount> out;
-  for (const LocalCluster::Node& node : cluster.nodes()) {
-    if (node.metrics_address.empty()) continue;
-    const size_t colon = node.metrics_address.rfind(':');
-    httplib::Client client(node.metrics_address.substr(0, colon),
-                           std::atoi(node.metrics_address.c_str() + colon + 1));
-    httplib::Result response = client.Get("/metrics");
-    if (!response || response->status != 200) {
-      std::cerr << "cannot scrape " << node.name << "'s /metrics\n";
-      continue;
-    }
-    for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
-      for (const std::string& family : families) {
-        double value = 0;
-        absl::string_view rest = line;
-        if (!absl::ConsumePrefix(&rest, family)) continue;
-        if (absl::ConsumePrefix(&rest, "_sum ") && absl::SimpleAtod(rest, &value)) {
-          out[family].sum += value;
-        } else if (absl::ConsumePrefix(&rest, "_count ") && absl::SimpleAtod(rest, &value)) {
-          out[family].count += value;
-        }
-      }
-    }
-  }
-  return out;
-}
-
-void PrintBreakdown(const std::string& name, const LocalCluster& cluster) {
-  const std::vector<std::string> families = {
-      "k3_attention_step_seconds",          "k3_attention_step_compute_seconds",
-      "k3_attention_step_moe_wait_seconds", "k3_attention_layer_moe_wait_seconds",
-      "k3_router_step_compute_seconds",     "k3_router_step_expert_wait_seconds",
-      "k3_expert_request_seconds"};
-  std::map<std::string, SumCount> h = ScrapeHistograms(cluster, families);
-  const SumCount& step = h[families[0]];
-  const SumCount& compute = h[families[1]];
-  const SumCount& wait = h[families[2]];
-  const SumCount& layer = h[families[3]];
-  const SumCount& router_compute = h[families[4]];
-  const SumCount& router_wait = h[families[5]];
-  const SumCount& expert = h[families[6]];
-  const double share = step.sum > 0 ? wait.sum / step.sum : 0;
-  std::cout << absl::StrFormat(
-      "%-10s breakdown (whole run, from /metrics): attention %.0f steps, %.3f ms/step = compute "
-      "%.3f + MoE wait %.3f (%.0f%% waiting)\n"
-      "%-10s   per MoE layer step: attention waits %.3f ms = router compute %.3f + router's "
-      "expert wait %.3f (experts compute %.3f over %.2f requests, wire+queue ~%.3f) + "
-      "attention<->router wire+queue ~%.3f\n",
-      name, step.count, step.MeanMs(), compute.MeanMs(), wait.MeanMs(), 100 * share, name,
-      layer.MeanMs(), router_compute.MeanMs(), router_wait.MeanMs(),
-      router_wait.count > 0 ? expert.sum * 1e3 / router_wait.count : 0,
-      router_wait.count > 0 ? expert.count / router_wait.count : 0,
-      router_wait.count > 0 ? router_wait.MeanMs() - expert.sum * 1e3 / router_wait.count : 0,
-      layer.MeanMs() - router_compute.MeanMs() - router_wait.MeanMs());
 }
 
 // Counts a request's tokens and signals its end.
@@ -293,7 +224,7 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
     }
   }
   const double aggregate = o.streams * o.tokens / absl::ToDoubleSeconds(best);
-  PrintBreakdown(name, **cluster);
+  PrintStepBreakdown(name, ScrapeStepBreakdown(**cluster));
   if (absl::Status s = (*cluster)->Stop(); !s.ok()) std::cerr << s.message() << "\n";
 
   std::cout << absl::StrFormat(

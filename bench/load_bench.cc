@@ -3,6 +3,7 @@
 //   bazel run -c opt //bench:load_bench -- [--config k3-tiny] [--attention 1 --routers 1
 //       --experts 2] [--prompt-tokens 200] [--max-tokens 64] [--streams 16] [--rounds 3]
 //       [--requests-per-stream 3] [--load-requests 1000] [--load-concurrency 32]
+//       [--busy-poll-us N] [--node-threads N]
 //
 // Writes a random checkpoint, starts `k3serve local`'s processes (LocalCluster) and talks gRPC to
 // the attention worker. Every request has its own random `--prompt-tokens` prompt and asks for
@@ -10,7 +11,8 @@
 // one stream, then `--streams` concurrent streams, each a closed loop of `--requests-per-stream`
 // requests; it prints each round's tokens/s (all tokens over the round's wall time) and the p99
 // of the gaps between a request's consecutive tokens as the client receives them, then the
-// medians and ranges of the ratios many/one (goals: tokens/s >= 4x, p99 gap <= 3x). Part 2:
+// medians and ranges of the ratios many/one (goals: tokens/s >= 4x, p99 gap <= 3x), and for the
+// last round where each side's steps spent their time (bench/step_breakdown.h). Part 2:
 // `--load-requests` requests at `--load-concurrency` in flight; every one must end with all its
 // tokens. Exits 1 when a request fails.
 #include <algorithm>
@@ -29,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/step_breakdown.h"
 #include "bench/work_dir.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
@@ -52,6 +55,8 @@ struct BenchOptions {
   int requests_per_stream = 3;
   int load_requests = 1000;
   int load_concurrency = 32;
+  int busy_poll_us = -1;  // every data-plane node's --busy-poll-us (-1: theirs)
+  int node_threads = 0;   // LocalClusterOptions::node_threads (0: split the cores)
   std::string k3serve = "k3serve";
   std::string work_dir;
 };
@@ -158,18 +163,28 @@ absl::Status Bench(const BenchOptions& o) {
   cluster_options.experts = o.experts;
   cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs");
   cluster_options.startup_timeout = absl::Minutes(5);
+  cluster_options.node_threads = o.node_threads;
+  cluster_options.metrics = true;  // the step breakdown
+  for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
+    if (o.busy_poll_us >= 0) {
+      cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
+    }
+  }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return cluster.status();
   LoadRunner runner(o, (*cluster)->generate_addresses()[0], config->vocab_size);
   runner.Run(2, 1);  // warm-up: page in weights, connect, fit the step cost
   std::vector<double> speedups, latency_ratios;
+  StepBreakdown breakdown[2];
   for (int round = 0; round < o.rounds; ++round) {
     double rate[2], p99[2];
     for (int side = 0; side < 2; ++side) {
       const int streams = side == 0 ? 1 : o.streams;
+      const StepBreakdown before = ScrapeStepBreakdown(**cluster);
       const absl::Time start = absl::Now();
       const Measured m = runner.Run(streams * o.requests_per_stream, streams);
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      breakdown[side] = Minus(ScrapeStepBreakdown(**cluster), before);
       if (m.failures > 0) return absl::InternalError(m.first_failure);
       rate[side] = m.tokens / seconds;
       p99[side] = Percentile(m.gaps, 0.99);
@@ -180,6 +195,8 @@ absl::Status Bench(const BenchOptions& o) {
     speedups.push_back(rate[1] / rate[0]);
     latency_ratios.push_back(p99[1] / p99[0]);
   }
+  PrintStepBreakdown("1 stream", breakdown[0]);
+  PrintStepBreakdown(absl::StrCat(o.streams, " streams"), breakdown[1]);
   PrintRatios(absl::StrCat("tokens/s, ", o.streams, " streams / 1").c_str(), speedups, ">= 4x");
   PrintRatios(absl::StrCat("inter-token p99, ", o.streams, " streams / 1").c_str(),
               latency_ratios, "<= 3x");
@@ -212,6 +229,10 @@ int Main(const std::vector<std::string>& args) {
   AddBoundedInt(&app, "--load-requests", &o.load_requests, 0, 1 << 24, "requests (part 2)");
   AddBoundedInt(&app, "--load-concurrency", &o.load_concurrency, 1, 1024,
                 "requests in flight (part 2)");
+  AddBoundedInt(&app, "--busy-poll-us", &o.busy_poll_us, -1, 1000 * 1000,
+                "every data-plane node's --busy-poll-us (-1: their default)");
+  AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
+                "kernel threads per node (0: the cores split between the nodes)");
   app.add_option("--k3serve", o.k3serve, "the k3serve binary");
   app.add_option("--work-dir", o.work_dir, "checkpoint and logs (default: a new folder)");
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) {

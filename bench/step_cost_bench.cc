@@ -1,0 +1,203 @@
+// step_cost_bench: what one attention-worker step costs as a function of what it carries, in
+// process (ModelRunner over LocalRoutedMoe: no wire), on a random checkpoint:
+//   - decode: n sequences with a `--context`-token history each append one token;
+//   - prefill: one sequence appends an m-token chunk after the same history;
+//   - mixed: n decode tokens plus one m-token chunk (what the scheduler packs under load).
+// Each shape is timed `--repeats` times, rounds interleaved across shapes (the host is noisy);
+// it prints the median and range per shape, the per-token cost of each shape over a one-token
+// step, and the step's share in the profile's MoE part (the routed experts, in process here).
+//
+//   bazel-bin/bench/step_cost_bench [--config k3-tiny] [--context 200] [--repeats 15]
+//                                   [--only-decode N --only-prefill M: that shape and one token]
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attention_nodes/model_runner.h"
+#include "engine/local_routed_moe.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+
+namespace k3::bench {
+namespace {
+
+struct Options {
+  std::string config = "k3-tiny";
+  int context = 200;
+  int repeats = 15;
+  int only_decode = -1;  // with only_prefill: time just this shape (for a profiler)
+  int only_prefill = -1;
+};
+
+struct Shape {
+  int decode = 0;   // sequences appending one token
+  int prefill = 0;  // tokens of one chunk (0: none)
+  std::vector<double> ms;
+};
+
+std::vector<int32_t> RandomTokens(int count, int vocab, std::mt19937* rng) {
+  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+  std::vector<int32_t> tokens(count);
+  for (int32_t& t : tokens) t = pick(*rng);
+  return tokens;
+}
+
+// Sequences with `context` tokens consumed each.
+absl::StatusOr<std::vector<std::unique_ptr<SequenceState>>> Histories(ModelRunner& runner,
+                                                                      int count, int context,
+                                                                      std::mt19937* rng) {
+  std::vector<std::unique_ptr<SequenceState>> states;
+  std::vector<float> logits;
+  for (int i = 0; i < count; ++i) {
+    states.push_back(runner.NewSequence());
+    const std::vector<int32_t> prompt = RandomTokens(context, runner.config().vocab_size, rng);
+    BatchEntry entry;
+    entry.state = states.back().get();
+    entry.tokens = prompt;
+    if (absl::Status s = runner.Step({&entry, 1}, &logits); !s.ok()) return s;
+  }
+  return states;
+}
+
+// One step of `shape` on copies of the histories; its wall time in ms.
+absl::StatusOr<double> TimeStep(ModelRunner& runner, const Shape& shape,
+                                const std::vector<std::unique_ptr<SequenceState>>& histories,
+                                std::mt19937* rng) {
+  std::vector<SequenceState> states;
+  const int sequences = shape.decode + (shape.prefill > 0 ? 1 : 0);
+  states.reserve(sequences);
+  for (int i = 0; i < sequences; ++i) {
+    states.push_back(*histories[i]);
+    // A copy's MLA cache has no spare capacity; a served sequence's grows geometrically, so its
+    // appends do not reallocate. Made room for before the clock starts.
+    for (MlaCache& cache : states.back().mla) {
+      if (cache.width() > 0) cache.Reserve(2 * (cache.length + shape.prefill + 1));
+    }
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<BatchEntry> batch;
+  for (int i = 0; i < sequences; ++i) {
+    const bool chunk = i == shape.decode;
+    tokens.push_back(RandomTokens(chunk ? shape.prefill : 1, runner.config().vocab_size, rng));
+  }
+  for (int i = 0; i < sequences; ++i) {
+    BatchEntry entry;
+    entry.state = &states[i];
+    entry.tokens = tokens[i];
+    batch.push_back(entry);
+  }
+  std::vector<float> logits;
+  const absl::Time start = absl::Now();
+  if (absl::Status s = runner.Step(batch, &logits); !s.ok()) return s;
+  return absl::ToDoubleMilliseconds(absl::Now() - start);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Run(const Options& options) {
+  absl::StatusOr<ModelConfig> config = NamedConfig(options.config);
+  if (!config.ok()) {
+    std::fprintf(stderr, "step_cost_bench: %s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("k3serve-step-cost-bench-" + options.config);
+  if (!std::filesystem::exists(dir / "config.json")) {
+    if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir.string()); !s.ok()) {
+      std::fprintf(stderr, "step_cost_bench: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
+  if (!checkpoint.ok()) {
+    std::fprintf(stderr, "step_cost_bench: %s\n", checkpoint.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
+      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  if (!weights.ok()) {
+    std::fprintf(stderr, "step_cost_bench: %s\n", weights.status().ToString().c_str());
+    return 1;
+  }
+  LocalRoutedMoe moe(weights->get());
+  ModelRunner runner(weights->get(), &moe);
+  runner.set_ping_pong(PingPong::kOff);
+  std::vector<Shape> shapes;
+  for (int n : {1, 2, 4, 8, 16, 32}) shapes.push_back({n, 0, {}});
+  for (int m : {16, 32, 64, 128, 256}) shapes.push_back({0, m, {}});
+  for (int m : {16, 32, 64}) shapes.push_back({16, m, {}});
+  if (options.only_decode >= 0) {
+    shapes = {Shape{1, 0, {}}, Shape{options.only_decode, std::max(options.only_prefill, 0), {}}};
+  }
+  std::mt19937 rng(7);
+  absl::StatusOr<std::vector<std::unique_ptr<SequenceState>>> histories =
+      Histories(runner, 33, options.context, &rng);
+  if (!histories.ok()) {
+    std::fprintf(stderr, "step_cost_bench: %s\n", histories.status().ToString().c_str());
+    return 1;
+  }
+  for (int round = 0; round < options.repeats + 1; ++round) {
+    for (Shape& shape : shapes) {
+      absl::StatusOr<double> ms = TimeStep(runner, shape, *histories, &rng);
+      if (!ms.ok()) {
+        std::fprintf(stderr, "step_cost_bench: %s\n", ms.status().ToString().c_str());
+        return 1;
+      }
+      if (round > 0) shape.ms.push_back(*ms);  // round 0 warms caches and buffers
+    }
+  }
+  const double one = Median(shapes[0].ms);
+  std::printf("step_cost_bench: %s, %d-token histories, %d rounds interleaved, in process\n",
+              options.config.c_str(), options.context, options.repeats);
+  std::printf("%7s %8s %7s %10s %10s %10s %16s\n", "decode", "prefill", "tokens", "median ms",
+              "min ms", "max ms", "ms/token over 1");
+  for (const Shape& shape : shapes) {
+    const int tokens = shape.decode + shape.prefill;
+    const double median = Median(shape.ms);
+    const auto [low, high] = std::minmax_element(shape.ms.begin(), shape.ms.end());
+    std::printf("%7d %8d %7d %10.3f %10.3f %10.3f %16.4f\n", shape.decode, shape.prefill, tokens,
+                median, *low, *high, tokens > 1 ? (median - one) / (tokens - 1) : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace k3::bench
+
+int main(int argc, char** argv) {
+  k3::bench::Options options;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--config") {
+      options.config = value;
+    } else if (flag == "--context" && absl::SimpleAtoi(value, &options.context) &&
+               options.context >= 1) {
+    } else if (flag == "--repeats" && absl::SimpleAtoi(value, &options.repeats) &&
+               options.repeats >= 1) {
+    } else if (flag == "--only-decode" && absl::SimpleAtoi(value, &options.only_decode) &&
+               options.only_decode >= 0 && options.only_decode <= 32) {
+    } else if (flag == "--only-prefill" && absl::SimpleAtoi(value, &options.only_prefill) &&
+               options.only_prefill >= 0) {
+    } else {
+      std::fprintf(stderr, "usage: step_cost_bench [--config NAME] [--context N] [--repeats N] [--only-decode N] [--only-prefill M]\n");
+      return 2;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "usage: step_cost_bench [--config NAME] [--context N] [--repeats N] [--only-decode N] [--only-prefill M]\n");
+    return 2;
+  }
+  return k3::bench::Run(options);
+}
