@@ -1,7 +1,8 @@
 """Finds the CUDA Toolkit and NCCL under /usr/local/cuda (or $CUDA_PATH).
 
 The generated repository always exists. Where the toolkit is present it exposes `:cuda` (headers,
-cudart, NCCL) and `defs.bzl` says `CUDA_AVAILABLE = True`; elsewhere `:cuda` is empty and GPU
+cudart, NCCL), `:cuda_headers` and `:cudart_static`, and `defs.bzl` says `CUDA_AVAILABLE = True`
+(//third_party/cuda:cuda.bzl compiles .cu files with its nvcc); elsewhere `:cuda` is empty and GPU
 targets are left out by `if_cuda`, so CPU-only machines build `//...` without the toolkit.
 """
 
@@ -30,6 +31,27 @@ cc_library(
     ],
 )
 
+# The headers alone, for C++ files that call the runtime API through a cudart_static dependency.
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["include/*.h", "include/*.hpp", "include/crt/*.h", "include/crt/*.hpp", "include/cccl/**"], allow_empty = True),
+    includes = ["include", "include/cccl"],
+)
+
+# cudart linked statically, so that binaries carried to a GPU machine need only its driver
+# (libcuda.so), whatever CUDA runtime that machine has installed.
+cc_library(
+    name = "cudart_static",
+    linkopts = [
+        "-L{path}/lib64",
+        "-lcudart_static",
+        "-ldl",
+        "-lrt",
+        "-lpthread",
+    ],
+    deps = [":cuda_headers"],
+)
+
 exports_files(["nvcc"])
 """.format(path = cuda_path))
         ctx.symlink(cuda_path + "/bin/nvcc", "nvcc")
@@ -38,6 +60,10 @@ exports_files(["nvcc"])
 package(default_visibility = ["//visibility:public"])
 
 cc_library(name = "cuda")
+
+cc_library(name = "cuda_headers")
+
+cc_library(name = "cudart_static")
 """)
     ctx.file("defs.bzl", """
 CUDA_AVAILABLE = {available}

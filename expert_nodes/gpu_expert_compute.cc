@@ -1,0 +1,254 @@
+#include "expert_nodes/gpu_expert_compute.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
+#include "kernels/cuda/mxfp4_gpu_layout.h"
+
+namespace k3 {
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+#define K3_RETURN_IF_CUDA_ERROR(call, what)                   \
+  do {                                                        \
+    if (absl::Status s = CudaStatus((call), what); !s.ok()) { \
+      return s;                                               \
+    }                                                         \
+  } while (0)
+
+Mxfp4HostMatrix HostView(const WeightMatrix& m) {
+  return Mxfp4HostMatrix{static_cast<const uint8_t*>(m.data), m.scales, m.rows, m.cols};
+}
+
+absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, int64_t expert,
+                         const char* name) {
+  if (m.type != WeightType::kMxfp4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert ", expert, " ", name, ": the GPU experts take MXFP4 weights only"));
+  }
+  if (m.rows != rows || m.cols != cols || !GpuMxfp4ShapeOk(rows, cols)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert ", expert, " ", name, " is [", m.rows, ", ", m.cols, "]; expected [", rows, ", ",
+        cols, "] with both multiples of 64"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("no GPU: ", cudaGetErrorString(error)));
+  }
+  if (count == 0) return absl::UnavailableError("no GPU: the CUDA runtime sees no device");
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<GpuExpertCompute>> GpuExpertCompute::Create(
+    const std::vector<GatedMlpWeights>& experts, const GluParams& params, int device) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (device < 0 || device >= *count) {
+    return absl::UnavailableError(
+        absl::StrCat("no GPU ", device, ": the CUDA runtime sees ", *count, " device(s)"));
+  }
+  std::unique_ptr<GpuExpertCompute> compute(new GpuExpertCompute());
+  compute->device_ = device;
+  compute->glu_ = GpuGluParams{params.situ ? 1 : 0, params.beta, params.linear_beta};
+  K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream;
+  K3_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          "cudaStreamCreate");
+  compute->stream_ = stream;
+  if (absl::Status s = compute->Upload(experts); !s.ok()) return s;
+  return compute;
+}
+
+GpuExpertCompute::~GpuExpertCompute() {
+  cudaSetDevice(device_);
+  for (DeviceBuffer* b : {&table_, &x_, &h_, &slot_row_, &slot_weight_, &chunks_, &out_}) {
+    cudaFree(b->data);
+  }
+  cudaFree(weights_);
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& experts) {
+  table_index_.assign(experts.size(), -1);
+  int32_t hosted = 0;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const GatedMlpWeights& w = experts[e];
+    if (w.gate.empty()) continue;
+    if (hosted == 0) {
+      hidden_ = w.gate.rows;
+      width_ = w.gate.cols;
+    }
+    const int64_t id = static_cast<int64_t>(e);
+    for (absl::Status s : {CheckMatrix(w.gate, hidden_, width_, id, "gate"),
+                           CheckMatrix(w.up, hidden_, width_, id, "up"),
+                           CheckMatrix(w.down, width_, hidden_, id, "down")}) {
+      if (!s.ok()) return s;
+    }
+    table_index_[e] = hosted++;
+  }
+  const int64_t code_bytes = GpuMxfp4CodeBytes(hidden_, width_);
+  const int64_t scale_bytes = GpuMxfp4ScaleBytes(hidden_, width_);
+  const int64_t expert_bytes = 3 * (code_bytes + scale_bytes);
+  weight_bytes_ = expert_bytes * hosted;
+  if (hosted == 0) return absl::OkStatus();
+  K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&weights_, weight_bytes_), "cudaMalloc(expert weights)");
+  std::vector<uint8_t> packed(expert_bytes);
+  std::vector<Mxfp4DeviceExpert> table(hosted);
+  for (size_t e = 0; e < experts.size(); ++e) {
+    if (table_index_[e] < 0) continue;
+    uint8_t* device = static_cast<uint8_t*>(weights_) + table_index_[e] * expert_bytes;
+    const WeightMatrix* matrices[3] = {&experts[e].gate, &experts[e].up, &experts[e].down};
+    const uint8_t* codes[3];
+    const uint8_t* scales[3];
+    for (int m = 0; m < 3; ++m) {
+      const int64_t offset = m * (code_bytes + scale_bytes);
+      RepackMxfp4ForGpu(HostView(*matrices[m]), packed.data() + offset,
+                        packed.data() + offset + code_bytes);
+      codes[m] = device + offset;
+      scales[m] = device + offset + code_bytes;
+    }
+    table[table_index_[e]] =
+        Mxfp4DeviceExpert{codes[0], scales[0], codes[1], scales[1], codes[2], scales[2]};
+    K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(device, packed.data(), expert_bytes, cudaMemcpyHostToDevice),
+                            "cudaMemcpy(expert weights)");
+  }
+  if (absl::Status s = Reserve(table_, table.size() * sizeof(table[0])); !s.ok()) return s;
+  K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(table_.data, table.data(), table.size() * sizeof(table[0]),
+                                     cudaMemcpyHostToDevice),
+                          "cudaMemcpy(expert table)");
+  return absl::OkStatus();
+}
+
+absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
+  if (bytes <= buffer.bytes) return absl::OkStatus();
+  K3_RETURN_IF_CUDA_ERROR(cudaFree(buffer.data), "cudaFree");
+  buffer = DeviceBuffer{};
+  K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer.data, bytes), "cudaMalloc");
+  buffer.bytes = bytes;
+  return absl::OkStatus();
+}
+
+int32_t GpuExpertCompute::Stage(const float* z, const std::vector<ExpertAssignment>& assignments) {
+  // Slots in RunExperts' order: by expert, stable.
+  order_.resize(assignments.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+    return assignments[a].expert < assignments[b].expert;
+  });
+  const size_t slots = order_.size();
+  x_host_.resize(slots * width_);
+  slot_row_host_.resize(slots);
+  slot_weight_host_.resize(slots);
+  int32_t largest = 0;
+  for (size_t begin = 0; begin < slots;) {
+    size_t end = begin;
+    while (end < slots && assignments[order_[end]].expert == assignments[order_[begin]].expert) {
+      ++end;
+    }
+    largest = std::max(largest, static_cast<int32_t>(end - begin));
+    begin = end;
+  }
+  const int32_t chunk_tokens = largest <= 8 ? 8 : largest <= 16 ? 16 : 32;
+  chunks_host_.clear();
+  for (size_t slot = 0; slot < slots; ++slot) {
+    const ExpertAssignment& a = assignments[order_[slot]];
+    const float* row = z + static_cast<int64_t>(a.row) * width_;
+    for (int64_t c = 0; c < width_; ++c) x_host_[slot * width_ + c] = FloatToBf16(row[c]);
+    slot_row_host_[slot] = a.row;
+    slot_weight_host_[slot] = a.weight;
+    const int32_t expert = table_index_[a.expert];
+    if (chunks_host_.empty() || chunks_host_.back().expert != expert ||
+        chunks_host_.back().tokens == chunk_tokens) {
+      chunks_host_.push_back(MoeChunk{expert, static_cast<int32_t>(slot), 0});
+    }
+    ++chunks_host_.back().tokens;
+  }
+  return chunk_tokens;
+}
+
+absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
+                                   const std::vector<ExpertAssignment>& assignments, float* out) {
+  if (width != width_ && !assignments.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows of width ", width, " for experts of width ", width_));
+  }
+  for (const ExpertAssignment& a : assignments) {
+    if (a.row < 0 || a.row >= rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert assignment row ", a.row, " outside [0, ", rows, ")"));
+    }
+    if (a.expert < 0 || a.expert >= static_cast<int64_t>(table_index_.size()) ||
+        table_index_[a.expert] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert ", a.expert, " is not hosted by this worker"));
+    }
+  }
+  if (assignments.empty()) {
+    std::fill(out, out + rows * width, 0.f);
+    return absl::OkStatus();
+  }
+  const int32_t chunk_tokens = Stage(z, assignments);
+  const size_t slots = assignments.size();
+  const size_t out_bytes = sizeof(float) * rows * width_;
+  K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  for (absl::Status s : {Reserve(x_, sizeof(uint16_t) * slots * width_),
+                         Reserve(h_, sizeof(uint16_t) * slots * hidden_),
+                         Reserve(slot_row_, sizeof(int32_t) * slots),
+                         Reserve(slot_weight_, sizeof(float) * slots),
+                         Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()),
+                         Reserve(out_, out_bytes)}) {
+    if (!s.ok()) return s;
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  const struct {
+    DeviceBuffer* to;
+    const void* from;
+    size_t bytes;
+  } copies[] = {{&x_, x_host_.data(), sizeof(uint16_t) * slots * width_},
+                {&slot_row_, slot_row_host_.data(), sizeof(int32_t) * slots},
+                {&slot_weight_, slot_weight_host_.data(), sizeof(float) * slots},
+                {&chunks_, chunks_host_.data(), sizeof(MoeChunk) * chunks_host_.size()}};
+  for (const auto& copy : copies) {
+    K3_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(copy.to->data, copy.from, copy.bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(rows to the GPU)");
+  }
+  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out_.data, 0, out_bytes, stream), "cudaMemsetAsync");
+  MoeMxfp4Launch launch;
+  launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
+  launch.chunks = static_cast<const MoeChunk*>(chunks_.data);
+  launch.chunk_count = static_cast<int32_t>(chunks_host_.size());
+  launch.chunk_tokens = chunk_tokens;
+  launch.width = static_cast<int32_t>(width_);
+  launch.hidden = static_cast<int32_t>(hidden_);
+  launch.x = static_cast<const uint16_t*>(x_.data);
+  launch.h = static_cast<uint16_t*>(h_.data);
+  launch.slot_row = static_cast<const int32_t*>(slot_row_.data);
+  launch.slot_weight = static_cast<const float*>(slot_weight_.data);
+  launch.out = static_cast<float*>(out_.data);
+  launch.glu = glu_;
+  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeMxfp4(launch, stream)),
+                          "expert kernels");
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(out, out_.data, out_bytes, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync(answer from the GPU)");
+  K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "expert kernels (at synchronize)");
+  return absl::OkStatus();
+}
+
+}  // namespace k3

@@ -1,0 +1,79 @@
+// GpuExpertCompute: RunExperts (expert_nodes/expert_compute.h) on a CUDA GPU, for MXFP4 experts.
+//
+// Create copies one MoE layer's hosted experts into device memory once, repacked for the kernels
+// (kernels/cuda/mxfp4_gpu_layout.h: the same bytes, permuted). Run takes the rows and assignments
+// of a call, groups them by expert as RunExperts does, rounds the rows to bf16, and runs the two
+// expert launches of kernels/cuda/moe_mxfp4.h (all of the call's experts in each) on the object's
+// stream, then copies the answer back. The answer matches RunExperts within the rounding of the
+// activations to bf16 (kernels/cuda/moe_mxfp4.cu says where it rounds).
+//
+// Owns its device memory and stream. Not thread-safe: one caller at a time (an expert worker's
+// actor), as with ExpertScratch.
+#ifndef K3SERVE_EXPERT_NODES_GPU_EXPERT_COMPUTE_H_
+#define K3SERVE_EXPERT_NODES_GPU_EXPERT_COMPUTE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/moe_mxfp4.h"
+#include "kernels/gated_mlp.h"
+#include "model/weights.h"
+#include "moe/expert_assignment.h"
+
+namespace k3 {
+
+// The number of CUDA devices, or Unavailable with the runtime's reason (no driver, no GPU).
+absl::StatusOr<int> CudaDeviceCount();
+
+class GpuExpertCompute {
+ public:
+  // experts: indexed by global expert id, empty entries not hosted (as RunExperts takes them);
+  // every hosted one MXFP4 with gate/up [f, d] and down [d, f], d and f multiples of 64.
+  // InvalidArgument for another dtype or shape, Unavailable without a usable `device`.
+  static absl::StatusOr<std::unique_ptr<GpuExpertCompute>> Create(
+      const std::vector<GatedMlpWeights>& experts, const GluParams& params, int device);
+  ~GpuExpertCompute();
+  GpuExpertCompute(const GpuExpertCompute&) = delete;
+  GpuExpertCompute& operator=(const GpuExpertCompute&) = delete;
+
+  // RunExperts' contract: z [rows, width] fp32, out [rows, width] overwritten; InvalidArgument for
+  // an out-of-range row, an expert not hosted here or a width other than the experts' d.
+  absl::Status Run(const float* z, int64_t rows, int64_t width,
+                   const std::vector<ExpertAssignment>& assignments, float* out);
+
+  // Device bytes of the packed weights.
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  // Device memory grown to the largest call so far.
+  struct DeviceBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  GpuExpertCompute() = default;
+  absl::Status Upload(const std::vector<GatedMlpWeights>& experts);
+  absl::Status Reserve(DeviceBuffer& buffer, size_t bytes);
+  // Fills the host staging vectors from the call; returns the chunk size (8, 16 or 32 tokens).
+  int32_t Stage(const float* z, const std::vector<ExpertAssignment>& assignments);
+
+  int device_ = 0;
+  void* stream_ = nullptr;  // cudaStream_t
+  int64_t width_ = 0, hidden_ = 0, weight_bytes_ = 0;
+  GpuGluParams glu_;
+  std::vector<int32_t> table_index_;  // global expert id -> index into table_, -1 if not hosted
+  void* weights_ = nullptr;           // every hosted expert's packed bytes, one allocation
+  DeviceBuffer table_, x_, h_, slot_row_, slot_weight_, chunks_, out_;
+  // Host staging for a call.
+  std::vector<int32_t> order_;
+  std::vector<uint16_t> x_host_;
+  std::vector<int32_t> slot_row_host_;
+  std::vector<float> slot_weight_host_;
+  std::vector<MoeChunk> chunks_host_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_EXPERT_NODES_GPU_EXPERT_COMPUTE_H_
