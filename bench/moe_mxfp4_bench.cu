@@ -1,0 +1,217 @@
+// The MXFP4 expert kernels (kernels/cuda/moe_mxfp4.h) at K3's expert shape (d 3584, f 3072),
+// 16 experts per call (one MoE layer's top-16), 1 / 4 / 16 / 64 / 512 rows per expert, against
+// the device's limits measured in the same run:
+//  - copy: a device-to-device cudaMemcpy of 2 GiB, bytes read plus written per second (the
+//    attainable HBM rate; docs/GPU.md and shared/notes/gpu.md: about 4.3 TB/s on an H200);
+//  - the kernels: packed weight bytes (codes and scales of the 16 experts' three matrices, counted
+//    once per call) per second, as a fraction of the copy rate, and bf16-equivalent TFLOP/s
+//    (2 * 3 * d * f per row and expert) as a fraction of kBf16PeakTflops.
+// Rounds interleave the shapes; each round times 10 calls with CUDA events; the table gives the
+// median call and the range over rounds. Standalone (cudart only), so it runs on a bare GPU
+// machine. Exit status 1 on any CUDA error.
+//
+//   bazel-bin/bench/moe_mxfp4_bench [rounds]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/cuda/moe_mxfp4.h"
+
+namespace k3 {
+namespace {
+
+constexpr int kWidth = 3584, kHidden = 3072, kExperts = 16;
+// bf16 dense matrix rate measured on this workplace's H200 (cuBLAS 8192^3, shared/notes/gpu.md).
+constexpr double kBf16PeakTflops = 780.0;
+
+#define CHECK_CUDA(call)                                                            \
+  do {                                                                              \
+    cudaError_t e = (call);                                                         \
+    if (e != cudaSuccess) {                                                         \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
+              cudaGetErrorString(e));                                               \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+
+// Pseudo-random bytes (splitmix64 of the index): codes of every value; scales kept near the
+// value that gives unit-scale sums, so the epilogue sees realistic magnitudes.
+__global__ void FillRandom(uint8_t* p, size_t n, uint64_t seed, int scale_base) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    p[i] = scale_base > 0 ? static_cast<uint8_t>(scale_base + z % 3) : static_cast<uint8_t>(z);
+  }
+}
+
+void Fill(void* p, size_t n, uint64_t seed, int scale_base) {
+  FillRandom<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, scale_base);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds per call of `run`, timed over `calls` calls with events.
+template <typename F>
+double Time(F run, int calls, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaEventRecord(start, stream));
+  for (int i = 0; i < calls; ++i) run();
+  CHECK_CUDA(cudaEventRecord(stop, stream));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return ms * 1e-3 / calls;
+}
+
+struct Shape {
+  int rows_per_expert;
+  MoeMxfp4Launch launch;
+  std::vector<double> seconds;
+};
+
+int Main(int rounds) {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
+         prop.l2CacheSize / 1e6);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+
+  const size_t copy_bytes = size_t{1} << 31;
+  void *copy_from, *copy_to;
+  CHECK_CUDA(cudaMalloc(&copy_from, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&copy_to, copy_bytes));
+  Fill(copy_from, copy_bytes, 1, 0);
+
+  const size_t code_bytes = size_t{kWidth} * kHidden / 2, scale_bytes = code_bytes / 16;
+  const size_t expert_bytes = 3 * (code_bytes + scale_bytes);
+  uint8_t* weights;
+  CHECK_CUDA(cudaMalloc(&weights, expert_bytes * kExperts));
+  std::vector<Mxfp4DeviceExpert> table(kExperts);
+  for (int e = 0; e < kExperts; ++e) {
+    uint8_t* base = weights + e * expert_bytes;
+    const uint8_t* m[6];
+    for (int i = 0; i < 3; ++i) {
+      m[2 * i] = base + i * (code_bytes + scale_bytes);
+      m[2 * i + 1] = m[2 * i] + code_bytes;
+      Fill(base + i * (code_bytes + scale_bytes), code_bytes, 100 + 3 * e + i, 0);
+      // Gate/up inputs are d wide, down's f: scales near 2^-7 either way (sums of ~unit size).
+      Fill(base + i * (code_bytes + scale_bytes) + code_bytes, scale_bytes, 200 + 3 * e + i, 119);
+    }
+    table[e] = Mxfp4DeviceExpert{m[0], m[1], m[2], m[3], m[4], m[5]};
+  }
+  Mxfp4DeviceExpert* device_table;
+  CHECK_CUDA(cudaMalloc(&device_table, sizeof(Mxfp4DeviceExpert) * kExperts));
+  CHECK_CUDA(cudaMemcpy(device_table, table.data(), sizeof(Mxfp4DeviceExpert) * kExperts,
+                        cudaMemcpyHostToDevice));
+
+  std::vector<Shape> shapes;
+  for (int per_expert : {1, 4, 16, 64, 512}) {
+    const int slots = per_expert * kExperts;
+    const int chunk_tokens = per_expert <= 8 ? 8 : per_expert <= 16 ? 16 : 32;
+    std::vector<MoeChunk> chunks;
+    std::vector<int32_t> slot_row(slots);
+    std::vector<float> slot_weight(slots, 1.0f / kExperts);
+    for (int e = 0; e < kExperts; ++e) {
+      for (int first = 0; first < per_expert; first += chunk_tokens) {
+        chunks.push_back(MoeChunk{e, e * per_expert + first,
+                                  std::min(chunk_tokens, per_expert - first)});
+      }
+      // Every row chose all 16 experts (top-16), as in a decode step of per_expert rows.
+      for (int i = 0; i < per_expert; ++i) slot_row[e * per_expert + i] = i;
+    }
+    Shape s{per_expert, {}, {}};
+    MoeMxfp4Launch& l = s.launch;
+    uint16_t *x, *h;
+    int32_t* rows;
+    float *weights_of_slots, *out;
+    MoeChunk* device_chunks;
+    CHECK_CUDA(cudaMalloc(&x, sizeof(uint16_t) * slots * kWidth));
+    CHECK_CUDA(cudaMalloc(&h, sizeof(uint16_t) * slots * kHidden));
+    CHECK_CUDA(cudaMalloc(&rows, sizeof(int32_t) * slots));
+    CHECK_CUDA(cudaMalloc(&weights_of_slots, sizeof(float) * slots));
+    CHECK_CUDA(cudaMalloc(&out, sizeof(float) * per_expert * kWidth));
+    CHECK_CUDA(cudaMalloc(&device_chunks, sizeof(MoeChunk) * chunks.size()));
+    // bf16 activations: random bytes with the exponent kept near 1 (0x3f..0x40 high bytes).
+    std::vector<uint16_t> x_host(static_cast<size_t>(slots) * kWidth);
+    for (size_t i = 0; i < x_host.size(); ++i) {
+      x_host[i] = static_cast<uint16_t>(0x3f00 + (i * 2654435761u >> 7) % 0x100) |
+                  ((i * 40503u) & 0x8000);
+    }
+    CHECK_CUDA(cudaMemcpy(x, x_host.data(), sizeof(uint16_t) * x_host.size(),
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(rows, slot_row.data(), sizeof(int32_t) * slots, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(weights_of_slots, slot_weight.data(), sizeof(float) * slots,
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(device_chunks, chunks.data(), sizeof(MoeChunk) * chunks.size(),
+                          cudaMemcpyHostToDevice));
+    l.experts = device_table;
+    l.chunks = device_chunks;
+    l.chunk_count = static_cast<int32_t>(chunks.size());
+    l.chunk_tokens = chunk_tokens;
+    l.width = kWidth;
+    l.hidden = kHidden;
+    l.x = x;
+    l.h = h;
+    l.slot_row = rows;
+    l.slot_weight = weights_of_slots;
+    l.out = out;
+    l.glu = GpuGluParams{1, 4.0f, 25.0f};
+    shapes.push_back(s);
+  }
+
+  auto call = [&](const Shape& s) {
+    CHECK_CUDA(cudaMemsetAsync(s.launch.out, 0, sizeof(float) * s.rows_per_expert * kWidth,
+                               stream));
+    CHECK_CUDA(static_cast<cudaError_t>(LaunchMoeMxfp4(s.launch, stream)));
+  };
+  std::vector<double> copy_seconds;
+  auto copy = [&] {
+    CHECK_CUDA(cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  for (const Shape& s : shapes) Time([&] { call(s); }, 3, stream);  // warm-up
+  Time(copy, 2, stream);
+  for (int round = 0; round < rounds; ++round) {
+    copy_seconds.push_back(Time(copy, 5, stream));
+    for (Shape& s : shapes) s.seconds.push_back(Time([&] { call(s); }, 10, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGetLastError());
+
+  const double copy_rate = 2.0 * copy_bytes / Median(copy_seconds);
+  printf("copy: %.0f GB/s (read + write, median of %d rounds)\n", copy_rate / 1e9, rounds);
+  const double packed = double(expert_bytes) * kExperts;
+  printf("\nMXFP4 experts, d %d f %d, %d experts per call, %.0f MB packed\n", kWidth, kHidden,
+         kExperts, packed / 1e6);
+  printf("%-12s %10s %16s %10s %12s %10s\n", "rows/expert", "us/call", "us range", "GB/s",
+         "x copy", "x bf16 peak");
+  for (const Shape& s : shapes) {
+    const double seconds = Median(s.seconds);
+    const double lo = *std::min_element(s.seconds.begin(), s.seconds.end());
+    const double hi = *std::max_element(s.seconds.begin(), s.seconds.end());
+    const double flops = 2.0 * 3 * kWidth * kHidden * double(s.rows_per_expert) * kExperts;
+    printf("%-12d %10.1f %7.1f-%-8.1f %10.0f %12.3f %10.3f\n", s.rows_per_expert, seconds * 1e6,
+           lo * 1e6, hi * 1e6, packed / seconds / 1e9, packed / seconds / copy_rate,
+           flops / seconds / 1e12 / kBf16PeakTflops);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace k3
+
+int main(int argc, char** argv) { return k3::Main(argc > 1 ? std::max(3, atoi(argv[1])) : 9); }
