@@ -1,39 +1,93 @@
 #!/usr/bin/env bash
-# Builds and runs the GPU tests (Bazel tests tagged "gpu": the NCCL all-to-all) on a machine with a
-# GPU, and prints their full logs. Without Bazel on the machine it compiles the NCCL test directly
-# with g++ against the same system libraries. Exit status: that of the tests.
+# Runs every GPU test and benchmark of a folder made by tools/gpu_bundle.sh, on a GPU machine:
+# prints the GPU, the driver and CUDA, runs each binary of bin/ (tests: *_test, under
+# GoogleTest; the rest: benchmarks) with lib/ on the library path, checks the kernels' machine code
+# (tensor-core HMMA present, no local-memory LDL/STL) where cuobjdump exists, and ends with a
+# table. The whole run stays within K3_GPU_CHECK_SECONDS (default 450, under 8 minutes): each
+# binary gets what is left, at most 200 s. Logs go to $OUT (the device tool's folder) if set,
+# else to ./gpu_check_logs. Exit status 0 only when every binary passed and no test skipped
+# itself for want of a GPU.
 #
-#   tools/gpu_check.sh
-#
-# Expect "[  PASSED  ]" with no "skipped: no GPU" line; with one GPU the multi-GPU test is skipped
-# (the two-process tests cover two ranks on one device).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+#   .gpu_bundle/gpu_check.sh        # from anywhere; docs/GPU.md says how to get there
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [ ! -d "$here/bin" ]; then
+  echo "gpu_check: no bin/ beside this script: run tools/gpu_bundle.sh and use the copy in its folder" >&2
+  exit 2
+fi
+logs=${OUT:-$here/gpu_check_logs}
+mkdir -p "$logs"
+budget=${K3_GPU_CHECK_SECONDS:-450}
+start=$SECONDS
 
+echo "== GPU"
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi -L || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
 else
-  echo "warning: nvidia-smi not found; the tests will report whether CUDA sees a GPU"
+  echo "nvidia-smi not found"
 fi
+command -v nvcc >/dev/null && nvcc --version | tail -1
 
-if command -v bazel >/dev/null && [[ -z "${K3_GPU_CHECK_NO_BAZEL:-}" ]]; then
-  mapfile -t tests < <(bazel query --keep_going 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
-  if [[ ${#tests[@]} -eq 0 ]]; then
-    echo "no tests tagged gpu"
-    exit 1
+# cudart/NCCL for binaries linked to them dynamically (nccl_transport_test): the CUDA install or
+# the Python packages' copies.
+cuda_libs=$(timeout 30 find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -name 'libcudart.so.13' \
+  2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
+export LD_LIBRARY_PATH="$here/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+results=()
+failed=0
+for binary in "$here"/bin/*; do
+  name=$(basename "$binary")
+  left=$((budget - (SECONDS - start)))
+  if [ $left -lt 10 ]; then
+    results+=("$name|NOT RUN (time budget spent)|0|")
+    failed=1
+    continue
   fi
-  exec bazel test --test_output=all --cache_test_results=no "${tests[@]}"
+  limit=$((left < 200 ? left : 200))
+  echo
+  echo "== $name (limit ${limit}s)"
+  t0=$SECONDS
+  if [[ $name == *_test ]]; then
+    timeout "$limit" "$binary" --gtest_color=no 2>&1 | tee "$logs/$name.log"
+  else
+    timeout "$limit" "$binary" 2>&1 | tee "$logs/$name.log"
+  fi
+  status=${PIPESTATUS[0]}
+  seconds=$((SECONDS - t0))
+  note=$(grep -m1 -E "skipped: no GPU|PASSED|FAILED" "$logs/$name.log" | cut -c1-60)
+  if [ "$status" -eq 124 ]; then
+    verdict="TIMEOUT"
+  elif [ "$status" -ne 0 ]; then
+    verdict="FAILED ($status)"
+  elif grep -q "skipped: no GPU" "$logs/$name.log"; then
+    verdict="SKIPPED: no GPU"
+  else
+    verdict="PASSED"
+  fi
+  [ "$verdict" = PASSED ] || failed=1
+  results+=("$name|$verdict|$seconds|$note")
+done
+
+if command -v cuobjdump >/dev/null; then
+  echo
+  echo "== machine code (sm_90a)"
+  for binary in "$here"/bin/*; do
+    sass=$(cuobjdump --dump-sass "$binary" 2>/dev/null) || continue
+    [ -n "$sass" ] || continue
+    printf '%s: HMMA %s, LDL/STL %s\n' "$(basename "$binary")" \
+      "$(grep -c HMMA <<<"$sass")" "$(grep -cE '\b(LDL|STL)\b' <<<"$sass")"
+  done
 fi
 
-CUDA=${CUDA_PATH:-/usr/local/cuda}
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-echo "building cluster/nccl_transport_test with g++ (no Bazel)"
-# shellcheck disable=SC2046
-g++ -std=c++20 -O2 -I. -I"$CUDA/include" -I"$CUDA/include/cccl" \
-  cluster/nccl_transport.cc cluster/child_process.cc cluster/nccl_transport_test.cc \
-  -o "$out/nccl_transport_test" \
-  -L"$CUDA/lib64" -Wl,-rpath,"$CUDA/lib64" -lcudart -lnccl -lgtest -lglog -lgflags \
-  $(pkg-config --libs absl_status absl_statusor absl_strings absl_time absl_synchronization) \
-  -pthread
-"$out/nccl_transport_test"
+echo
+echo "== summary ($((SECONDS - start)) s)"
+printf '%-28s %-22s %6s  %s\n' binary result seconds note
+for row in "${results[@]}"; do
+  IFS='|' read -r name verdict seconds note <<<"$row"
+  printf '%-28s %-22s %6s  %s\n' "$name" "$verdict" "$seconds" "$note"
+done | tee "$logs/summary.txt"
+for log in "$logs"/*moe_mxfp4_bench*.log; do
+  [ -f "$log" ] && { echo; sed -n '/^copy:/,$p' "$log"; }
+done
+exit $failed
