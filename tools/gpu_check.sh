@@ -87,7 +87,7 @@ for row in "${results[@]}"; do
   IFS='|' read -r name verdict seconds note <<<"$row"
   printf '%-28s %-22s %6s  %s\n' "$name" "$verdict" "$seconds" "$note"
 done | tee "$logs/summary.txt"
-for log in "$logs"/*moe_mxfp4_bench*.log; do
+for log in "$logs"/*_bench.log; do  # every benchmark's table, from its copy rate on
   [ -f "$log" ] && { echo; sed -n '/^copy:/,$p' "$log"; }
 done
 exit $failed
