@@ -24,6 +24,7 @@
 #include "cluster/trace_context.h"
 #include "glog/logging.h"
 #include "http_front/client_connection.h"
+#include "http_front/grpc_proxy.h"
 #include "http_front/connection_queue.h"
 #include "http_front/openai_protocol.h"
 #include "http_front/output_constraint.h"
@@ -66,6 +67,7 @@ struct HttpFront::Impl {
   std::vector<int32_t> stop_ids;       // eos, for every request
   std::optional<int32_t> turn_end_id;  // chat: also the end of the assistant's turn
   std::unique_ptr<WorkerPool> pool;
+  std::unique_ptr<K3ServeProxy> proxy;  // served on the gRPC port; outlives its server
   std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with --tls-cert
   int listen_fd = -1;                     // http's listening socket
   int port = -1;
@@ -617,7 +619,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
       {"endpoint"});
   if (absl::Status status = f.Serve(); !status.ok()) return status;
 
+  f.proxy = std::make_unique<K3ServeProxy>(f.pool.get(), &*f.tokenizer, f.api_key);
   NodeEndpointsOptions endpoint_options;
+  endpoint_options.services = {f.proxy.get()};
   endpoint_options.flags.host = options.host;
   endpoint_options.flags.port = options.grpc_port;
   endpoint_options.flags.metrics_port = options.metrics_port;
@@ -655,7 +659,8 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
   AddBoundedInt(app, "--metrics-port", &options->metrics_port, -1, 65535,
                 "HTTP /metrics and /healthz port (-1: none, 0 picks a free one)");
   AddBoundedInt(app, "--grpc-port", &options->grpc_port, 0, 65535,
-                "gRPC health port (liveness; 0 picks a free one)");
+                "gRPC port: k3serve.v1.K3Serve forwarded to the workers, and health (0 picks a "
+                "free one)");
   app->add_option("--api-key-file", options->api_key_file,
                   "file holding the API key clients must send as a bearer token");
   app->add_option("--served-model-name", options->served_model_name,

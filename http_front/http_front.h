@@ -42,6 +42,9 @@
 // token (ClientConnection sees the socket closed). /healthz (some worker answers) and /metrics
 // are on --metrics-port, from the node runtime.
 //
+// gRPC (--grpc-port): k3serve.v1.K3Serve itself, forwarded to the same workers with the same
+// balancing and prefix hints (K3ServeProxy, grpc_proxy.h), for clients of proto/generate.proto.
+//
 // Thread-safety: HttpFront's methods may be called from any thread; Stop from one.
 #ifndef K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
 #define K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
@@ -64,7 +67,9 @@ struct HttpFrontOptions {
   std::string host = "0.0.0.0";
   int port = 8000;  // 0 picks a free one
   int metrics_port = -1;
-  int grpc_port = 0;  // the node runtime's grpc.health.v1 (process liveness); 0 picks a free one
+  // k3serve.v1.K3Serve forwarded to the workers (grpc_proxy.h) and grpc.health.v1 (process
+  // liveness); 0 picks a free one.
+  int grpc_port = 0;
   std::string api_key_file;       // empty: no authentication
   std::string served_model_name;  // empty: the model folder's name
   std::string auth_token_file;    // the workers' bearer token; empty: none

@@ -88,16 +88,22 @@ std::vector<int> WorkerPool::Loads() const {
   return loads;
 }
 
+void WorkerPool::AddAuth(grpc::ClientContext* context) const { AddBearer(auth_token_, context); }
+
 absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
-    const v1::GenerateRequest& request, const std::string& traceparent) {
+    const v1::GenerateRequest& request, const std::string& traceparent,
+    absl::Span<const int32_t> affinity_prompt) {
   absl::Status last = absl::UnavailableError("no attention worker");
-  const absl::Span<const int32_t> prompt(request.prompt_token_ids().data(),
-                                         request.prompt_token_ids_size());
+  const absl::Span<const int32_t> prompt =
+      affinity_prompt.empty() ? absl::Span<const int32_t>(request.prompt_token_ids().data(),
+                                                          request.prompt_token_ids_size())
+                              : affinity_prompt;
   for (size_t index : Order(prompt)) {
     Worker& worker = *workers_[index];
     std::unique_ptr<GenerateCall> call(new GenerateCall());
     worker.load->fetch_add(1);
     call->load_ = worker.load;
+    call->worker_ = static_cast<int>(index);
     AddBearer(auth_token_, &call->context_);
     if (!traceparent.empty()) call->context_.AddMetadata("traceparent", traceparent);
     call->reader_ = worker.stub->Generate(&call->context_, request);

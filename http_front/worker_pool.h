@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "cluster/security.h"
 #include "http_front/prefix_affinity.h"
 #include "grpcpp/client_context.h"
@@ -33,6 +34,8 @@ class GenerateCall {
   bool Next(k3serve::v1::GenerateResponse* response);
   // Cancels the call: the worker cancels the request and frees its state.
   void Cancel() { context_.TryCancel(); }
+  // The index (in WorkerPool's address order) of the worker serving the call.
+  int worker() const { return worker_; }
   // The call's status once Next returned false (CANCELLED after Cancel).
   absl::Status Finish();
 
@@ -43,6 +46,7 @@ class GenerateCall {
   void Release();
 
   std::shared_ptr<std::atomic<int>> load_;  // its worker's calls in flight; null once released
+  int worker_ = -1;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<k3serve::v1::GenerateResponse>> reader_;
   bool has_first_ = false;
@@ -64,8 +68,20 @@ class WorkerPool {
   // UNAVAILABLE before answering (down, draining) is skipped for the next least-loaded one and
   // tried last for the next kDownFor; when all are, UNAVAILABLE naming the last error.
   // A non-empty `traceparent` (the client's W3C trace context) goes with the call as metadata.
-  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(const k3serve::v1::GenerateRequest& request,
-                                                      const std::string& traceparent = "");
+  // `affinity_prompt`: the prompt's token ids for the prefix hint when the request gives its
+  // prompt as text or messages (empty: the request's prompt_token_ids).
+  absl::StatusOr<std::unique_ptr<GenerateCall>> Start(
+      const k3serve::v1::GenerateRequest& request, const std::string& traceparent = "",
+      absl::Span<const int32_t> affinity_prompt = {});
+
+  // Worker `index`'s stub, for calls that go to a chosen worker (Abort to the one serving the
+  // request) or to any (ModelInfo); the bearer token is the caller's to add (AddAuth).
+  // REQUIRES: 0 <= index < size().
+  k3serve::v1::K3Serve::Stub* stub(int index) const { return workers_[index]->stub.get(); }
+  // The worker a call with no prefix to follow would go to now (least loaded, up first).
+  int LeastLoaded() { return static_cast<int>(Order({}).front()); }
+  // Adds this pool's bearer token to `context`.
+  void AddAuth(grpc::ClientContext* context) const;
 
   // OK when some worker says it can serve (its gRPC readiness: registered, cluster ready with
   // every expert hosted, a router connected, not draining) within `timeout`; else UNAVAILABLE

@@ -726,6 +726,13 @@ std::string LocalCluster::http_address() const {
   return "";
 }
 
+std::string LocalCluster::front_grpc_address() const {
+  for (const Node& node : nodes_) {
+    if (node.role == NodeRole::kHttp) return node.grpc_address;
+  }
+  return "";
+}
+
 absl::Status LocalCluster::Signal(const std::string& name, int signal) {
   Node* node = Find(name);
   if (node == nullptr) return absl::NotFoundError(absl::StrCat("no node called ", name));

@@ -150,6 +150,9 @@ class LocalCluster {
   std::vector<std::string> generate_addresses() const;
   // The HTTP front's API address (http://ADDRESS/v1/...); empty without a front.
   std::string http_address() const;
+  // The HTTP front's gRPC address, where it serves k3serve.v1.K3Serve forwarded to the attention
+  // nodes (balanced, prefix-aware: http_front/grpc_proxy.h); empty without a front.
+  std::string front_grpc_address() const;
   const std::string& log_dir() const { return log_dir_; }
 
   // Sends `signal` to the node. FAILED_PRECONDITION when it is not running.

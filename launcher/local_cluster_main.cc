@@ -191,6 +191,7 @@ int LocalClusterCommand(LocalCommandOptions options) {
   }
   if (const std::string http = (*cluster)->http_address(); !http.empty()) {
     std::cout << "http address: " << http << std::endl;
+    std::cout << "front generate address: " << (*cluster)->front_grpc_address() << std::endl;
   }
   for (const LocalCluster::Node& node : (*cluster)->nodes()) {
     if (!node.metrics_address.empty()) {

@@ -374,6 +374,7 @@ TEST(LocalCommandTest, InterruptStopsEveryProcessCleanly) {
   // The launcher prints the HTTP front's address after the attention nodes', then every
   // process's metrics address.
   EXPECT_EQ(local.ReadLine(absl::Seconds(5)).rfind("http address: 127.0.0.1:", 0), 0u);
+  EXPECT_EQ(local.ReadLine(absl::Seconds(5)).rfind("front generate address: 127.0.0.1:", 0), 0u);
   const std::vector<pid_t> nodes = local.NodePids();
   ASSERT_EQ(nodes.size(), 7u) << local.Stderr();  // with the HTTP front
   std::vector<std::string> metrics_nodes;

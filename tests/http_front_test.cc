@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "launcher/local_cluster.h"
 #include "proto/generate.grpc.pb.h"
+#include "cluster/security.h"
 #include "tests/cluster_testing.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/text_prompt.h"
@@ -262,6 +263,51 @@ TEST_F(HttpFrontTest, CompletionsTakeTextOrTokenIdsAndCountUsage) {
   const json by_ids = json::parse(Body(Curl(
       "/v1/completions", json{{"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}}.dump())));
   EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
+}
+
+TEST_F(HttpFrontTest, GrpcClientsGetTheSameAnswerThroughTheFront) {
+  // k3serve.v1.K3Serve on the front's gRPC port, forwarded to the worker: a chat given as
+  // messages streams the single-process engine's greedy tokens, ending at the turn's end.
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(*model_);
+  ASSERT_TRUE(tokenizer.ok());
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      RenderChat(*tokenizer, {{.role = "user", .content = kQuestion}}, {.thinking = false});
+  ASSERT_TRUE(prompt.ok());
+  absl::StatusOr<std::vector<std::vector<int32_t>>> expected =
+      SingleProcessTokens(*model_, {*prompt}, kMaxTokens);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  std::vector<int32_t> answer = (*expected)[0];
+  const auto turn_end = std::find(answer.begin(), answer.end(), *TurnEndId(*tokenizer));
+  if (turn_end != answer.end()) answer.erase(turn_end + 1, answer.end());
+
+  auto stub = v1::K3Serve::NewStub(
+      grpc::CreateChannel(cluster_->front_grpc_address(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  v1::ChatMessage* message = request.add_messages();
+  message->set_role("user");
+  message->set_content(kQuestion);
+  request.mutable_sampling()->set_max_new_tokens(kMaxTokens);
+  request.mutable_sampling()->set_temperature(0);
+  for (const char* key : {"", kApiKey}) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    AddBearer(key, &context);
+    auto reader = stub->Generate(&context, request);
+    std::vector<int32_t> tokens;
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      tokens.insert(tokens.end(), response.chunk().token_ids().begin(),
+                    response.chunk().token_ids().end());
+    }
+    const grpc::Status status = reader->Finish();
+    if (std::string(key).empty()) {
+      // The front's clients need its API key, on gRPC as on HTTP.
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      continue;
+    }
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(tokens, answer);
+  }
 }
 
 TEST_F(HttpFrontTest, StopStringsCutTheTextAcrossTokens) {
