@@ -32,8 +32,10 @@ __device__ float ConvStep(float x_new, const float* w, int window, int64_t strid
   return acc * SigmoidOf(acc);
 }
 
+// At K = 128 two blocks of 512 threads share an SM (64 registers each, no spills: ptxas -v), so
+// 64 warps, each with 32 loads in flight per lane, keep the memory busy while others reduce.
 template <int kDim>
-__global__ void __launch_bounds__(kDim * (kDim / kRowsPerThread), 1)
+__global__ void __launch_bounds__(kDim * (kDim / kRowsPerThread), kDim == 128 ? 2 : 1)
     KdaDecodeKernel(const KdaDecodeLaunch p) {
   constexpr int kGroups = kDim / kRowsPerThread;
   const int head = blockIdx.x, b = blockIdx.y;

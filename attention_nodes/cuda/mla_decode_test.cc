@@ -10,7 +10,10 @@
 //  - against the CPU layer: 4e-3 of max |cpu|. The new row's values differ by at most 2^-9
 //    relative (bf16 rounding), which moves its score and its value by about that much; its weight
 //    is at most 1, so the output moves by at most ~2 x 2^-9 ≈ 4e-3 of the values' scale (random
-//    weights make it far smaller); fp32 sum order adds ~1e-6.
+//    weights make it far smaller); fp32 sum order adds ~1e-6. The sequence with an empty history
+//    is the worst: its one key is the new row, so its output is that row's bf16 rounding through
+//    W_V and o_proj. On these seeds an fp64 evaluation of the kernel's contract (mla_decode.h)
+//    differs from mla.cc by at most 2.0e-3 (k3-tiny) and 1.3e-3 (k3-slice widths).
 //  - against the fp64 softmax of the same bf16 rows and the same fp32 queries: 1e-4 (fp32 dot
 //    products of 576 terms and fp32 exponentials, ~1e-6; 100x room).
 // Widths: k3-tiny (4 heads, c 64, r 16) and k3-slice's attention (96 heads, c 512, r 64; the hidden
