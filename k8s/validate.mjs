@@ -245,7 +245,7 @@ async function check({ kustomization, docs }) {
   }
   // NetworkPolicies: every pod is selected by one; a rule open to every source (no `from`, or an
   // empty selector) admits only the public ports (the attention nodes' gRPC API, the HTTP front's
-  // API); named ports are ones the selected pods open; sources within the namespace are the
+  // OpenAI and gRPC APIs); named ports are ones the selected pods open; sources within the namespace are the
   // cluster's own pods.
   const selects = (selector, labels) =>
     matches(selector?.matchLabels, labels) &&
@@ -253,7 +253,7 @@ async function check({ kustomization, docs }) {
       e.operator === "In" ? e.values.includes(labels?.[e.key])
         : e.operator === "NotIn" ? !e.values.includes(labels?.[e.key])
         : e.operator === "Exists" ? e.key in (labels ?? {}) : !(e.key in (labels ?? {})));
-  const publicPorts = { attention: ["grpc"], http: ["http"] };
+  const publicPorts = { attention: ["grpc"], http: ["http", "grpc"] };
   const policies = of("NetworkPolicy");
   for (const w of workloads) {
     const labels = w.doc.spec.template.metadata?.labels;
