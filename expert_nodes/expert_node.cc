@@ -56,6 +56,9 @@ struct NodeMetrics {
                                    "Resident set size of the process").Get()),
         hosted_experts(r->AddGauge("k3_expert_hosted_experts",
                                    "Experts hosted, summed over MoE layers").Get()),
+        device_weight_bytes(r->AddGauge("k3_expert_device_weight_bytes",
+                                        "Bytes of expert weights copied to the GPU (--device)")
+                                .Get()),
         rows(r->AddCounter("k3_expert_rows_total", "Rows computed").Get()),
         requests(r->AddCounter("k3_expert_requests_total", "ExpertRequests answered, by code",
                                {"code"})),
@@ -66,6 +69,7 @@ struct NodeMetrics {
   Gauge* weight_bytes;
   Gauge* resident_bytes;
   Gauge* hosted_experts;
+  Gauge* device_weight_bytes;
   Counter* rows;
   MetricFamily<Counter>& requests;
   Histogram* seconds;
@@ -192,6 +196,12 @@ absl::Status ExpertNode::Start() {
         absl::StrCat("the model in ", options_.node.model, " has no routed experts"));
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
+  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(options_.device);
+  if (!device.ok()) return device.status();
+  if (*device != nullptr) {
+    LOG(INFO) << name_ << " computes its experts on " << ExpertDeviceName(options_.device);
+    if (absl::Status s = worker_->UseDevice(*std::move(device)); !s.ok()) return s;
+  }
   if (!options_.node.trace_file.empty()) {
     absl::StatusOr<std::unique_ptr<SpanLog>> spans =
         SpanLog::Open(options_.node.trace_file, "expert");
@@ -385,7 +395,15 @@ absl::Status ExpertNode::Load(ExpertHosting hosting) {
     LOG(INFO) << name_ << " holds no worker slot in placement version "
               << hosting.placement_version << " (a spare)";
   }
+  const int64_t version = hosting.placement_version;
   worker_->AddVersion(std::move(weights), std::move(hosting));
+  if (absl::Status on_device = worker_->DeviceStatus(version); !on_device.ok()) {
+    worker_->DropVersions([version](int64_t v) { return v != version; });
+    return absl::Status(on_device.code(),
+                        absl::StrCat("copying the experts of placement version ", version, " to ",
+                                     ExpertDeviceName(options_.device), ": ",
+                                     on_device.message()));
+  }
   Retain();
   PublishStatus();
   ServeDeferred(/*all=*/true);  // the requests that waited for this placement
@@ -572,6 +590,7 @@ void ExpertNode::PublishStatus() {
   status_ = std::move(status);
   metrics_.weight_bytes->Set(static_cast<double>(weight_bytes));
   metrics_.hosted_experts->Set(static_cast<double>(hosting.TotalExperts()));
+  metrics_.device_weight_bytes->Set(static_cast<double>(worker_->device_weight_bytes()));
   endpoints_->SetReady(worker_->weights() != nullptr);
 }
 
@@ -614,6 +633,17 @@ void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
       ->required();
   AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, 24 * 3600 * 1000,
                   "on SIGTERM, how long to wait for the coordinator to move this node's experts");
+  app->add_option_function<std::string>(
+      "--device",
+      [options](const std::string& text) {
+        absl::StatusOr<ExpertDevice> device = ParseExpertDevice(text);
+        if (!device.ok()) {
+          throw CLI::ValidationError("--device", std::string(device.status().message()));
+        }
+        options->device = *device;
+      },
+      "where to compute the experts: cpu (default), cuda or cuda:N (MXFP4 experts on that GPU; "
+      "docs/GPU.md)");
 }
 
 absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {

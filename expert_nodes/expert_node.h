@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/command_line.h"
+#include "expert_nodes/device_experts.h"
 
 namespace k3 {
 
@@ -53,6 +54,7 @@ struct ExpertNodeOptions {
   NodeFlags node;
   int slots = 0;  // experts per MoE layer it can host, >= 1
   absl::Duration drain_timeout = absl::Seconds(60);  // on SIGTERM, for its experts to move
+  ExpertDevice device;  // --device: where the experts are computed (CPU by default)
 };
 
 // Declares the expert node's flags on `app`; parsing fills `options`.

@@ -54,8 +54,46 @@ void ExpertWorker::AddVersion(std::shared_ptr<const ModelWeights> weights, Exper
       for (int e : version.hosting.experts[layer]) version.hosted[layer][e] = true;
     }
   }
+  if (device_ != nullptr && version.weights != nullptr) {
+    version.on_device = device_->Add(*version.weights);
+  }
   const int64_t key = version.hosting.placement_version;
   versions_[key] = std::move(version);
+  ForgetUnusedOnDevice();
+}
+
+absl::Status ExpertWorker::UseDevice(std::unique_ptr<DeviceExperts> device) {
+  device_ = std::move(device);
+  absl::Status first;
+  for (auto& [unused, version] : versions_) {
+    version.on_device = device_ != nullptr && version.weights != nullptr
+                            ? device_->Add(*version.weights)
+                            : absl::OkStatus();
+    first.Update(version.on_device);
+  }
+  return first;
+}
+
+absl::Status ExpertWorker::DeviceStatus(int64_t version) const {
+  auto it = versions_.find(version);
+  return it == versions_.end() ? absl::OkStatus() : it->second.on_device;
+}
+
+void ExpertWorker::ForgetUnusedOnDevice() {
+  if (device_ == nullptr) return;
+  std::set<const ModelWeights*> used;
+  for (const auto& [unused, version] : versions_) used.insert(version.weights.get());
+  for (auto it = on_device_.begin(); it != on_device_.end();) {
+    if (used.contains(it->get())) {
+      ++it;
+    } else {
+      device_->Forget(**it);
+      it = on_device_.erase(it);
+    }
+  }
+  for (const auto& [unused, version] : versions_) {
+    if (version.weights != nullptr && version.on_device.ok()) on_device_.insert(version.weights);
+  }
 }
 
 void ExpertWorker::DropVersions(const std::function<bool(int64_t)>& keep) {
@@ -66,6 +104,7 @@ void ExpertWorker::DropVersions(const std::function<bool(int64_t)>& keep) {
     const bool stays = keep(it->first) || (!any_kept && it->first == newest);
     it = stays ? std::next(it) : versions_.erase(it);
   }
+  ForgetUnusedOnDevice();
 }
 
 std::vector<int64_t> ExpertWorker::versions() const {
@@ -166,10 +205,17 @@ std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const f
     // The partial sums are computed straight into the answer's message.
     response.rows_count = request.rows_count;
     response.width = request.width;
-    response.status = RunExperts(version.weights->layers[request.layer].moe.experts, glu_,
-                                 rows.data(), request.rows_count, request.width,
-                                 request.assignments, EncodeLeavingRows(response, &message),
-                                 &scratch_);
+    float* out = EncodeLeavingRows(response, &message);
+    if (device_ == nullptr) {
+      response.status = RunExperts(version.weights->layers[request.layer].moe.experts, glu_,
+                                   rows.data(), request.rows_count, request.width,
+                                   request.assignments, out, &scratch_);
+    } else if (!version.on_device.ok()) {
+      response.status = version.on_device;
+    } else {
+      response.status = device_->Run(*version.weights, request.layer, rows.data(),
+                                     request.rows_count, request.width, request.assignments, out);
+    }
     if (response.status.ok()) {
       rows_processed_ += request.rows_count;
       if (assignments_per_layer_.size() <= static_cast<size_t>(request.layer))

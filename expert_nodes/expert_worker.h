@@ -14,6 +14,9 @@
 // experts, its width is not the config's ExpertWidth(), or it assigns a row to an expert the
 // serving version does not host in that layer.
 //
+// With a DeviceExperts (UseDevice; `k3serve expert --device cuda:N`), requests are computed there
+// instead, with the same contract.
+//
 // Thread-compatible: one thread serves (the kernels inside use the thread pool).
 #ifndef K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
 #define K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
@@ -22,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +34,7 @@
 #include "moe/cluster_placement.h"
 #include "cluster/span_log.h"
 #include "cluster/transport.h"
+#include "expert_nodes/device_experts.h"
 #include "expert_nodes/expert_compute.h"
 #include "model/glu_params.h"
 #include "model/weights.h"
@@ -74,9 +79,18 @@ class ExpertWorker {
   // Not owned; must outlive the worker.
   void set_span_log(SpanLog* spans) { spans_ = spans; }
 
+  // Computes on `device` (null: the CPU, RunExperts) from now on, after copying the weights of
+  // every version held to it; the first copy's error, if any (versions whose copy failed answer
+  // with it).
+  absl::Status UseDevice(std::unique_ptr<DeviceExperts> device);
   // Adds the experts of another placement version (weights as for the constructor); a version
-  // already held is replaced.
+  // already held is replaced. With a device, the weights are copied to it: DeviceStatus says
+  // whether that worked.
   void AddVersion(std::shared_ptr<const ModelWeights> weights, ExpertHosting hosting);
+  // The device copy's status of a held version (OK without a device, or when not held).
+  absl::Status DeviceStatus(int64_t version) const;
+  // Device bytes of the copied weights; 0 on the CPU.
+  int64_t device_weight_bytes() const { return device_ ? device_->weight_bytes() : 0; }
   // Drops every version held for which keep(version) is false; when that would be all of them,
   // the newest stays.
   void DropVersions(const std::function<bool(int64_t version)>& keep);
@@ -112,16 +126,21 @@ class ExpertWorker {
     std::shared_ptr<const ModelWeights> weights;
     ExpertHosting hosting;
     std::vector<std::vector<bool>> hosted;  // [MoE layer][expert]
+    absl::Status on_device;                 // the copy to device_, if any
   };
 
   // The version that serves a request sent under `requested` (see the file comment).
   const Version& VersionFor(uint64_t requested) const;
   absl::Status Check(const ExpertRequest& request, const Version& version) const;
+  // Frees the device copies of weights no held version uses any more.
+  void ForgetUnusedOnDevice();
 
   std::string name_;
   std::map<int64_t, Version> versions_;  // by placement version; never empty
   GluParams glu_;
   ExpertScratch scratch_;
+  std::unique_ptr<DeviceExperts> device_;  // null: RunExperts on the CPU
+  std::set<std::shared_ptr<const ModelWeights>> on_device_;  // what device_ holds a copy of
   int64_t rows_processed_ = 0;
   std::vector<int64_t> assignments_per_layer_;
   SpanLog* spans_ = nullptr;

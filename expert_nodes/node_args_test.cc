@@ -23,6 +23,12 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
   EXPECT_EQ(defaults->node.port, 0);
   EXPECT_EQ(defaults->node.metrics_port, -1);
   EXPECT_EQ(defaults->node.host, "0.0.0.0");
+  EXPECT_EQ(defaults->device, ExpertDevice{});
+
+  absl::StatusOr<ExpertNodeOptions> gpu = ParseExpertNodeArgs(
+      {"--coordinator", "c:1", "--model", "/m", "--slots", "1", "--device", "cuda:2"});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->device, ExpertDevice{2});
 
   struct Bad {
     std::vector<std::string> args;
@@ -39,6 +45,7 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
        "--metrics-port"},
       {{"--coordinator", "c:1", "--model", "/m", "--slots", "2", "--step-timeout-ms", "5"},
        "--step-timeout-ms"},
+      {{"--coordinator", "c:1", "--model", "/m", "--slots", "2", "--device", "gpu"}, "--device"},
   };
   for (const Bad& b : bad) {
     absl::StatusOr<ExpertNodeOptions> parsed = ParseExpertNodeArgs(b.args);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attention_nodes/generate_client.h"
+#include "expert_nodes/device_experts.h"
 #include "cluster/security.h"
 #include "proto/generate.pb.h"
 #include "cluster/command_line.h"
@@ -108,6 +109,18 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                 "spare slots per MoE layer of each expert worker, holding replicas so that a "
                 "killed or drained expert worker costs no request (-1: each worker's share when "
                 "there are two or more, so every expert lives on two workers; 0: none)");
+  app->add_option_function<std::string>(
+      "--expert-device",
+      [&c](const std::string& text) {
+        absl::StatusOr<ExpertDevice> device = ParseExpertDevice(text);
+        if (!device.ok()) {
+          throw CLI::ValidationError("--expert-device", std::string(device.status().message()));
+        }
+        std::vector<std::string>& args = c.extra_args[NodeRole::kExpert];
+        args.insert(args.end(), {"--device", ExpertDeviceName(*device)});
+      },
+      "where the expert workers compute: cpu (default), cuda or cuda:N (every expert worker on "
+      "that GPU, MXFP4 experts only; docs/GPU.md)");
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every GPU test and benchmark of a folder made by tools/gpu_bundle.sh, on a GPU machine:
 # prints the GPU, the driver and CUDA, runs each binary of bin/ (tests: *_test, under
-# GoogleTest; the rest: benchmarks) with lib/ on the library path, checks the kernels' machine code
-# (tensor-core HMMA present, no local-memory LDL/STL) where cuobjdump exists, and ends with a
-# table. The whole run stays within K3_GPU_CHECK_SECONDS (default 450, under 8 minutes): each
+# GoogleTest; the rest: benchmarks) with lib/ on the library path, runs the kernel test's k3-tiny
+# cases under compute-sanitizer (memcheck, racecheck) and counts the kernels' tensor-core HMMA
+# and local-memory LDL/STL instructions where those tools exist, and ends with a table. The whole run stays within K3_GPU_CHECK_SECONDS (default 450, under 8 minutes): each
 # binary gets what is left, at most 200 s. Logs go to $OUT (the device tool's folder) if set,
 # else to ./gpu_check_logs. Exit status 0 only when every binary passed and no test skipped
 # itself for want of a GPU.
@@ -34,6 +34,10 @@ cuda_libs=$(timeout 30 find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -na
   2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
 export LD_LIBRARY_PATH="$here/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# The tests are Bazel tests: they write scratch files under TEST_TMPDIR.
+export TEST_TMPDIR=$(mktemp -d)
+trap 'rm -rf "$TEST_TMPDIR"' EXIT
+
 results=()
 failed=0
 for binary in "$here"/bin/*; do
@@ -55,7 +59,7 @@ for binary in "$here"/bin/*; do
   fi
   status=${PIPESTATUS[0]}
   seconds=$((SECONDS - t0))
-  note=$(grep -m1 -E "skipped: no GPU|PASSED|FAILED" "$logs/$name.log" | cut -c1-60)
+  note=$(grep -m1 -E "skipped: no GPU|PASSED|FAILED|^copy:" "$logs/$name.log" | cut -c1-60)
   if [ "$status" -eq 124 ]; then
     verdict="TIMEOUT"
   elif [ "$status" -ne 0 ]; then
@@ -68,6 +72,24 @@ for binary in "$here"/bin/*; do
   [ "$verdict" = PASSED ] || failed=1
   results+=("$name|$verdict|$seconds|$note")
 done
+
+# Out-of-bounds accesses and races in the kernels, at k3-tiny's size (fast under the checker).
+if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_expert_compute_test" ]; then
+  for tool in memcheck racecheck; do
+    left=$((budget - (SECONDS - start)))
+    [ $left -ge 30 ] || break
+    echo
+    echo "== compute-sanitizer --tool $tool (k3-tiny cases)"
+    t0=$SECONDS
+    timeout $((left < 120 ? left : 120)) compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$here/bin/gpu_expert_compute_test" --gtest_filter='*K3Tiny*:*Repeated*' 2>&1 |
+      tee "$logs/sanitizer_$tool.log" | tail -5
+    status=${PIPESTATUS[0]}
+    verdict=$([ "$status" -eq 0 ] && echo PASSED || echo "FAILED ($status)")
+    [ "$verdict" = PASSED ] || failed=1
+    results+=("sanitizer $tool|$verdict|$((SECONDS - t0))|$(grep -m1 'ERROR SUMMARY' "$logs/sanitizer_$tool.log")")
+  done
+fi
 
 if command -v cuobjdump >/dev/null; then
   echo

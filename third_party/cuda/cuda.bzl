@@ -3,8 +3,10 @@
 Each .cu file becomes one position-independent object, built by a genrule that runs
 <CUDA_PATH>/bin/nvcc (found by //third_party/cuda:cuda_configure.bzl) for sm_90a machine code plus
 compute_90a PTX, with every nvcc, ptxas and host-compiler warning an error (register spills
-included). The objects are the srcs of a cc_library that links cudart statically, so cc_library,
-cc_binary and cc_test targets depend on it as on any other library. Without the toolkit the
+included). The objects are the srcs of a cc_library that links the shared cudart (a library
+linked as a shared object, as Bazel's tests link them, cannot take cudart from a static archive
+linked into the executable), so cc_library, cc_binary and cc_test targets depend on it as on any
+other library. Without the toolkit the
 library is empty: targets that need it set `target_compatible_with = if_cuda([], [...missing...])`
 so that `bazel build //...` and `bazel test //...` skip them.
 
@@ -64,6 +66,6 @@ def cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], deps = [], copts = [], *
         name = name,
         srcs = objs,
         hdrs = hdrs,
-        deps = deps + ["@local_cuda//:cudart_static"],
+        deps = deps + ["@local_cuda//:cudart"],
         **kwargs
     )

@@ -1,7 +1,7 @@
 """Finds the CUDA Toolkit and NCCL under /usr/local/cuda (or $CUDA_PATH).
 
 The generated repository always exists. Where the toolkit is present it exposes `:cuda` (headers,
-cudart, NCCL), `:cuda_headers` and `:cudart_static`, and `defs.bzl` says `CUDA_AVAILABLE = True`
+cudart, NCCL), `:cuda_headers` and `:cudart`, and `defs.bzl` says `CUDA_AVAILABLE = True`
 (//third_party/cuda:cuda.bzl compiles .cu files with its nvcc); elsewhere `:cuda` is empty and GPU
 targets are left out by `if_cuda`, so CPU-only machines build `//...` without the toolkit.
 """
@@ -31,23 +31,22 @@ cc_library(
     ],
 )
 
-# The headers alone, for C++ files that call the runtime API through a cudart_static dependency.
+# The headers alone, for C++ files that call the runtime API (linking :cudart).
 cc_library(
     name = "cuda_headers",
     hdrs = glob(["include/*.h", "include/*.hpp", "include/crt/*.h", "include/crt/*.hpp", "include/cccl/**"], allow_empty = True),
     includes = ["include", "include/cccl"],
 )
 
-# cudart linked statically, so that binaries carried to a GPU machine need only its driver
-# (libcuda.so), whatever CUDA runtime that machine has installed.
+# cudart as a shared library (libcudart.so.13, found through the rpath or LD_LIBRARY_PATH): what
+# libraries with CUDA code link, since Bazel's tests link libraries as shared objects, which
+# cannot take their cudart symbols from a static archive linked into the executable.
 cc_library(
-    name = "cudart_static",
+    name = "cudart",
     linkopts = [
         "-L{path}/lib64",
-        "-lcudart_static",
-        "-ldl",
-        "-lrt",
-        "-lpthread",
+        "-Wl,-rpath,{path}/lib64",
+        "-lcudart",
     ],
     deps = [":cuda_headers"],
 )
@@ -63,7 +62,7 @@ cc_library(name = "cuda")
 
 cc_library(name = "cuda_headers")
 
-cc_library(name = "cudart_static")
+cc_library(name = "cudart")
 """)
     ctx.file("defs.bzl", """
 CUDA_AVAILABLE = {available}
