@@ -51,6 +51,13 @@ cc_library(
     deps = [":cuda_headers"],
 )
 
+# The same shared cudart under the name code written before cuda_library linked it shared uses:
+# one process must not hold a static and a shared copy of the runtime.
+alias(
+    name = "cudart_static",
+    actual = ":cudart",
+)
+
 exports_files(["nvcc"])
 """.format(path = cuda_path))
         ctx.symlink(cuda_path + "/bin/nvcc", "nvcc")
@@ -63,6 +70,8 @@ cc_library(name = "cuda")
 cc_library(name = "cuda_headers")
 
 cc_library(name = "cudart")
+
+cc_library(name = "cudart_static")
 """)
     ctx.file("defs.bzl", """
 CUDA_AVAILABLE = {available}
