@@ -11,7 +11,8 @@
 //
 // Two launches on one stream ("split-KV", flash-decoding): each sequence's keys are cut into runs
 // of keys_per_split; one block computes a run's softmax partial (its max, sum and weighted row sum)
-// for 8 heads, then a combine launch merges the runs of each (sequence, head).
+// for 8 heads (fp32 CUDA cores) or 16 (tensor cores), then a combine launch merges the runs of
+// each (sequence, head).
 //
 // Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned.
 #ifndef K3SERVE_ATTENTION_NODES_CUDA_MLA_DECODE_H_
@@ -55,6 +56,12 @@ size_t MlaDecodeWorkspaceFloats(const MlaDecodeLaunch& launch);
 // cudaError_t of the launches (0: enqueued); a shape it does not handle returns
 // cudaErrorInvalidValue (1) with nothing enqueued.
 int LaunchMlaDecode(const MlaDecodeLaunch& launch, void* stream);
+
+// The same on the tensor cores (mma.sync, 16 heads per block): the query and the softmax weights
+// are rounded to bf16 before their products (fp32 sums), so it agrees with LaunchMlaDecode to bf16
+// rounding (about 1e-2 relative), not fp32. Also needs c a multiple of 32 and c + r a multiple of
+// 16 (K3: 512 + 64); other shapes return cudaErrorInvalidValue (1).
+int LaunchMlaDecodeTensorCores(const MlaDecodeLaunch& launch, void* stream);
 
 }  // namespace k3
 
