@@ -3,7 +3,7 @@
 //   bazel run -c opt //bench:load_bench -- [--config k3-tiny] [--attention 1 --routers 1
 //       --experts 2] [--prompt-tokens 200] [--max-tokens 64] [--streams 16] [--rounds 3]
 //       [--requests-per-stream 3] [--load-requests 1000] [--load-concurrency 32]
-//       [--busy-poll-us N] [--node-threads N]
+//       [--busy-poll-us N] [--node-threads N] [--attention-arg=--FLAG=VALUE ...]
 //
 // Writes a random checkpoint, starts `k3serve local`'s processes (LocalCluster) and talks gRPC to
 // the attention worker. Every request has its own random `--prompt-tokens` prompt and asks for
@@ -57,6 +57,7 @@ struct BenchOptions {
   int load_concurrency = 32;
   int busy_poll_us = -1;  // every data-plane node's --busy-poll-us (-1: theirs)
   int node_threads = 0;   // LocalClusterOptions::node_threads (0: split the cores)
+  std::vector<std::string> attention_args;  // extra flags of the attention nodes
   std::string k3serve = "k3serve";
   std::string work_dir;
 };
@@ -165,6 +166,7 @@ absl::Status Bench(const BenchOptions& o) {
   cluster_options.startup_timeout = absl::Minutes(5);
   cluster_options.node_threads = o.node_threads;
   cluster_options.metrics = true;  // the step breakdown
+  cluster_options.extra_args[NodeRole::kAttention] = o.attention_args;
   for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
     if (o.busy_poll_us >= 0) {
       cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
@@ -233,6 +235,9 @@ int Main(const std::vector<std::string>& args) {
                 "every data-plane node's --busy-poll-us (-1: their default)");
   AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
                 "kernel threads per node (0: the cores split between the nodes)");
+  app.add_option("--attention-arg", o.attention_args,
+                 "a flag for the attention nodes, e.g. --attention-arg=--min-prefill-tokens=32 "
+                 "(repeatable)");
   app.add_option("--k3serve", o.k3serve, "the k3serve binary");
   app.add_option("--work-dir", o.work_dir, "checkpoint and logs (default: a new folder)");
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
