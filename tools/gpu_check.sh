@@ -64,7 +64,7 @@ for binary in "$here"/bin/*; do
   fi
   status=${PIPESTATUS[0]}
   seconds=$((SECONDS - t0))
-  note=$(grep -m1 -E "skipped: no GPU|PASSED|FAILED|^copy:" "$scratch/$name.log" | cut -c1-60)
+  note=$(grep -m1 -E "skipped: no GPU|PASSED|FAILED|^copy:|^round trips:" "$scratch/$name.log" | cut -c1-60)
   if [ "$status" -eq 124 ]; then
     verdict="TIMEOUT"
   elif [ "$status" -ne 0 ]; then
@@ -115,6 +115,6 @@ for row in "${results[@]}"; do
   printf '%-28s %-22s %6s  %s\n' "$name" "$verdict" "$seconds" "$note"
 done | tee "$logs/summary.txt"
 for log in "$scratch"/*_bench.log; do  # every benchmark's table, from its copy rate on
-  [ -f "$log" ] && { echo; sed -n '/^copy:/,$p' "$log"; }
+  [ -f "$log" ] && { echo; sed -nE '/^(copy|round trips):/,$p' "$log"; }
 done
 exit $failed
