@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(kThreads) MlaDecodeMmaKernel(const MlaDecodeLa
 }  // namespace
 
 int32_t MlaKeysPerSplit(int32_t batch, int32_t heads, int32_t max_length) {
-  constexpr int64_t kTargetBlocks = 2 * 132;  // two per SM of an H200
+  // Four 8-head blocks per SM of an H200 (two of the tensor-core kernel's 16-head blocks).
+  constexpr int64_t kTargetBlocks = 4 * 132;
   const int64_t groups = static_cast<int64_t>(batch) * ((heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
   const int64_t splits = std::max<int64_t>(1, (kTargetBlocks + groups - 1) / std::max<int64_t>(groups, 1));
   int64_t keys = (std::max(max_length, 1) + splits - 1) / splits;

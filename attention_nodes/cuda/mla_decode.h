@@ -46,7 +46,8 @@ struct MlaDecodeLaunch {
   float* out = nullptr;                  // [batch, H, c]; a sequence with length 0 gets zeros
 };
 
-// A split size that gives about two blocks per SM of an H200 for this batch (at least 64 keys).
+// A split size that gives about four 8-head blocks per SM of an H200 for this batch (at least 64
+// keys per split).
 int32_t MlaKeysPerSplit(int32_t batch, int32_t heads, int32_t max_length);
 
 // Floats of workspace the launch needs: batch x splits x H x (c + 2).
