@@ -213,6 +213,14 @@ __global__ void __launch_bounds__(kThreads, 4) DownKernel(MoeMxfp4Launch p) {
   }
 }
 
+__global__ void DequantProbeKernel(const uint32_t* words, uint32_t* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t a[4];
+  DequantWord(words[i], a);
+  for (int p = 0; p < 4; ++p) out[4 * i + p] = a[p];
+}
+
 template <int kTiles>
 int Launch(const MoeMxfp4Launch& p, cudaStream_t stream) {
   const int hidden_tiles = p.hidden / kGpuTileRows, width_tiles = p.width / kGpuTileRows;
@@ -226,6 +234,12 @@ int Launch(const MoeMxfp4Launch& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int LaunchMxfp4DequantProbe(const uint32_t* words, uint32_t* out, int n, void* stream) {
+  if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  DequantProbeKernel<<<(n + 127) / 128, 128, 0, static_cast<cudaStream_t>(stream)>>>(words, out, n);
+  return cudaGetLastError();
+}
 
 int LaunchMoeMxfp4(const MoeMxfp4Launch& launch, void* stream) {
   if (launch.width <= 0 || launch.hidden <= 0 || launch.width % kGpuTileInputs != 0 ||

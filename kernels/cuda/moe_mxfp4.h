@@ -60,6 +60,11 @@ struct MoeMxfp4Launch {
 // chunk_tokens not 8, 16 or 32) returns cudaErrorInvalidValue before anything is enqueued.
 int LaunchMoeMxfp4(const MoeMxfp4Launch& launch, void* stream);
 
+// For tests: out[4i + p] = fragment register p as the kernels widen codes word words[i] (bf16x2:
+// the values of the codes at nibble positions 3 - p and 7 - p), for i < n. Device pointers;
+// returns the launch's cudaError_t.
+int LaunchMxfp4DequantProbe(const uint32_t* words, uint32_t* out, int n, void* stream);
+
 }  // namespace k3
 
 #endif  // K3SERVE_KERNELS_CUDA_MOE_MXFP4_H_
