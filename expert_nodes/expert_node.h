@@ -1,5 +1,8 @@
 // The expert node process: `k3serve expert --coordinator HOST:PORT --model DIR --slots N
-//   [--port P] [--metrics-port P] [--host H] [--drain-timeout-ms T]`.
+//   [--port P] [--metrics-port P] [--host H] [--drain-timeout-ms T] [--device cpu|cuda|cuda:N]`.
+//
+// --device cuda:N computes the experts on that GPU (expert_nodes/device_experts.h; MXFP4 experts,
+// a build with the CUDA Toolkit; docs/GPU.md) instead of the CPU.
 //
 // It registers with the coordinator as ROLE_EXPERT offering N expert slots (experts per MoE layer),
 // waits for a placement, maps ONLY the experts its worker slot hosts (WeightSelection::Experts of
@@ -19,7 +22,8 @@
 // and grpc.health.v1, where "" is SERVING while the process runs (liveness) and
 // "k3serve.cluster.v1.ExpertWorker" once its experts are loaded (readiness). With --metrics-port, HTTP /metrics and /healthz:
 //   k3_expert_weight_bytes, k3_expert_resident_bytes, k3_expert_hosted_experts (summed over
-//   layers), k3_expert_rows_total, k3_expert_requests_total{code}, k3_expert_request_seconds.
+//   layers), k3_expert_rows_total, k3_expert_requests_total{code}, k3_expert_request_seconds,
+//   k3_expert_device_weight_bytes (with --device cuda).
 //
 // The node is one actor (cluster/actor.h): the data plane's turns, cluster states and the
 // ExpertWorker RPCs are messages of its one mailbox, so the worker needs no lock. Start-up,

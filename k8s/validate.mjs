@@ -5,8 +5,9 @@
 //      Services and probes name ports the containers open, readiness probes ask for the health
 //      service each role reports, every flag is one the role's header documents, every $(VAR) is
 //      defined, the coordinator address points at the coordinator Service, the HTTP front's
-//      ports and /healthz readiness match its flags, no container asks for a GPU (every kernel
-//      runs on the CPU; overlays/gpu adds them and must target existing workloads), and so on.
+//      ports and /healthz readiness match its flags, no container asks for a GPU (the base runs
+//      every kernel on the CPU; overlays/gpu adds them, must target existing workloads, and the
+//      flags it adds must be documented ones), and so on.
 // It also runs itself on broken copies of the manifests and fails unless each breakage is caught.
 //
 //   cd k8s && npm ci && node validate.mjs
@@ -159,7 +160,7 @@ async function check({ kustomization, docs }) {
       }
       for (const [resource] of Object.entries({ ...c.resources?.requests, ...c.resources?.limits })) {
         if (resource.includes("gpu")) {
-          errors.push(`${name}: asks for ${resource}, but every kernel runs on the CPU (GPUs belong in overlays/gpu)`);
+          errors.push(`${name}: asks for ${resource}, but the base runs every kernel on the CPU (GPUs belong in overlays/gpu)`);
         }
       }
       const metricsPort = ports.get("metrics");
@@ -288,10 +289,20 @@ async function check({ kustomization, docs }) {
       }
     }
   }
-  // The GPU overlay patches workloads that exist.
+  // The GPU overlay patches workloads that exist, and the flags it adds are ones the role documents.
   for (const p of overlay.patches ?? []) {
-    if (!byName(p.target.kind, p.target.name)) {
+    const target = byName(p.target.kind, p.target.name);
+    if (!target) {
       errors.push(`overlays/gpu: patches unknown ${p.target.kind}/${p.target.name}`);
+      continue;
+    }
+    const role = roles[target.doc.spec.template.spec.containers[0].args?.[0]];
+    for (const op of yaml.load(p.patch) ?? []) {
+      if (!role || !op.path.endsWith("/args/-")) continue;
+      const flag = String(op.value).match(/^--([a-z0-9-]+)(=|$)/)?.[1];
+      if (!flag || !documentedFlags(role.header).has(flag)) {
+        errors.push(`overlays/gpu: adds ${op.value} to ${p.target.name}, not a flag ${role.header} documents`);
+      }
     }
   }
   return errors;
