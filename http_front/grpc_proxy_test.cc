@@ -231,6 +231,29 @@ TEST_F(GrpcProxyTest, CancelAndAbortReachTheServingWorkerOnly) {
   reader->Finish();
 }
 
+TEST_F(GrpcProxyTest, ShuttingTheFrontDownEndsStreamsInFlight) {
+  ASSERT_NO_FATAL_FAILURE(Start("", ""));
+  v1::GenerateRequest held = Request("held");
+  held.mutable_sampling()->set_max_new_tokens(0);
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, held);
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));
+  const absl::Time start = absl::Now();
+  front_->Shutdown(absl::Milliseconds(100));
+  while (reader->Read(&first)) {
+  }
+  EXPECT_FALSE(reader->Finish().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The worker's call was cancelled with it: nothing is left running there.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (workers_[0]->cancelled().size() + workers_[1]->cancelled().size() < 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(workers_[0]->cancelled().size() + workers_[1]->cancelled().size(), 1u);
+}
+
 TEST_F(GrpcProxyTest, ATextConversationsNextTurnGoesToTheWorkerThatServedItsPrefix) {
   ASSERT_NO_FATAL_FAILURE(Start("", ""));
   // Ten conversations, each long enough for two whole prefix blocks: first turns one after
