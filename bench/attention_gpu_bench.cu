@@ -131,7 +131,8 @@ Case KdaCase(int batch, cudaStream_t stream) {
   std::vector<int32_t> slot_ids(slots);
   for (int64_t i = 0; i < slots; ++i) slot_ids[i] = static_cast<int32_t>(i);
   int32_t* slot_dev = Alloc<int32_t>(slots);
-  CHECK_CUDA(cudaMemcpy(slot_dev, slot_ids.data(), sizeof(int32_t) * slots, cudaMemcpyHostToDevice));
+  CHECK_CUDA(
+      cudaMemcpy(slot_dev, slot_ids.data(), sizeof(int32_t) * slots, cudaMemcpyHostToDevice));
 
   KdaDecodeLaunch l;
   l.batch = batch;
@@ -180,7 +181,8 @@ Case MlaCase(int batch, int context, bool tensor_cores, cudaStream_t stream) {
   CHECK_CUDA(cudaMemcpy(table_dev, table.data(), sizeof(int32_t) * pages, cudaMemcpyHostToDevice));
   std::vector<int32_t> lengths(batch, context);
   int32_t* lengths_dev = Alloc<int32_t>(batch);
-  CHECK_CUDA(cudaMemcpy(lengths_dev, lengths.data(), sizeof(int32_t) * batch, cudaMemcpyHostToDevice));
+  CHECK_CUDA(
+      cudaMemcpy(lengths_dev, lengths.data(), sizeof(int32_t) * batch, cudaMemcpyHostToDevice));
   uint16_t* cache = Alloc<uint16_t>(pages * kPageSize * kWidth);
   FillBf16<<<1024, 256>>>(cache, pages * kPageSize * kWidth, next_seed++);
   CHECK_CUDA(cudaGetLastError());

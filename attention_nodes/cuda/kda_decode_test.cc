@@ -141,7 +141,8 @@ void ExpectDecodeMatchesCpu(const ModelConfig& config, int batch, uint32_t seed)
   std::vector<int32_t> slot_of(batch);
   for (int b = 0; b < batch; ++b) {
     slot_of[b] = batch - b;
-    std::copy(states[b].s.begin(), states[b].s.end(), state_pool.begin() + slot_of[b] * state_floats);
+    std::copy(states[b].s.begin(), states[b].s.end(),
+              state_pool.begin() + slot_of[b] * state_floats);
     const std::vector<float>* conv[3] = {&states[b].conv_q, &states[b].conv_k, &states[b].conv_v};
     for (int m = 0; m < 3; ++m) {
       std::copy(conv[m]->begin(), conv[m]->end(),
