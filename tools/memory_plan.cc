@@ -1,5 +1,6 @@
 #include "tools/memory_plan.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
@@ -131,9 +132,19 @@ absl::StatusOr<MemoryPlan> PlanMemory(const std::string& dir, const MemoryPlanTo
   plan.attention_token_bytes = plan.attention_bytes - embedding_bytes +
                                embedding_bytes / std::max<int64_t>(config.vocab_size, 1);
   plan.router_token_bytes = plan.router_bytes;
+  uint64_t expert_bytes = 0;
   for (uint64_t bytes : expert_layer_bytes) {
     plan.expert_token_bytes +=
         bytes / std::max(config.num_experts, 1) * config.num_experts_per_token;
+    expert_bytes += bytes;
+  }
+  plan.expert_id_bytes = expert_bytes / std::max(config.num_experts, 1);
+  if (plan.expert_id_bytes > 0) {
+    plan.experts_per_gpu = static_cast<int>(
+        std::min<uint64_t>(kGpuExpertBudget / plan.expert_id_bytes, config.num_experts));
+    if (plan.experts_per_gpu > 0) {
+      plan.min_gpus = (config.num_experts + plan.experts_per_gpu - 1) / plan.experts_per_gpu;
+    }
   }
   return plan;
 }
@@ -163,6 +174,19 @@ std::string FormatMemoryPlan(const MemoryPlan& p) {
   absl::StrAppend(&out, absl::StrFormat("  total           %s\n",
                                         Bytes(p.attention_token_bytes + p.router_token_bytes +
                                               p.expert_token_bytes)));
+  if (p.expert_id_bytes > 0) {
+    const uint64_t largest =
+        *std::max_element(p.expert_worker_bytes.begin(), p.expert_worker_bytes.end());
+    auto gib = [](uint64_t bytes) { return absl::StrFormat("%.3f GiB", bytes / 1073741824.0); };
+    absl::StrAppend(
+        &out, absl::StrFormat("expert workers on H200 GPUs (--device cuda, %s for experts each):\n"
+                              "  %d experts per MoE layer per GPU (%s per expert over %d MoE "
+                              "layers); at least %d GPUs for %d experts\n"
+                              "  the largest expert worker here needs %s (%s)\n",
+                              gib(kGpuExpertBudget), p.experts_per_gpu, gib(p.expert_id_bytes),
+                              p.moe_layers, p.min_gpus, p.num_experts, gib(largest),
+                              largest <= kGpuExpertBudget ? "fits" : "does not fit"));
+  }
   return out;
 }
 

@@ -47,7 +47,17 @@ struct MemoryPlan {
   int files = 0;
   // Weight bytes read per decoded token.
   uint64_t attention_token_bytes = 0, router_token_bytes = 0, expert_token_bytes = 0;
+  // Expert workers on GPUs (`k3serve expert --device cuda`), which copy their packed experts to
+  // device memory at the file's size: one expert id's bytes over every MoE layer (the mean), how
+  // many expert ids per MoE layer fit kGpuExpertBudget, and so how many such GPUs the whole expert
+  // tier needs at least (0 and 0 when one expert id does not fit).
+  uint64_t expert_id_bytes = 0;
+  int experts_per_gpu = 0, min_gpus = 0;
 };
+
+// An H200's memory as a process sees it (about 139 GiB) less 2 GiB for the CUDA context and the
+// expert kernels' scratch: the budget for packed experts on one GPU.
+inline constexpr uint64_t kGpuExpertBudget = uint64_t{137} << 30;
 
 // InvalidArgument for a topology with fewer than one process in a tier or more expert workers
 // than experts, or a tensor name whose layer or expert is outside the config; the checkpoint's

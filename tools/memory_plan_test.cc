@@ -87,6 +87,15 @@ TEST(MemoryPlanTest, K3HeadersOnlyCheckpointAddsUpAndMatchesTheSpecExpertSize) {
             uint64_t{92} * (896 * 7168 * 2 + 896 * 4 + 3584 * 7168 * 2 + 3584 * 2));
   EXPECT_LT(plan->attention_token_bytes, plan->attention_bytes);
   EXPECT_NE(FormatMemoryPlan(*plan).find("expert 7"), std::string::npos);
+  // On GPUs: 137 GiB / (92 x 17,547,264 bytes) = 91.1 expert ids per H200, so 10 H200s for 896
+  // (shared/notes/gpu.md's ">= 11" counts 141 GB less the non-expert weights' share: no GPU here
+  // holds those).
+  EXPECT_EQ(plan->expert_id_bytes, 92 * kExpertBytes);
+  EXPECT_EQ(plan->experts_per_gpu, 91);
+  EXPECT_EQ(plan->min_gpus, 10);
+  EXPECT_NE(FormatMemoryPlan(*plan).find("at least 10 GPUs for 896 experts"), std::string::npos)
+      << FormatMemoryPlan(*plan);
+  EXPECT_NE(FormatMemoryPlan(*plan).find("does not fit"), std::string::npos);  // 112 per worker
 }
 
 // On a real checkpoint the plan agrees with what the loader maps for each expert worker's share.
