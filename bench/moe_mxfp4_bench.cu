@@ -83,34 +83,23 @@ struct Shape {
   std::vector<double> seconds;
 };
 
-int Main(int rounds) {
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
-         prop.l2CacheSize / 1e6);
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
+constexpr size_t kCodeBytes = size_t{kWidth} * kHidden / 2, kScaleBytes = kCodeBytes / 16;
+constexpr size_t kExpertBytes = 3 * (kCodeBytes + kScaleBytes);
 
-  const size_t copy_bytes = size_t{1} << 31;
-  void *copy_from, *copy_to;
-  CHECK_CUDA(cudaMalloc(&copy_from, copy_bytes));
-  CHECK_CUDA(cudaMalloc(&copy_to, copy_bytes));
-  Fill(copy_from, copy_bytes, 1, 0);
-
-  const size_t code_bytes = size_t{kWidth} * kHidden / 2, scale_bytes = code_bytes / 16;
-  const size_t expert_bytes = 3 * (code_bytes + scale_bytes);
+// kExperts experts of random codes, scales near 2^-7 (sums of about unit size for d- and f-wide
+// inputs alike), in device memory; returns the device table of their matrices.
+const Mxfp4DeviceExpert* RandomDeviceExperts() {
   uint8_t* weights;
-  CHECK_CUDA(cudaMalloc(&weights, expert_bytes * kExperts));
+  CHECK_CUDA(cudaMalloc(&weights, kExpertBytes * kExperts));
   std::vector<Mxfp4DeviceExpert> table(kExperts);
   for (int e = 0; e < kExperts; ++e) {
-    uint8_t* base = weights + e * expert_bytes;
     const uint8_t* m[6];
     for (int i = 0; i < 3; ++i) {
-      m[2 * i] = base + i * (code_bytes + scale_bytes);
-      m[2 * i + 1] = m[2 * i] + code_bytes;
-      Fill(base + i * (code_bytes + scale_bytes), code_bytes, 100 + 3 * e + i, 0);
-      // Gate/up inputs are d wide, down's f: scales near 2^-7 either way (sums of ~unit size).
-      Fill(base + i * (code_bytes + scale_bytes) + code_bytes, scale_bytes, 200 + 3 * e + i, 119);
+      uint8_t* codes = weights + e * kExpertBytes + i * (kCodeBytes + kScaleBytes);
+      Fill(codes, kCodeBytes, 100 + 3 * e + i, 0);
+      Fill(codes + kCodeBytes, kScaleBytes, 200 + 3 * e + i, 119);
+      m[2 * i] = codes;
+      m[2 * i + 1] = codes + kCodeBytes;
     }
     table[e] = Mxfp4DeviceExpert{m[0], m[1], m[2], m[3], m[4], m[5]};
   }
@@ -118,83 +107,54 @@ int Main(int rounds) {
   CHECK_CUDA(cudaMalloc(&device_table, sizeof(Mxfp4DeviceExpert) * kExperts));
   CHECK_CUDA(cudaMemcpy(device_table, table.data(), sizeof(Mxfp4DeviceExpert) * kExperts,
                         cudaMemcpyHostToDevice));
+  return device_table;
+}
 
-  std::vector<Shape> shapes;
-  for (int per_expert : {1, 4, 16, 64, 512}) {
-    const int slots = per_expert * kExperts;
-    const int chunk_tokens = per_expert <= 8 ? 8 : per_expert <= 16 ? 16 : 32;
-    std::vector<MoeChunk> chunks;
-    std::vector<int32_t> slot_row(slots);
-    std::vector<float> slot_weight(slots, 1.0f / kExperts);
-    for (int e = 0; e < kExperts; ++e) {
-      for (int first = 0; first < per_expert; first += chunk_tokens) {
-        chunks.push_back(MoeChunk{e, e * per_expert + first,
-                                  std::min(chunk_tokens, per_expert - first)});
-      }
-      // Every row chose all 16 experts (top-16), as in a decode step of per_expert rows.
-      for (int i = 0; i < per_expert; ++i) slot_row[e * per_expert + i] = i;
+template <typename T>
+T* ToDevice(const std::vector<T>& host) {
+  T* device;
+  CHECK_CUDA(cudaMalloc(&device, sizeof(T) * host.size()));
+  CHECK_CUDA(cudaMemcpy(device, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
+  return device;
+}
+
+// A decode step of `per_expert` rows, each choosing all kExperts experts (top-16).
+Shape MakeShape(int per_expert, const Mxfp4DeviceExpert* experts) {
+  const int slots = per_expert * kExperts;
+  const int chunk_tokens = per_expert <= 8 ? 8 : per_expert <= 16 ? 16 : 32;
+  std::vector<MoeChunk> chunks;
+  std::vector<int32_t> slot_row(slots);
+  for (int e = 0; e < kExperts; ++e) {
+    for (int first = 0; first < per_expert; first += chunk_tokens) {
+      chunks.push_back(
+          MoeChunk{e, e * per_expert + first, std::min(chunk_tokens, per_expert - first)});
     }
-    Shape s{per_expert, {}, {}};
-    MoeMxfp4Launch& l = s.launch;
-    uint16_t *x, *h;
-    int32_t* rows;
-    float *weights_of_slots, *out;
-    MoeChunk* device_chunks;
-    CHECK_CUDA(cudaMalloc(&x, sizeof(uint16_t) * slots * kWidth));
-    CHECK_CUDA(cudaMalloc(&h, sizeof(uint16_t) * slots * kHidden));
-    CHECK_CUDA(cudaMalloc(&rows, sizeof(int32_t) * slots));
-    CHECK_CUDA(cudaMalloc(&weights_of_slots, sizeof(float) * slots));
-    CHECK_CUDA(cudaMalloc(&out, sizeof(float) * per_expert * kWidth));
-    CHECK_CUDA(cudaMalloc(&device_chunks, sizeof(MoeChunk) * chunks.size()));
-    // bf16 activations: random bytes with the exponent kept near 1 (0x3f..0x40 high bytes).
-    std::vector<uint16_t> x_host(static_cast<size_t>(slots) * kWidth);
-    for (size_t i = 0; i < x_host.size(); ++i) {
-      x_host[i] = static_cast<uint16_t>(0x3f00 + (i * 2654435761u >> 7) % 0x100) |
-                  ((i * 40503u) & 0x8000);
-    }
-    CHECK_CUDA(cudaMemcpy(x, x_host.data(), sizeof(uint16_t) * x_host.size(),
-                          cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(rows, slot_row.data(), sizeof(int32_t) * slots, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(weights_of_slots, slot_weight.data(), sizeof(float) * slots,
-                          cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(device_chunks, chunks.data(), sizeof(MoeChunk) * chunks.size(),
-                          cudaMemcpyHostToDevice));
-    l.experts = device_table;
-    l.chunks = device_chunks;
-    l.chunk_count = static_cast<int32_t>(chunks.size());
-    l.chunk_tokens = chunk_tokens;
-    l.width = kWidth;
-    l.hidden = kHidden;
-    l.x = x;
-    l.h = h;
-    l.slot_row = rows;
-    l.slot_weight = weights_of_slots;
-    l.out = out;
-    l.glu = GpuGluParams{1, 4.0f, 25.0f};
-    shapes.push_back(s);
+    for (int i = 0; i < per_expert; ++i) slot_row[e * per_expert + i] = i;
   }
-
-  auto call = [&](const Shape& s) {
-    CHECK_CUDA(cudaMemsetAsync(s.launch.out, 0, sizeof(float) * s.rows_per_expert * kWidth,
-                               stream));
-    CHECK_CUDA(static_cast<cudaError_t>(LaunchMoeMxfp4(s.launch, stream)));
-  };
-  std::vector<double> copy_seconds;
-  auto copy = [&] {
-    CHECK_CUDA(cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-  };
-  for (const Shape& s : shapes) Time([&] { call(s); }, 3, stream);  // warm-up
-  Time(copy, 2, stream);
-  for (int round = 0; round < rounds; ++round) {
-    copy_seconds.push_back(Time(copy, 5, stream));
-    for (Shape& s : shapes) s.seconds.push_back(Time([&] { call(s); }, 10, stream));
+  // bf16 activations: random mantissas and signs, exponents near 1 (high bytes 0x3f/0xbf).
+  std::vector<uint16_t> x(static_cast<size_t>(slots) * kWidth);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<uint16_t>(0x3f00 + (i * 2654435761u >> 7) % 0x100) | ((i * 40503u) & 0x8000);
   }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaGetLastError());
+  Shape s{per_expert, {}, {}};
+  MoeMxfp4Launch& l = s.launch;
+  l.experts = experts;
+  l.chunks = ToDevice(chunks);
+  l.chunk_count = static_cast<int32_t>(chunks.size());
+  l.chunk_tokens = chunk_tokens;
+  l.width = kWidth;
+  l.hidden = kHidden;
+  l.x = ToDevice(x);
+  l.h = ToDevice(std::vector<uint16_t>(static_cast<size_t>(slots) * kHidden));
+  l.slot_row = ToDevice(slot_row);
+  l.slot_weight = ToDevice(std::vector<float>(slots, 1.0f / kExperts));
+  l.out = ToDevice(std::vector<float>(static_cast<size_t>(per_expert) * kWidth));
+  l.glu = GpuGluParams{1, 4.0f, 25.0f};
+  return s;
+}
 
-  const double copy_rate = 2.0 * copy_bytes / Median(copy_seconds);
-  printf("copy: %.0f GB/s (read + write, median of %d rounds)\n", copy_rate / 1e9, rounds);
-  const double packed = double(expert_bytes) * kExperts;
+void PrintTable(const std::vector<Shape>& shapes, double copy_rate) {
+  const double packed = double(kExpertBytes) * kExperts;
   printf("\nMXFP4 experts, d %d f %d, %d experts per call, %.0f MB packed\n", kWidth, kHidden,
          kExperts, packed / 1e6);
   printf("%-12s %10s %16s %10s %12s %10s\n", "rows/expert", "us/call", "us range", "GB/s",
@@ -208,6 +168,44 @@ int Main(int rounds) {
            lo * 1e6, hi * 1e6, packed / seconds / 1e9, packed / seconds / copy_rate,
            flops / seconds / 1e12 / kBf16PeakTflops);
   }
+}
+
+int Main(int rounds) {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
+         prop.l2CacheSize / 1e6);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  const size_t copy_bytes = size_t{1} << 31;
+  void *copy_from, *copy_to;
+  CHECK_CUDA(cudaMalloc(&copy_from, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&copy_to, copy_bytes));
+  Fill(copy_from, copy_bytes, 1, 0);
+  const Mxfp4DeviceExpert* experts = RandomDeviceExperts();
+  std::vector<Shape> shapes;
+  for (int per_expert : {1, 4, 16, 64, 512}) shapes.push_back(MakeShape(per_expert, experts));
+
+  auto call = [&](const Shape& s) {
+    CHECK_CUDA(cudaMemsetAsync(s.launch.out, 0, sizeof(float) * s.rows_per_expert * kWidth,
+                               stream));
+    CHECK_CUDA(static_cast<cudaError_t>(LaunchMoeMxfp4(s.launch, stream)));
+  };
+  auto copy = [&] {
+    CHECK_CUDA(cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  for (const Shape& s : shapes) Time([&] { call(s); }, 3, stream);  // warm-up
+  Time(copy, 2, stream);
+  std::vector<double> copy_seconds;
+  for (int round = 0; round < rounds; ++round) {
+    copy_seconds.push_back(Time(copy, 5, stream));
+    for (Shape& s : shapes) s.seconds.push_back(Time([&] { call(s); }, 10, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGetLastError());
+  const double copy_rate = 2.0 * copy_bytes / Median(copy_seconds);
+  printf("copy: %.0f GB/s (read + write, median of %d rounds)\n", copy_rate / 1e9, rounds);
+  PrintTable(shapes, copy_rate);
   return 0;
 }
 

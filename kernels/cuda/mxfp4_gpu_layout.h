@@ -1,5 +1,6 @@
 // The layout of an MXFP4 weight matrix in GPU memory, chosen for the expert kernels
-// (kernels/cuda/moe_mxfp4.cu), and the host-side repack from the release's layout (kernels/mxfp4.h).
+// (kernels/cuda/moe_mxfp4.cu), and the host-side repack from the release's layout
+// (kernels/mxfp4.h).
 //
 // The kernels compute C^T = W X^T with `mma.sync.m16n8k16` (bf16 in, fp32 accumulate): the weights
 // are the MMA's A operand (16 rows x 16 inputs), the few tokens its B operand (16 inputs x 8
