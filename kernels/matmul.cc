@@ -282,9 +282,12 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
     if (w.type == WeightType::kF32) {
       for (int64_t t = 0; t < tokens; ++t) p.xp[t] = task.x + t * task.x_stride;
     } else {
-      // BF16 and MXFP4 read 32-input blocks as [16 even][16 odd] (MXFP4: cols % 32 == 0).
+      // BF16 and MXFP4 read 32-input blocks, permuted as the kernel reads them (MXFP4: cols % 32
+      // == 0).
       const int64_t padded_cols = (w.cols + 31) / 32 * 32;
-      kernel.pack_inputs(task.x, task.x_stride, tokens, w.cols, padded_cols, packed);
+      const auto pack =
+          w.type == WeightType::kMxfp4 ? kernel.pack_mxfp4_inputs : kernel.pack_inputs;
+      pack(task.x, task.x_stride, tokens, w.cols, padded_cols, packed);
       for (int64_t t = 0; t < tokens; ++t) p.xp[t] = packed + t * padded_cols;
       packed += tokens * padded_cols;
     }

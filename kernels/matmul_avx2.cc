@@ -6,9 +6,9 @@
 // - rows: a block of R weight rows streamed once and dotted with up to 4 tokens, R * T <= 8
 //   accumulators; activations packed as there (32-input blocks as [16 even][16 odd]), so a 16-input
 //   half of a block is one ymm of bf16 pairs widened by a shift (even) and a mask (odd).
-// - MXFP4 rows: 8 code bytes widen to 8 lanes; vpermps looks the low 3 bits of each nibble up in
-//   an 8-entry table of the magnitudes times the group's scale, whose entry c was stored XORed with
-//   c << 28, so one XOR with the nibble shifted to the top both undoes that and applies the sign.
+// - MXFP4 rows: vpshufb looks 32 codes at a time up in 16-entry tables of the bytes of each scaled
+//   value's bf16 (exact), which then widen as BF16 rows do; the activations come in an order of
+//   their own (PackMxfp4Inputs) so that no step moves data across 128-bit lanes.
 // - tiles: panels of 16 rows x 256 inputs packed as 32-bit units (a bf16 pair, an f32, or one
 //   MXFP4 code byte decoded to a bf16 pair, exactly), multiplied with 6-token tiles of packed
 //   activations by a 16 x 6 outer-product micro-kernel (12 accumulators, 2 weight registers).
@@ -178,32 +178,54 @@ struct Mxfp4Rows {
   const uint8_t* scales;
 };
 
-// E8M0 byte s -> 8 floats: entry c is |E2M1 value c| * 2^(s - 127) with its bits XORed with
-// c << 28 (see the file comment). 8 KiB; the scales in use stay in L1.
-const float* SignFoldedTables() {
-  static const float* tables = [] {
-    alignas(32) static uint32_t bits[256 * 8];
+// E8M0 byte s -> 32 bytes: [0, 16) the low and [16, 32) the high bytes of the bf16 of E2M1 value
+// c times 2^(s - 127) (exact: see Mxfp4Units below). 8 KiB; the scales in use stay in L1.
+const uint8_t* Bf16ByteTables() {
+  static const uint8_t* tables = [] {
+    alignas(32) static uint8_t bytes[256 * 32];
     for (int s = 0; s < 256; ++s) {
-      for (uint32_t c = 0; c < 8; ++c) {
+      for (int c = 0; c < 16; ++c) {
         const float value = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
-        std::memcpy(&bits[s * 8 + c], &value, 4);
-        bits[s * 8 + c] ^= c << 28;
+        uint32_t bits;
+        std::memcpy(&bits, &value, 4);
+        bytes[s * 32 + c] = static_cast<uint8_t>(bits >> 16);
+        bytes[s * 32 + 16 + c] = static_cast<uint8_t>(bits >> 24);
       }
     }
-    return reinterpret_cast<const float*>(bits);
+    return bytes;
   }();
   return tables;
 }
 
-// 8 weights from the nibbles in the low 4 bits of each lane (bits 4-31 may be anything that the
-// shift by 28 drops: vpermps reads only bits 0-2).
-K3_AVX2 inline __m256 DecodeNibbles(__m256i nibbles, __m256 table) {
-  const __m256 folded = _mm256_permutevar8x32_ps(table, nibbles);
-  return _mm256_xor_ps(folded, _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
+// Per group and row: vpsrlvd and a mask make one vector of the group's 32 codes, one per byte
+// (lane 0 the low nibbles of its 16 bytes, inputs 0, 2, ..., 30; lane 1 the high ones, inputs 1,
+// 3, ..., 31); two vpshufb look them up in the scale's tables of bf16 low and high bytes; two
+// unpacks make bf16 words (lane 0: inputs 0, 2, ..., 14, then 16, ..., 30; lane 1 the odd ones);
+// a shift (words 0, 2, ...) and a mask (words 1, 3, ...) widen those to fp32 as for BF16 rows.
+// That leaves each fp32 vector holding inputs 4d + j of one 16-input half (d = 0..3, j = 0..3 by
+// vector and lane), the order PackMxfp4Inputs gives the activations. Every step but the FMAs runs
+// on the vector shuffle and shift units, so the fewer the better: this is 7 per group where
+// vpermps on 8 weights at a time took 12.
+constexpr int kMxfp4Order[32] = {0,  4,  8,  12, 1,  5,  9,  13, 2,  6,  10, 14, 3,  7,  11, 15,
+                                 16, 20, 24, 28, 17, 21, 25, 29, 18, 22, 26, 30, 19, 23, 27, 31};
+
+// RowKernel::pack_mxfp4_inputs: packed[k + i] = x[k + kMxfp4Order[i]] for each 32-input block.
+void PackMxfp4Inputs(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                     int64_t padded_cols, float* packed) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* src = x + t * x_stride;
+    float* out = packed + t * padded_cols;
+    for (int64_t k = 0; k < padded_cols; k += 32) {
+      for (int i = 0; i < 32; ++i) {
+        const int64_t c = k + kMxfp4Order[i];
+        out[k + i] = c < cols ? src[c] : 0.0f;
+      }
+    }
+  }
 }
 
-// xp: T packed activation rows; a group's code byte i holds inputs 2i (low) and 2i + 1 (high).
-// REQUIRES: cols % 32 == 0.
+// xp: T activation rows packed by PackMxfp4Inputs; a group's code byte i holds inputs 2i (low
+// nibble) and 2i + 1 (high). REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
@@ -218,24 +240,33 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
     codes[r] = w->codes + (row + r) * cols / 2;
     scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
   }
-  const float* tables = SignFoldedTables();
+  const uint8_t* tables = Bf16ByteTables();
+  const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  const __m256i low_nibble = _mm256_set1_epi8(0x0f);
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {
       for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
     }
-    // Row by row, both halves of the group: the row's table lives in one register for the two,
-    // and the activations come from L1 as FMA operands (with 8 tables and 4 activation vectors
-    // held at once, the 8 accumulators did not fit the 16 registers).
     for (int r = 0; r < R; ++r) {
-      const __m256 table = _mm256_load_ps(tables + 8 * scales[r][k / kMxfp4Group]);
+      const uint8_t* table = tables + 32 * scales[r][k / kMxfp4Group];
+      const __m256i low_bytes = _mm256_broadcastsi128_si256(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(table)));
+      const __m256i high_bytes = _mm256_broadcastsi128_si256(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(table + 16)));
+      const __m256i bytes = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
+      const __m256i group =
+          _mm256_and_si256(_mm256_srlv_epi32(bytes, nibble_shift), low_nibble);
+      const __m256i low = _mm256_shuffle_epi8(low_bytes, group);
+      const __m256i high = _mm256_shuffle_epi8(high_bytes, group);
+      const __m256i words[2] = {_mm256_unpacklo_epi8(low, high), _mm256_unpackhi_epi8(low, high)};
       for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes[r] + k / 2 + 8 * h)));
-        const __m256 we = DecodeNibbles(v, table);  // bits 4-7 leave in the shift
-        const __m256 wo = DecodeNibbles(_mm256_srli_epi32(v, 4), table);
+        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(words[h], 16));
+        const __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(words[h], high_half));
         for (int t = 0; t < T; ++t) {
-          acc[r][t] = _mm256_fmadd_ps(we, _mm256_load_ps(xp[t] + k + 8 * h), acc[r][t]);
-          acc[r][t] = _mm256_fmadd_ps(wo, _mm256_load_ps(xp[t] + k + 16 + 8 * h), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(w0, _mm256_load_ps(xp[t] + k + 16 * h), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(w1, _mm256_load_ps(xp[t] + k + 16 * h + 8), acc[r][t]);
         }
       }
     }
@@ -522,7 +553,7 @@ K3_AVX2 void TilesRange(const Units& w, int64_t cols, const float* x, int64_t x_
 }  // namespace
 
 const RowKernel& Avx2RowKernel() {
-  static const RowKernel kernel{PackRowInputs, RowsAnyType};
+  static const RowKernel kernel{PackRowInputs, PackMxfp4Inputs, RowsAnyType};
   return kernel;
 }
 

@@ -627,7 +627,7 @@ K3_AVX512 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float*
 }  // namespace
 
 const RowKernel& Avx512RowKernel() {
-  static const RowKernel kernel{PackRowInputs, RowsAnyType};
+  static const RowKernel kernel{PackRowInputs, PackRowInputs, RowsAnyType};
   return kernel;
 }
 

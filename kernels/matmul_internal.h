@@ -16,8 +16,9 @@
 //   accumulators) over panels packed as 32-bit units (a bf16 pair, an f32, or an MXFP4 code byte
 //   decoded to a bf16 pair).
 //
-// MXFP4 weights: the row kernel decodes each 32-input group in registers (16 code bytes widened to
-// 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale), so decode reads
+// MXFP4 weights: the row kernel decodes each 32-input group in registers (AVX-512: 16 code bytes
+// widened to 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale; AVX2:
+// two vpshufb lookups of the 32 codes in tables of the scaled values' bf16 bytes), so decode reads
 // only the packed bytes and scales; the tiled kernel decodes blocks of 384 rows once into a bf16
 // buffer (exact: MXFP4 values have at most 2 significant bits) and runs the BF16 micro-kernel.
 //
@@ -77,6 +78,10 @@ struct RowKernel {
   // even then its 16 odd inputs, zero-padded to padded_cols (a multiple of 32); 64-byte aligned.
   void (*pack_inputs)(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
                       int64_t padded_cols, float* packed);
+  // Packs them for the MXFP4 rows, in the order that family's MXFP4 kernel reads them (a
+  // permutation within each 32-input block; AVX-512: pack_inputs's).
+  void (*pack_mxfp4_inputs)(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                            int64_t padded_cols, float* packed);
   // y rows [row_begin, row_end) of w for every token: xp[t] is token t's activations (packed for
   // BF16 and MXFP4, as given for F32), yt[t] its output row.
   void (*rows)(const WeightMatrix& w, const float* const* xp, float* const* yt, int64_t tokens,
