@@ -50,6 +50,10 @@ double Median(std::vector<double> v) {
 }
 
 int Main(int rounds) {
+  if (absl::StatusOr<int> devices = CudaDeviceCount(); !devices.ok()) {
+    fprintf(stderr, "gpu_expert_bench: %s\n", devices.status().ToString().c_str());
+    return 1;
+  }
   std::mt19937 rng(1);
   std::vector<Matrix> matrices;
   std::vector<GatedMlpWeights> experts;
