@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "moe/cluster_placement.h"
 #include "cluster/actor.h"
-#include "cluster/grpc_status.h"
+#include "cluster/actor_rpc.h"
 #include "cluster/node_process.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
@@ -41,8 +41,6 @@ constexpr absl::Duration kGaugeInterval = absl::Seconds(1);
 // How long a request sent under a placement this node has not seen yet waits for it: a router may
 // learn of a new placement a heartbeat before the node it names does.
 constexpr absl::Duration kDeferLimit = absl::Seconds(2);
-// The longest a LoadExperts call waits for the serving thread (less when its deadline is sooner).
-constexpr absl::Duration kMaxLoadWait = absl::Minutes(10);
 // A draining node exits once the published placement has no slot for it and no request came for
 // this long: routers switch placements between steps, within a heartbeat of the commit, and the
 // steps they planned before finish here on the old experts.
@@ -155,31 +153,30 @@ class ExpertNode final : public RoleHooks {
   std::deque<Deferred> deferred_;
 };
 
-// The ExpertWorker RPCs, carried out by the node's actor.
-class ExpertWorkerService final : public pb::ExpertWorker::Service {
+// The ExpertWorker RPCs, carried out on the node's actor (RunOnActor: no gRPC thread waits).
+class ExpertWorkerService final : public pb::ExpertWorker::CallbackService {
  public:
   explicit ExpertWorkerService(ExpertNode* node) : node_(node) {}
 
-  ::grpc::Status LoadExperts(::grpc::ServerContext* context, const pb::LoadExpertsRequest* request,
-                             pb::LoadExpertsResponse* response) override {
-    const absl::Time deadline =
-        std::min(absl::FromChrono(context->deadline()), absl::Now() + kMaxLoadWait);
+  grpc::ServerUnaryReactor* LoadExperts(grpc::CallbackServerContext* context,
+                                        const pb::LoadExpertsRequest* request,
+                                        pb::LoadExpertsResponse* response) override {
     ExpertNode* node = node_;
-    const absl::Status status = node_->actor()->Call(
-        [node, request = *request] { return node->LoadExperts(request); }, deadline);
-    if (status.ok()) response->set_placement_version(request->placement_version());
-    return ToGrpcStatus(status);
+    return RunOnActor(*node_->actor(), context, [node, request, response] {
+      const absl::Status status = node->LoadExperts(*request);
+      if (status.ok()) response->set_placement_version(request->placement_version());
+      return status;
+    });
   }
 
-  ::grpc::Status Status(::grpc::ServerContext* context, const pb::ExpertStatusRequest*,
-                        pb::ExpertStatusResponse* response) override {
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const pb::ExpertStatusRequest*,
+                                   pb::ExpertStatusResponse* response) override {
     ExpertNode* node = node_;
-    absl::StatusOr<pb::ExpertStatusResponse> status =
-        node_->actor()->Call([node] { return node->status(); },
-                             absl::FromChrono(context->deadline()));
-    if (!status.ok()) return ToGrpcStatus(status.status());
-    *response = *std::move(status);
-    return ::grpc::Status::OK;
+    return RunOnActor(*node_->actor(), context, [node, response] {
+      *response = node->status();
+      return absl::OkStatus();
+    });
   }
 
  private:

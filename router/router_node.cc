@@ -7,8 +7,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cluster/actor.h"
+#include "cluster/actor_rpc.h"
 #include "cluster/node_runtime.h"
-#include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
 #include "cluster/span_log.h"
 #include "cluster/node_transport.h"
@@ -29,41 +29,33 @@ namespace {
 constexpr char kServiceName[] = "k3serve.cluster.v1.RouterControl";
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 
-class RouterControlService final : public pb::RouterControl::Service {
+// The RouterControl RPCs, carried out on the router's actor (RunOnActor: no gRPC thread waits).
+class RouterControlService final : public pb::RouterControl::CallbackService {
  public:
   RouterControlService(RouterCore* core, Actor* actor) : core_(core), actor_(actor) {}
 
-  ::grpc::Status GetLoadStats(::grpc::ServerContext* context,
-                              const pb::GetLoadStatsRequest* request,
-                              pb::LoadStatsResponse* response) override {
-    const bool version_only = request->version_only(), reset = request->reset();
+  grpc::ServerUnaryReactor* GetLoadStats(grpc::CallbackServerContext* context,
+                                         const pb::GetLoadStatsRequest* request,
+                                         pb::LoadStatsResponse* response) override {
     RouterCore* core = core_;
-    absl::StatusOr<pb::LoadStatsResponse> stats = actor_->Call(
-        [core, version_only, reset] {
-          pb::LoadStatsResponse r;
-          if (version_only) {
-            r.set_placement_version(core->placement_version());
-          } else {
-            r = core->LoadStats(reset);
-          }
-          return r;
-        },
-        absl::FromChrono(context->deadline()));
-    if (!stats.ok()) return ToGrpcStatus(stats.status());
-    *response = *std::move(stats);
-    return ::grpc::Status::OK;
+    return RunOnActor(*actor_, context, [core, request, response] {
+      if (request->version_only()) {
+        response->set_placement_version(core->placement_version());
+      } else {
+        *response = core->LoadStats(request->reset());
+      }
+      return absl::OkStatus();
+    });
   }
 
-  ::grpc::Status SetBias(::grpc::ServerContext* context, const pb::SetBiasRequest* request,
-                         pb::SetBiasResponse*) override {
+  grpc::ServerUnaryReactor* SetBias(grpc::CallbackServerContext* context,
+                                    const pb::SetBiasRequest* request,
+                                    pb::SetBiasResponse*) override {
     RouterCore* core = core_;
-    const int layer = request->layer();
-    std::vector<float> values(request->values().begin(), request->values().end());
-    return ToGrpcStatus(actor_->Call(
-        [core, layer, values = std::move(values)]() mutable {
-          return core->SetBias(layer, std::move(values));
-        },
-        absl::FromChrono(context->deadline())));
+    return RunOnActor(*actor_, context, [core, request] {
+      return core->SetBias(request->layer(),
+                           std::vector<float>(request->values().begin(), request->values().end()));
+    });
   }
 
  private:
