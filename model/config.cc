@@ -207,16 +207,8 @@ absl::Status CheckRequiredFields(const ObjectReader& r, bool kimi_linear_semanti
                                                  absl::StrJoin(missing, ", ")));
 }
 
-absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, ModelConfig* c) {
-  K3_RETURN_IF_ERROR(CheckRequiredFields(r, kimi_linear_semantics));
-  int64_t vocab = c->vocab_size;
-  K3_RETURN_IF_ERROR(r.Int64("vocab_size", &vocab));
-  c->vocab_size = vocab;
-  K3_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size));
-  K3_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers));
-  K3_RETURN_IF_ERROR(CheckLayerCount(c->num_hidden_layers));
-  K3_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size));
-
+// hidden_act and its SiTU parameters.
+absl::Status ParseActivation(const ObjectReader& r, ModelConfig* c) {
   std::string act;
   K3_RETURN_IF_ERROR(r.String("hidden_act", &act));
   if (!act.empty()) {
@@ -235,19 +227,11 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
   } else if (c->hidden_act == Activation::kSilu) {
     c->activation_situ_linear_beta.reset();
   }
-  K3_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c->rms_norm_eps));
-  K3_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  return absl::OkStatus();
+}
 
-  K3_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads));
-  K3_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads));
-  K3_RETURN_IF_ERROR(r.OptInt("q_lora_rank", &c->q_lora_rank));
-  K3_RETURN_IF_ERROR(r.Int("kv_lora_rank", &c->kv_lora_rank));
-  K3_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", &c->qk_nope_head_dim));
-  K3_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &c->qk_rope_head_dim));
-  K3_RETURN_IF_ERROR(r.Int("v_head_dim", &c->v_head_dim));
-  K3_RETURN_IF_ERROR(r.Bool("mla_use_nope", &c->mla_use_nope));
-  K3_RETURN_IF_ERROR(r.Bool("mla_use_output_gate", &c->mla_use_output_gate));
-
+// linear_attn_config, or the layer split a config without it implies (see config.h).
+absl::Status ParseLinearAttn(const ObjectReader& r, bool kimi_linear_semantics, ModelConfig* c) {
   const Json* la_value = r.Find("linear_attn_config");
   if (la_value != nullptr && !la_value->is_null()) {
     if (!la_value->is_object()) {
@@ -278,7 +262,11 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
   } else {
     K3LayerPattern(c->num_hidden_layers, &c->linear_attn);
   }
+  return absl::OkStatus();
+}
 
+// The MoE fields (num_experts null means a dense model).
+absl::Status ParseMoe(const ObjectReader& r, ModelConfig* c) {
   const Json* experts = r.Find("num_experts");
   if (experts != nullptr && experts->is_null()) {
     c->num_experts = 0;
@@ -299,6 +287,36 @@ absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, 
   K3_RETURN_IF_ERROR(r.String("topk_method", &c->topk_method));
   K3_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c->first_k_dense_replace));
   K3_RETURN_IF_ERROR(r.Int("moe_layer_freq", &c->moe_layer_freq));
+  return absl::OkStatus();
+}
+
+absl::Status ParseTextConfig(const ObjectReader& r, bool kimi_linear_semantics, ModelConfig* c) {
+  K3_RETURN_IF_ERROR(CheckRequiredFields(r, kimi_linear_semantics));
+  int64_t vocab = c->vocab_size;
+  K3_RETURN_IF_ERROR(r.Int64("vocab_size", &vocab));
+  c->vocab_size = vocab;
+  K3_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size));
+  K3_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_hidden_layers));
+  K3_RETURN_IF_ERROR(CheckLayerCount(c->num_hidden_layers));
+  K3_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size));
+
+  K3_RETURN_IF_ERROR(ParseActivation(r, c));
+  K3_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c->rms_norm_eps));
+  K3_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+
+  K3_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_attention_heads));
+  K3_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_key_value_heads));
+  K3_RETURN_IF_ERROR(r.OptInt("q_lora_rank", &c->q_lora_rank));
+  K3_RETURN_IF_ERROR(r.Int("kv_lora_rank", &c->kv_lora_rank));
+  K3_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", &c->qk_nope_head_dim));
+  K3_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &c->qk_rope_head_dim));
+  K3_RETURN_IF_ERROR(r.Int("v_head_dim", &c->v_head_dim));
+  K3_RETURN_IF_ERROR(r.Bool("mla_use_nope", &c->mla_use_nope));
+  K3_RETURN_IF_ERROR(r.Bool("mla_use_output_gate", &c->mla_use_output_gate));
+
+  K3_RETURN_IF_ERROR(ParseLinearAttn(r, kimi_linear_semantics, c));
+
+  K3_RETURN_IF_ERROR(ParseMoe(r, c));
 
   K3_RETURN_IF_ERROR(r.OptInt("attn_res_block_size", &c->attn_res_block_size));
   K3_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
@@ -388,144 +406,62 @@ std::string Object(const std::vector<std::pair<std::string, std::string>>& field
   return out;
 }
 
-// Spec §12 test configs, verbatim.
-constexpr std::string_view kK3Tiny = R"json({
-  "model_type": "kimi_k3",
-  "text_config": {
-    "model_type": "kimi_linear",
-    "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 9,
-    "intermediate_size": 512, "hidden_act": "situ",
-    "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
-    "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
-    "num_attention_heads": 4, "num_key_value_heads": 4,
-    "q_lora_rank": 64, "kv_lora_rank": 64,
-    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-    "mla_use_nope": true, "mla_use_output_gate": true,
-    "linear_attn_config": {
-      "num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4,
-      "gate_lower_bound": -5.0, "use_full_rank_gate": true,
-      "kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8, 9]
-    },
-    "num_experts": 32, "num_experts_per_token": 4, "num_shared_experts": 2,
-    "moe_intermediate_size": 64, "routed_expert_hidden_size": 128,
-    "latent_moe_use_norm": true, "moe_router_activation_func": "sigmoid",
-    "moe_renormalize": true, "routed_scaling_factor": 1.0,
-    "use_grouped_topk": true, "num_expert_group": 1, "topk_group": 1,
-    "topk_method": "noaux_tc", "first_k_dense_replace": 1, "moe_layer_freq": 1,
-    "attn_res_block_size": 4, "num_nextn_predict_layers": 0
+// linear_attn_config's shapes (the layer lists are checked by ValidateLayerLists).
+absl::Status ValidateLinearAttn(const LinearAttnConfig& la) {
+  K3_RETURN_IF_ERROR(Positive(la.num_heads, "linear_attn_config.num_heads"));
+  K3_RETURN_IF_ERROR(Positive(la.head_dim, "linear_attn_config.head_dim"));
+  K3_RETURN_IF_ERROR(Positive(la.short_conv_kernel_size, "linear_attn_config.short_conv_kernel_size"));
+  if (la.gate_lower_bound &&
+      !(std::isfinite(*la.gate_lower_bound) && *la.gate_lower_bound < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linear_attn_config.gate_lower_bound must be negative, got ", *la.gate_lower_bound));
   }
-})json";
+  return absl::OkStatus();
+}
 
-constexpr std::string_view kKimiLinearTiny = R"json({
- "model_type": "kimi_linear",
- "vocab_size": 512,
- "hidden_size": 256,
- "num_hidden_layers": 6,
- "intermediate_size": 512,
- "hidden_act": "silu",
- "rms_norm_eps": 1e-05,
- "tie_word_embeddings": false,
- "num_attention_heads": 4,
- "num_key_value_heads": 4,
- "q_lora_rank": null,
- "kv_lora_rank": 64,
- "qk_nope_head_dim": 32,
- "qk_rope_head_dim": 16,
- "v_head_dim": 32,
- "mla_use_nope": true,
- "linear_attn_config": {
-  "num_heads": 4,
-  "head_dim": 32,
-  "short_conv_kernel_size": 4,
-  "kda_layers": [
-   1,
-   2,
-   3,
-   5
-  ],
-  "full_attn_layers": [
-   4,
-   6
-  ]
- },
- "num_experts": 16,
- "num_experts_per_token": 4,
- "num_shared_experts": 1,
- "moe_intermediate_size": 64,
- "moe_router_activation_func": "sigmoid",
- "moe_renormalize": true,
- "routed_scaling_factor": 2.446,
- "use_grouped_topk": true,
- "num_expert_group": 1,
- "topk_group": 1,
- "first_k_dense_replace": 1,
- "moe_layer_freq": 1
-})json";
-
-constexpr std::string_view kK3Perf = R"json({
- "model_type": "kimi_k3",
- "text_config": {
-  "model_type": "kimi_linear",
-  "vocab_size": 4096,
-  "hidden_size": 1024,
-  "num_hidden_layers": 12,
-  "intermediate_size": 2048,
-  "hidden_act": "situ",
-  "activation_situ_beta": 4.0,
-  "activation_situ_linear_beta": 25.0,
-  "rms_norm_eps": 1e-05,
-  "tie_word_embeddings": false,
-  "num_attention_heads": 8,
-  "num_key_value_heads": 8,
-  "q_lora_rank": 384,
-  "kv_lora_rank": 512,
-  "qk_nope_head_dim": 128,
-  "qk_rope_head_dim": 64,
-  "v_head_dim": 128,
-  "mla_use_nope": true,
-  "mla_use_output_gate": true,
-  "linear_attn_config": {
-   "num_heads": 8,
-   "head_dim": 128,
-   "short_conv_kernel_size": 4,
-   "gate_lower_bound": -5.0,
-   "use_full_rank_gate": true,
-   "kda_layers": [
-    1,
-    2,
-    3,
-    5,
-    6,
-    7,
-    9,
-    10,
-    11
-   ],
-   "full_attn_layers": [
-    4,
-    8,
-    12
-   ]
-  },
-  "num_experts": 64,
-  "num_experts_per_token": 8,
-  "num_shared_experts": 2,
-  "moe_intermediate_size": 512,
-  "routed_expert_hidden_size": 512,
-  "latent_moe_use_norm": true,
-  "moe_router_activation_func": "sigmoid",
-  "moe_renormalize": true,
-  "routed_scaling_factor": 1.0,
-  "use_grouped_topk": true,
-  "num_expert_group": 1,
-  "topk_group": 1,
-  "topk_method": "noaux_tc",
-  "first_k_dense_replace": 1,
-  "moe_layer_freq": 1,
-  "attn_res_block_size": 4,
-  "num_nextn_predict_layers": 0
- }
-})json";
+// The MoE fields; a dense model (num_experts 0) ignores the rest.
+absl::Status ValidateMoe(const ModelConfig& c) {
+  if (c.num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts must not be negative, got ", c.num_experts));
+  }
+  if (c.num_experts > 0) {
+    if (c.num_experts_per_token < 1 || c.num_experts_per_token > c.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("num_experts_per_token must be in 1..",
+                                                     c.num_experts, " (num_experts), got ",
+                                                     c.num_experts_per_token));
+    }
+    if (c.num_shared_experts < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_shared_experts must not be negative, got ", c.num_shared_experts));
+    }
+    K3_RETURN_IF_ERROR(Positive(c.moe_intermediate_size, "moe_intermediate_size"));
+    if (c.routed_expert_hidden_size) {
+      K3_RETURN_IF_ERROR(Positive(*c.routed_expert_hidden_size, "routed_expert_hidden_size"));
+    }
+    if (c.moe_router_activation_func != "sigmoid") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_router_activation_func \"", c.moe_router_activation_func,
+                       "\" is not supported (only \"sigmoid\")"));
+    }
+    if (c.num_expert_group != 1 || c.topk_group != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_expert_group ", c.num_expert_group, " / topk_group ", c.topk_group,
+          " is not supported: group-limited routing is unimplemented (both must be 1)"));
+    }
+    if (c.topk_method != "noaux_tc") {
+      return absl::InvalidArgumentError(absl::StrCat("topk_method \"", c.topk_method,
+                                                     "\" is not supported (only \"noaux_tc\")"));
+    }
+    K3_RETURN_IF_ERROR(PositiveFinite(c.routed_scaling_factor, "routed_scaling_factor"));
+    K3_RETURN_IF_ERROR(Positive(c.moe_layer_freq, "moe_layer_freq"));
+    if (c.first_k_dense_replace < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "first_k_dense_replace must not be negative, got ", c.first_k_dense_replace));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -576,56 +512,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         "mla_use_nope false (rotary MLA) is not supported: K3 and Kimi Linear use NoPE");
   }
 
-  const LinearAttnConfig& la = c.linear_attn;
-  K3_RETURN_IF_ERROR(Positive(la.num_heads, "linear_attn_config.num_heads"));
-  K3_RETURN_IF_ERROR(Positive(la.head_dim, "linear_attn_config.head_dim"));
-  K3_RETURN_IF_ERROR(Positive(la.short_conv_kernel_size, "linear_attn_config.short_conv_kernel_size"));
-  if (la.gate_lower_bound &&
-      !(std::isfinite(*la.gate_lower_bound) && *la.gate_lower_bound < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "linear_attn_config.gate_lower_bound must be negative, got ", *la.gate_lower_bound));
-  }
+  K3_RETURN_IF_ERROR(ValidateLinearAttn(c.linear_attn));
   K3_RETURN_IF_ERROR(ValidateLayerLists(c));
 
-  if (c.num_experts < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_experts must not be negative, got ", c.num_experts));
-  }
-  if (c.num_experts > 0) {
-    if (c.num_experts_per_token < 1 || c.num_experts_per_token > c.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("num_experts_per_token must be in 1..",
-                                                     c.num_experts, " (num_experts), got ",
-                                                     c.num_experts_per_token));
-    }
-    if (c.num_shared_experts < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("num_shared_experts must not be negative, got ", c.num_shared_experts));
-    }
-    K3_RETURN_IF_ERROR(Positive(c.moe_intermediate_size, "moe_intermediate_size"));
-    if (c.routed_expert_hidden_size) {
-      K3_RETURN_IF_ERROR(Positive(*c.routed_expert_hidden_size, "routed_expert_hidden_size"));
-    }
-    if (c.moe_router_activation_func != "sigmoid") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("moe_router_activation_func \"", c.moe_router_activation_func,
-                       "\" is not supported (only \"sigmoid\")"));
-    }
-    if (c.num_expert_group != 1 || c.topk_group != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "num_expert_group ", c.num_expert_group, " / topk_group ", c.topk_group,
-          " is not supported: group-limited routing is unimplemented (both must be 1)"));
-    }
-    if (c.topk_method != "noaux_tc") {
-      return absl::InvalidArgumentError(absl::StrCat("topk_method \"", c.topk_method,
-                                                     "\" is not supported (only \"noaux_tc\")"));
-    }
-    K3_RETURN_IF_ERROR(PositiveFinite(c.routed_scaling_factor, "routed_scaling_factor"));
-    K3_RETURN_IF_ERROR(Positive(c.moe_layer_freq, "moe_layer_freq"));
-    if (c.first_k_dense_replace < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "first_k_dense_replace must not be negative, got ", c.first_k_dense_replace));
-    }
-  }
+  K3_RETURN_IF_ERROR(ValidateMoe(c));
   if (c.attn_res_block_size) {
     K3_RETURN_IF_ERROR(Positive(*c.attn_res_block_size, "attn_res_block_size"));
   }
@@ -785,23 +675,6 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (!c.nested_text_config) return Object(text, 0) + "\n";
   return Object({{"model_type", Quoted(c.model_type)}, {"text_config", Object(text, 2)}}, 0) +
          "\n";
-}
-
-absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
-  if (name == "k3-tiny") return ParseModelConfig(kK3Tiny);
-  if (name == "k3-perf") return ParseModelConfig(kK3Perf);
-  if (name == "kimi-linear-tiny") return ParseModelConfig(kKimiLinearTiny);
-  if (name == "k3-tiny-8") {
-    auto config = ParseModelConfig(kK3Tiny);
-    if (!config.ok()) return config.status();
-    config->num_hidden_layers = 8;
-    config->linear_attn.full_attn_layers = {4, 8};
-    if (auto s = ValidateModelConfig(*config); !s.ok()) return s;
-    return config;
-  }
-  return absl::NotFoundError(absl::StrCat("no named config \"", Sv(name),
-                                          "\" (known: k3-tiny, k3-tiny-8, kimi-linear-tiny, "
-                                          "k3-perf)"));
 }
 
 }  // namespace k3
