@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cluster/ucx_address.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -33,102 +34,10 @@ constexpr unsigned kAmId = 0x4b33;  // every message travels as this active mess
 // shared-memory buffers are 8-byte aligned; moe_wire's in-place decoding needs 4).
 constexpr uintptr_t kLentAlignment = alignof(double);
 
-// The address: magic, version, token, host key, liveness port, IPv4 addresses, UCX worker address.
-constexpr uint32_t kAddressMagic = 0x58553b4b;
-constexpr uint8_t kAddressVersion = 1;
-
 // Liveness socket frames: magic, type, token (16 bytes, little-endian).
 constexpr uint32_t kFrameMagic = 0x564c334b;
 constexpr size_t kFrameSize = 16;
 enum FrameType : uint32_t { kHello = 1, kHelloAck = 2, kBye = 3, kByeAck = 4 };
-
-struct ParsedAddress {
-  uint64_t token = 0;
-  std::string host_key;
-  uint16_t port = 0;
-  std::vector<uint32_t> ips;  // network byte order
-  std::string worker_address;
-};
-
-void PutU8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
-void PutLe(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-class Reader {
- public:
-  explicit Reader(const std::string& s) : s_(s) {}
-  bool Le(int bytes, uint64_t* v) {
-    if (s_.size() - pos_ < static_cast<size_t>(bytes)) return false;
-    *v = 0;
-    for (int i = 0; i < bytes; ++i) {
-      *v |= static_cast<uint64_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
-    }
-    pos_ += bytes;
-    return true;
-  }
-  bool Bytes(size_t n, std::string* out) {
-    if (s_.size() - pos_ < n) return false;
-    out->assign(s_, pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool AtEnd() const { return pos_ == s_.size(); }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-};
-
-std::string EncodeAddress(const ParsedAddress& a) {
-  std::string out;
-  PutLe(out, kAddressMagic, 4);
-  PutU8(out, kAddressVersion);
-  PutLe(out, a.token, 8);
-  PutU8(out, static_cast<uint8_t>(a.host_key.size()));
-  out += a.host_key;
-  PutLe(out, a.port, 2);
-  PutU8(out, static_cast<uint8_t>(a.ips.size()));
-  for (uint32_t ip : a.ips) PutLe(out, ntohl(ip), 4);
-  PutLe(out, a.worker_address.size(), 4);
-  out += a.worker_address;
-  return out;
-}
-
-absl::StatusOr<ParsedAddress> DecodeAddress(const std::string& bytes) {
-  Reader r(bytes);
-  ParsedAddress a;
-  uint64_t magic = 0, version = 0, len = 0, port = 0, count = 0;
-  if (!r.Le(4, &magic) || magic != kAddressMagic) {
-    return absl::InvalidArgumentError("not a UCX transport address (bad magic)");
-  }
-  if (!r.Le(1, &version) || version != kAddressVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("UCX transport address version ", version, ", expected ", kAddressVersion));
-  }
-  bool ok = r.Le(8, &a.token) && r.Le(1, &len) && r.Bytes(len, &a.host_key) && r.Le(2, &port) &&
-            r.Le(1, &count);
-  for (uint64_t i = 0; ok && i < count; ++i) {
-    uint64_t ip = 0;
-    ok = r.Le(4, &ip);
-    a.ips.push_back(htonl(static_cast<uint32_t>(ip)));
-  }
-  ok = ok && r.Le(4, &len) && r.Bytes(len, &a.worker_address) && r.AtEnd();
-  if (!ok || a.token == 0 || port == 0 || a.ips.empty() || a.worker_address.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed UCX transport address (", bytes.size(), " bytes)"));
-  }
-  a.port = static_cast<uint16_t>(port);
-  return a;
-}
-
-std::string IpString(uint32_t ip) {
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &ip, text, sizeof(text));
-  return text;
-}
-
-bool IsLoopback(uint32_t ip) { return (ntohl(ip) >> 24) == 127; }
 
 // Processes with the same key share a kernel and a network namespace: loopback reaches them, and
 // so (usually) does shared memory.
@@ -173,15 +82,15 @@ void SetKeepalive(int fd) {
 
 bool WriteFrame(int fd, uint32_t type, uint64_t token) {
   std::string frame;
-  PutLe(frame, kFrameMagic, 4);
-  PutLe(frame, type, 4);
-  PutLe(frame, token, 8);
+  AppendLittleEndian(frame, kFrameMagic, 4);
+  AppendLittleEndian(frame, type, 4);
+  AppendLittleEndian(frame, token, 8);
   return send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
          static_cast<ssize_t>(frame.size());
 }
 
 bool ParseFrame(const std::string& bytes, uint32_t* type, uint64_t* token) {
-  Reader r(bytes);
+  LittleEndianReader r(bytes);
   uint64_t magic = 0, t = 0;
   if (!r.Le(4, &magic) || magic != kFrameMagic || !r.Le(4, &t) || !r.Le(8, token)) return false;
   *type = static_cast<uint32_t>(t);
@@ -197,7 +106,7 @@ int MillisUntil(absl::Time deadline) {
 // theirs, which must be `expected_token`.
 absl::StatusOr<int> DialLiveness(uint32_t ip, uint16_t port, uint64_t our_token,
                                  uint64_t expected_token, absl::Time deadline) {
-  const std::string where = absl::StrCat(IpString(ip), ":", port);
+  const std::string where = absl::StrCat(Ipv4String(ip), ":", port);
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket"));
   auto fail = [&](const std::string& why) {
@@ -350,7 +259,7 @@ absl::Status UcxTransport::Init() {
   host_key_ = HostKey();
   shared_memory_enabled_ = SharedMemoryEnabled(options_.tls);
 
-  ParsedAddress address;
+  UcxAddress address;
   address.token = token_;
   address.host_key = host_key_;
   if (options_.advertise_ips.empty()) {
@@ -448,7 +357,7 @@ absl::Status UcxTransport::Init() {
   }
   address.worker_address.assign(reinterpret_cast<const char*>(worker_address), worker_address_size);
   ucp_worker_release_address(worker_, worker_address);
-  address_ = EncodeAddress(address);
+  address_ = EncodeUcxAddress(address);
 
   progress_thread_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
@@ -474,7 +383,7 @@ void UcxTransport::Wake() {
 }
 
 absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
-  absl::StatusOr<ParsedAddress> parsed = DecodeAddress(address);
+  absl::StatusOr<UcxAddress> parsed = DecodeUcxAddress(address);
   if (!parsed.ok()) return parsed.status();
   if (parsed->token == token_) {
     return absl::InvalidArgumentError("cannot connect a transport to its own address");
@@ -523,7 +432,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   std::vector<uint32_t> candidates;
   if (same_host) candidates.push_back(htonl(INADDR_LOOPBACK));
   for (uint32_t ip : parsed->ips) {
-    if (!IsLoopback(ip)) candidates.push_back(ip);
+    if (!IsLoopbackIpv4(ip)) candidates.push_back(ip);
   }
   if (candidates.empty()) {
     return absl::UnavailableError("the address lists only loopback, and is from another host");
@@ -545,7 +454,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   sockaddr_in sa = {};
   socklen_t len = sizeof(sa);
   getpeername(*fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  const std::string where = absl::StrCat(IpString(sa.sin_addr.s_addr), ":", parsed->port);
+  const std::string where = absl::StrCat(Ipv4String(sa.sin_addr.s_addr), ":", parsed->port);
 
   absl::MutexLock lock(&mu_);
   bool done = false;
@@ -977,7 +886,7 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
         sockaddr_in sa = {};
         socklen_t len = sizeof(sa);
         getpeername(conn.fd, reinterpret_cast<sockaddr*>(&sa), &len);
-        remote->where = IpString(sa.sin_addr.s_addr);
+        remote->where = Ipv4String(sa.sin_addr.s_addr);
       }
       if (remote->state == Remote::State::kFailed || remote->state == Remote::State::kClosing) {
         CloseConnLocked(conn.fd);
