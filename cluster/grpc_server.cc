@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   health->SetServingStatus("", false);
   for (const std::string& name : options.health_services) health->SetServingStatus(name, false);
   LOG(INFO) << "gRPC server listening on " << options.address << " (port " << port << ")"
-            << (tls ? " with TLS" : "");
+            << (tls ? " with TLS" : " in plaintext");
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
 }
 

@@ -90,7 +90,7 @@ absl::StatusOr<ClientTls> LoadClientTls(const TlsFlags& flags) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadServerCredentials(
     const TlsFlags& flags) {
-  if (!flags.enabled()) return grpc::InsecureServerCredentials();
+  if (!flags.enabled()) return nullptr;  // GrpcServerOptions: null is plaintext
   if (absl::Status s = CheckPair(flags); !s.ok()) return s;
   if (flags.cert.empty()) {
     return absl::InvalidArgumentError("--tls-ca on a server needs --tls-cert and --tls-key");

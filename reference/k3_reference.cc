@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
-#include "kernels/bf16.h"
 #include "model/safetensors.h"
+#include "reference/half_bits.h"
 
 namespace k3::reference {
 namespace {
@@ -154,7 +154,7 @@ class Loader {
         for (int64_t i = 0; i < n; ++i) {
           uint16_t bits;
           std::memcpy(&bits, data + 2 * i, sizeof(bits));
-          values[i] = view->dtype == DType::kBf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
+          values[i] = view->dtype == DType::kBf16 ? Bf16ToDouble(bits) : HalfToDouble(bits);
         }
         break;
       case DType::kF32:

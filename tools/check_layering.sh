@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Checks the package layering of docs/ARCHITECTURE.md against the Bazel dependency graph: every
 # rule below is a set of packages that must not depend (directly or not) on another set. Prints
-# each violation with the offending targets; exits 1 if there is any.
+# each violation with the offending targets; exits 1 if there is any. First it reads the
+# sources' #include lines against the same table (tools/check_includes.py, also a bazel test:
+# //tools:check_includes_test), so that an include without its BUILD dep is caught too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+failed=0
+python3 tools/check_includes.py || failed=1
 
 tiers="//attention_nodes/... + //router/... + //expert_nodes/..."
 above="//engine/... + //launcher/... + //tools/... + //coordinator/... + //http_front/... + //:k3serve"
@@ -22,7 +27,6 @@ rules=(
   "engine/ may not use the launcher, tools or the coordinator|//engine/...|//launcher/... + //tools/... + //coordinator/... + //:k3serve"
 )
 
-failed=0
 for rule in "${rules[@]}"; do
   IFS='|' read -r name from forbidden <<<"$rule"
   # Targets of `from` with a path to a forbidden target: the edges to fix.
@@ -34,5 +38,5 @@ for rule in "${rules[@]}"; do
     failed=1
   fi
 done
-[ $failed -eq 0 ] && echo "layering: every package keeps to its layer (${#rules[@]} rules)"
+[ $failed -eq 0 ] && echo "layering: every package keeps to its layer (${#rules[@]} dependency rules)"
 exit $failed
