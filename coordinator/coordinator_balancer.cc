@@ -164,10 +164,7 @@ LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, i
       actor_("balancer") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
-  ScheduleGather();
-  ScheduleRebalance();
-  ScheduleBias();
-  ScheduleResize();
+  SchedulePeriodicWork();
 }
 
 LoadBalancer::~LoadBalancer() { Stop(); }
@@ -181,47 +178,31 @@ void LoadBalancer::Stop() {
   actor_.Stop();
 }
 
-void LoadBalancer::ScheduleGather() {
-  if (options_.gather_interval == absl::ZeroDuration()) return;
-  actor_.PostAfter(options_.gather_interval, [this] {
+void LoadBalancer::SchedulePeriodic(absl::Duration interval, std::function<void()> work) {
+  if (interval == absl::ZeroDuration()) return;
+  actor_.PostAfter(interval, [this, interval, work = std::move(work)] {
     if (stopping_) return;
-    if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
-      LOG_EVERY_N(WARNING, 10) << "gathering expert load: " << gathered;
-    }
-    ScheduleGather();
+    work();
+    SchedulePeriodic(interval, work);
   });
 }
 
-void LoadBalancer::ScheduleRebalance() {
-  if (options_.rebalance_interval == absl::ZeroDuration()) return;
-  actor_.PostAfter(options_.rebalance_interval, [this] {
-    if (stopping_) return;
+void LoadBalancer::SchedulePeriodicWork() {
+  SchedulePeriodic(options_.gather_interval, [this] {
+    if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "gathering expert load: " << gathered;
+    }
+  });
+  SchedulePeriodic(options_.rebalance_interval, [this] {
     absl::StatusOr<pb::RebalanceResponse> outcome = DoRebalance(/*force=*/false);
     if (!outcome.ok()) {
       LOG(WARNING) << "rebalancing: " << outcome.status();
     } else if (!outcome->rolled_out()) {
       VLOG(1) << "rebalancing: nothing rolled out: " << outcome->reason();
     }
-    ScheduleRebalance();
   });
-}
-
-void LoadBalancer::ScheduleBias() {
-  if (options_.online_bias_interval == absl::ZeroDuration()) return;
-  actor_.PostAfter(options_.online_bias_interval, [this] {
-    if (stopping_) return;
-    PushBias();
-    ScheduleBias();
-  });
-}
-
-void LoadBalancer::ScheduleResize() {
-  if (options_.resize_interval == absl::ZeroDuration()) return;
-  actor_.PostAfter(options_.resize_interval, [this] {
-    if (stopping_) return;
-    Resize();
-    ScheduleResize();
-  });
+  SchedulePeriodic(options_.online_bias_interval, [this] { PushBias(); });
+  SchedulePeriodic(options_.resize_interval, [this] { Resize(); });
 }
 
 std::shared_ptr<grpc::Channel> LoadBalancer::ChannelTo(const std::string& address) {

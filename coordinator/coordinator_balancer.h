@@ -138,10 +138,10 @@ class LoadBalancer {
   struct Round;  // the answers of one call to every target
 
   // All on the balancer's thread.
-  void ScheduleGather();
-  void ScheduleRebalance();
-  void ScheduleBias();
-  void ScheduleResize();
+  // Runs `work` on the actor every `interval` (never when it is zero) until Stop.
+  void SchedulePeriodic(absl::Duration interval, std::function<void()> work);
+  // Gathering, rebalancing, online bias and resizing at their configured intervals.
+  void SchedulePeriodicWork();
   // Rolls out the worker-set change PlanResize asks for, if any.
   void Resize();
   // Steps 1-4 of a rollout (see the file comment) for `next` over `base_version`, whose version
