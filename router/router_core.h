@@ -47,8 +47,10 @@
 // k3_router_pending_steps, k3_router_routed_tokens_total{layer} and k3_router_expert_load_max_vio
 // {layer} (MoE layer index; the window of GetLoadStats).
 //
-// Thread-safety: Poll and FailAll from one loop thread; UpdateClusterState, Readiness and LoadStats
-// from any thread.
+// Thread-safety: RouterNode makes every call on its actor ("router"). The locks (state_mu_,
+// ready_mu_, RouterLoadStats's) serve only tests/router_core_test.cc, which polls on a loop thread
+// of its own while the test thread calls UpdateClusterState, SetBias, Readiness and LoadStats;
+// Poll and FailAll must come from one thread at a time.
 #ifndef K3SERVE_ROUTER_ROUTER_CORE_H_
 #define K3SERVE_ROUTER_ROUTER_CORE_H_
 
@@ -134,8 +136,6 @@ class RouterCore {
   // next step the loop starts on; steps already routed are not touched. Its load window starts
   // anew. INVALID_ARGUMENT for a layer out of range or not one finite value per expert.
   absl::Status SetBias(int moe_layer, std::vector<float> bias);
-
-  size_t pending_steps() const { return pending_.size(); }
 
  private:
   struct Metrics;
