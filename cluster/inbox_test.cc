@@ -1,9 +1,11 @@
 #include "cluster/inbox.h"
 
+#include <atomic>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/test_wait.h"
 #include "gtest/gtest.h"
 
 namespace k3 {
@@ -132,12 +134,18 @@ TEST(InboxTest, ReceiveLetsTheCallerDriveDeliveries) {
 TEST(InboxTest, ACallerThatCannotDriveWaitsForAnotherThreadsDelivery) {
   Inbox inbox;
   inbox.Bind(100, 1);
+  // The delivery comes once the caller has found nothing and been refused a drive, so it is
+  // another thread's delivery that the caller waits for.
+  std::atomic<int> refused{0};
   std::thread producer([&] {
-    absl::SleepFor(absl::Milliseconds(30));
+    EXPECT_TRUE(WaitFor([&] { return refused.load() > 0; }));
     inbox.Deliver(100, "from elsewhere");
   });
   absl::StatusOr<Received> received =
-      inbox.Receive(absl::Now() + absl::Seconds(10), [](absl::Time) { return false; });
+      inbox.Receive(absl::Now() + absl::Seconds(10), [&](absl::Time) {
+        refused.fetch_add(1);
+        return false;
+      });
   producer.join();
   ASSERT_TRUE(received.ok());
   EXPECT_EQ(received->bytes, "from elsewhere");

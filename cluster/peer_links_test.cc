@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cluster/inproc_transport.h"
+#include "cluster/test_wait.h"
 #include "gtest/gtest.h"
 
 namespace k3 {
@@ -68,9 +69,11 @@ TEST(PeerLinksTest, FailedPeerStaysLostUntilANewProcessTakesItsId) {
   absl::Status lost = links.LinkStatus(5);
   EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(lost.message(), failure->error.message());
-  // The same state again does not bring it back.
-  links.SetTargets({Target(5, 1, *old_process)});
-  absl::SleepFor(5 * kRetry);
+  // The same state again does not bring it back: once the links have acted on that target set
+  // (a live peer beside it got connected), peer 5 is still failed.
+  auto witness = network.CreateTransport();
+  links.SetTargets({Target(5, 1, *old_process), Target(6, 1, *witness)});
+  ASSERT_TRUE(WaitFor([&] { return links.LinkStatus(6).ok(); }, kWait));
   EXPECT_EQ(links.LinkStatus(5).code(), absl::StatusCode::kUnavailable);
 
   // A restarted process under the same id (another incarnation and address) is connected anew.
@@ -92,8 +95,7 @@ TEST(PeerLinksTest, DisconnectsMembersThatLeft) {
   ASSERT_TRUE(links.WaitAllConnected(absl::Now() + kWait));
   links.SetTargets({});
   EXPECT_EQ(links.LinkStatus(1).code(), absl::StatusCode::kFailedPrecondition);
-  const absl::Time deadline = absl::Now() + kWait;
-  while (self->Send(1, "x").ok() && absl::Now() < deadline) absl::SleepFor(kRetry);
+  EXPECT_TRUE(WaitFor([&] { return !self->Send(1, "x").ok(); }, kWait));
   EXPECT_EQ(self->Send(1, "x").code(), absl::StatusCode::kFailedPrecondition);
 }
 
