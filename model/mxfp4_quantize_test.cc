@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -33,6 +34,40 @@ TEST(QuantizeMxfp4Test, RepresentableValuesRoundTripExactly) {
     for (int64_t c = 0; c < cols; ++c) {
       EXPECT_EQ(Decoded(q, cols, r, c), values[r * cols + c]) << r << "," << c;
     }
+  }
+}
+
+// Bytes worked out by hand from spec §10 (E2M1 codes 0, 0.5, 1, 1.5, 2, 3, 4, 6 for 0-7, bit 3 the
+// sign; element 2i in the low nibble; E8M0 scale 2^(s - 127)) and the header's rounding rules
+// (smallest scale holding the group's largest magnitude, nearest value, ties to the even code),
+// without the decoder.
+TEST(QuantizeMxfp4Test, BytesMatchTheSpecsEncodingWorkedByHand) {
+  std::vector<float> row(4 * kMxfp4Group, 0.0f);
+  // Group 0, max 6: scale 2^0 (byte 127).
+  const float group0[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6,         // codes 0-7
+                            -0.5f, -1, -1.5f, -2,                 // codes 9-12
+                            2.4f, 2.5f,                           // 2 (code 4); tie 2|3: code 4
+                            5.0f, 0.25f};                         // tie 4|6: 6; tie 0|0.5: 0
+  std::copy(group0, group0 + 16, row.begin());
+  // Group 1, max 7 > 6: scale 2^1 (byte 128). 7/2 = 3.5 ties 3|4: code 6; -0.75/2 = -0.375 is
+  // nearest -0.5: code 9; 1/2 = 0.5: code 1.
+  row[32] = 7.0f;
+  row[33] = -0.75f;
+  row[34] = 1.0f;
+  // Group 2 all zero: byte 127. Group 3, max 0.1: 6 * 2^-6 = 0.09375 is short, 6 * 2^-5 holds
+  // it (byte 122); 0.1 / 2^-5 = 3.2: code 5.
+  row[96] = 0.1f;
+  const Mxfp4Bytes q = QuantizeMxfp4(row.data(), 1, 4 * kMxfp4Group);
+  EXPECT_EQ(q.scales, std::string({'\x7f', '\x80', '\x7f', '\x7a'}));
+  std::string codes(2 * kMxfp4Group, '\0');
+  const uint8_t hand[] = {0x10, 0x32, 0x54, 0x76, 0xA9, 0xCB, 0x44, 0x06};
+  for (int i = 0; i < 8; ++i) codes[i] = static_cast<char>(hand[i]);
+  codes[16] = static_cast<char>(0x96);
+  codes[17] = static_cast<char>(0x01);
+  codes[48] = static_cast<char>(0x05);
+  ASSERT_EQ(q.codes.size(), codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    EXPECT_EQ(static_cast<uint8_t>(q.codes[i]), static_cast<uint8_t>(codes[i])) << "byte " << i;
   }
 }
 
