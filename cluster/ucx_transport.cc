@@ -6,6 +6,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -22,7 +23,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cluster/liveness_socket.h"
 #include "cluster/ucx_address.h"
 #include "glog/logging.h"
 
@@ -33,6 +33,11 @@ constexpr unsigned kAmId = 0x4b33;  // every message travels as this active mess
 // Received buffers are lent only at addresses aligned for any scalar a message holds (UCX's
 // shared-memory buffers are 8-byte aligned; moe_wire's in-place decoding needs 4).
 constexpr uintptr_t kLentAlignment = alignof(double);
+
+// Liveness socket frames: magic, type, token (16 bytes, little-endian).
+constexpr uint32_t kFrameMagic = 0x564c334b;
+constexpr size_t kFrameSize = 16;
+enum FrameType : uint32_t { kHello = 1, kHelloAck = 2, kBye = 3, kByeAck = 4 };
 
 // Processes with the same key share a kernel and a network namespace: loopback reaches them, and
 // so (usually) does shared memory.
@@ -62,6 +67,86 @@ bool SharedMemoryEnabled(std::string tls) {
     if (names.count(name)) return true;
   }
   return false;
+}
+
+std::string Errno(const char* what) { return absl::StrCat(what, ": ", strerror(errno)); }
+
+void SetKeepalive(int fd) {
+  int on = 1, idle = 2, interval = 1, count = 3;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+}
+
+bool WriteFrame(int fd, uint32_t type, uint64_t token) {
+  std::string frame;
+  AppendLittleEndian(frame, kFrameMagic, 4);
+  AppendLittleEndian(frame, type, 4);
+  AppendLittleEndian(frame, token, 8);
+  return send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(frame.size());
+}
+
+bool ParseFrame(const std::string& bytes, uint32_t* type, uint64_t* token) {
+  LittleEndianReader r(bytes);
+  uint64_t magic = 0, t = 0;
+  if (!r.Le(4, &magic) || magic != kFrameMagic || !r.Le(4, &t) || !r.Le(8, token)) return false;
+  *type = static_cast<uint32_t>(t);
+  return true;
+}
+
+int MillisUntil(absl::Time deadline) {
+  return static_cast<int>(std::max<int64_t>(
+      0, absl::ToInt64Milliseconds(deadline - absl::Now() + absl::Microseconds(999))));
+}
+
+// Opens the liveness socket to `ip:port` and shakes hands: HELLO with our token, HELLO_ACK with
+// theirs, which must be `expected_token`.
+absl::StatusOr<int> DialLiveness(uint32_t ip, uint16_t port, uint64_t our_token,
+                                 uint64_t expected_token, absl::Time deadline) {
+  const std::string where = absl::StrCat(Ipv4String(ip), ":", port);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(Errno("socket"));
+  auto fail = [&](const std::string& why) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot reach ", where, ": ", why));
+  };
+  sockaddr_in sa = {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = ip;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
+    return fail(Errno("connect"));
+  }
+  pollfd p = {fd, POLLOUT, 0};
+  if (poll(&p, 1, MillisUntil(deadline)) != 1) return fail("connect timed out");
+  int error = 0;
+  socklen_t len = sizeof(error);
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+  if (error != 0) return fail(absl::StrCat("connect: ", strerror(error)));
+  if (!WriteFrame(fd, kHello, our_token)) return fail(Errno("send"));
+  std::string reply;
+  while (reply.size() < kFrameSize) {
+    p = {fd, POLLIN, 0};
+    if (poll(&p, 1, MillisUntil(deadline)) != 1) return fail("no answer to the handshake");
+    char buf[kFrameSize];
+    ssize_t n = recv(fd, buf, kFrameSize - reply.size(), 0);
+    if (n == 0) return fail("connection closed during the handshake");
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(Errno("recv"));
+    if (n > 0) reply.append(buf, n);
+  }
+  uint32_t type = 0;
+  uint64_t token = 0;
+  if (!ParseFrame(reply, &type, &token) || type != kHelloAck) {
+    return fail("not a k3serve transport");
+  }
+  if (token != expected_token) {
+    return fail("a different process listens there now (the address is stale)");
+  }
+  SetKeepalive(fd);
+  return fd;
 }
 
 }  // namespace
@@ -179,7 +264,7 @@ absl::Status UcxTransport::Init() {
   address.host_key = host_key_;
   if (options_.advertise_ips.empty()) {
     ifaddrs* interfaces = nullptr;
-    if (getifaddrs(&interfaces) != 0) return absl::InternalError(ErrnoMessage("getifaddrs"));
+    if (getifaddrs(&interfaces) != 0) return absl::InternalError(Errno("getifaddrs"));
     for (ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
       if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
       if (!(i->ifa_flags & IFF_UP)) continue;
@@ -198,7 +283,7 @@ absl::Status UcxTransport::Init() {
   if (address.ips.empty()) return absl::UnavailableError("no IPv4 interface is up");
 
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) return absl::InternalError(ErrnoMessage("socket"));
+  if (listen_fd_ < 0) return absl::InternalError(Errno("socket"));
   int on = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
   sockaddr_in sa = {};
@@ -208,11 +293,11 @@ absl::Status UcxTransport::Init() {
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
       listen(listen_fd_, 128) != 0 ||
       getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    return absl::InternalError(ErrnoMessage("liveness listener"));
+    return absl::InternalError(Errno("liveness listener"));
   }
   address.port = ntohs(sa.sin_port);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) return absl::InternalError(ErrnoMessage("eventfd"));
+  if (wake_fd_ < 0) return absl::InternalError(Errno("eventfd"));
 
   absl::MutexLock lock(&mu_);
   ucp_config_t* config = nullptr;
@@ -574,7 +659,7 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
   for (Remote* remote : closing) {
     for (auto& [fd, conn] : conns_) {
       if (conn->token != remote->token || conn->awaiting_ack) continue;
-      if (WriteLivenessFrame(fd, kBye, token_)) {
+      if (WriteFrame(fd, kBye, token_)) {
         conn->awaiting_ack = true;
         ++remote->acks_awaited;
       }
@@ -685,7 +770,7 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
     // UCX signals the event fd for receives and completions; the short timeout while operations
     // are pending is a safety net for the few internal events that do not.
     const bool busy = !sends_.empty() || !recvs_.empty() || pending_closes_ > 0;
-    timeout_ms = std::min(busy ? 1 : 100, PollMillisUntil(until));
+    timeout_ms = std::min(busy ? 1 : 100, MillisUntil(until));
   }
   if (poll(poll_fds_.data(), poll_fds_.size(), timeout_ms) < 0 && errno != EINTR) {
     PLOG(ERROR) << "poll";
@@ -752,7 +837,7 @@ void UcxTransport::AcceptLocked() {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    SetLivenessKeepalive(fd);
+    SetKeepalive(fd);
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
     conn->serial = next_conn_serial_++;
@@ -771,15 +856,15 @@ void UcxTransport::ReadConnLocked(int fd) {
   Conn* conn = conns_[fd].get();
   conn->buffer.append(buf, n);
   const uint64_t serial = conn->serial;
-  while (conn->buffer.size() >= kLivenessFrameSize) {
+  while (conn->buffer.size() >= kFrameSize) {
     uint32_t type = 0;
     uint64_t token = 0;
-    if (!ParseLivenessFrame(conn->buffer.substr(0, kLivenessFrameSize), &type, &token)) {
+    if (!ParseFrame(conn->buffer.substr(0, kFrameSize), &type, &token)) {
       LOG(WARNING) << "UCX transport: garbage on a liveness socket; closing it";
       ConnLostLocked(fd);
       return;
     }
-    conn->buffer.erase(0, kLivenessFrameSize);
+    conn->buffer.erase(0, kFrameSize);
     HandleFrameLocked(*conn, type, token);
     auto still = conns_.find(fd);
     if (still == conns_.end() || still->second->serial != serial) return;
@@ -811,7 +896,7 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
       // until our Connect.
       remote->state = Remote::State::kUp;
       conn.token = token;
-      if (!WriteLivenessFrame(conn.fd, kHelloAck, token_)) ConnLostLocked(conn.fd);
+      if (!WriteFrame(conn.fd, kHelloAck, token_)) ConnLostLocked(conn.fd);
       return;
     }
     case kBye: {
@@ -819,7 +904,7 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
       if (it == remotes_.end()) return;
       Remote& remote = *it->second;
       if (remote.state == Remote::State::kClosing) {
-        WriteLivenessFrame(conn.fd, kByeAck, token_);  // both sides are closing
+        WriteFrame(conn.fd, kByeAck, token_);  // both sides are closing
       } else if (remote.state == Remote::State::kUp) {
         PeerClosingLocked(remote);
       }
@@ -872,7 +957,7 @@ void UcxTransport::PeerClosingLocked(Remote& remote) {
 
 void UcxTransport::AcknowledgeByeLocked(Remote& remote) {
   for (const auto& [fd, conn] : conns_) {
-    if (conn->token == remote.token) WriteLivenessFrame(fd, kByeAck, token_);
+    if (conn->token == remote.token) WriteFrame(fd, kByeAck, token_);
   }
   CloseConnsOfLocked(remote.token);
 }

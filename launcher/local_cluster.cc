@@ -1,13 +1,10 @@
 #include "launcher/local_cluster.h"
 
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,17 +16,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cluster/grpc_server.h"
 #include "cluster/grpc_status.h"
+#include "cluster/node_process.h"
+#include "launcher/free_ports.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -64,109 +61,6 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 
 std::string Errno(const std::string& what) { return absl::StrCat(what, ": ", strerror(errno)); }
 
-std::string HostPort(const std::string& host, int port) {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                             : absl::StrCat(host, ":", port);
-}
-
-// The kernel's ephemeral port range (net.ipv4.ip_local_port_range): where bind() to port 0 and
-// every outgoing connect() take their local port from.
-std::pair<int, int> EphemeralPortRange() {
-  int low = 32768, high = 60999;  // Linux's default
-  std::ifstream file("/proc/sys/net/ipv4/ip_local_port_range");
-  int l = 0, h = 0;
-  if (file >> l >> h && 0 < l && l <= h && h <= 65535) {
-    low = l;
-    high = h;
-  }
-  return {low, high};
-}
-
-// `n` ports that are free on this network namespace's wildcard address right now. All sockets
-// stay bound until every port is known, so the ports differ from each other. The ports are
-// drawn at random from outside the kernel's ephemeral range: a port released here and bound by
-// its node a moment later could otherwise be taken in between as the local port of any
-// process's outgoing connection (or a port-0 listener, such as UCX's), which on a busy machine
-// (parallel tests, gRPC channels opening) happens. Outside the range only an explicit bind can
-// take it, and random picks make two launchers on one machine unlikely to choose the same one.
-// Where the range leaves too little room outside it, the kernel picks (port 0).
-absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
-  const auto [low, high] = EphemeralPortRange();
-  constexpr int kFirst = 10000;  // above the ports well-known services tend to use
-  constexpr int kMinBand = 2000;
-  int band_first = 0, band_last = -1;
-  if (low - 1 - kFirst + 1 >= kMinBand) {
-    band_first = kFirst;
-    band_last = low - 1;
-  } else if (65535 - (high + 1) + 1 >= kMinBand) {
-    band_first = high + 1;
-    band_last = 65535;
-  }
-  const bool random = band_last >= band_first;
-  std::mt19937 rng(std::random_device{}());
-  std::uniform_int_distribution<int> draw(random ? band_first : 0, random ? band_last : 0);
-
-  std::vector<int> fds;
-  std::vector<int> ports;
-  absl::Status status;
-  for (int attempt = 0; static_cast<int>(ports.size()) < n && status.ok(); ++attempt) {
-    if (random && attempt >= 100 * n + 1000) {
-      status = absl::UnavailableError(absl::StrCat("found only ", ports.size(), " of ", n,
-                                                   " free ports in ", band_first, "-", band_last));
-      break;
-    }
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      status = absl::InternalError(Errno("socket"));
-      break;
-    }
-    sockaddr_in sa = {};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    sa.sin_port = htons(static_cast<uint16_t>(draw(rng)));
-    socklen_t len = sizeof(sa);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-      const int error = errno;
-      close(fd);
-      if (random && (error == EADDRINUSE || error == EACCES)) continue;  // draw another
-      errno = error;
-      status = absl::InternalError(Errno("picking a free port"));
-      break;
-    }
-    fds.push_back(fd);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-      status = absl::InternalError(Errno("picking a free port"));
-      break;
-    }
-    ports.push_back(ntohs(sa.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
-  return ports;
-}
-
-// True when `port` of `host` (an IP address) is bound by some socket now, as when another process
-// took a port between PickFreePorts and the node's own bind. SO_REUSEADDR, as the servers set it,
-// so a closed connection's TIME_WAIT does not count.
-bool PortHeld(const std::string& host, int port) {
-  addrinfo hints = {};
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string bare(absl::StripSuffix(absl::StripPrefix(host, "["), "]"));
-  if (getaddrinfo(bare.c_str(), absl::StrCat(port).c_str(), &hints, &found) != 0) return false;
-  bool held = false;
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    held = bind(fd, found->ai_addr, found->ai_addrlen) != 0 && errno == EADDRINUSE;
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return held;
-}
-
 std::string DescribeExit(int status) {
   return status > 128 ? absl::StrCat("was killed by signal ", status - 128)
                       : absl::StrCat("exited with status ", status);
@@ -176,37 +70,61 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address, const ClientT
   return tls.Connect(address);
 }
 
-// The TLS flags as a node's arguments.
-std::vector<std::string> TlsArgs(const TlsFlags& tls) {
-  std::vector<std::string> args;
-  const std::pair<const char*, const std::string*> flags[] = {{"--tls-cert", &tls.cert},
-                                                              {"--tls-key", &tls.key},
-                                                              {"--tls-ca", &tls.ca},
-                                                              {"--tls-server-name",
-                                                               &tls.server_name}};
-  for (const auto& [flag, value] : flags) {
-    if (!value->empty()) args.insert(args.end(), {flag, *value});
+// The launcher's environment with `overrides` added or replacing its entries, as KEY=VALUE.
+std::vector<std::string> ChildEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (overrides.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
   }
-  return args;
+  for (const auto& [key, value] : overrides) env.push_back(absl::StrCat(key, "=", value));
+  return env;
+}
+
+// What a forked child needs, prepared before fork: after it, in a process with other threads,
+// the child may only make async-signal-safe calls until exec.
+struct ChildSetup {
+  char** argv;
+  char** envp;
+  int log;                 // stdout and stderr
+  int null;                // stdin
+  int netns;               // network namespace to join; -1: the launcher's
+  const char* netns_name;  // its name, as the source of the sysfs mount
+  pid_t parent;            // the launcher
+  sigset_t signal_mask = {};  // the child's (empty)
+};
+
+// In the child: its own process group, death with the launcher, default signal handling, the
+// log as output, the network namespace, then exec. Never returns.
+[[noreturn]] void RunChild(const ChildSetup& c) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != c.parent) _exit(127);  // the launcher died before prctl took effect
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP}) sigaction(sig, &dfl, nullptr);
+  sigprocmask(SIG_SETMASK, &c.signal_mask, nullptr);
+  dup2(c.null, 0);
+  dup2(c.log, 1);
+  dup2(c.log, 2);
+  if (c.netns >= 0) {
+    // What `ip netns exec` does: join the network namespace, then mount a sysfs of it in a
+    // private mount namespace, where UCX looks for network devices (/sys/class/net).
+    if (setns(c.netns, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
+        mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
+        umount2("/sys", MNT_DETACH) != 0 || mount(c.netns_name, "/sys", "sysfs", 0, nullptr) != 0) {
+      static const char kMessage[] = "k3serve local: entering the network namespace failed\n";
+      (void)!write(2, kMessage, sizeof(kMessage) - 1);
+      _exit(127);
+    }
+  }
+  execve(c.argv[0], c.argv, c.envp);
+  static const char kMessage[] = "k3serve local: exec failed\n";
+  (void)!write(2, kMessage, sizeof(kMessage) - 1);
+  _exit(127);
 }
 
 }  // namespace
-
-const char* NodeRoleName(NodeRole role) {
-  switch (role) {
-    case NodeRole::kCoordinator:
-      return "coordinator";
-    case NodeRole::kAttention:
-      return "attention";
-    case NodeRole::kRouter:
-      return "router";
-    case NodeRole::kExpert:
-      return "expert";
-    case NodeRole::kHttp:
-      return "http";
-  }
-  return "?";
-}
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
@@ -241,82 +159,69 @@ absl::Status LocalCluster::Plan() {
   absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
   if (!tls.ok()) return tls.status();
   tls_ = *std::move(tls);
-  if (o.attention < 1 || o.routers < 1 || o.experts < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a cluster needs at least one attention node and one router (got ",
-                     o.attention, " attention, ", o.routers, " routers, ", o.experts, " experts)"));
+  if (absl::Status s = CheckNodeCounts(o); !s.ok()) return s;
+  ClusterPlanInputs in;
+  if (absl::Status s = ResolvePaths(&in); !s.ok()) return s;
+  absl::StatusOr<std::vector<int>> slots = PlanExpertSlots(o, in.num_experts);
+  if (!slots.ok()) return slots.status();
+  in.expert_slots = *std::move(slots);
+  in.http_port = o.http_port;
+  if (in.http_port == 0) {
+    absl::StatusOr<std::vector<int>> picked = PickPorts(1);
+    if (!picked.ok()) return picked.status();
+    in.http_port = (*picked)[0];
   }
+  absl::StatusOr<std::vector<int>> ports =
+      o.base_port == 0 ? PickPorts(PlannedPortCount(o)) : ConsecutivePorts(o);
+  if (!ports.ok()) return ports.status();
+  in.ports = *std::move(ports);
+  if (absl::Status s = MakeLogDir(); !s.ok()) return s;
+  in.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
+
+  ClusterPlan plan = PlanCluster(o, in);
+  node_threads_ = plan.node_threads;
+  attention_threads_ = plan.attention_threads;
+  for (PlannedNode& planned : plan.nodes) {
+    Node node;
+    node.name = std::move(planned.name);
+    node.role = planned.role;
+    node.index = planned.index;
+    node.argv = std::move(planned.argv);
+    node.grpc_address = std::move(planned.grpc_address);
+    node.metrics_address = std::move(planned.metrics_address);
+    node.http_address = std::move(planned.http_address);
+    node.log_path = absl::StrCat(log_dir_, "/", node.name, ".log");
+    nodes_.push_back(std::move(node));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::ResolvePaths(ClusterPlanInputs* in) const {
+  const LocalClusterOptions& o = options_;
   if (access(o.binary.c_str(), X_OK) != 0) {
     return absl::InvalidArgumentError(Errno(absl::StrCat("k3serve binary ", o.binary)));
   }
   std::error_code ec;
   // The real path, so that ps shows k3serve rather than /proc/self/exe.
-  const std::string binary = std::filesystem::canonical(o.binary, ec).string();
+  in->binary = std::filesystem::canonical(o.binary, ec).string();
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("k3serve binary ", o.binary, ": ", ec.message()));
   }
   if (o.model.empty()) return absl::InvalidArgumentError("no model folder given");
-  const std::string model = std::filesystem::absolute(o.model, ec).string();
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(model);
+  in->model = std::filesystem::absolute(o.model, ec).string();
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(in->model);
   if (!config.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", o.model, ": ", config.status().message()));
   }
-  const int num_experts = config->num_experts;
-  if ((num_experts > 0) != (o.experts > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("the model has ", num_experts,
-                                                   " routed experts per layer but the cluster ",
-                                                   o.experts, " expert nodes"));
-  }
-  std::vector<int> slots = o.expert_slots;
-  if (slots.empty() && o.experts > 0) {
-    slots.assign(o.experts, (num_experts + o.experts - 1) / o.experts);
-  }
-  if (static_cast<int>(slots.size()) != o.experts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slots.size(), " expert slot counts for ", o.experts, " expert nodes"));
-  }
-  int total_slots = 0;
-  for (int s : slots) {
-    if (s < 1) return absl::InvalidArgumentError("expert slot counts must be at least 1");
-    total_slots += s;
-  }
-  if (total_slots < num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert slots sum to ", total_slots, ", fewer than the model's ", num_experts, " experts"));
-  }
+  in->num_experts = config->num_experts;
+  return absl::OkStatus();
+}
 
-  if (o.node_threads < 0 || o.node_threads > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("node threads ", o.node_threads, " out of range [0, 4096]"));
-  }
-  if (o.http_port < -1 || o.http_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("HTTP port ", o.http_port, " out of range"));
-  }
-  const int fronts = o.http_port >= 0 ? 1 : 0;
-  const int count = 1 + o.attention + o.routers + o.experts + fronts;
-  int http_port = o.http_port;
-  if (http_port == 0) {
-    absl::StatusOr<std::vector<int>> picked = PickPorts(1);
-    if (!picked.ok()) return picked.status();
-    http_port = (*picked)[0];
-  }
-  std::vector<int> ports;
-  if (o.base_port == 0) {
-    absl::StatusOr<std::vector<int>> picked = PickPorts(o.metrics ? 2 * count : count);
-    if (!picked.ok()) return picked.status();
-    ports = *std::move(picked);
-  } else {
-    const int needed = o.metrics ? 2 * count : count;
-    if (o.base_port < 1 || o.base_port + needed - 1 > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "base port ", o.base_port, " leaves no room for ", needed, " ports below 65536"));
-    }
-    for (int i = 0; i < needed; ++i) ports.push_back(o.base_port + i);
-  }
-
-  log_dir_ = o.log_dir;
+absl::Status LocalCluster::MakeLogDir() {
+  log_dir_ = options_.log_dir;
+  std::error_code ec;
   if (log_dir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern =
@@ -326,93 +231,7 @@ absl::Status LocalCluster::Plan() {
   } else if (std::filesystem::create_directories(log_dir_, ec); ec) {
     return absl::InvalidArgumentError(absl::StrCat("log folder ", log_dir_, ": ", ec.message()));
   }
-
-  const int hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
-  node_threads_ = o.node_threads > 0
-                      ? o.node_threads
-                      : SplitKernelThreads(hardware_threads, o.attention + o.routers + o.experts);
-  attention_threads_ =
-      o.node_threads > 0 ? o.node_threads : SplitKernelThreads(hardware_threads, o.attention);
-  auto site = [&](NodeRole role) {
-    auto it = o.sites.find(role);
-    return it == o.sites.end() ? NodeSite() : it->second;
-  };
-  const std::string coordinator = HostPort(site(NodeRole::kCoordinator).host, ports[0]);
-  auto add = [&](NodeRole role, int index, std::vector<std::string> args) {
-    const int i = static_cast<int>(nodes_.size());
-    Node node;
-    node.role = role;
-    node.index = index;
-    node.name = role == NodeRole::kCoordinator ? "coordinator"
-                                               : absl::StrCat(NodeRoleName(role), "-", index);
-    const std::string host = site(role).host;
-    node.grpc_address = HostPort(host, ports[i]);
-    node.log_path = absl::StrCat(log_dir_, "/", node.name, ".log");
-    node.argv = {binary, NodeRoleName(role)};
-    if (role == NodeRole::kHttp) {
-      // Not a cluster member: it calls the attention nodes, and --port is its HTTP API.
-      node.http_address = HostPort(host, http_port);
-      node.argv.insert(node.argv.end(), {"--server", absl::StrJoin(generate_addresses(), ","),
-                                         "--port", absl::StrCat(http_port), "--grpc-port",
-                                         absl::StrCat(ports[i])});
-    } else {
-      if (role != NodeRole::kCoordinator) {
-        node.argv.insert(node.argv.end(), {"--coordinator", coordinator});
-      }
-      node.argv.insert(node.argv.end(), {"--port", absl::StrCat(ports[i])});
-    }
-    node.argv.insert(node.argv.end(), {"--model", model, "--host", host});
-    if (o.metrics) {
-      node.metrics_address = HostPort(host, ports[count + i]);
-      node.argv.insert(node.argv.end(), {"--metrics-port", absl::StrCat(ports[count + i])});
-    }
-    const std::vector<std::string> tls_args = TlsArgs(o.tls);
-    node.argv.insert(node.argv.end(), tls_args.begin(), tls_args.end());
-    if (!o.auth_token_file.empty() && (role == NodeRole::kAttention || role == NodeRole::kHttp)) {
-      node.argv.insert(node.argv.end(), {"--auth-token-file", o.auth_token_file});
-    }
-    node.argv.insert(node.argv.end(), args.begin(), args.end());
-    if (auto extra = o.extra_args.find(role); extra != o.extra_args.end()) {
-      node.argv.insert(node.argv.end(), extra->second.begin(), extra->second.end());
-    }
-    nodes_.push_back(std::move(node));
-  };
-  // A fresh cluster has no members to relearn, so the coordinator needs no recovery window.
-  std::vector<std::string> coordinator_args = {
-      "--expected-experts", absl::StrCat(o.experts), "--required-roles",
-      o.experts > 0 ? "attention,router,expert" : "attention,router", "--recovery-window-ms", "0"};
-  if (const int spare = SpareExpertSlots(o, num_experts); spare > 0) {
-    coordinator_args.insert(coordinator_args.end(),
-                            {"--spare-slots-per-worker", absl::StrCat(spare)});
-  }
-  add(NodeRole::kCoordinator, 0, coordinator_args);
-  // Attention nodes drain within half the stop grace, so SIGTERM rarely needs a SIGKILL after it.
-  const int64_t drain_ms = absl::ToInt64Milliseconds(o.stop_grace / 2);
-  for (int i = 0; i < o.attention; ++i) {
-    add(NodeRole::kAttention, i, {"--drain-timeout-ms", absl::StrCat(drain_ms)});
-  }
-  for (int i = 0; i < o.routers; ++i) add(NodeRole::kRouter, i, {});
-  for (int i = 0; i < o.experts; ++i) {
-    add(NodeRole::kExpert, i, {"--slots", absl::StrCat(slots[i])});
-  }
-  if (fronts > 0) add(NodeRole::kHttp, 0, {});
   return absl::OkStatus();
-}
-
-int SpareExpertSlots(const LocalClusterOptions& options, int num_experts) {
-  auto extra = options.extra_args.find(NodeRole::kCoordinator);
-  if (extra != options.extra_args.end() &&
-      std::find(extra->second.begin(), extra->second.end(), "--spare-slots-per-worker") !=
-          extra->second.end()) {
-    return 0;  // set by hand
-  }
-  if (options.spare_expert_slots >= 0) return options.spare_expert_slots;
-  if (options.experts < 2 || num_experts == 0) return 0;
-  return (num_experts + options.experts - 1) / options.experts;
-}
-
-int SplitKernelThreads(int hardware_threads, int data_plane_nodes) {
-  return std::max(1, hardware_threads / std::max(1, data_plane_nodes));
 }
 
 absl::Status LocalCluster::Launch(Node& node) {
@@ -431,12 +250,7 @@ absl::Status LocalCluster::Launch(Node& node) {
   std::vector<char*> argv;
   for (std::string& arg : node.argv) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (site.env.count(entry.substr(0, entry.find('='))) == 0) env_strings.push_back(entry);
-  }
-  for (const auto& [key, value] : site.env) env_strings.push_back(absl::StrCat(key, "=", value));
+  std::vector<std::string> env_strings = ChildEnvironment(site.env);
   std::vector<char*> envp;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -454,39 +268,11 @@ absl::Status LocalCluster::Launch(Node& node) {
       return absl::FailedPreconditionError(Errno(absl::StrCat("network namespace ", path)));
     }
   }
-  const char* netns_name = site.netns.c_str();
-  const pid_t parent = getpid();
-  sigset_t none;
-  sigemptyset(&none);
+  ChildSetup child{argv.data(), envp.data(), log, null, netns, site.netns.c_str(), getpid()};
+  sigemptyset(&child.signal_mask);
 
   const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
-    struct sigaction dfl = {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP}) sigaction(sig, &dfl, nullptr);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(null, 0);
-    dup2(log, 1);
-    dup2(log, 2);
-    if (netns >= 0) {
-      // What `ip netns exec` does: join the network namespace, then mount a sysfs of it in a
-      // private mount namespace, where UCX looks for network devices (/sys/class/net).
-      if (setns(netns, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
-          mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
-          umount2("/sys", MNT_DETACH) != 0 || mount(netns_name, "/sys", "sysfs", 0, nullptr) != 0) {
-        static const char kMessage[] = "k3serve local: entering the network namespace failed\n";
-        (void)!write(2, kMessage, sizeof(kMessage) - 1);
-        _exit(127);
-      }
-    }
-    execve(argv[0], argv.data(), envp.data());
-    static const char kMessage[] = "k3serve local: exec failed\n";
-    (void)!write(2, kMessage, sizeof(kMessage) - 1);
-    _exit(127);
-  }
+  if (pid == 0) RunChild(child);
   const int fork_errno = errno;
   close(log);
   close(null);

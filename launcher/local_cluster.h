@@ -35,83 +35,10 @@
 #include "absl/time/time.h"
 #include "cluster/command_line.h"
 #include "cluster/security.h"
+#include "launcher/cluster_plan.h"
 #include "proto/cluster.pb.h"
 
 namespace k3 {
-
-enum class NodeRole { kCoordinator, kAttention, kRouter, kExpert, kHttp };
-
-// "coordinator", "attention", "router", "expert", "http": the subcommand of the role.
-const char* NodeRoleName(NodeRole role);
-
-// Where the nodes of one role run.
-struct NodeSite {
-  // Address the nodes listen on and advertise; the launcher reaches the coordinator and the
-  // attention nodes here.
-  std::string host = "127.0.0.1";
-  // Network namespace (ip netns) to run in; empty: the launcher's.
-  std::string netns;
-  // Added to (or replacing in) the launcher's environment, e.g. UCX_TLS, UCX_NET_DEVICES.
-  std::map<std::string, std::string> env;
-};
-
-struct LocalClusterOptions {
-  std::string binary = "/proc/self/exe";  // the k3serve executable
-  std::string model;                      // checkpoint folder with config.json
-  int attention = 1;
-  int routers = 1;
-  int experts = 1;
-  // Expert slots (experts per MoE layer) of each expert node, `experts` of them, summing to at
-  // least the model's num_experts; the coordinator gives each node a contiguous slice of the
-  // experts proportional to its slots. Empty: ceil(num_experts / experts) each.
-  std::vector<int> expert_slots;
-  // Spare expert slots per MoE layer of each expert node (the coordinator's
-  // --spare-slots-per-worker), filled with replicas of the next nodes' experts, so that a killed
-  // expert node costs no request and a drained one can hand its experts over. -1: each node's
-  // share (ceil(num_experts / experts), every expert on two nodes) when there are two expert
-  // nodes or more, else 0. A coordinator --spare-slots-per-worker in extra_args wins.
-  int spare_expert_slots = -1;
-  int base_port = 0;                   // see the file comment; 0 picks free ports
-  // The OpenAI-compatible HTTP front (`k3serve http`, in front of every attention node; its gRPC
-  // health port is one of the ports above, after the experts'): its HTTP port, 0 for a free one;
-  // -1: no front.
-  int http_port = -1;
-  bool metrics = false;                // give every node an HTTP /metrics port
-  std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
-  std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
-  // TLS flags given to every node (and used by the launcher's own health checks); a bearer token
-  // file given to the attention nodes and the HTTP front. Empty: none (README "Security").
-  TlsFlags tls;
-  std::string auth_token_file;
-  // Extra flags for every node of a role, appended after the launcher's own.
-  std::map<NodeRole, std::vector<std::string>> extra_args;
-  absl::Duration startup_timeout = absl::Seconds(60);
-  // Per tier at Stop (attention nodes first: they stop admitting and finish their streams within
-  // half of it, while the HTTP front relays them; then the front, routers, expert nodes and the
-  // coordinator): SIGTERM, then SIGKILL for nodes still running after this long.
-  absl::Duration stop_grace = absl::Seconds(5);
-  // Startup progress lines (which nodes are up, what the coordinator still waits for). Null:
-  // silent.
-  std::function<void(const std::string&)> progress;
-  // Polled while waiting for the cluster; true gives up (Start and WaitReady answer CANCELLED),
-  // e.g. when the user pressed Ctrl-C. Null: never.
-  std::function<bool()> cancelled;
-  // Kernel threads (K3SERVE_THREADS) of each attention, router and expert node. 0: routers and
-  // experts get this machine's hardware threads split evenly among all of those nodes (at least 1
-  // each), since they all run here and poll for each other's messages: more busy threads than
-  // cores means a woken worker waits for a core a poller holds (measured on 2 cores, A1/R1/E2 on
-  // k3-tiny: 1 thread each is 2.9x the cluster tokens/s of 2 each). Attention nodes split the
-  // hardware threads among themselves only: an attention worker's compute is on every token's
-  // path while the tiers behind it wait, and its extra threads block while it waits for them and
-  // are woken only for products big enough to repay it (RestKernelThreads, WakeKernelThreads;
-  // measured on 2 cores, A1/R1/E2, one stream: k3-perf 1.1-1.2x the tokens/s of 1 thread,
-  // k3-tiny within the noise; 8 streams, where ping-pong micro-batches make the tiers compute at
-  // the same time, no worse). K3SERVE_THREADS in the launcher's or a site's environment wins.
-  int node_threads = 0;
-  // Picks `n` distinct ports for the nodes when base_port is 0. Null: free ports drawn at random
-  // (see the file comment). Tests hand out a port that is already taken here.
-  std::function<absl::StatusOr<std::vector<int>>(int n)> pick_ports;
-};
 
 class LocalCluster {
  public:
@@ -188,7 +115,14 @@ class LocalCluster {
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
 
+  // Checks the options, resolves what the plan needs (paths, the model's experts, ports, the log
+  // folder) and fills nodes_ from PlanCluster (cluster_plan.h).
   absl::Status Plan();
+  // The binary's real path, the model's absolute path and its expert count; INVALID_ARGUMENT when
+  // either is unusable.
+  absl::Status ResolvePaths(ClusterPlanInputs* in) const;
+  // log_dir_: options_.log_dir (created if needed) or a new folder under $TMPDIR.
+  absl::Status MakeLogDir();
   absl::Status Launch(Node& node);
   absl::Status WaitCoordinatorUp(absl::Time deadline);
   // Reaps `node` if it exited (without blocking); true if it just did.
@@ -214,13 +148,6 @@ class LocalCluster {
   int node_threads_ = 1;       // K3SERVE_THREADS given to routers and experts (Plan)
   int attention_threads_ = 1;  // and to attention nodes
 };
-
-// The coordinator's --spare-slots-per-worker that `options` asks for (see spare_expert_slots) on a
-// model with `num_experts` routed experts per layer; 0: none (or set by hand in extra_args).
-int SpareExpertSlots(const LocalClusterOptions& options, int num_experts);
-
-// The even split of `hardware_threads` among `data_plane_nodes` processes, at least 1 each.
-int SplitKernelThreads(int hardware_threads, int data_plane_nodes);
 
 }  // namespace k3
 
