@@ -60,6 +60,31 @@ std::string Bytes(uint64_t bytes) {
   return absl::StrFormat("%20u B %10.2f GiB", bytes, bytes / 1073741824.0);
 }
 
+// Each expert's worker (the result, indexed by expert) and plan->expert_worker_slices, as the
+// coordinator places them; INVALID_ARGUMENT when a worker would get no expert.
+absl::StatusOr<std::vector<int>> PlaceExperts(const ModelConfig& config,
+                                              const MemoryPlanTopology& topology,
+                                              MemoryPlan* plan) {
+  // Equal capacities (each large enough for all experts): slices floor(N w / E).
+  const int num_experts = std::max(config.num_experts, 1);
+  K3_ASSIGN_OR_RETURN(
+      ExpertPlacement placement,
+      ContiguousPlacement(1, num_experts, std::vector<int>(topology.experts, num_experts)));
+  std::vector<int> worker_of(num_experts);
+  plan->expert_worker_slices.assign(topology.experts, {0, 0});
+  for (int w = 0; w < topology.experts; ++w) {
+    const std::vector<int> experts = placement.ExpertsOn(w, 0);
+    if (experts.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(topology.experts, " expert workers for ",
+                                                     config.num_experts, " experts leave worker ",
+                                                     w, " without any"));
+    }
+    for (int e : experts) worker_of[e] = w;
+    plan->expert_worker_slices[w] = {experts.front(), experts.back() + 1};
+  }
+  return worker_of;
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const std::string& dir, const MemoryPlanTopology& topology) {
@@ -72,23 +97,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const std::string& dir, const MemoryPlanTo
   plan.num_experts = config.num_experts;
   plan.top_k = config.num_experts_per_token;
   plan.moe_layers = config.NumMoeLayers();
-  // Equal capacities (each large enough for all experts): slices floor(N w / E).
-  const int num_experts = std::max(config.num_experts, 1);
-  K3_ASSIGN_OR_RETURN(
-      ExpertPlacement placement,
-      ContiguousPlacement(1, num_experts, std::vector<int>(topology.experts, num_experts)));
-  std::vector<int> worker_of(num_experts);
-  plan.expert_worker_slices.assign(topology.experts, {0, 0});
-  for (int w = 0; w < topology.experts; ++w) {
-    const std::vector<int> experts = placement.ExpertsOn(w, 0);
-    if (experts.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(topology.experts, " expert workers for ",
-                                                     config.num_experts, " experts leave worker ",
-                                                     w, " without any"));
-    }
-    for (int e : experts) worker_of[e] = w;
-    plan.expert_worker_slices[w] = {experts.front(), experts.back() + 1};
-  }
+  K3_ASSIGN_OR_RETURN(std::vector<int> worker_of, PlaceExperts(config, topology, &plan));
   plan.expert_worker_bytes.assign(topology.experts, 0);
   std::vector<uint64_t> expert_layer_bytes(config.num_hidden_layers, 0);
   uint64_t embedding_bytes = 0;
