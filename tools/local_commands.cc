@@ -1,5 +1,7 @@
 #include "tools/local_commands.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -23,14 +25,17 @@ namespace {
 
 int Fail(const absl::Status& status) { return ReportError("", status); }
 
-// Prints loading progress to stderr, at most every 10% (big checkpoints take a while).
+// Prints loading progress to stderr, at most every 10% (big checkpoints take a while): on a
+// terminal one line rewritten in place, elsewhere (a log file, a pipe) a whole line each time, so
+// that the log holds no carriage returns.
 void ShowProgress(size_t done, size_t total) {
+  static const bool terminal = isatty(STDERR_FILENO) == 1;
   static int last_decile = -1;
   int decile = total == 0 ? 10 : static_cast<int>(10 * done / total);
   if (decile != last_decile) {
     last_decile = decile;
-    std::cerr << "\rloading weights: " << done << "/" << total << " tensors"
-              << (done == total ? "\n" : "") << std::flush;
+    std::cerr << (terminal ? "\r" : "") << "loading weights: " << done << "/" << total
+              << " tensors" << (!terminal || done == total ? "\n" : "") << std::flush;
   }
 }
 
