@@ -18,7 +18,7 @@
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
 #include "cluster/security.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "glog/logging.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"

@@ -79,7 +79,7 @@
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/span_log.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
 

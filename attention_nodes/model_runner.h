@@ -29,7 +29,7 @@
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
 #include "attention_nodes/ping_pong_chooser.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"

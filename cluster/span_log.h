@@ -1,4 +1,4 @@
-// SpanLog: where a process records the spans of traced requests (cluster/trace_context.h): one
+// SpanLog: where a process records the spans of traced requests (base/trace_context.h): one
 // JSON object per line in a file (`--trace-file`), with OpenTelemetry's field names, so that a
 // collector's file receiver or `jq` can read them and spans of all tiers join by trace_id and
 // parent_span_id:
@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 
 namespace k3 {
 

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "cluster/grpc_status.h"
 #include "cluster/security.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "tokenizer/chat_template.h"
 
 namespace k3 {

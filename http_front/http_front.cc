@@ -21,7 +21,7 @@
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "glog/logging.h"
 #include "http_front/client_connection.h"
 #include "http_front/grpc_proxy.h"
@@ -249,7 +249,7 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request, const std::
   if (!request.ok()) return Reply(response, request.status());
   absl::StatusOr<v1::GenerateRequest> grpc_request = ToGrpc(*request, endpoint);
   if (!grpc_request.ok()) return Reply(response, grpc_request.status());
-  // A client's W3C trace context goes on to the attention worker (cluster/trace_context.h);
+  // A client's W3C trace context goes on to the attention worker (base/trace_context.h);
   // a malformed one starts no trace.
   const std::string traceparent = http_request.get_header_value(kTraceparentHeader);
   absl::StatusOr<std::vector<Generation>> choices =

@@ -15,7 +15,7 @@
 //   rows            zero bytes up to the next multiple of kMoeRowAlignment from the message start,
 //                   then f32 rows[count * width]
 //   traces          u32 n, n x (16 bytes trace id, 8 bytes span id, u8 flags): the W3C trace
-//                   contexts of the traced requests among the rows (cluster/trace_context.h),
+//                   contexts of the traced requests among the rows (base/trace_context.h),
 //                   each under the sender's span
 //   MoeRequest      header, i32 layer, i64 tokens, i32 width, traces, rows
 //   MoeResponse     header, status, i64 tokens, i32 width, rows if status OK
@@ -48,7 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "moe/expert_assignment.h"
 
 namespace k3 {

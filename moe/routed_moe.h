@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 
 namespace k3 {
 
@@ -35,7 +35,7 @@ class RoutedMoe {
   // Drops every layer in flight (the caller failed the step for a reason of its own); answers
   // that arrive for them later are discarded. Nothing to do where Wait always follows Begin.
   virtual void Abandon() {}
-  // The trace contexts (cluster/trace_context.h) of the traced requests among the rows of the
+  // The trace contexts (base/trace_context.h) of the traced requests among the rows of the
   // layers begun from now on, each under its step's span; empty: none. A remote implementation
   // sends them with the rows, so the other tiers record their spans of these requests.
   virtual void SetTraces(std::vector<TraceContext> traces) {}

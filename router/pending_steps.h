@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cluster/message_bytes.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "cluster/transport.h"
 #include "moe/moe_wire.h"
 #include "router/router_step.h"

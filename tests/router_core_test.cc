@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "cluster/inproc_transport.h"
 #include "cluster/span_log.h"
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 #include "cluster/transport.h"
 #include "cluster/test_wait.h"
 #include "expert_nodes/expert_worker.h"

@@ -16,7 +16,9 @@ SOURCE_ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__fi
 # (scratch file, include that the package table forbids there)
 PLANTED = [
     ("moe/planted.h", "cluster/actor.h"),
-    ("moe/planted.cc", "cluster/trace_context.h"),  # a known breach's header, from a new file
+    ("moe/planted.cc", "cluster/span_log.h"),
+    ("model/planted2.cc", "tokenizer/random_tokenizer.h"),  # a known breach's header, elsewhere
+    ("base/planted.h", "cluster/actor.h"),
     ("moe/planted2.h", "router/router_core.h"),
     ("model/planted.cc", "tokenizer/tokenizer.h"),
     ("model/planted.h", "cluster/actor.h"),
@@ -69,7 +71,8 @@ class CheckIncludesTest(unittest.TestCase):
     def test_allowed_includes_pass(self):
         path = os.path.join(self.root, "moe", "planted.h")
         with open(path, "w") as f:
-            f.write('#include "model/config.h"\n#include "kernels/bf16.h"\n#include "moe/x.h"\n')
+            f.write('#include "model/config.h"\n#include "kernels/bf16.h"\n#include "moe/x.h"\n'
+                    '#include "base/trace_context.h"\n')
         self.assertEqual(list(check_includes.violations(self.root)), [])
         self.assertEqual(check_includes.main(["check_includes", self.root]), 0)
 

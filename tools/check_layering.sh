@@ -15,6 +15,7 @@ above="//engine/... + //launcher/... + //tools/... + //coordinator/... + //http_
 
 # "name|packages|forbidden dependencies"
 rules=(
+  "base/ may use nothing of the project|//base/...|//... except //base/... except //third_party/..."
   "attention_nodes may not use another tier|//attention_nodes/...|//router/... + //expert_nodes/... + $above"
   "router may not use another tier|//router/...|//attention_nodes/... + //expert_nodes/... + $above"
   "expert_nodes may not use another tier|//expert_nodes/...|//attention_nodes/... + //router/... + $above"

@@ -6,8 +6,8 @@
 // attention worker's step span.
 //
 // Plain data; the parse and format functions are thread-safe.
-#ifndef K3SERVE_CLUSTER_TRACE_CONTEXT_H_
-#define K3SERVE_CLUSTER_TRACE_CONTEXT_H_
+#ifndef K3SERVE_BASE_TRACE_CONTEXT_H_
+#define K3SERVE_BASE_TRACE_CONTEXT_H_
 
 #include <array>
 #include <cstdint>
@@ -52,4 +52,4 @@ std::string HexId(const std::array<uint8_t, N>& id) {
 
 }  // namespace k3
 
-#endif  // K3SERVE_CLUSTER_TRACE_CONTEXT_H_
+#endif  // K3SERVE_BASE_TRACE_CONTEXT_H_

@@ -1,4 +1,4 @@
-#include "cluster/trace_context.h"
+#include "base/trace_context.h"
 
 #include <set>
 
