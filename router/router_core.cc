@@ -300,10 +300,11 @@ void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time star
                                                  absl::FormatDuration(options_.step_timeout))));
     return;
   }
-  if (held_.empty()) {
-    LOG(WARNING) << "holding steps whose rows need experts without a live host (" << why.message()
+  if (held_.empty()) next_held_retry_ = absl::Now() + kHeldRetry;
+  if (why.message() != holding_for_) {  // RetryHeld holds the same steps again every kHeldRetry
+    holding_for_ = std::string(why.message());
+    LOG(WARNING) << "holding steps whose rows need experts without a live host (" << holding_for_
                  << ") until the coordinator moves them";
-    next_held_retry_ = absl::Now() + kHeldRetry;
   }
   held_.push_back(Held{origin, origin_step, start, std::move(request), node, why});
 }
@@ -317,6 +318,7 @@ void RouterCore::RetryHeld() {
     LOG(INFO) << held.size() << " held step(s) planned again under placement version "
               << placement_.version();
   }
+  if (held_.empty()) holding_for_.clear();
 }
 
 void RouterCore::ExpireHeld(absl::Time now) {
@@ -329,6 +331,7 @@ void RouterCore::ExpireHeld(absl::Time now) {
                it->why);
     it = held_.erase(it);
   }
+  if (held_.empty()) holding_for_.clear();
 }
 
 std::string RouterCore::WorkerName(PeerId node) const {
@@ -365,6 +368,13 @@ absl::Status RouterCore::NodeStatus(PeerId node) const {
   // attention worker to send the layer to another router (attention_nodes/remote_routed_moe.h).
   return absl::AbortedError(absl::StrCat(WorkerName(node),
                                          " is not connected to this router: ", link.message()));
+}
+
+bool RouterCore::OnlySuspected(PeerId node) const {
+  if (suspects_.count(node) == 0) return false;
+  auto member = members_.find(static_cast<uint32_t>(node));
+  return member != members_.end() && member->second.state() != pb::LEFT &&
+         member->second.state() != pb::DEAD && links_->LinkStatus(node).ok();
 }
 
 absl::Status RouterCore::WorkerStatus(int worker) const {
@@ -407,7 +417,8 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
   step->origin_step = request.step_id;
   step->model_layer = request.layer;
   step->start = start;
-  step->timeout_at = start + options_.step_timeout;
+  // A worker answers for the time since its rows went out: a held step's wait was no worker's.
+  step->timeout_at = (held ? absl::Now() : start) + options_.step_timeout;
   if (!request.traces.empty()) {
     step->traces = request.traces;
     step->span_id = NewSpanId();
@@ -442,6 +453,10 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     if (absl::Status status = WorkerStatus(w); !status.ok()) {
+      // A worker that only missed a step timeout still gets the rows nobody else can take: its
+      // answer is what clears the suspicion, and the coordinator, which sees its heartbeats,
+      // would never move its experts. Holding the step would wedge every step that needs it.
+      if (OnlySuspected(placement_.worker_nodes[w])) continue;
       if (status.code() == absl::StatusCode::kAborted && !held) {
         // This router's own link is not up yet (NodeStatus): another router takes the layer. A
         // held step keeps waiting here instead: its new host's link is coming up.
@@ -814,6 +829,7 @@ void RouterCore::FailAll(const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) Fail(*step, status);
   for (const Held& h : held_) FailHeld(h.origin, h.origin_step, h.start, h.request, status);
   held_.clear();
+  holding_for_.clear();
 }
 
 void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start,

@@ -194,6 +194,9 @@ class RouterCore {
                   std::string message);
   // OK when worker slot `worker` of the placement can take rows now; else UNAVAILABLE naming it.
   absl::Status WorkerStatus(int worker) const;
+  // True when `node`'s only fault is a missed step timeout (suspects_): it is a member, not DEAD
+  // or LEFT, and its link is up.
+  bool OnlySuspected(PeerId node) const;
   // UNAVAILABLE for `node` when it is lost or unreachable; OK otherwise.
   absl::Status NodeStatus(PeerId node) const;
   std::string WorkerName(PeerId node) const;
@@ -220,6 +223,7 @@ class RouterCore {
   std::string placement_problem_;  // why no placement is in force; empty when one is
   std::map<uint32_t, k3serve::cluster::v1::Member> members_;
   std::map<PeerId, Suspect> suspects_;  // timed out, by node
+  std::string holding_for_;  // why held_ was last logged (empty: not holding)
   std::set<PeerId> slow_;               // missed an expert deadline, no answer since
   RetryDeadline expert_deadline_;  // from the steps' expert round trips
   PendingSteps pending_;

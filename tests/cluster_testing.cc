@@ -1,13 +1,18 @@
 #include "tests/cluster_testing.h"
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "engine/local_engine.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -19,6 +24,64 @@ namespace {
 std::string TestTmpDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
   return dir != nullptr ? dir : "/tmp";
+}
+
+// The log folders of the clusters the running test started (TestClusterOptions).
+std::vector<std::string>& ClusterLogDirs() {
+  static std::vector<std::string>* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+// What a node's log says that explains a failure: its warnings and errors (glog lines start with
+// the severity letter) and its last lines, at most `keep` of each.
+void PrintLogExcerpt(const std::filesystem::path& path, size_t keep) {
+  std::ifstream in(path);
+  std::deque<std::string> problems;
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && (line[0] == 'W' || line[0] == 'E' || line[0] == 'F')) {
+      problems.push_back(line);
+      if (problems.size() > keep) problems.pop_front();
+    }
+    last.push_back(std::move(line));
+    if (last.size() > keep) last.pop_front();
+  }
+  std::cerr << "---- " << path.string() << ": its last " << problems.size()
+            << " warnings and errors\n";
+  for (const std::string& line : problems) std::cerr << line << "\n";
+  std::cerr << "---- " << path.filename().string() << ": its last " << last.size() << " lines\n";
+  for (const std::string& line : last) std::cerr << line << "\n";
+}
+
+// A failed cluster test shows what its nodes logged while it ran: on a CI machine the logs go
+// with the sandbox, and the test's own output rarely says why a node did what it did. Clusters
+// may outlive a test (started in SetUpTestSuite): every log written since the test began counts.
+class ClusterLogsOnFailure : public testing::EmptyTestEventListener {
+  void OnTestStart(const testing::TestInfo&) override {
+    test_start_ = std::filesystem::file_time_type::clock::now();
+  }
+  void OnTestEnd(const testing::TestInfo& test) override {
+    if (test.result() == nullptr || !test.result()->Failed()) return;
+    for (const std::string& dir : ClusterLogDirs()) {
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (entry.path().extension() != ".log") continue;
+        if (entry.last_write_time(ec) < test_start_) continue;
+        PrintLogExcerpt(entry.path(), 25);
+      }
+    }
+  }
+
+  // Installed by the first cluster's options, during a test: that one counts from the start.
+  std::filesystem::file_time_type test_start_ = std::filesystem::file_time_type::min();
+};
+
+void ShowClusterLogsOnFailure() {
+  static const bool installed = [] {
+    testing::UnitTest::GetInstance()->listeners().Append(new ClusterLogsOnFailure);
+    return true;
+  }();
+  (void)installed;
 }
 
 }  // namespace
@@ -59,6 +122,8 @@ LocalClusterOptions TestClusterOptions(const std::string& model, int attention, 
   // those of `k3serve local`'s default topology set spare_expert_slots back to -1.
   options.spare_expert_slots = 0;
   options.log_dir = absl::StrCat(TestTmpDir(), "/cluster-", clusters++);
+  ShowClusterLogsOnFailure();
+  ClusterLogDirs().push_back(options.log_dir);
   options.startup_timeout = absl::Seconds(60);
   // Every node exits within a second or so of SIGTERM on an idle machine, but its bounded waits
   // (steps in flight, Leave, transport and gRPC shutdown) add up to more than 3 s on a loaded

@@ -68,6 +68,8 @@ class FakeExpert {
         this));
   }
   void Kill() { transport_->Kill(); }
+  // The next request it receives goes unanswered, as if lost on the way.
+  void DropNextRequest() { drop_next_ = true; }
 
  private:
   void Loop() {
@@ -84,6 +86,7 @@ class FakeExpert {
       }
       absl::StatusOr<Received> received = transport_->Receive(absl::Now() + absl::Milliseconds(10));
       if (received.ok()) {
+        if (received->kind == Received::Kind::kMessage && drop_next_.exchange(false)) continue;
         worker_.Handle(transport_.get(), *received, /*may_defer=*/false);
       } else if (received.status().code() != absl::StatusCode::kDeadlineExceeded) {
         return;  // killed or closed
@@ -95,6 +98,7 @@ class FakeExpert {
   std::unique_ptr<InProcTransport> transport_;
   ExpertWorker worker_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> drop_next_{false};
   absl::Mutex mu_;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool seen_paused_ ABSL_GUARDED_BY(mu_) = false;
@@ -459,6 +463,29 @@ TEST_F(RouterCoreTest, AKilledWorkersStepsAreHeldUntilItsSlotHasALiveNodeAgain) 
   ExpectMatchesLocal(Await(4), 2, rows);
 }
 
+// A held step's wait counts against nobody: the worker it goes to under the repaired placement
+// has the whole step timeout from then on to answer, even when the hold took most of one.
+TEST_F(RouterCoreTest, AHeldStepGivesItsNewWorkerTheWholeStepTimeout) {
+  constexpr absl::Duration kStepTimeout = absl::Seconds(2);
+  StartRouter(kStepTimeout);
+  FakeExpert* b = ServeTwoWorkers();
+  const std::vector<float> rows = RandomRows(24, 14);
+  b->Kill();
+  const absl::Time start = absl::Now();
+  Send(1, 2, rows);
+  absl::SleepFor(absl::Milliseconds(1500));  // held for most of the step timeout
+
+  const ClusterPlacement repaired = Placement(2, kExpertA, kExpertC);
+  FakeExpert* c = AddExpert(kExpertC, repaired);
+  c->Pause(true);  // the new worker answers a second after the step reaches it
+  Publish(repaired, {{kExpertA, pb::ALIVE}, {kExpertB, pb::DEAD}, {kExpertC, pb::ALIVE}});
+  absl::SleepFor(absl::Seconds(1));
+  c->Pause(false);
+  const MoeResponse answer = Await(1);
+  EXPECT_GT(absl::Now() - start, kStepTimeout);
+  ExpectMatchesLocal(answer, 2, rows);
+}
+
 // When the coordinator says the experts cannot move, held steps and new ones fail at once with
 // UNAVAILABLE naming the worker and the cause.
 TEST_F(RouterCoreTest, StepsFailNamingTheCauseWhenTheExpertsCannotMove) {
@@ -536,18 +563,35 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
                                        "answer"),
             absl::string_view::npos)
       << late.status;
-  // Held, then failed after the step timeout: B counts as lost.
+  EXPECT_FALSE(core_->Readiness().ok());
+  // Without replicas the next step still goes to B (nobody else has its experts): it times out
+  // too, naming the missed answer, not waiting for a placement that will not come.
   Send(2, 5, rows);
-  MoeResponse held = Await(2, absl::Seconds(2));
-  EXPECT_EQ(held.status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(held.status.message().find("no live node took its experts within"),
-            absl::string_view::npos)
-      << held.status;
+  MoeResponse again = Await(2, absl::Seconds(3));
+  EXPECT_EQ(again.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(again.status.message().find("lost: no answer"), absl::string_view::npos)
+      << again.status;
+  EXPECT_EQ(again.status.message().find("no live node took its experts"), absl::string_view::npos)
+      << again.status;
 
-  b->Pause(false);  // it answers step 1 late: alive after all
+  b->Pause(false);  // it answers steps 1 and 2 late: alive after all
   WaitReady();
   Send(3, 5, rows);
   ExpectMatchesLocal(Await(3), 5, rows);
+}
+
+// A worker whose answer to one step was lost (it never knew of the step) serves the next one: the
+// suspicion the lost answer raised cannot stop the steps that need it for good.
+TEST_F(RouterCoreTest, AWorkerThatMissedOneStepServesTheNext) {
+  StartRouter(absl::Milliseconds(300));
+  FakeExpert* b = ServeTwoWorkers();
+  const std::vector<float> rows = RandomRows(24, 13);  // 24 tokens x 4 experts: both workers
+  b->DropNextRequest();
+  Send(1, 4, rows);
+  EXPECT_EQ(Await(1, absl::Seconds(3)).status.code(), absl::StatusCode::kUnavailable);
+  Send(2, 4, rows);
+  ExpectMatchesLocal(Await(2), 4, rows);
+  WaitReady();
 }
 
 // A traced layer step leaves one router span under the attention step's span, whether it is
@@ -565,7 +609,9 @@ TEST_F(RouterCoreTest, TracedStepsLeaveASpanWhetherAnsweredOrFailed) {
   b->Pause(true);
   Send(2, 5, rows, {trace});
   EXPECT_EQ(Await(2, absl::Seconds(3)).status.code(), absl::StatusCode::kUnavailable);
-  // B now counts as lost: the next step is held, then fails after the step timeout.
+  // B dies: the next step is held for a new host of its experts, then fails after the step
+  // timeout.
+  b->Kill();
   Send(3, 5, rows, {trace});
   MoeResponse held = Await(3, absl::Seconds(3));
   EXPECT_EQ(held.status.code(), absl::StatusCode::kUnavailable);
