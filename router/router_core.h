@@ -11,7 +11,11 @@
 // A worker node is lost when
 //   - the transport reports the node failed (its process died),
 //   - the coordinator marks it DEAD or it leaves,
-//   - it does not answer within step_timeout (it then counts as lost until it answers anything).
+//   - it does not answer within step_timeout (it then counts as lost until it answers anything;
+//     rows with no other live host still go to it, since only its answer can clear the suspicion
+//     and the coordinator, which sees its heartbeats, will not move its experts). A worker
+//     answers for the time since its rows went out: a held step planned again gets a new
+//     step_timeout from then.
 // A MoE layer step is a pure function of its rows, so when the placement has replicas
 // (coordinator/coordinator.h), a step also has an expert deadline far below step_timeout:
 // max(expert_retry_floor, expert_retry_p99_factor x the p99 time from sending a step's
