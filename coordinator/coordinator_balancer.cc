@@ -9,12 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/expert_placement_planner.h"
-#include "cluster/grpc_status.h"
+#include "coordinator/online_bias.h"
 #include "glog/logging.h"
-#include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace k3 {
@@ -22,31 +18,6 @@ namespace k3 {
 namespace pb = k3serve::cluster::v1;
 
 namespace {
-
-// How often RoutersUse asks the routers, and how often retirement waits for slow ones.
-constexpr absl::Duration kSwitchPoll = absl::Milliseconds(50);
-constexpr int kRetireAttempts = 10;
-
-struct Target {
-  uint32_t node = 0;
-  std::string address;
-};
-
-std::vector<Target> AliveMembers(const pb::ClusterState& state, pb::Role role) {
-  std::vector<Target> targets;
-  for (const pb::Member& m : state.members()) {
-    if (m.node().role() == role && m.state() == pb::ALIVE) {
-      targets.push_back({m.node().node_id(), m.node().grpc_address()});
-    }
-  }
-  return targets;
-}
-
-std::vector<std::string> Addresses(const std::vector<Target>& targets) {
-  std::vector<std::string> addresses;
-  for (const Target& t : targets) addresses.push_back(t.address);
-  return addresses;
-}
 
 double Mean(const std::vector<double>& values) {
   if (values.empty()) return 0;
@@ -75,18 +46,22 @@ std::vector<int> WorkerSlots(const ExpertPlacement& current, const std::vector<i
   return slots;
 }
 
-pb::LoadExpertsRequest LoadRequest(const ClusterPlacement& placement, int worker,
-                                   int64_t retire_below) {
-  pb::LoadExpertsRequest request;
-  request.set_placement_version(placement.version());
-  request.set_worker(worker);
-  request.set_retire_below_version(retire_below);
-  for (int l = 0; l < placement.experts.num_layers(); ++l) {
-    pb::LayerExperts* layer = request.add_experts();
-    layer->set_layer(l);
-    for (int e : placement.experts.ExpertsOn(worker, l)) layer->add_expert_ids(e);
+// The expert slots each worker node of `current` declared, by worker; FAILED_PRECONDITION when
+// one of them is not alive in `state`.
+absl::StatusOr<std::vector<int>> DeclaredSlots(const pb::ClusterState& state,
+                                               const ClusterPlacement& current) {
+  std::map<uint32_t, const pb::Member*> members;
+  for (const pb::Member& m : state.members()) members[m.node().node_id()] = &m;
+  std::vector<int> declared;
+  for (uint32_t node : current.worker_nodes) {
+    auto it = members.find(node);
+    if (it == members.end() || it->second->state() != pb::ALIVE) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker node ", node, " of placement version ", current.version(), " is not alive"));
+    }
+    declared.push_back(it->second->node().expert_slots());
   }
-  return request;
+  return declared;
 }
 
 }  // namespace
@@ -160,7 +135,13 @@ LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, i
     : options_(options),
       control_(control),
       metrics_(std::make_unique<Metrics>(metrics)),
+      calls_(options.tls),
       window_(num_layers, num_experts, absl::Now()),
+      rollout_({.rpc_timeout = options.rpc_timeout,
+                .load_timeout = options.load_timeout,
+                .switch_timeout = options.switch_timeout,
+                .retire_delay = options.retire_delay},
+               control, &calls_, &actor_),
       actor_("balancer") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
@@ -170,18 +151,14 @@ LoadBalancer::LoadBalancer(const LoadBalancerOptions& options, int num_layers, i
 LoadBalancer::~LoadBalancer() { Stop(); }
 
 void LoadBalancer::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
-  }
+  calls_.Stop();
   actor_.Stop();
 }
 
 void LoadBalancer::SchedulePeriodic(absl::Duration interval, std::function<void()> work) {
   if (interval == absl::ZeroDuration()) return;
   actor_.PostAfter(interval, [this, interval, work = std::move(work)] {
-    if (stopping_) return;
+    if (calls_.stopped()) return;
     work();
     SchedulePeriodic(interval, work);
   });
@@ -205,96 +182,14 @@ void LoadBalancer::SchedulePeriodicWork() {
   SchedulePeriodic(options_.resize_interval, [this] { Resize(); });
 }
 
-std::shared_ptr<grpc::Channel> LoadBalancer::ChannelTo(const std::string& address) {
-  auto it = channels_.find(address);
-  if (it != channels_.end()) return it->second;
-  grpc::ChannelArguments args;
-  // A layer's QB histograms are num_experts x bins x 8 bytes: far beyond gRPC's 4 MB default.
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel = options_.tls.Connect(address, args);
-  channels_.emplace(address, channel);
-  return channel;
-}
-
-// Starts one call per address with start(channel, index, context, response, done), which returns
-// whatever must live until the call ends (its stub), and waits until every call ended: answered,
-// failed, past `timeout`, or cancelled by Stop.
-template <typename Response, typename Start>
-std::vector<absl::StatusOr<Response>> LoadBalancer::CallAll(
-    const std::vector<std::string>& addresses, absl::Duration timeout, Start start) {
-  struct Call {
-    grpc::ClientContext context;
-    Response response;
-    absl::Status status;
-    std::shared_ptr<void> keep;
-  };
-  // Shared with the callbacks, which may still be returning when the last one woke us.
-  struct Shared {
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    std::vector<std::unique_ptr<Call>> calls;
-  };
-  auto shared = std::make_shared<Shared>();
-  const absl::Time deadline = absl::Now() + timeout;
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    shared->calls.push_back(std::make_unique<Call>());
-    shared->calls.back()->context.set_deadline(absl::ToChronoTime(deadline));
-  }
-  std::vector<absl::StatusOr<Response>> results;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      results.assign(addresses.size(), absl::UnavailableError("the coordinator is stopping"));
-      return results;
-    }
-    for (auto& call : shared->calls) in_flight_.insert(&call->context);
-  }
-  {
-    absl::MutexLock lock(&shared->mu);
-    shared->remaining = addresses.size();
-  }
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    Call* call = shared->calls[i].get();
-    call->keep = start(ChannelTo(addresses[i]), i, &call->context, &call->response,
-                       [shared, call](grpc::Status status) {
-                         call->status = FromGrpcStatus(status);
-                         absl::MutexLock lock(&shared->mu);
-                         --shared->remaining;
-                       });
-  }
-  {
-    absl::MutexLock lock(&shared->mu);
-    auto done = [&shared]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared->mu) { return shared->remaining == 0; };
-    shared->mu.Await(absl::Condition(&done));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& call : shared->calls) in_flight_.erase(&call->context);
-  }
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    Call& call = *shared->calls[i];
-    if (call.status.ok()) {
-      results.push_back(std::move(call.response));
-    } else {
-      results.push_back(absl::Status(call.status.code(),
-                                     absl::StrCat(addresses[i], ": ", call.status.message())));
-    }
-  }
-  return results;
-}
-
 absl::Status LoadBalancer::Gather(pb::ClusterState* state_out) {
   absl::StatusOr<pb::ClusterState> state =
       control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
   if (!state.ok()) return state.status();
-  const std::vector<Target> routers = AliveMembers(*state, pb::ROLE_ROUTER);
+  const std::vector<NodeAddress> routers = AliveMembers(*state, pb::ROLE_ROUTER);
   pb::GetLoadStatsRequest request;
   request.set_reset(true);
-  std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = CallAll<pb::LoadStatsResponse>(
+  std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = calls_.CallAll<pb::LoadStatsResponse>(
       Addresses(routers), options_.rpc_timeout,
       [&request](const std::shared_ptr<grpc::Channel>& channel, size_t,
                  grpc::ClientContext* context, pb::LoadStatsResponse* response,
@@ -342,6 +237,11 @@ void LoadBalancer::PublishReport(const ClusterPlacement& placement, int answered
   report_ = std::move(report);
 }
 
+pb::LoadReport LoadBalancer::LastReport() const {
+  absl::MutexLock lock(&mu_);
+  return report_;
+}
+
 void LoadBalancer::GetLoadReport(bool refresh,
                                  std::function<void(absl::StatusOr<pb::LoadReport>)> done) {
   if (!refresh) {
@@ -357,7 +257,7 @@ void LoadBalancer::GetLoadReport(bool refresh,
   }
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   const bool posted = actor_.Post([this, shared_done] {
-    if (stopping_) {
+    if (calls_.stopped()) {
       (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
       return;
     }
@@ -365,12 +265,7 @@ void LoadBalancer::GetLoadReport(bool refresh,
       (*shared_done)(gathered);
       return;
     }
-    pb::LoadReport report;
-    {
-      absl::MutexLock lock(&mu_);
-      report = report_;
-    }
-    (*shared_done)(std::move(report));
+    (*shared_done)(LastReport());
   });
   if (!posted) (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
 }
@@ -379,7 +274,7 @@ void LoadBalancer::Rebalance(bool force,
                              std::function<void(absl::StatusOr<pb::RebalanceResponse>)> done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   const bool posted = actor_.Post([this, force, shared_done] {
-    if (stopping_) {
+    if (calls_.stopped()) {
       (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
       return;
     }
@@ -402,17 +297,8 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
                                                       " MoE layers; the model ",
                                                       window_.num_layers()));
   }
-  std::map<uint32_t, const pb::Member*> members;
-  for (const pb::Member& m : state.members()) members[m.node().node_id()] = &m;
-  std::vector<int> declared;
-  for (uint32_t node : current->worker_nodes) {
-    auto it = members.find(node);
-    if (it == members.end() || it->second->state() != pb::ALIVE) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "worker node ", node, " of placement version ", current->version(), " is not alive"));
-    }
-    declared.push_back(it->second->node().expert_slots());
-  }
+  absl::StatusOr<std::vector<int>> declared = DeclaredSlots(state, *current);
+  if (!declared.ok()) return declared.status();
 
   pb::RebalanceResponse response;
   response.set_placement_version(current->version());
@@ -426,7 +312,7 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
 
   const std::vector<std::vector<double>> loads = window_.ExpertLoads();
   absl::StatusOr<PlacementPlan> plan = PlanExpertPlacement(
-      loads, WorkerSlots(experts, declared, options_.spare_slots_per_worker), 0);
+      loads, WorkerSlots(experts, *declared, options_.spare_slots_per_worker), 0);
   if (!plan.ok()) return plan.status();
   std::vector<double> before;
   for (int l = 0; l < experts.num_layers(); ++l) {
@@ -460,7 +346,7 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
             << response.worker_max_vio_after() << " (" << window_.total_tokens()
             << " tokens in the window); loading its experts";
 
-  if (absl::Status rolled = RollOut(next, current->version(), state,
+  if (absl::Status rolled = rollout_.RollOut(next, current->version(), state,
                                     absl::StrCat("placement version ", *version));
       !rolled.ok()) {
     metrics_->rebalances.WithLabels({"failed"})->Increment();
@@ -473,64 +359,6 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
   response.set_rolled_out(true);
   response.set_placement_version(*version);
   return response;
-}
-
-absl::Status LoadBalancer::RollOut(const ClusterPlacement& next, int64_t base_version,
-                                   const pb::ClusterState& state, const std::string& what) {
-  std::map<uint32_t, std::string> addresses;
-  for (const pb::Member& m : state.members()) {
-    addresses[m.node().node_id()] = m.node().grpc_address();
-  }
-  // 1. Every worker loads its experts of the new version (and keeps the old ones).
-  std::vector<std::string> workers;
-  std::vector<pb::LoadExpertsRequest> requests;
-  for (int w = 0; w < next.experts.num_workers; ++w) {
-    auto it = addresses.find(next.worker_nodes[w]);
-    if (it == addresses.end()) {
-      return absl::AbortedError(absl::StrCat("rollout of ", what, ": worker node ",
-                                             next.worker_nodes[w], " is not a member"));
-    }
-    workers.push_back(it->second);
-    requests.push_back(LoadRequest(next, w, 0));
-  }
-  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded = CallAll<pb::LoadExpertsResponse>(
-      workers, options_.load_timeout,
-      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
-                  grpc::ClientContext* context, pb::LoadExpertsResponse* out,
-                  std::function<void(grpc::Status)> done) {
-        std::shared_ptr<pb::ExpertWorker::Stub> stub = pb::ExpertWorker::NewStub(channel);
-        stub->async()->LoadExperts(context, &requests[i], out, std::move(done));
-        return std::shared_ptr<void>(stub);
-      });
-  std::vector<std::string> failures;
-  for (size_t w = 0; w < loaded.size(); ++w) {
-    if (!loaded[w].ok()) {
-      failures.push_back(absl::StrCat("expert node ", next.worker_nodes[w], " (worker ", w,
-                                      "): ", loaded[w].status().message()));
-    }
-  }
-  if (!failures.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("rollout of ", what, " abandoned: ", absl::StrJoin(failures, "; ")));
-  }
-
-  // 2. Publish: routers switch between steps.
-  if (absl::Status committed =
-          control_->CommitPlacement(next, base_version, absl::Now() + options_.rpc_timeout);
-      !committed.ok()) {
-    return committed;
-  }
-
-  // 3. Wait for the routers, then let the workers drop what only old versions needed.
-  if (!RoutersUse(next.version(), absl::Now() + options_.switch_timeout)) {
-    LOG(WARNING) << "not every router uses placement version " << next.version() << " after "
-                 << absl::FormatDuration(options_.switch_timeout)
-                 << "; the workers keep the old experts until they do";
-  } else {
-    LOG(INFO) << "every router uses placement version " << next.version();
-  }
-  actor_.PostAfter(options_.retire_delay, [this] { Retire(kRetireAttempts); });
-  return absl::OkStatus();
 }
 
 void LoadBalancer::Resize() {
@@ -551,7 +379,7 @@ void LoadBalancer::Resize() {
   LOG(INFO) << "resizing the expert tier (" << resize.why << "): placement version " << *version
             << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",")
             << "; loading its experts";
-  absl::Status rolled = RollOut(resize.placement, resize.base_version, *state,
+  absl::Status rolled = rollout_.RollOut(resize.placement, resize.base_version, *state,
                                 absl::StrCat("placement version ", *version));
   if (!rolled.ok()) {
     metrics_->resizes.WithLabels({"failed"})->Increment();
@@ -570,76 +398,6 @@ void LoadBalancer::Resize() {
             << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",");
 }
 
-bool LoadBalancer::RoutersUse(int64_t version, absl::Time deadline) {
-  pb::GetLoadStatsRequest request;
-  request.set_version_only(true);
-  for (;;) {
-    absl::StatusOr<pb::ClusterState> state =
-        control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
-    if (state.ok()) {
-      std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = CallAll<pb::LoadStatsResponse>(
-          Addresses(AliveMembers(*state, pb::ROLE_ROUTER)), options_.rpc_timeout,
-          [&request](const std::shared_ptr<grpc::Channel>& channel, size_t,
-                     grpc::ClientContext* context, pb::LoadStatsResponse* response,
-                     std::function<void(grpc::Status)> done) {
-            std::shared_ptr<pb::RouterControl::Stub> stub = pb::RouterControl::NewStub(channel);
-            stub->async()->GetLoadStats(context, &request, response, std::move(done));
-            return std::shared_ptr<void>(stub);
-          });
-      if (std::all_of(answers.begin(), answers.end(), [version](const auto& answer) {
-            return answer.ok() && answer->placement_version() >= version;
-          })) {
-        return true;
-      }
-    }
-    if (stopping_ || absl::Now() + kSwitchPoll > deadline) return false;
-    absl::SleepFor(kSwitchPoll);
-  }
-}
-
-void LoadBalancer::Retire(int attempts_left) {
-  if (stopping_) return;
-  absl::StatusOr<pb::ClusterState> state =
-      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
-  absl::StatusOr<ClusterPlacement> placement =
-      state.ok() ? ClusterPlacementFromProto(state->placement()) : state.status();
-  if (!placement.ok() || !placement->placed()) return;
-  if (!RoutersUse(placement->version(), absl::Now())) {
-    if (attempts_left > 1) {
-      actor_.PostAfter(options_.retire_delay, [this, attempts_left] { Retire(attempts_left - 1); });
-    } else {
-      LOG(WARNING) << "routers still use placements older than version " << placement->version()
-                   << "; the expert nodes keep the old experts";
-    }
-    return;
-  }
-  std::map<uint32_t, std::string> addresses;
-  for (const Target& t : AliveMembers(*state, pb::ROLE_EXPERT)) addresses[t.node] = t.address;
-  std::vector<std::string> workers;
-  std::vector<pb::LoadExpertsRequest> requests;
-  for (int w = 0; w < placement->experts.num_workers; ++w) {
-    auto it = addresses.find(placement->worker_nodes[w]);
-    if (it == addresses.end()) continue;
-    workers.push_back(it->second);
-    requests.push_back(LoadRequest(*placement, w, placement->version()));
-  }
-  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> retired = CallAll<pb::LoadExpertsResponse>(
-      workers, options_.load_timeout,
-      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
-                  grpc::ClientContext* context, pb::LoadExpertsResponse* out,
-                  std::function<void(grpc::Status)> done) {
-        std::shared_ptr<pb::ExpertWorker::Stub> stub = pb::ExpertWorker::NewStub(channel);
-        stub->async()->LoadExperts(context, &requests[i], out, std::move(done));
-        return std::shared_ptr<void>(stub);
-      });
-  for (size_t i = 0; i < retired.size(); ++i) {
-    if (!retired[i].ok()) {
-      LOG(WARNING) << "retiring placements before version " << placement->version() << ": "
-                   << retired[i].status();
-    }
-  }
-}
-
 void LoadBalancer::PushBias() {
   if (absl::Status gathered = Gather(nullptr); !gathered.ok()) {
     LOG_EVERY_N(WARNING, 10) << "online bias: gathering expert load: " << gathered;
@@ -648,38 +406,9 @@ void LoadBalancer::PushBias() {
   absl::StatusOr<pb::ClusterState> state =
       control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
   if (!state.ok()) return;
-  const std::vector<Target> routers = AliveMembers(*state, pb::ROLE_ROUTER);
-  std::vector<pb::SetBiasRequest> requests;
-  std::vector<std::string> addresses;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const pb::LayerLoadReport& layer : report_.layers()) {
-      if (layer.qb_bias().empty()) continue;
-      for (const Target& router : routers) {
-        pb::SetBiasRequest request;
-        request.set_layer(layer.layer());
-        *request.mutable_values() = layer.qb_bias();
-        requests.push_back(std::move(request));
-        addresses.push_back(router.address);
-      }
-    }
-  }
-  if (requests.empty()) return;
-  std::vector<absl::StatusOr<pb::SetBiasResponse>> answers = CallAll<pb::SetBiasResponse>(
-      addresses, options_.rpc_timeout,
-      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
-                  grpc::ClientContext* context, pb::SetBiasResponse* out,
-                  std::function<void(grpc::Status)> done) {
-        std::shared_ptr<pb::RouterControl::Stub> stub = pb::RouterControl::NewStub(channel);
-        stub->async()->SetBias(context, &requests[i], out, std::move(done));
-        return std::shared_ptr<void>(stub);
-      });
-  for (const auto& answer : answers) {
-    metrics_->bias_pushes.WithLabels({absl::StatusCodeToString(answer.status().code())})
-        ->Increment();
-    if (!answer.ok()) {
-      LOG_EVERY_N(WARNING, 10) << "online bias: SetBias: " << answer.status();
-    }
+  if (k3::PushBias(LastReport(), AliveMembers(*state, pb::ROLE_ROUTER), options_.rpc_timeout,
+                   calls_, metrics_->bias_pushes) == 0) {
+    return;
   }
   // The routers restart their windows under the new bias; histograms of two biases never merge.
   window_.Reset(absl::Now());

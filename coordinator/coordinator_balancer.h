@@ -15,16 +15,11 @@
 //  - Rebalancing (every `rebalance_interval`, or on a Rebalance RPC): plans a placement from the
 //    window's per-expert loads (coordinator/expert_placement_planner.h) with each worker's share of
 //    the experts plus `spare_slots_per_worker` slots, and rolls it out when it lowers the mean
-//    worker MaxVio by `min_improvement` of its value (always, if forced and different):
-//      1. reserve the next placement version;
-//      2. LoadExperts(version, worker, experts) on every worker node, all at once; the nodes keep
-//         the experts older versions use. Any failure abandons the rollout (nothing published);
-//      3. commit the version: routers learn it from the cluster state and switch between steps;
-//         steps already planned finish on the old experts (requests carry their version);
-//      4. once every live router reports the new version, after `retire_delay`, LoadExperts with
-//         retire_below_version lets the nodes drop experts only older versions needed.
-//    The window restarts after every rollout. Placement moves no math: tokens do not change
-//    (up to fp32 summation order across workers).
+//    worker MaxVio by `min_improvement` of its value (always, if forced and different): it
+//    reserves the next placement version and rolls it out (coordinator/placement_rollout.h: load
+//    on every worker, publish, wait for the routers, retire the old experts). The window restarts
+//    after every rollout. Placement moves no math: tokens do not change (up to fp32 summation
+//    order across workers).
 //
 //  - Resizing (every `resize_interval`): the elastic expert tier (coordinator/coordinator.h). When
 //    CoordinatorState::PlanResize has a new worker set due (a node joins, a worker drains, or a
@@ -35,20 +30,16 @@
 //      k3_coordinator_resizes_total{outcome}     rolled_out, failed
 //
 //  - Online bias (every `online_bias_interval`; off by default). CHANGES THE MODEL'S OUTPUTS:
-//    pushes each layer's centred QB estimate (spec §8) as the routers' new
-//    e_score_correction_bias (RouterControl.SetBias), then restarts the window.
+//    gathers, pushes each layer's centred QB estimate (spec §8) as the routers' new
+//    e_score_correction_bias (coordinator/online_bias.h), then restarts the window.
 //
 // Everything runs on one thread of the balancer's own; the RPC-facing methods hand work to it.
 // Thread-safety: all public methods may be called from any thread.
 #ifndef K3SERVE_COORDINATOR_COORDINATOR_BALANCER_H_
 #define K3SERVE_COORDINATOR_COORDINATOR_BALANCER_H_
 
-#include <atomic>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
-#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -57,17 +48,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/actor.h"
-#include "coordinator/coordinator.h"
-#include "moe/cluster_placement.h"
-#include "coordinator/coordinator_load.h"
 #include "cluster/metrics.h"
 #include "cluster/security.h"
+#include "coordinator/coordinator_load.h"
+#include "coordinator/placement_control.h"
+#include "coordinator/placement_rollout.h"
+#include "coordinator/rpc_fan_out.h"
+#include "moe/cluster_placement.h"
 #include "proto/cluster.pb.h"
-
-namespace grpc {
-class Channel;
-class ClientContext;
-}  // namespace grpc
 
 namespace k3 {
 
@@ -88,23 +76,6 @@ struct LoadBalancerOptions {
   // INVALID_ARGUMENT naming the field for negative durations or counts, non-positive timeouts,
   // or min_improvement outside [0, 1).
   absl::Status Validate() const;
-};
-
-// What the balancer needs from the coordinator's state (CoordinatorService provides it).
-class PlacementControl {
- public:
-  virtual ~PlacementControl() = default;
-  virtual absl::StatusOr<k3serve::cluster::v1::ClusterState> ClusterStateSnapshot(
-      absl::Time deadline) = 0;
-  // CoordinatorState::ReservePlacementVersion / CommitPlacement, with a deadline.
-  virtual absl::StatusOr<int64_t> ReservePlacementVersion(int64_t base_version,
-                                                          absl::Time deadline) = 0;
-  virtual absl::Status CommitPlacement(const ClusterPlacement& placement, int64_t base_version,
-                                       absl::Time deadline) = 0;
-  // CoordinatorState::PlanResize / ResizeFailed, with a deadline.
-  virtual absl::StatusOr<std::optional<CoordinatorState::Resize>> PlanResize(
-      absl::Time deadline) = 0;
-  virtual void ResizeFailed(int64_t base_version, const absl::Status& status) = 0;
 };
 
 class LoadBalancer {
@@ -135,7 +106,6 @@ class LoadBalancer {
 
  private:
   struct Metrics;
-  struct Round;  // the answers of one call to every target
 
   // All on the balancer's thread.
   // Runs `work` on the actor every `interval` (never when it is zero) until Stop.
@@ -144,43 +114,27 @@ class LoadBalancer {
   void SchedulePeriodicWork();
   // Rolls out the worker-set change PlanResize asks for, if any.
   void Resize();
-  // Steps 1-4 of a rollout (see the file comment) for `next` over `base_version`, whose version
-  // is reserved already; `what` names it in errors. Errors: the first failed LoadExperts
-  // (UNAVAILABLE naming the nodes) or the commit's.
-  absl::Status RollOut(const ClusterPlacement& next, int64_t base_version,
-                       const k3serve::cluster::v1::ClusterState& state, const std::string& what);
   // GetLoadStats on every alive router into the window; refreshes the report and the metrics.
   // The cluster state it used goes to *state when not null.
   absl::Status Gather(k3serve::cluster::v1::ClusterState* state);
   void PublishReport(const ClusterPlacement& placement, int answered, int failed);
+  k3serve::cluster::v1::LoadReport LastReport() const;
   absl::StatusOr<k3serve::cluster::v1::RebalanceResponse> DoRebalance(bool force);
-  // Polls the routers until each reports `version` (or later); false at the deadline.
-  bool RoutersUse(int64_t version, absl::Time deadline);
-  // Once every router uses the current placement, tells its workers to drop the experts only
-  // older versions needed; otherwise tries again after retire_delay, up to attempts_left times.
-  void Retire(int attempts_left);
   void PushBias();
-
-  // Calls fn(stub index) for every address at once and waits for them all; see the .cc.
-  template <typename Response, typename Start>
-  std::vector<absl::StatusOr<Response>> CallAll(const std::vector<std::string>& addresses,
-                                                absl::Duration timeout, Start start);
-  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
   const LoadBalancerOptions options_;
   PlacementControl* const control_;
   std::unique_ptr<Metrics> metrics_;
-  std::atomic<bool> stopping_{false};
+  RpcFanOut calls_;  // stopped first, in Stop: the coordinator is stopping
 
   // Balancer thread only.
   LoadWindow window_;
-  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  PlacementRollout rollout_;
   int64_t rebalances_ = 0;
   absl::Time resize_after_ = absl::InfinitePast();  // no resize before (after a failure)
 
   mutable absl::Mutex mu_;
   k3serve::cluster::v1::LoadReport report_ ABSL_GUARDED_BY(mu_);
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Stop
 
   Actor actor_;  // last: stops (in Stop) before the rest goes away
 };

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "cluster/actor_rpc.h"
 #include "cluster/grpc_status.h"
 
 namespace k3 {
@@ -82,15 +83,12 @@ void CoordinatorService::ResizeFailed(int64_t base_version, const absl::Status& 
 grpc::ServerUnaryReactor* CoordinatorService::OnActor(grpc::CallbackServerContext* context,
                                                       const char* method,
                                                       std::function<absl::Status()> fn) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const bool posted = actor_.Post([this, reactor, method, fn = std::move(fn)] {
+  return RunOnActor(actor_, context, [this, method, fn = std::move(fn)] {
     const absl::Status status = fn();
     rpcs_.WithLabels({method, absl::StatusCodeToString(status.code())})->Increment();
     PublishMetrics();
-    reactor->Finish(ToGrpcStatus(status));
+    return status;
   });
-  if (!posted) reactor->Finish(grpc::Status(grpc::UNAVAILABLE, "coordinator is shutting down"));
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* context,

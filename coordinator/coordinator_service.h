@@ -79,7 +79,8 @@ class CoordinatorService final : public k3serve::cluster::v1::Coordinator::Callb
                                       k3serve::cluster::v1::RebalanceResponse* response) override;
 
  private:
-  // Runs fn on the actor and finishes the call with its status.
+  // Runs fn on the actor (RunOnActor: no gRPC thread waits), counts the call in
+  // k3_coordinator_rpcs_total and finishes it with fn's status.
   grpc::ServerUnaryReactor* OnActor(grpc::CallbackServerContext* context, const char* method,
                                     std::function<absl::Status()> fn);
   void ScheduleTick();

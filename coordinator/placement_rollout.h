@@ -1,0 +1,72 @@
+// PlacementRollout: how a new expert placement, whose version is reserved already, reaches the
+// cluster without a step that finds its experts missing. Rebalancing and resizing the expert tier
+// (coordinator/coordinator_balancer.h) both roll out this way:
+//   1. LoadExperts(version, worker, experts) on every worker node of the new placement, all at
+//      once; the nodes keep the experts older versions use. Any failure abandons the rollout
+//      (nothing published);
+//   2. commit the version (PlacementControl::CommitPlacement): routers learn it from the cluster
+//      state and switch between steps; steps already planned finish on the old experts;
+//   3. wait (up to switch_timeout) for every live router to report the new version;
+//   4. after retire_delay, once every router reports the current version, LoadExperts with
+//      retire_below_version lets the nodes drop experts only older versions needed (tried again
+//      every retire_delay, 10 times at most, while a router lags).
+//
+// Thread-safety: not thread-safe; RollOut runs on `actor` (the balancer's), which retirement is
+// scheduled on as well. `control`, `calls` and `actor` must outlive the rollout; stopping `calls`
+// (RpcFanOut::Stop) ends waits and skips retirements.
+#ifndef K3SERVE_COORDINATOR_PLACEMENT_ROLLOUT_H_
+#define K3SERVE_COORDINATOR_PLACEMENT_ROLLOUT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cluster/actor.h"
+#include "coordinator/placement_control.h"
+#include "coordinator/rpc_fan_out.h"
+#include "moe/cluster_placement.h"
+#include "proto/cluster.pb.h"
+
+namespace k3 {
+
+struct RolloutTimeouts {
+  absl::Duration rpc_timeout = absl::Seconds(2);     // commit, routers' versions, snapshots
+  absl::Duration load_timeout = absl::Seconds(60);   // LoadExperts
+  absl::Duration switch_timeout = absl::Seconds(10);  // routers taking up the new placement
+  absl::Duration retire_delay = absl::Seconds(5);     // then, before old experts may go
+};
+
+// The LoadExperts request that gives `worker` its experts of `placement` (every layer, in
+// order), dropping those of versions below `retire_below` (0: drops nothing).
+k3serve::cluster::v1::LoadExpertsRequest LoadExpertsRequestFor(const ClusterPlacement& placement,
+                                                               int worker, int64_t retire_below);
+
+class PlacementRollout {
+ public:
+  PlacementRollout(const RolloutTimeouts& timeouts, PlacementControl* control, RpcFanOut* calls,
+                   Actor* actor)
+      : timeouts_(timeouts), control_(control), calls_(calls), actor_(actor) {}
+
+  // Steps 1-3 for `next` over `base_version` (its worker nodes' addresses from `state`), and
+  // schedules step 4; `what` names it in errors. Errors: ABORTED when a worker node is not a
+  // member of `state`, UNAVAILABLE naming the nodes whose LoadExperts failed, or the commit's.
+  absl::Status RollOut(const ClusterPlacement& next, int64_t base_version,
+                       const k3serve::cluster::v1::ClusterState& state, const std::string& what);
+
+ private:
+  // Polls the routers until each reports `version` (or later); false at the deadline.
+  bool RoutersUse(int64_t version, absl::Time deadline);
+  // Step 4 for the current placement; otherwise tries again after retire_delay, up to
+  // attempts_left times.
+  void Retire(int attempts_left);
+
+  const RolloutTimeouts timeouts_;
+  PlacementControl* const control_;
+  RpcFanOut* const calls_;
+  Actor* const actor_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_COORDINATOR_PLACEMENT_ROLLOUT_H_
