@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/remote_routed_moe.h"
@@ -107,9 +108,10 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   }
   p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer),
                                         &DefaultMetrics(), std::move(limits));
-  p.control_service = NewAttentionControlService([this](absl::Time deadline) {
-    return Drain(deadline);
-  });
+  p.control_service =
+      NewAttentionControlService([this](absl::Time deadline, std::function<void(int)> done) {
+        DrainAsync(deadline, std::move(done));
+      });
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags = p.options.node;
   endpoint_options.role = role;
@@ -256,17 +258,34 @@ void AttentionServer::ScheduleTick() {
   });
 }
 
-int AttentionServer::Drain(absl::Time deadline) {
+void AttentionServer::DrainAsync(absl::Time deadline, std::function<void(int left)> done) {
   Parts& p = *parts_;
   if (!p.draining.exchange(true)) LOG(INFO) << "draining: no new requests are admitted";
   p.scheduler->StopAdmitting();
   p.endpoints->SetReady(false);
   p.ready_gauge->Set(0);
-  if (p.scheduler->WaitIdle(deadline)) return 0;
-  const int left = p.scheduler->Info().active_requests;
-  LOG(WARNING) << "drain deadline passed with " << left << " request(s) running; cancelling them";
-  p.scheduler->CancelAll(absl::UnavailableError(
-      "the server is shutting down: its drain deadline passed"));
+  GenerationScheduler* scheduler = p.scheduler.get();
+  scheduler->NotifyWhenIdle(deadline, [scheduler, done = std::move(done)](bool idle) {
+    if (idle) {
+      done(0);
+      return;
+    }
+    const int left = scheduler->Info().active_requests;
+    LOG(WARNING) << "drain deadline passed with " << left << " request(s) running; cancelling them";
+    scheduler->CancelAll(absl::UnavailableError(
+        "the server is shutting down: its drain deadline passed"));
+    done(left);
+  });
+}
+
+int AttentionServer::Drain(absl::Time deadline) {
+  absl::Notification drained;
+  int left = 0;
+  DrainAsync(deadline, [&](int n) {
+    left = n;
+    drained.Notify();
+  });
+  drained.WaitForNotification();
   return left;
 }
 

@@ -92,8 +92,11 @@ class AttentionServer {
   int port() const;
   int metrics_port() const;  // -1 without a metrics endpoint
 
-  // Stops admitting (readiness NOT_SERVING), waits until the requests in flight end or
-  // `deadline`, then cancels what is left with UNAVAILABLE. Returns how many were left.
+  // Stops admitting (readiness NOT_SERVING); once the requests in flight end, or at `deadline`
+  // after cancelling what is left with UNAVAILABLE, calls `done` with how many were left. Returns
+  // at once; `done` runs on the scheduler's thread and must not block.
+  void DrainAsync(absl::Time deadline, std::function<void(int left)> done);
+  // DrainAsync, waited for (the caller's thread blocks: not for actors or gRPC handlers).
   int Drain(absl::Time deadline);
 
   // Drain(now + drain_timeout), stops the scheduler, leaves the cluster, stops serving.

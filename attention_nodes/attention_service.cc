@@ -567,25 +567,32 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   std::shared_ptr<const TokenVocabulary> vocabulary_ ABSL_GUARDED_BY(mu_);
 };
 
-class AttentionControlService final : public cpb::AttentionControl::Service {
+// Drain answers once the node is idle or its deadline passed: the handler returns at once and
+// the scheduler finishes the call (no gRPC thread waits).
+class AttentionControlService final : public cpb::AttentionControl::CallbackService {
  public:
-  explicit AttentionControlService(std::function<int(absl::Time)> drain)
-      : drain_(std::move(drain)) {}
+  explicit AttentionControlService(AttentionDrain drain) : drain_(std::move(drain)) {}
 
-  grpc::Status Drain(grpc::ServerContext* /*context*/, const cpb::DrainNodeRequest* request,
-                     cpb::DrainNodeResponse* response) override {
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const cpb::DrainNodeRequest* request,
+                                  cpb::DrainNodeResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (request->deadline_ms() < 0) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0");
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0"));
+      return reactor;
     }
     const absl::Time deadline = request->deadline_ms() == 0
                                     ? absl::InfiniteFuture()
                                     : absl::Now() + absl::Milliseconds(request->deadline_ms());
-    response->set_active_requests(drain_(deadline));
-    return grpc::Status::OK;
+    drain_(deadline, [reactor, response](int left) {
+      response->set_active_requests(left);
+      reactor->Finish(grpc::Status::OK);
+    });
+    return reactor;
   }
 
  private:
-  const std::function<int(absl::Time)> drain_;
+  const AttentionDrain drain_;
 };
 
 }  // namespace
@@ -609,7 +616,7 @@ std::string PeerHost(const std::string& peer) {
   return std::string(host);
 }
 
-std::unique_ptr<grpc::Service> NewAttentionControlService(std::function<int(absl::Time)> drain) {
+std::unique_ptr<grpc::Service> NewAttentionControlService(AttentionDrain drain) {
   return std::make_unique<AttentionControlService>(std::move(drain));
 }
 

@@ -65,11 +65,12 @@ std::unique_ptr<grpc::Service> NewK3ServeService(GenerationScheduler* scheduler,
 // "ipv6:[::1]:5000" -> "::1"; anything else unchanged.
 std::string PeerHost(const std::string& peer);
 
-// `drain(deadline)` stops admitting, waits for requests in flight until `deadline` (infinite
-// future: until all ended), cancels what is left, and returns how many were still running when
-// the deadline passed.
-std::unique_ptr<grpc::Service> NewAttentionControlService(
-    std::function<int(absl::Time deadline)> drain);
+// `drain(deadline, done)` stops admitting and returns at once; once the requests in flight end,
+// or at `deadline` (infinite future: never) after cancelling what is left, it calls `done` with
+// how many were still running then (AttentionServer::DrainAsync).
+using AttentionDrain =
+    std::function<void(absl::Time deadline, std::function<void(int left)> done)>;
+std::unique_ptr<grpc::Service> NewAttentionControlService(AttentionDrain drain);
 
 }  // namespace k3
 

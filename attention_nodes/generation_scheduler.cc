@@ -357,6 +357,39 @@ bool GenerationScheduler::WaitIdle(absl::Time deadline) const {
   return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
+struct GenerationScheduler::IdleWaiter {
+  explicit IdleWaiter(std::function<void(bool)> done) : done(std::move(done)) {}
+  void Fire(bool idle) {
+    if (!fired.exchange(true)) done(idle);
+  }
+  std::function<void(bool)> done;
+  std::atomic<bool> fired{false};
+};
+
+void GenerationScheduler::NotifyWhenIdle(absl::Time deadline, std::function<void(bool)> done) {
+  auto waiter = std::make_shared<IdleWaiter>(std::move(done));
+  auto idle = [this] {
+    absl::MutexLock lock(&mu_);
+    return in_flight_.empty();
+  };
+  const bool posted = actor_.Post([this, waiter, deadline, idle] {
+    if (idle()) {
+      waiter->Fire(true);
+      return;
+    }
+    idle_waiters_.push_back(waiter);
+    if (deadline != absl::InfiniteFuture()) {
+      actor_.PostAfter(deadline - absl::Now(), [waiter] { waiter->Fire(false); });
+    }
+  });
+  if (!posted) waiter->Fire(idle());  // shut down: nothing will run again
+}
+
+void GenerationScheduler::NotifyIdleWaiters(bool idle) {
+  for (const std::shared_ptr<IdleWaiter>& waiter : idle_waiters_) waiter->Fire(idle);
+  idle_waiters_.clear();
+}
+
 void GenerationScheduler::CancelAll(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   for (auto& [id, handle] : in_flight_) handle->Cancel(status, std::string(status.message()));
@@ -380,6 +413,8 @@ void GenerationScheduler::Shutdown() {
     });
   }
   actor_.Stop();
+  // The actor's thread is gone: waiters whose deadline timer was dropped hear it now.
+  NotifyIdleWaiters(WaitIdle(absl::InfinitePast()));
 }
 
 void GenerationScheduler::Admit(std::shared_ptr<Sequence> sequence) {
@@ -399,9 +434,11 @@ void GenerationScheduler::Finish(Sequence& sequence, GenerationResult result) {
   UpdateCounts();
   result.prompt_tokens = static_cast<int>(sequence.request.prompt.size());
   result.generated_tokens = static_cast<int>(sequence.generated.size());
+  bool idle;
   {
     absl::MutexLock lock(&mu_);
     in_flight_.erase(sequence.request.id);
+    idle = in_flight_.empty();
     if (metrics_) metrics_->active->Set(static_cast<double>(in_flight_.size()));
   }
   if (metrics_) {
@@ -424,6 +461,7 @@ void GenerationScheduler::Finish(Sequence& sequence, GenerationResult result) {
     options_.spans->Record(span);
   }
   sequence.sink->OnFinish(result);
+  if (idle) NotifyIdleWaiters(true);
 }
 
 void GenerationScheduler::RemoveFinished() {

@@ -59,6 +59,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -223,8 +224,13 @@ class GenerationScheduler {
 
   // Stops admitting: later Submits get UNAVAILABLE; requests in flight continue.
   void StopAdmitting();
-  // Waits until no request is in flight; false at `deadline`.
+  // Waits until no request is in flight; false at `deadline`. Blocks: not for actors or gRPC
+  // handlers (they use NotifyWhenIdle).
   bool WaitIdle(absl::Time deadline) const;
+  // Calls `done(true)` once no request is in flight, or `done(false)` at `deadline` if some still
+  // are (no later than the scheduler step running then ends); exactly once, on the scheduler
+  // thread, or at once on the caller's after Shutdown. `done` must not block.
+  void NotifyWhenIdle(absl::Time deadline, std::function<void(bool idle)> done);
   // Cancels every request in flight with `status` (CANCELLED finish reason).
   void CancelAll(const absl::Status& status);
 
@@ -256,6 +262,8 @@ class GenerationScheduler {
   // Stores `sequence`'s state in the prefix cache when it stands at a block boundary.
   void RecordPrefix(const Sequence& sequence);
   void Finish(Sequence& sequence, GenerationResult result);
+  // Fires and forgets every idle_waiters_ entry.
+  void NotifyIdleWaiters(bool idle);
   void RemoveFinished();
   void UpdateCounts();
 
@@ -282,6 +290,9 @@ class GenerationScheduler {
   std::vector<std::shared_ptr<Sequence>> running_;  // in admission order
   bool step_posted_ = false;
   std::vector<float> logits_;
+  // NotifyWhenIdle callers waiting for in_flight_ to empty (each also has a deadline timer).
+  struct IdleWaiter;
+  std::vector<std::shared_ptr<IdleWaiter>> idle_waiters_;
 
   Actor actor_;  // last: its thread stops before the members above go away
 };

@@ -60,6 +60,11 @@ class FlakyMoe final : public RoutedMoe {
     absl::MutexLock lock(&mu_);
     corrupt_ = corrupt;
   }
+  // Each layer's answer comes `delay` late, as from a slow router.
+  void SetDelay(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    delay_ = delay;
+  }
 
   absl::Status Begin(int layer, const float* x, int64_t tokens) override {
     tokens_ = tokens;
@@ -68,6 +73,7 @@ class FlakyMoe final : public RoutedMoe {
   absl::Status Wait(float* out) override {
     absl::Status local = local_.Wait(out);
     absl::MutexLock lock(&mu_);
+    if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
     if (corrupt_) std::fill(out, out + tokens_ * width_, std::nanf(""));
     return failure_.ok() ? local : failure_;
   }
@@ -79,6 +85,7 @@ class FlakyMoe final : public RoutedMoe {
   absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool corrupt_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_);
 };
 
 // A sample of the process's metrics registry, e.g. "k3_attention_step_tokens_count"; -1 if absent.
@@ -747,6 +754,33 @@ TEST_F(AttentionServerTest, ModelInfoHealthAndDrain) {
   EXPECT_TRUE(ServerInfo().draining());
   absl::StatusOr<GenerateOutcome> refused = Generate(Request({1, 2}, 2));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+}
+
+// A drain whose deadline passes cancels what still runs, with UNAVAILABLE, and answers how many
+// requests that was, no earlier than the deadline.
+TEST_F(AttentionServerTest, ADrainWhoseDeadlinePassesCancelsWhatRunsAndCountsIt) {
+  moe_->SetDelay(absl::Milliseconds(5));  // 40 tokens of k3-tiny's MoE layers: seconds
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, Request(Prompt(3, 7), 40));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  auto control = k3serve::cluster::v1::AttentionControl::NewStub(channel_);
+  grpc::ClientContext drain_context;
+  k3serve::cluster::v1::DrainNodeRequest drain;
+  drain.set_deadline_ms(300);
+  k3serve::cluster::v1::DrainNodeResponse drained;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(control->Drain(&drain_context, drain, &drained).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_EQ(drained.active_requests(), 1);
+  while (reader->Read(&response)) {
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "drain deadline passed"))
+      << status.error_message();
+  moe_->SetDelay(absl::ZeroDuration());
 }
 
 // Runs `request` and returns its tokens and the text of its chunks and Complete, concatenated.
