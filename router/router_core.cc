@@ -136,22 +136,18 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
 RouterCore::~RouterCore() = default;
 
 void RouterCore::UpdateClusterState(const pb::ClusterState& state) {
-  absl::MutexLock lock(&state_mu_);
-  new_state_ = state;
+  ApplyClusterState(state);
+  RetryHeld();
+  UpdateReadiness();
 }
 
 absl::Status RouterCore::Poll(absl::Time deadline) {
-  if (ApplyClusterState() || (!held_.empty() && absl::Now() >= next_held_retry_)) RetryHeld();
-  ApplyBias();
+  if (!held_.empty() && absl::Now() >= next_held_retry_) RetryHeld();
   absl::Time wake = std::min(deadline, pending_.NextDeadline());
   if (!held_.empty()) wake = std::min(wake, next_held_retry_);
   RestKernelThreads();  // nothing to compute until a message arrives
   absl::StatusOr<Received> received = transport_->Receive(wake);
   if (received.ok()) {
-    // A state that came while waiting may be what let the message through (its sender was just
-    // connected): act on it first. A bias set meanwhile applies to this step already.
-    if (ApplyClusterState()) RetryHeld();
-    ApplyBias();
     if (received->kind == Received::Kind::kPeerFailed) {
       links_->MarkFailed(received->from, received->error);
       FailWaitingOn(received->from, NodeStatus(received->from));
@@ -187,40 +183,22 @@ absl::Status RouterCore::SetBias(int moe_layer, std::vector<float> bias) {
   for (float b : bias) {
     if (!std::isfinite(b)) return absl::InvalidArgumentError("the bias is not finite");
   }
-  absl::MutexLock lock(&state_mu_);
-  new_bias_[moe_layer] = std::move(bias);
+  LOG(INFO) << "MoE layer " << moe_layer << " routes with a new e_score_correction_bias "
+            << "(online bias: the model's outputs change)";
+  routers_[*layer].score_bias = bias;
+  stats_->SetBias(moe_layer, std::move(bias));
   return absl::OkStatus();
 }
 
-void RouterCore::ApplyBias() {
-  std::map<int, std::vector<float>> biases;
-  {
-    absl::MutexLock lock(&state_mu_);
-    biases.swap(new_bias_);
-  }
-  for (auto& [moe_layer, bias] : biases) {
-    LOG(INFO) << "MoE layer " << moe_layer << " routes with a new e_score_correction_bias "
-              << "(online bias: the model's outputs change)";
-    routers_[*ModelLayerOfMoe(config_, moe_layer)].score_bias = bias;
-    stats_->SetBias(moe_layer, std::move(bias));
-  }
-}
-
-bool RouterCore::ApplyClusterState() {
-  std::optional<pb::ClusterState> state;
-  {
-    absl::MutexLock lock(&state_mu_);
-    state.swap(new_state_);
-  }
-  if (!state.has_value()) return false;
-  lost_experts_reason_ = state->lost_experts_reason();
+void RouterCore::ApplyClusterState(const pb::ClusterState& state) {
+  lost_experts_reason_ = state.lost_experts_reason();
   // Until the coordinator notices a node's death, its entry here says whether to wait; after,
   // lost_experts_reason does.
   unrecoverable_losses_.clear();
-  unrecoverable_losses_.insert(state->unrecoverable_losses().begin(),
-                               state->unrecoverable_losses().end());
+  unrecoverable_losses_.insert(state.unrecoverable_losses().begin(),
+                               state.unrecoverable_losses().end());
   members_.clear();
-  for (const pb::Member& member : state->members()) members_[member.node().node_id()] = member;
+  for (const pb::Member& member : state.members()) members_[member.node().node_id()] = member;
   for (auto it = suspects_.begin(); it != suspects_.end();) {
     auto member = members_.find(it->first);
     const bool same_process =
@@ -228,11 +206,11 @@ bool RouterCore::ApplyClusterState() {
     it = same_process ? std::next(it) : suspects_.erase(it);
   }
 
-  const pb::ExpertPlacement& proto = state->placement();
+  const pb::ExpertPlacement& proto = state.placement();
   if (proto.version() == 0) {
     if (!placement_.placed()) {
       placement_problem_ = absl::StrCat("no expert placement yet (coordinator: ",
-                                        state->not_ready_reason(), ")");
+                                        state.not_ready_reason(), ")");
     }
   } else if (proto.version() > placement_.version() || !placement_problem_.empty()) {
     absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(proto);
@@ -277,7 +255,6 @@ bool RouterCore::ApplyClusterState() {
       ++it;
     }
   }
-  return true;
 }
 
 void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start,
@@ -881,20 +858,12 @@ void RouterCore::UpdateReadiness() {
       }
     }
   }
-  absl::MutexLock lock(&ready_mu_);
   readiness_ = std::move(ready);
-  placement_version_ = placement_.version();
 }
 
-absl::Status RouterCore::Readiness() const {
-  absl::MutexLock lock(&ready_mu_);
-  return readiness_;
-}
+absl::Status RouterCore::Readiness() const { return readiness_; }
 
-int64_t RouterCore::placement_version() const {
-  absl::MutexLock lock(&ready_mu_);
-  return placement_version_;
-}
+int64_t RouterCore::placement_version() const { return placement_.version(); }
 
 pb::LoadStatsResponse RouterCore::LoadStats(bool reset) {
   return stats_->Snapshot(reset, placement_version());

@@ -51,10 +51,8 @@
 // k3_router_pending_steps, k3_router_routed_tokens_total{layer} and k3_router_expert_load_max_vio
 // {layer} (MoE layer index; the window of GetLoadStats).
 //
-// Thread-safety: RouterNode makes every call on its actor ("router"). The locks (state_mu_,
-// ready_mu_, RouterLoadStats's) serve only tests/router_core_test.cc, which polls on a loop thread
-// of its own while the test thread calls UpdateClusterState, SetBias, Readiness and LoadStats;
-// Poll and FailAll must come from one thread at a time.
+// Thread-safety: none; one thread makes every call (RouterNode's actor, "router"; the test's).
+// Nothing in it locks.
 #ifndef K3SERVE_ROUTER_ROUTER_CORE_H_
 #define K3SERVE_ROUTER_ROUTER_CORE_H_
 
@@ -62,16 +60,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "moe/cluster_placement.h"
 #include "cluster/metrics.h"
@@ -116,11 +111,12 @@ class RouterCore {
   RouterCore(const RouterCore&) = delete;
   RouterCore& operator=(const RouterCore&) = delete;
 
-  // The coordinator's newest cluster state (members and placement); applied by the next Poll.
+  // Applies the coordinator's newest cluster state (members and placement) at once: steps
+  // waiting for dead nodes end, held steps are planned again under it.
   void UpdateClusterState(const k3serve::cluster::v1::ClusterState& state);
 
-  // Applies a new cluster state, then handles what arrives until `deadline` (at most one message)
-  // and ends the steps whose deadline passed. Returns CANCELLED once the transport is closed.
+  // Handles what arrives until `deadline` (at most one message) and ends the steps whose
+  // deadline passed. Returns CANCELLED once the transport is closed.
   absl::Status Poll(absl::Time deadline);
 
   // Answers every pending step with `status` (shutdown).
@@ -137,7 +133,7 @@ class RouterCore {
 
   // Online bias (the coordinator's QB estimate; CHANGES THE MODEL'S OUTPUTS): MoE layer
   // `moe_layer` routes with `bias` instead of the checkpoint's e_score_correction_bias from the
-  // next step the loop starts on; steps already routed are not touched. Its load window starts
+  // next step; steps already routed are not touched. Its load window starts
   // anew. INVALID_ARGUMENT for a layer out of range or not one finite value per expert.
   absl::Status SetBias(int moe_layer, std::vector<float> bias);
 
@@ -152,9 +148,7 @@ class RouterCore {
              const RouterCoreOptions& options, std::unique_ptr<RouterLoadStats> stats,
              MetricsRegistry* metrics);
 
-  // True when a new state was applied.
-  bool ApplyClusterState();
-  void ApplyBias();
+  void ApplyClusterState(const k3serve::cluster::v1::ClusterState& state);
   // `start`: when the request first arrived; `held`: a held request planned again.
   void HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time start, bool held = false);
   // Holds a request whose rows need an expert without a live host (see the file comment), or
@@ -214,15 +208,10 @@ class RouterCore {
   const std::unique_ptr<RouterLoadStats> stats_;
   std::unique_ptr<Metrics> metrics_;  // null without a registry
 
-  absl::Mutex state_mu_;
-  std::optional<k3serve::cluster::v1::ClusterState> new_state_ ABSL_GUARDED_BY(state_mu_);
-  std::map<int, std::vector<float>> new_bias_ ABSL_GUARDED_BY(state_mu_);  // by MoE layer
-
-  // Loop thread only. The router weights of each model layer (empty for layers without routed
-  // experts): views of `weights_`, but the bias may be replaced by SetBias.
+  // The router weights of each model layer (empty for layers without routed experts): views of
+  // `weights_`, but the bias may be replaced by SetBias.
   std::vector<RouterWeights> routers_;
 
-  // Loop thread only.
   ClusterPlacement placement_;
   std::string placement_problem_;  // why no placement is in force; empty when one is
   std::map<uint32_t, k3serve::cluster::v1::Member> members_;
@@ -246,10 +235,7 @@ class RouterCore {
   uint64_t next_step_id_ = 1;
   bool has_replicas_ = false;  // some expert of the placement has several hosts
 
-  mutable absl::Mutex ready_mu_;
-  absl::Status readiness_ ABSL_GUARDED_BY(ready_mu_) =
-      absl::UnavailableError("no cluster state yet");
-  int64_t placement_version_ ABSL_GUARDED_BY(ready_mu_) = 0;
+  absl::Status readiness_ = absl::UnavailableError("no cluster state yet");
 };
 
 }  // namespace k3

@@ -54,7 +54,6 @@ std::vector<QbLayerStatistics> RouterLoadStats::FreshQb() const {
 void RouterLoadStats::Record(int moe_layer, const Routing& routing) {
   CHECK(moe_layer >= 0 && moe_layer < num_layers()) << "MoE layer " << moe_layer;
   CHECK_EQ(routing.top_k, top_k_);
-  absl::MutexLock lock(&mu_);
   ++steps_;
   tokens_ += static_cast<uint64_t>(routing.tokens);
   std::vector<uint64_t>& counts = counts_[moe_layer];
@@ -67,7 +66,6 @@ void RouterLoadStats::Record(int moe_layer, const Routing& routing) {
 pb::LoadStatsResponse RouterLoadStats::Snapshot(bool reset, int64_t placement_version) {
   pb::LoadStatsResponse response;
   response.set_placement_version(placement_version);
-  absl::MutexLock lock(&mu_);
   response.set_window_steps(steps_);
   response.set_window_tokens(tokens_);
   for (int layer = 0; layer < num_layers(); ++layer) {
@@ -92,7 +90,6 @@ pb::LoadStatsResponse RouterLoadStats::Snapshot(bool reset, int64_t placement_ve
 
 void RouterLoadStats::SetBias(int moe_layer, std::vector<float> bias) {
   CHECK(moe_layer >= 0 && moe_layer < num_layers()) << "MoE layer " << moe_layer;
-  absl::MutexLock lock(&mu_);
   CHECK_EQ(bias.size(), bias_[moe_layer].size());
   bias_[moe_layer] = std::move(bias);
   std::fill(counts_[moe_layer].begin(), counts_[moe_layer].end(), 0);
@@ -102,7 +99,6 @@ void RouterLoadStats::SetBias(int moe_layer, std::vector<float> bias) {
 }
 
 double RouterLoadStats::MaxVio(int moe_layer) const {
-  absl::MutexLock lock(&mu_);
   return k3::MaxVio(counts_[moe_layer]);
 }
 

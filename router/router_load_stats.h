@@ -10,16 +10,15 @@
 // edges, which all experts share: the bins split [min(bias) − 1, max(bias) + 1] evenly, and every
 // r falls inside, so no bin is unbounded.
 //
-// Thread-safety: all methods may be called from any thread.
+// Thread-safety: none; its owner (RouterCore, on the router's actor) makes every call.
 #ifndef K3SERVE_ROUTER_ROUTER_LOAD_STATS_H_
 #define K3SERVE_ROUTER_ROUTER_LOAD_STATS_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "proto/cluster.pb.h"
 #include "router/gate.h"
 #include "moe/qb_statistics.h"
@@ -58,12 +57,11 @@ class RouterLoadStats {
 
   const int top_k_;
   const int qb_bins_;
-  mutable absl::Mutex mu_;
-  std::vector<std::vector<float>> bias_ ABSL_GUARDED_BY(mu_);  // [layer]
-  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::vector<uint64_t>> counts_ ABSL_GUARDED_BY(mu_);  // [layer][expert]
-  std::vector<QbLayerStatistics> qb_ ABSL_GUARDED_BY(mu_);          // [layer]; empty without QB
+  std::vector<std::vector<float>> bias_;  // [layer]
+  uint64_t steps_ = 0;
+  uint64_t tokens_ = 0;
+  std::vector<std::vector<uint64_t>> counts_;  // [layer][expert]
+  std::vector<QbLayerStatistics> qb_;          // [layer]; empty without QB
 };
 
 }  // namespace k3

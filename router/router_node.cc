@@ -93,6 +93,11 @@ class RouterNode final : public RoleHooks {
   uint32_t node_id_ = 0;
   std::string name_ = "router node (unregistered)";
   bool serving_ = false;
+  absl::Status last_ready_ = absl::UnavailableError("starting");
+
+  // The core's readiness as of the actor's last turn, for /healthz (the metrics server's thread).
+  absl::Mutex ready_mu_;
+  absl::Status ready_ ABSL_GUARDED_BY(ready_mu_) = absl::UnavailableError("starting");
 
   absl::Mutex failure_mu_;
   absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
@@ -138,11 +143,9 @@ absl::Status RouterNode::Start() {
   endpoint_options.role = pb::ROLE_ROUTER;
   endpoint_options.readiness_service = kServiceName;
   endpoint_options.services = {service_.get()};
-  RouterCore* core_ptr = core_.get();
-  Actor* actor = actor_.get();
-  endpoint_options.readiness = [core_ptr, actor] {
-    return actor->Call([core_ptr] { return core_ptr->Readiness(); },
-                       absl::Now() + absl::Seconds(1));
+  endpoint_options.readiness = [this] {
+    absl::MutexLock lock(&ready_mu_);
+    return ready_;
   };
   absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
       NodeEndpoints::Start(std::move(endpoint_options));
@@ -176,6 +179,11 @@ void RouterNode::Pump() {
     return;  // the transport is gone: no more turns
   }
   const absl::Status ready = core_->Readiness();
+  if (ready != last_ready_) {
+    last_ready_ = ready;
+    absl::MutexLock lock(&ready_mu_);
+    ready_ = ready;
+  }
   if (ready.ok() != serving_) {
     serving_ = ready.ok();
     endpoints_->SetReady(serving_);

@@ -13,6 +13,7 @@
 
 #include "moe/expert_placement.h"
 #include "absl/strings/str_cat.h"
+#include "cluster/actor.h"
 #include "cluster/inproc_transport.h"
 #include "cluster/span_log.h"
 #include "base/trace_context.h"
@@ -183,17 +184,24 @@ class RouterCoreTest : public ::testing::Test {
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
     ASSERT_TRUE(attention_->Connect(kRouter, router_transport_->LocalAddress()).ok());
-    loop_ = std::thread([this] {
-      while (!stop_) {
-        if (!core_->Poll(absl::Now() + absl::Milliseconds(10)).ok()) return;
-      }
-    });
+    // As in RouterNode: the core lives on an actor whose turns poll the transport.
+    router_actor_ = std::make_unique<Actor>("router");
+    router_actor_->Post([this] { Pump(); });
+  }
+
+  void Pump() {
+    if (!core_->Poll(absl::Now() + absl::Milliseconds(10)).ok()) return;
+    router_actor_->Post([this] { Pump(); });
+  }
+
+  // Runs `fn` on the router's actor, the one thread that uses the core.
+  template <typename F>
+  auto OnRouter(F fn) {
+    return router_actor_->Call(std::move(fn), absl::Now() + kWait);
   }
 
   void StopRouter() {
-    if (!loop_.joinable()) return;
-    stop_ = true;
-    loop_.join();
+    if (router_actor_ != nullptr) router_actor_->Stop();
   }
 
   // An expert node hosting what `placement` gives `node`.
@@ -254,13 +262,17 @@ class RouterCoreTest : public ::testing::Test {
       add(id, pb::ROLE_EXPERT, member_state, experts_.at(id)->address());
     }
     ClusterPlacementToProto(placement, state.mutable_placement());
-    core_->UpdateClusterState(state);
+    EXPECT_TRUE(OnRouter([&] { core_->UpdateClusterState(state); }).ok());
     links_->SetTargets(LinkTargets(state, {pb::ROLE_ATTENTION, pb::ROLE_EXPERT}, kRouter));
   }
 
   void WaitReady() {
-    WaitFor([this] { return core_->Readiness().ok(); }, kWait);
-    ASSERT_TRUE(core_->Readiness().ok()) << core_->Readiness();
+    WaitFor([this] { return Readiness().ok(); }, kWait);
+    ASSERT_TRUE(Readiness().ok()) << Readiness();
+  }
+
+  absl::Status Readiness() {
+    return OnRouter([this] { return core_->Readiness(); });
   }
 
   // Waits until the router holds `steps` steps in flight (its pending-steps gauge, which the
@@ -341,8 +353,7 @@ class RouterCoreTest : public ::testing::Test {
   std::unique_ptr<RouterCore> core_;
   std::map<uint32_t, std::unique_ptr<FakeExpert>> experts_;
   std::map<uint64_t, MoeResponse> answers_;
-  std::atomic<bool> stop_{false};
-  std::thread loop_;
+  std::unique_ptr<Actor> router_actor_;  // after core_: stops (in TearDown) before it goes
   bool per_expert_metrics_ = false;  // read by StartRouter
   std::string spans_path_;           // read by StartRouter: a trace file when not empty
 };
@@ -369,7 +380,8 @@ TEST_F(RouterCoreTest, ConcurrentStepsOfSeveralLayersMatchTheLocalEngine) {
   }
 
   // Load statistics count the same routing as the local engine.
-  k3serve::cluster::v1::LoadStatsResponse stats = core_->LoadStats(/*reset=*/false);
+  k3serve::cluster::v1::LoadStatsResponse stats =
+      OnRouter([this] { return core_->LoadStats(/*reset=*/false); }).value();
   EXPECT_EQ(stats.placement_version(), 1);
   EXPECT_EQ(stats.window_steps(), 3u);
   EXPECT_EQ(stats.window_tokens(), 5u + 12u + 19u);
@@ -405,11 +417,12 @@ TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
   const int moe = *MoeLayerIndex(config(), layer);
   std::vector<float> bias(config().num_experts, 0.f);
   bias[5] = 10.f;  // expert 5 wins every token
-  EXPECT_EQ(core_->SetBias(moe, std::vector<float>(3, 0.f)).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(core_->SetBias(config().NumMoeLayers(), bias).code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(core_->SetBias(moe, bias).ok());
+  auto set_bias = [this](int moe_layer, std::vector<float> values) {
+    return OnRouter([&] { return core_->SetBias(moe_layer, values); });
+  };
+  EXPECT_EQ(set_bias(moe, std::vector<float>(3, 0.f)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(set_bias(config().NumMoeLayers(), bias).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(set_bias(moe, bias).ok());
 
   const std::vector<float> rows = RandomRows(9, 77);
   Send(1, layer, rows);
@@ -424,7 +437,8 @@ TEST_F(RouterCoreTest, ANewBiasChangesTheLayersRoutingFromTheNextStep) {
   for (size_t i = 0; i < expected.size(); ++i) {
     ASSERT_NEAR(response.rows[i], expected[i], 1e-5 * (1 + std::abs(expected[i]))) << i;
   }
-  k3serve::cluster::v1::LoadStatsResponse stats = core_->LoadStats(false);
+  k3serve::cluster::v1::LoadStatsResponse stats =
+      OnRouter([this] { return core_->LoadStats(false); }).value();
   EXPECT_EQ(stats.layers(moe).counts(5), 9u);
   EXPECT_EQ(stats.layers(moe).bias(5), 10.f);
   EXPECT_EQ(stats.layers(moe + 1).bias(5), all_->layers[layer + 1].moe.router.score_bias[5]);
@@ -450,7 +464,7 @@ TEST_F(RouterCoreTest, AKilledWorkersStepsAreHeldUntilItsSlotHasALiveNodeAgain) 
   b->Kill();
   Send(3, 2, rows);
   EXPECT_EQ(Await(2, absl::Milliseconds(500)).status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_FALSE(core_->Readiness().ok());
+  EXPECT_FALSE(Readiness().ok());
 
   // The coordinator declares B dead and gives its slot to a new node: the held steps resume.
   const ClusterPlacement repaired = Placement(2, kExpertA, kExpertC);
@@ -563,7 +577,7 @@ TEST_F(RouterCoreTest, SilentWorkerTimesOutAndCountsAsLostUntilItAnswers) {
                                        "answer"),
             absl::string_view::npos)
       << late.status;
-  EXPECT_FALSE(core_->Readiness().ok());
+  EXPECT_FALSE(Readiness().ok());
   // Without replicas the next step still goes to B (nobody else has its experts): it times out
   // too, naming the missed answer, not waiting for a placement that will not come.
   Send(2, 5, rows);
@@ -666,7 +680,7 @@ TEST_F(RouterCoreTest, HungWorkerWithReplicasIsRoutedAroundAfterTheExpertDeadlin
   // the 20 s step timeout.
   Send(3, 5, rows);
   ExpectMatchesLocal(Await(3, absl::Seconds(10)), 5, rows);
-  EXPECT_TRUE(core_->Readiness().ok()) << core_->Readiness();
+  EXPECT_TRUE(Readiness().ok()) << Readiness();
 
   b->Pause(false);  // it answers step 2 late and takes rows again
   Send(4, 5, rows);
@@ -757,7 +771,7 @@ TEST_F(RouterCoreTest, PerExpertCountersCountTheGatesChoices) {
 
 TEST_F(RouterCoreTest, BadRequestsAreAnsweredWithTheirReason) {
   StartRouter(kWait);
-  EXPECT_EQ(core_->Readiness().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Readiness().code(), absl::StatusCode::kUnavailable);
   // Members known, no placement yet.
   Publish(ClusterPlacement(), {});
   const std::vector<float> rows = RandomRows(3, 10);
