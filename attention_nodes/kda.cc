@@ -321,6 +321,147 @@ void ChunkedHead(const HeadInputs& in, int64_t tokens, int64_t kdim, float* s, f
   }
 }
 
+// The per-row arrays of one call (scratch slots), [T, P] unless noted. The projections fill q, k, v,
+// beta [T, H] and the gates' low-rank intermediates; the convs, the decay gate and the
+// normalizations then work on them in place; the delta rule writes o.
+struct KdaArrays {
+  float* q;
+  float* k;
+  float* v;
+  float* g;     // f, then the log-space decay
+  float* beta;  // [T, H]
+  float* gate;  // output gate logits
+  float* o;
+  float* low;       // the decay's low-rank intermediate [T, f_a_proj rows]
+  float* gate_low;  // the output gate's [T, g_a_proj rows]; null with a full-rank gate
+};
+
+// Every projection of x as one pool job: in decode, one stream of weights instead of six small
+// products that each end in the threads waiting for one another.
+KdaArrays ProjectRows(const LinearAttnConfig& la, const KdaWeights& weights, const float* x,
+                    int64_t rows, Scratch* scratch) {
+  const int64_t h = la.num_heads, p = h * la.head_dim;
+  KdaArrays arrays;
+  arrays.q = scratch->Get(kSlotQ, rows * p);
+  arrays.k = scratch->Get(kSlotK, rows * p);
+  arrays.v = scratch->Get(kSlotV, rows * p);
+  arrays.g = scratch->Get(kSlotDecay, rows * p);
+  arrays.beta = scratch->Get(kSlotBeta, rows * h);
+  arrays.gate = scratch->Get(kSlotGate, rows * p);
+  arrays.o = scratch->Get(kSlotOut, rows * p);
+  arrays.low = scratch->Get(kSlotLowRank, rows * weights.f_a_proj.rows);
+  arrays.gate_low = la.use_full_rank_gate
+                   ? nullptr
+                   : scratch->Get(kSlotGateLowRank, rows * weights.g_a_proj.rows);
+  MatMulTask projections[6];
+  int projection_count = 0;
+  auto project = [&](const WeightMatrix& w, float* y) {
+    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
+  };
+  project(weights.q_proj, arrays.q);
+  project(weights.k_proj, arrays.k);
+  project(weights.v_proj, arrays.v);
+  project(weights.f_a_proj, arrays.low);
+  project(weights.b_proj, arrays.beta);
+  if (la.use_full_rank_gate) {
+    project(weights.g_proj, arrays.gate);
+  } else {
+    project(weights.g_a_proj, arrays.gate_low);
+  }
+  MatMulBatch(projections, projection_count, rows);
+  return arrays;
+}
+
+// The short convs (with SiLU) on q, k and v in place; each sequence continues its own conv cache.
+// The weights are transposed to [kernel, P] first so the channel loops read them contiguously.
+void RunShortConvs(const LinearAttnConfig& la, const KdaWeights& weights,
+                   absl::Span<const KdaSegment> segments, const int64_t* first_row,
+                   const KdaArrays& arrays, Scratch* scratch) {
+  const int64_t p = la.num_heads * la.head_dim;
+  const int kernel = la.short_conv_kernel_size;
+  const int64_t count = static_cast<int64_t>(segments.size());
+  float* tail = scratch->Get(kSlotConvTail, std::max<int64_t>(kernel - 1, 1) * p);
+  float* conv_t = scratch->Get(kSlotConvWeights, kernel * p);
+  const std::vector<float>* conv_w[3] = {&weights.q_conv, &weights.k_conv, &weights.v_conv};
+  float* conv_in[3] = {arrays.q, arrays.k, arrays.v};
+  for (int m = 0; m < 3; ++m) {
+    for (int64_t ch = 0; ch < p; ++ch) {
+      for (int i = 0; i < kernel; ++i) conv_t[i * p + ch] = (*conv_w[m])[ch * kernel + i];
+    }
+    ParallelFor(p, 256, [&](int64_t c0, int64_t c1) {
+      for (int64_t s = 0; s < count; ++s) {
+        KdaState* state = segments[s].state;
+        std::vector<float>& cache = m == 0 ? state->conv_q : m == 1 ? state->conv_k : state->conv_v;
+        ConvSiluChannels(conv_in[m] + first_row[s] * p, segments[s].tokens, p, c0, c1, conv_t,
+                         kernel, cache.data(), tail);
+      }
+    });
+  }
+}
+
+// What the delta rule reads, from the projections: the decay and output gate logits up from their
+// low rank, q and k L2-normalized per head (q also scaled by K^{-1/2}), β = σ(b) and the
+// log-space decay g of §5.3.
+void PrepareCoreInputs(const LinearAttnConfig& la, const KdaWeights& weights, int64_t rows,
+                       const KdaArrays& arrays) {
+  const int64_t h = la.num_heads, kdim = la.head_dim, p = h * kdim;
+  MatMul(weights.f_b_proj, arrays.low, rows, arrays.g);
+  if (!la.use_full_rank_gate) MatMul(weights.g_b_proj, arrays.gate_low, rows, arrays.gate);
+
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kdim));
+  const std::optional<float> lower_bound = la.gate_lower_bound;
+  ParallelFor(rows, std::max<int64_t>(1, 4096 / p), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t head = 0; head < h; ++head) {
+        L2NormalizeInPlace(arrays.q + t * p + head * kdim, kdim, q_scale);
+        L2NormalizeInPlace(arrays.k + t * p + head * kdim, kdim, 1.0f);
+        arrays.beta[t * h + head] = Sigmoid(arrays.beta[t * h + head]);
+        const float decay_rate = std::exp(weights.a_log[head]);
+        float* gh = arrays.g + t * p + head * kdim;
+        const float* bias = weights.dt_bias.data() + head * kdim;
+        if (lower_bound.has_value()) {  // §5.3 option A
+          LowerBoundGate(gh, bias, decay_rate, *lower_bound, kdim);
+        } else {  // option B
+          for (int64_t j = 0; j < kdim; ++j) gh[j] = -decay_rate * Softplus(gh[j] + bias[j]);
+        }
+      }
+    }
+  });
+}
+
+// The delta rule into o, advancing each state: one (sequence, head) pair per work item, in the
+// chunked form or the token-by-token recurrence as `algorithm` picks per sequence.
+void RunDeltaRule(const LinearAttnConfig& la, absl::Span<const KdaSegment> segments,
+                  const int64_t* first_row, const KdaArrays& arrays, KdaAlgorithm algorithm,
+                  Scratch* scratch) {
+  const int64_t h = la.num_heads, kdim = la.head_dim, p = h * kdim;
+  const int64_t count = static_cast<int64_t>(segments.size());
+  auto chunked = [&](int64_t s) {
+    return algorithm == KdaAlgorithm::kChunked ||
+           (algorithm == KdaAlgorithm::kAuto && segments[s].tokens > 1);
+  };
+  int64_t work_floats = 2 * kdim;
+  for (int64_t s = 0; s < count; ++s) {
+    if (chunked(s)) work_floats = std::max(work_floats, ChunkedWorkFloats(kdim));
+  }
+  float* work = scratch->Get(kSlotHeads, count * h * work_floats);
+  ParallelFor(count * h, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t s = item / h, head = item % h;
+      const int64_t offset = first_row[s] * p + head * kdim;
+      const HeadInputs in{arrays.q + offset, arrays.k + offset, arrays.v + offset, arrays.g + offset,
+                          arrays.beta + first_row[s] * h + head, p, h};
+      float* state = segments[s].state->s.data() + head * kdim * kdim;
+      float* head_work = work + item * work_floats;
+      if (chunked(s)) {
+        ChunkedHead(in, segments[s].tokens, kdim, state, arrays.o + offset, head_work);
+      } else {
+        RecurrentHead(in, segments[s].tokens, kdim, state, arrays.o + offset, head_work);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 KdaState::KdaState(const ModelConfig& config)
@@ -361,120 +502,27 @@ absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weight
   if (rows == 0) return absl::OkStatus();
 
   const LinearAttnConfig& la = config.linear_attn;
-  const int64_t h = la.num_heads, kdim = la.head_dim, p = h * kdim;
-  const int kernel = la.short_conv_kernel_size;
   const int64_t count = static_cast<int64_t>(segments.size());
   int64_t* first_row = scratch->GetInts(0, count);
   for (int64_t s = 0, r = 0; s < count; ++s) {
     first_row[s] = r;
     r += segments[s].tokens;
   }
-
-  // Projections run once over the rows of every sequence, so a batch reads each weight once.
-  float* q = scratch->Get(kSlotQ, rows * p);
-  float* k = scratch->Get(kSlotK, rows * p);
-  float* v = scratch->Get(kSlotV, rows * p);
-  float* g = scratch->Get(kSlotDecay, rows * p);
-  float* beta = scratch->Get(kSlotBeta, rows * h);
-  float* gate = scratch->Get(kSlotGate, rows * p);
-  float* o = scratch->Get(kSlotOut, rows * p);
-  float* tail = scratch->Get(kSlotConvTail, std::max<int64_t>(kernel - 1, 1) * p);
-  // Every projection of x as one pool job: in decode, one stream of weights instead of six small
-  // products that each end in the threads waiting for one another.
-  float* low = scratch->Get(kSlotLowRank, rows * weights.f_a_proj.rows);
-  float* gate_low = la.use_full_rank_gate
-                        ? nullptr
-                        : scratch->Get(kSlotGateLowRank, rows * weights.g_a_proj.rows);
-  MatMulTask projections[6];
-  int projection_count = 0;
-  auto project = [&](const WeightMatrix& w, float* y) {
-    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
-  };
-  project(weights.q_proj, q);
-  project(weights.k_proj, k);
-  project(weights.v_proj, v);
-  project(weights.f_a_proj, low);
-  project(weights.b_proj, beta);
-  if (la.use_full_rank_gate) {
-    project(weights.g_proj, gate);
-  } else {
-    project(weights.g_a_proj, gate_low);
-  }
-  MatMulBatch(projections, projection_count, rows);
-
-  // The short convs continue each sequence's own cache.
-  float* conv_t = scratch->Get(kSlotConvWeights, kernel * p);
-  const std::vector<float>* conv_w[3] = {&weights.q_conv, &weights.k_conv, &weights.v_conv};
-  float* conv_in[3] = {q, k, v};
-  for (int m = 0; m < 3; ++m) {
-    for (int64_t ch = 0; ch < p; ++ch) {
-      for (int i = 0; i < kernel; ++i) conv_t[i * p + ch] = (*conv_w[m])[ch * kernel + i];
-    }
-    ParallelFor(p, 256, [&](int64_t c0, int64_t c1) {
-      for (int64_t s = 0; s < count; ++s) {
-        KdaState* state = segments[s].state;
-        std::vector<float>& cache = m == 0 ? state->conv_q : m == 1 ? state->conv_k : state->conv_v;
-        ConvSiluChannels(conv_in[m] + first_row[s] * p, segments[s].tokens, p, c0, c1, conv_t,
-                         kernel, cache.data(), tail);
-      }
-    });
-  }
-
-  MatMul(weights.f_b_proj, low, rows, g);
-  if (!la.use_full_rank_gate) MatMul(weights.g_b_proj, gate_low, rows, gate);
-
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kdim));
-  const std::optional<float> lower_bound = la.gate_lower_bound;
-  ParallelFor(rows, std::max<int64_t>(1, 4096 / p), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t head = 0; head < h; ++head) {
-        L2NormalizeInPlace(q + t * p + head * kdim, kdim, q_scale);
-        L2NormalizeInPlace(k + t * p + head * kdim, kdim, 1.0f);
-        beta[t * h + head] = Sigmoid(beta[t * h + head]);
-        const float a = std::exp(weights.a_log[head]);
-        float* gh = g + t * p + head * kdim;
-        const float* bias = weights.dt_bias.data() + head * kdim;
-        if (lower_bound.has_value()) {  // §5.3 option A
-          LowerBoundGate(gh, bias, a, *lower_bound, kdim);
-        } else {  // option B
-          for (int64_t j = 0; j < kdim; ++j) gh[j] = -a * Softplus(gh[j] + bias[j]);
-        }
-      }
-    }
-  });
-
-  // The delta rule, one (sequence, head) pair per work item.
-  auto chunked = [&](int64_t s) {
-    return algorithm == KdaAlgorithm::kChunked ||
-           (algorithm == KdaAlgorithm::kAuto && segments[s].tokens > 1);
-  };
-  int64_t work_floats = 2 * kdim;
-  for (int64_t s = 0; s < count; ++s) {
-    if (chunked(s)) work_floats = std::max(work_floats, ChunkedWorkFloats(kdim));
-  }
-  float* work = scratch->Get(kSlotHeads, count * h * work_floats);
-  ParallelFor(count * h, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t s = item / h, head = item % h;
-      const int64_t offset = first_row[s] * p + head * kdim;
-      const HeadInputs in{
-          q + offset, k + offset, v + offset, g + offset, beta + first_row[s] * h + head, p, h};
-      float* state = segments[s].state->s.data() + head * kdim * kdim;
-      if (chunked(s)) {
-        ChunkedHead(in, segments[s].tokens, kdim, state, o + offset, work + item * work_floats);
-      } else {
-        RecurrentHead(in, segments[s].tokens, kdim, state, o + offset, work + item * work_floats);
-      }
-    }
-  });
+  // Projections run once over the rows of every sequence, so a batch reads each weight once; the
+  // convs and the delta rule then run per sequence.
+  const KdaArrays arrays = ProjectRows(la, weights, x, rows, scratch);
+  RunShortConvs(la, weights, segments, first_row, arrays, scratch);
+  PrepareCoreInputs(la, weights, rows, arrays);
+  RunDeltaRule(la, segments, first_row, arrays, algorithm, scratch);
 
   // FusedRMSNormGated: per-head RMSNorm (eps rms_norm_eps, shared weight), times σ(gate).
-  ParallelFor(rows * h, std::max<int64_t>(1, 4096 / kdim), [&](int64_t r0, int64_t r1) {
-    RmsNormRows(o + r0 * kdim, kdim, r1 - r0, kdim, weights.o_norm.data(), config.rms_norm_eps,
-                o + r0 * kdim, kdim);
-    MulSigmoid(gate + r0 * kdim, o + r0 * kdim, (r1 - r0) * kdim);
+  const int64_t kdim = la.head_dim;
+  ParallelFor(rows * la.num_heads, std::max<int64_t>(1, 4096 / kdim), [&](int64_t r0, int64_t r1) {
+    RmsNormRows(arrays.o + r0 * kdim, kdim, r1 - r0, kdim, weights.o_norm.data(), config.rms_norm_eps,
+                arrays.o + r0 * kdim, kdim);
+    MulSigmoid(arrays.gate + r0 * kdim, arrays.o + r0 * kdim, (r1 - r0) * kdim);
   });
-  MatMul(weights.o_proj, o, rows, out);
+  MatMul(weights.o_proj, arrays.o, rows, out);
   return absl::OkStatus();
 }
 

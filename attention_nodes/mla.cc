@@ -25,7 +25,14 @@ enum Slot {
   kSlotPacked,   // absorbed: q rows, then O rows, of the absorbed sequences
 };
 
-enum IntsSlot { kIntsFirstRow, kIntsStart, kIntsPackedRow, kIntsFirstItem, kIntsKeysBefore };
+enum IntsSlot {
+  kIntsFirstRow,
+  kIntsStart,
+  kIntsExpanded,
+  kIntsPackedRow,
+  kIntsFirstItem,
+  kIntsKeysBefore,
+};
 
 absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, const char* name) {
   return CheckWeightMatrix("MLA", m, rows, cols, name);
@@ -183,6 +190,41 @@ struct AbsorbedWork {
   int64_t* keys_before;       // [first_item[segments] + 1] room for the items' running key counts
 };
 
+// The softmax partials of each (token, head)'s key splits merged into one normalized latent
+// output: each split's sum and accumulator rescaled to the largest of the splits' maxima.
+void MergeKeySplits(const MlaDims& m, const AbsorbedWork& work, const float* partial,
+                    float* latent) {
+  const int64_t count = static_cast<int64_t>(work.segments.size());
+  const int64_t per_item = PartialFloats(m);
+  const int64_t packed_rows = work.packed_row[count];
+  ParallelFor(packed_rows * m.h, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t row = pair / m.h, head = pair % m.h;
+      const int64_t s =
+          std::upper_bound(work.packed_row, work.packed_row + count + 1, row) - work.packed_row - 1;
+      const int64_t i = row - work.packed_row[s];
+      const int64_t splits =
+          (work.first_item[s + 1] - work.first_item[s]) / work.segments[s].tokens;
+      const float* first = partial + (work.first_item[s] + i * splits) * per_item;
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t k = 0; k < splits; ++k) {
+        best = std::max(best, first[k * per_item + m.h * m.c + head]);
+      }
+      float* out = latent + pair * m.c;
+      std::fill_n(out, m.c, 0.0f);
+      float total = 0.0f;
+      for (int64_t k = 0; k < splits; ++k) {
+        const float* part = first + k * per_item;
+        const float weight = std::exp(part[m.h * m.c + head] - best);  // 0 for an empty split
+        if (weight == 0.0f) continue;
+        total += weight * part[m.h * m.c + m.h + head];
+        Axpy(weight, part + head * m.c, out, m.c);
+      }
+      Scale(1.0f / total, out, m.c);
+    }
+  });
+}
+
 // q_abs: [A, H, width] pre-scaled; latent: [A, H, c]; partial: first_item[S] x PartialFloats.
 void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* q_abs,
                        float* partial, float* latent) {
@@ -239,34 +281,190 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
       }
     }
   });
-  // Merge the splits of each (token, head) into latent.
-  const int64_t packed_rows = work.packed_row[count];
-  ParallelFor(packed_rows * m.h, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t pair = p0; pair < p1; ++pair) {
-      const int64_t row = pair / m.h, head = pair % m.h;
-      const int64_t s =
-          std::upper_bound(work.packed_row, work.packed_row + count + 1, row) - work.packed_row - 1;
-      const int64_t i = row - work.packed_row[s];
-      const int64_t splits =
-          (work.first_item[s + 1] - work.first_item[s]) / work.segments[s].tokens;
-      const float* first = partial + (work.first_item[s] + i * splits) * per_item;
-      float best = -std::numeric_limits<float>::infinity();
-      for (int64_t k = 0; k < splits; ++k) {
-        best = std::max(best, first[k * per_item + m.h * m.c + head]);
+  MergeKeySplits(m, work, partial, latent);
+}
+
+MlaDims DimsOf(const ModelConfig& config) {
+  const int64_t nope = config.qk_nope_head_dim, r = config.qk_rope_head_dim;
+  const int64_t vd = config.v_head_dim, c = config.kv_lora_rank;
+  return MlaDims{config.num_attention_heads, nope, r, nope + r, vd, c, c + r, nope + vd};
+}
+
+// kAuto expands a fresh prompt, and a chunk long enough that expanding the cache once (c x
+// H x (nope + v) FMAs per cached token) costs less than the absorbed form's extra work per
+// query and cached token (H x ((c + r + c) - (nope + r + v)) FMAs): chunks of a long prompt
+// past the first one.
+bool UsesExpandedForm(const MlaDims& m, MlaForm form, int64_t start, int64_t tokens) {
+  const int64_t absorbed_extra = (m.width + m.c) - (m.qhd + m.vd);
+  return tokens > 0 &&
+         (form == MlaForm::kExpanded ||
+          (form == MlaForm::kAuto && ((start == 0 && tokens > 1) ||
+                                      (absorbed_extra > 0 &&
+                                       tokens * absorbed_extra > m.c * (m.nope + m.vd)))));
+}
+
+// Where each segment's rows lie and which form it takes. The arrays, indexed by segment, live in
+// the scratch's integer slots, so that a decode step allocates nothing.
+struct MlaBatchPlan {
+  int64_t* first_row;   // first row of x and out
+  int64_t* start;       // cached tokens before the call
+  int64_t* expanded;    // 1: the expanded form, 0: the absorbed form
+  int64_t* packed_row;  // [segments + 1] first row among the absorbed segments' packed rows
+  int64_t* first_item;  // [segments + 1] first absorbed work item (tokens x key splits)
+  int64_t absorbed_rows = 0;
+};
+
+// Reads each cache's length before anything is appended: `start` is what the new tokens follow.
+MlaBatchPlan PlanBatch(const MlaDims& m, absl::Span<const MlaSegment> segments, MlaForm form,
+                       Scratch* scratch) {
+  const int64_t count = static_cast<int64_t>(segments.size());
+  MlaBatchPlan plan;
+  plan.first_row = scratch->GetInts(kIntsFirstRow, count);
+  plan.start = scratch->GetInts(kIntsStart, count);
+  plan.expanded = scratch->GetInts(kIntsExpanded, count);
+  plan.packed_row = scratch->GetInts(kIntsPackedRow, count + 1);
+  plan.first_item = scratch->GetInts(kIntsFirstItem, count + 1);
+  int64_t absorbed_keys = 0;  // keys over all absorbed query tokens (the last of each counted)
+  for (int64_t s = 0, row = 0; s < count; ++s) {
+    const int64_t tokens = segments[s].tokens;
+    plan.first_row[s] = row;
+    plan.start[s] = segments[s].cache->length;
+    row += tokens;
+    plan.expanded[s] = UsesExpandedForm(m, form, plan.start[s], tokens) ? 1 : 0;
+    if (!plan.expanded[s]) {
+      plan.absorbed_rows += tokens;
+      absorbed_keys += tokens * (plan.start[s] + tokens);
+    }
+  }
+  // Key splits depend on the keys of all absorbed tokens, hence a second pass.
+  plan.packed_row[0] = plan.first_item[0] = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t tokens = plan.expanded[s] ? 0 : segments[s].tokens;
+    plan.packed_row[s + 1] = plan.packed_row[s] + tokens;
+    plan.first_item[s + 1] = plan.first_item[s] +
+                             tokens * KeySplits(absorbed_keys, plan.start[s] + segments[s].tokens);
+  }
+  return plan;
+}
+
+// The projections of x for all rows (scratch slots): q [T, H * qhd] pre-scaled by
+// 1/sqrt(q_head_dim), ckv [T, c + r] the new cache rows after kv_a_layernorm, and gate [T, H * v]
+// the output gate's logits (null when the config has no gate).
+struct MlaProjections {
+  float* q;
+  float* ckv;
+  float* gate;
+};
+
+MlaProjections Project(const ModelConfig& config, const MlaDims& m, const MlaWeights& weights,
+                       const float* x, int64_t rows, Scratch* scratch) {
+  MlaProjections p;
+  p.q = scratch->Get(kSlotQ, rows * m.h * m.qhd);
+  p.ckv = scratch->Get(kSlotCkv, rows * m.width);
+  p.gate = config.mla_use_output_gate ? scratch->Get(kSlotGate, rows * m.h * m.vd) : nullptr;
+  // The projections of x as one pool job (see MatMulBatch).
+  MatMulTask projections[3];
+  int projection_count = 0;
+  auto project = [&](const WeightMatrix& w, float* y) {
+    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
+  };
+  float* q_latent = nullptr;
+  if (config.q_lora_rank.has_value()) {
+    q_latent = scratch->Get(kSlotQLatent, rows * *config.q_lora_rank);
+    project(weights.q_a_proj, q_latent);
+  } else {
+    project(weights.q_proj, p.q);
+  }
+  project(weights.kv_a_proj_with_mqa, p.ckv);
+  if (p.gate != nullptr) project(weights.g_proj, p.gate);
+  MatMulBatch(projections, projection_count, rows);
+  if (q_latent != nullptr) {
+    const int64_t ql = *config.q_lora_rank;
+    RmsNormRows(q_latent, ql, rows, ql, weights.q_a_layernorm.data(), kMlaLatentNormEps, q_latent,
+                ql);
+    MatMul(weights.q_b_proj, q_latent, rows, p.q);
+  }
+  Scale(1.0f / std::sqrt(static_cast<float>(m.qhd)), p.q, rows * m.h * m.qhd);
+  RmsNormRows(p.ckv, m.width, rows, m.c, weights.kv_a_layernorm.data(), kMlaLatentNormEps, p.ckv,
+              m.width);
+  return p;
+}
+
+// Appends the new [c | k_pe] rows to each cache, growing it geometrically so that decode
+// reallocates only now and then.
+void AppendToCaches(const MlaDims& m, const MlaBatchPlan& plan,
+                    absl::Span<const MlaSegment> segments, const float* ckv) {
+  for (size_t s = 0; s < segments.size(); ++s) {
+    MlaCache* cache = segments[s].cache;
+    const int64_t total = plan.start[s] + segments[s].tokens;
+    if (cache->rows.size() < static_cast<size_t>(total * m.width)) {
+      cache->Reserve(
+          std::max<int64_t>(total, 2 * static_cast<int64_t>(cache->rows.size()) / m.width));
+    }
+    std::copy_n(ckv + plan.first_row[s] * m.width, segments[s].tokens * m.width,
+                cache->rows.data() + plan.start[s] * m.width);
+    cache->length = total;
+  }
+}
+
+// The expanded form (§6.1) for the segments that take it, after their new rows joined the cache:
+// K/V for every cached token of the sequence, [N, H, nope + v], then attention into o.
+void RunExpandedSegments(const MlaDims& m, const MlaWeights& weights, const MlaBatchPlan& plan,
+                         absl::Span<const MlaSegment> segments, const float* q, float* o,
+                         Scratch* scratch) {
+  for (size_t s = 0; s < segments.size(); ++s) {
+    if (!plan.expanded[s]) continue;
+    const MlaCache& cache = *segments[s].cache;
+    float* kv = scratch->Get(kSlotKv, cache.length * m.h * m.kv_width);
+    MatMul(weights.kv_b_proj, cache.rows.data(), m.width, cache.length, kv, m.h * m.kv_width);
+    ExpandedAttention(m, q + plan.first_row[s] * m.h * m.qhd, kv, cache.rows.data(),
+                      plan.start[s], segments[s].tokens, o + plan.first_row[s] * m.h * m.vd);
+  }
+}
+
+// The absorbed form (§6.2) on the packed rows of the segments that take it: q̃_h = W_K[h]ᵀ q_nope_h
+// next to q_pe_h, scored against whole cache rows; then O_h = W_V[h] õ_h, unpacked into o.
+// Packing lets kv_b_proj's halves multiply all absorbed rows at once.
+void RunAbsorbedSegments(const MlaDims& m, const MlaWeights& weights, const MlaBatchPlan& plan,
+                         absl::Span<const MlaSegment> segments, const float* q, float* o,
+                         Scratch* scratch) {
+  const int64_t count = static_cast<int64_t>(segments.size());
+  const int64_t h = m.h, qhd = m.qhd, vd = m.vd, width = m.width, c = m.c;
+  const int64_t absorbed_rows = plan.absorbed_rows;
+  float* packed = scratch->Get(kSlotPacked, absorbed_rows * h * std::max(qhd, vd));
+  float* q_abs = scratch->Get(kSlotQAbs, absorbed_rows * h * width);
+  float* latent = scratch->Get(kSlotLatent, absorbed_rows * h * c);
+  float* partial = scratch->Get(kSlotPartial, plan.first_item[count] * PartialFloats(m));
+  for (int64_t s = 0; s < count; ++s) {
+    if (plan.expanded[s]) continue;
+    std::copy_n(q + plan.first_row[s] * h * qhd, segments[s].tokens * h * qhd,
+                packed + plan.packed_row[s] * h * qhd);
+  }
+  ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t head = h0; head < h1; ++head) {
+      MatMulTransposed(weights.kv_b_proj.RowSlice(head * m.kv_width, m.nope), packed + head * qhd,
+                       h * qhd, absorbed_rows, q_abs + head * width, h * width);
+      for (int64_t i = 0; i < absorbed_rows; ++i) {
+        std::copy_n(packed + (i * h + head) * qhd + m.nope, m.r,
+                    q_abs + (i * h + head) * width + c);
       }
-      float* out = latent + pair * m.c;
-      std::fill_n(out, m.c, 0.0f);
-      float total = 0.0f;
-      for (int64_t k = 0; k < splits; ++k) {
-        const float* part = first + k * per_item;
-        const float weight = std::exp(part[m.h * m.c + head] - best);  // 0 for an empty split
-        if (weight == 0.0f) continue;
-        total += weight * part[m.h * m.c + m.h + head];
-        Axpy(weight, part + head * m.c, out, m.c);
-      }
-      Scale(1.0f / total, out, m.c);
     }
   });
+  int64_t* keys_before = scratch->GetInts(kIntsKeysBefore, plan.first_item[count] + 1);
+  AbsorbedAttention(
+      m, AbsorbedWork{segments, plan.start, plan.packed_row, plan.first_item, keys_before}, q_abs,
+      partial, latent);
+  ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t head = h0; head < h1; ++head) {
+      MatMul(weights.kv_b_proj.RowSlice(head * m.kv_width + m.nope, vd), latent + head * c, h * c,
+             absorbed_rows, packed + head * vd, h * vd);
+    }
+  });
+  for (int64_t s = 0; s < count; ++s) {
+    if (plan.expanded[s]) continue;
+    std::copy_n(packed + plan.packed_row[s] * h * vd, segments[s].tokens * h * vd,
+                o + plan.first_row[s] * h * vd);
+  }
 }
 
 }  // namespace
@@ -294,142 +492,16 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
   }
   if (rows == 0) return absl::OkStatus();
 
-  const int64_t h = config.num_attention_heads;
-  const int64_t nope = config.qk_nope_head_dim, r = config.qk_rope_head_dim;
-  const int64_t qhd = nope + r, vd = config.v_head_dim, c = config.kv_lora_rank;
-  const int64_t width = c + r, kv_width = nope + vd;
-  const MlaDims dims{h, nope, r, qhd, vd, c, width, kv_width};
-  const int64_t count = static_cast<int64_t>(segments.size());
-
-  // Per segment: first row, cached tokens before the call, and for the absorbed form its first
-  // packed row and first work item (both prefix sums with a final total).
-  int64_t* first_row = scratch->GetInts(kIntsFirstRow, count);
-  int64_t* start = scratch->GetInts(kIntsStart, count);
-  int64_t* packed_row = scratch->GetInts(kIntsPackedRow, count + 1);
-  int64_t* first_item = scratch->GetInts(kIntsFirstItem, count + 1);
-  // kAuto expands a fresh prompt, and a chunk long enough that expanding the cache once (c x
-  // H x (nope + v) FMAs per cached token) costs less than the absorbed form's extra work per
-  // query and cached token (H x ((c + r + c) - (nope + r + v)) FMAs): chunks of a long prompt
-  // past the first one.
-  const int64_t absorbed_extra = (width + c) - (qhd + vd);
-  auto expanded = [&](int64_t s) {
-    const int64_t tokens = segments[s].tokens;
-    return tokens > 0 &&
-           (form == MlaForm::kExpanded ||
-            (form == MlaForm::kAuto && ((start[s] == 0 && tokens > 1) ||
-                                        (absorbed_extra > 0 &&
-                                         tokens * absorbed_extra > c * (nope + vd)))));
-  };
-  int64_t absorbed_rows = 0;
-  int64_t absorbed_keys = 0;  // keys over all absorbed query tokens (the last of each counted)
-  for (int64_t s = 0, row = 0; s < count; ++s) {
-    first_row[s] = row;
-    start[s] = segments[s].cache->length;
-    row += segments[s].tokens;
-    if (!expanded(s)) {
-      absorbed_rows += segments[s].tokens;
-      absorbed_keys += segments[s].tokens * (start[s] + segments[s].tokens);
-    }
+  const MlaDims dims = DimsOf(config);
+  const MlaBatchPlan plan = PlanBatch(dims, segments, form, scratch);
+  const MlaProjections projected = Project(config, dims, weights, x, rows, scratch);
+  AppendToCaches(dims, plan, segments, projected.ckv);
+  float* o = scratch->Get(kSlotO, rows * dims.h * dims.vd);
+  RunExpandedSegments(dims, weights, plan, segments, projected.q, o, scratch);
+  if (plan.absorbed_rows > 0) {
+    RunAbsorbedSegments(dims, weights, plan, segments, projected.q, o, scratch);
   }
-  packed_row[0] = first_item[0] = 0;
-  for (int64_t s = 0; s < count; ++s) {
-    const int64_t tokens = expanded(s) ? 0 : segments[s].tokens;
-    packed_row[s + 1] = packed_row[s] + tokens;
-    first_item[s + 1] =
-        first_item[s] + tokens * KeySplits(absorbed_keys, start[s] + segments[s].tokens);
-  }
-
-  // Queries for all rows, pre-scaled by 1/sqrt(q_head_dim).
-  float* q = scratch->Get(kSlotQ, rows * h * qhd);
-  float* ckv = scratch->Get(kSlotCkv, rows * width);
-  float* gate = config.mla_use_output_gate ? scratch->Get(kSlotGate, rows * h * vd) : nullptr;
-  // The projections of x as one pool job (see MatMulBatch).
-  MatMulTask projections[3];
-  int projection_count = 0;
-  auto project = [&](const WeightMatrix& w, float* y) {
-    projections[projection_count++] = MatMulTask{&w, x, w.cols, y, w.rows, false};
-  };
-  float* q_latent = nullptr;
-  if (config.q_lora_rank.has_value()) {
-    q_latent = scratch->Get(kSlotQLatent, rows * *config.q_lora_rank);
-    project(weights.q_a_proj, q_latent);
-  } else {
-    project(weights.q_proj, q);
-  }
-  project(weights.kv_a_proj_with_mqa, ckv);
-  if (gate != nullptr) project(weights.g_proj, gate);
-  MatMulBatch(projections, projection_count, rows);
-  if (q_latent != nullptr) {
-    const int64_t ql = *config.q_lora_rank;
-    RmsNormRows(q_latent, ql, rows, ql, weights.q_a_layernorm.data(), kMlaLatentNormEps, q_latent,
-                ql);
-    MatMul(weights.q_b_proj, q_latent, rows, q);
-  }
-  Scale(1.0f / std::sqrt(static_cast<float>(qhd)), q, rows * h * qhd);
-
-  // The new [c | k_pe] rows, appended to each cache (grown geometrically).
-  RmsNormRows(ckv, width, rows, c, weights.kv_a_layernorm.data(), kMlaLatentNormEps, ckv, width);
-  for (int64_t s = 0; s < count; ++s) {
-    MlaCache* cache = segments[s].cache;
-    const int64_t total = start[s] + segments[s].tokens;
-    if (cache->rows.size() < static_cast<size_t>(total * width)) {
-      cache->Reserve(
-          std::max<int64_t>(total, 2 * static_cast<int64_t>(cache->rows.size()) / width));
-    }
-    std::copy_n(ckv + first_row[s] * width, segments[s].tokens * width,
-                cache->rows.data() + start[s] * width);
-    cache->length = total;
-  }
-
-  float* o = scratch->Get(kSlotO, rows * h * vd);
-  for (int64_t s = 0; s < count; ++s) {
-    if (!expanded(s)) continue;
-    // K/V for every cached token of the sequence: [N, H, nope + v] (§6.1).
-    const MlaCache& cache = *segments[s].cache;
-    float* kv = scratch->Get(kSlotKv, cache.length * h * kv_width);
-    MatMul(weights.kv_b_proj, cache.rows.data(), width, cache.length, kv, h * kv_width);
-    ExpandedAttention(dims, q + first_row[s] * h * qhd, kv, cache.rows.data(), start[s],
-                      segments[s].tokens, o + first_row[s] * h * vd);
-  }
-
-  if (absorbed_rows > 0) {
-    // Absorbed (§6.2) on the packed rows of those sequences: q̃_h = W_K[h]ᵀ q_nope_h next to
-    // q_pe_h, scored against whole cache rows; then O_h = W_V[h] õ_h.
-    float* packed = scratch->Get(kSlotPacked, absorbed_rows * h * std::max(qhd, vd));
-    float* q_abs = scratch->Get(kSlotQAbs, absorbed_rows * h * width);
-    float* latent = scratch->Get(kSlotLatent, absorbed_rows * h * c);
-    float* partial = scratch->Get(kSlotPartial, first_item[count] * PartialFloats(dims));
-    for (int64_t s = 0; s < count; ++s) {
-      if (expanded(s)) continue;
-      std::copy_n(q + first_row[s] * h * qhd, segments[s].tokens * h * qhd,
-                  packed + packed_row[s] * h * qhd);
-    }
-    ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
-      for (int64_t head = h0; head < h1; ++head) {
-        MatMulTransposed(weights.kv_b_proj.RowSlice(head * kv_width, nope), packed + head * qhd,
-                         h * qhd, absorbed_rows, q_abs + head * width, h * width);
-        for (int64_t i = 0; i < absorbed_rows; ++i) {
-          std::copy_n(packed + (i * h + head) * qhd + nope, r, q_abs + (i * h + head) * width + c);
-        }
-      }
-    });
-    int64_t* keys_before = scratch->GetInts(kIntsKeysBefore, first_item[count] + 1);
-    AbsorbedAttention(dims, AbsorbedWork{segments, start, packed_row, first_item, keys_before},
-                      q_abs, partial, latent);
-    ParallelFor(h, 1, [&](int64_t h0, int64_t h1) {
-      for (int64_t head = h0; head < h1; ++head) {
-        MatMul(weights.kv_b_proj.RowSlice(head * kv_width + nope, vd), latent + head * c, h * c,
-               absorbed_rows, packed + head * vd, h * vd);
-      }
-    });
-    for (int64_t s = 0; s < count; ++s) {
-      if (expanded(s)) continue;
-      std::copy_n(packed + packed_row[s] * h * vd, segments[s].tokens * h * vd,
-                  o + first_row[s] * h * vd);
-    }
-  }
-
-  if (gate != nullptr) MulSigmoid(gate, o, rows * h * vd);
+  if (projected.gate != nullptr) MulSigmoid(projected.gate, o, rows * dims.h * dims.vd);
   MatMul(weights.o_proj, o, rows, out);
   return absl::OkStatus();
 }

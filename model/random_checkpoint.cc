@@ -121,6 +121,97 @@ void Add(std::vector<TensorSlot>* out, std::string name, std::vector<int64_t> sh
   out->push_back({std::move(name), std::move(shape), init, layer, expert});
 }
 
+// Adds tensors of one layer to a layout, named "model.layers.{layer}." + name.
+class LayerTensors {
+ public:
+  LayerTensors(std::vector<TensorSlot>* out, int layer)
+      : out_(out), layer_(layer), prefix_(absl::StrCat("model.layers.", layer, ".")) {}
+
+  void operator()(const std::string& name, std::vector<int64_t> shape, TensorInit init,
+                  int expert = -1) const {
+    Add(out_, prefix_ + name, std::move(shape), init, layer_, expert);
+  }
+
+ private:
+  std::vector<TensorSlot>* out_;
+  int layer_;
+  std::string prefix_;
+};
+
+// The KDA mixer's tensors (spec §5).
+void AddKdaTensors(const ModelConfig& c, const LayerTensors& add) {
+  using I = TensorInit;
+  const int64_t d = c.hidden_size, heads = c.linear_attn.num_heads;
+  const int64_t head_dim = c.linear_attn.head_dim, width = c.KdaWidth();
+  const int64_t kernel = c.linear_attn.short_conv_kernel_size;
+  for (const char* proj : {"q", "k", "v"}) {
+    add(absl::StrCat("self_attn.", proj, "_proj.weight"), {width, d}, I::kLinear);
+  }
+  for (const char* conv : {"q", "k", "v"}) {
+    add(absl::StrCat("self_attn.", conv, "_conv1d.weight"), {width, 1, kernel}, I::kConv);
+  }
+  add("self_attn.f_a_proj.weight", {head_dim, d}, I::kLinear);
+  add("self_attn.f_b_proj.weight", {width, head_dim}, I::kLinear);
+  add("self_attn.dt_bias", {width}, I::kDtBias);
+  add("self_attn.A_log", IsK3(c) ? std::vector<int64_t>{heads} : std::vector<int64_t>{1, 1, heads, 1},
+      I::kALog);
+  add("self_attn.b_proj.weight", {heads, d}, I::kLinear);
+  if (c.linear_attn.use_full_rank_gate) {
+    add("self_attn.g_proj.weight", {width, d}, I::kLinear);
+  } else {
+    add("self_attn.g_a_proj.weight", {head_dim, d}, I::kLinear);
+    add("self_attn.g_b_proj.weight", {width, head_dim}, I::kLinear);
+  }
+  add("self_attn.o_norm.weight", {head_dim}, I::kNorm);
+  add("self_attn.o_proj.weight", {d, width}, I::kLinear);
+}
+
+// The MLA mixer's tensors (spec §6).
+void AddMlaTensors(const ModelConfig& c, const LayerTensors& add) {
+  using I = TensorInit;
+  const int64_t d = c.hidden_size, mla_heads = c.num_attention_heads;
+  const int64_t q_width = mla_heads * c.MlaQHeadDim();
+  if (c.q_lora_rank) {
+    add("self_attn.q_a_proj.weight", {*c.q_lora_rank, d}, I::kLinear);
+    add("self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, I::kNorm);
+    add("self_attn.q_b_proj.weight", {q_width, *c.q_lora_rank}, I::kLinear);
+  } else {
+    add("self_attn.q_proj.weight", {q_width, d}, I::kLinear);
+  }
+  add("self_attn.kv_a_proj_with_mqa.weight", {c.MlaCacheWidth(), d}, I::kLinear);
+  add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, I::kNorm);
+  add("self_attn.kv_b_proj.weight",
+      {mla_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, I::kLinear);
+  if (c.mla_use_output_gate) {
+    add("self_attn.g_proj.weight", {mla_heads * c.v_head_dim, d}, I::kLinear);
+  }
+  add("self_attn.o_proj.weight", {d, mla_heads * c.v_head_dim}, I::kLinear);
+}
+
+// A MoE layer's router, latent projections, routed experts and shared experts (spec §7).
+void AddMoeTensors(const ModelConfig& c, const LayerTensors& add) {
+  using I = TensorInit;
+  const int64_t d = c.hidden_size, latent = c.ExpertWidth();
+  add("block_sparse_moe.gate.weight", {c.num_experts, d}, I::kLinear);
+  add("block_sparse_moe.gate.e_score_correction_bias", {c.num_experts}, I::kScoreBias);
+  if (c.IsLatentMoe()) {
+    add("block_sparse_moe.routed_expert_down_proj.weight", {latent, d}, I::kLinear);
+    if (c.latent_moe_use_norm) add("block_sparse_moe.routed_expert_norm.weight", {latent}, I::kNorm);
+    add("block_sparse_moe.routed_expert_up_proj.weight", {d, latent}, I::kLinear);
+  }
+  for (int e = 0; e < c.num_experts; ++e) {
+    const std::string x = absl::StrCat("block_sparse_moe.experts.", e, ".");
+    add(x + "w1.weight", {c.moe_intermediate_size, latent}, I::kLinear, e);
+    add(x + "w3.weight", {c.moe_intermediate_size, latent}, I::kLinear, e);
+    add(x + "w2.weight", {latent, c.moe_intermediate_size}, I::kLinear, e);
+  }
+  if (c.num_shared_experts > 0) {
+    add("block_sparse_moe.shared_experts.gate_proj.weight", {c.SharedWidth(), d}, I::kLinear);
+    add("block_sparse_moe.shared_experts.up_proj.weight", {c.SharedWidth(), d}, I::kLinear);
+    add("block_sparse_moe.shared_experts.down_proj.weight", {d, c.SharedWidth()}, I::kLinear);
+  }
+}
+
 // One tensor of a file: a slot whole, or (MXFP4) the codes or the scales of a routed expert.
 enum class Part { kWhole, kCodes, kScales };
 struct FileTensor {
@@ -149,6 +240,165 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// The options' own checks, before anything is written.
+absl::Status CheckOptions(const ModelConfig& config, const RandomCheckpointOptions& options) {
+  K3_RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (options.dtype != DType::kBf16 && options.dtype != DType::kF16 &&
+      options.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("random checkpoint dtype must be BF16, F16 or "
+                                                   "F32, got ",
+                                                   Sv(DTypeName(options.dtype))));
+  }
+  for (int e : options.hot_experts) {
+    if (e < 0 || e >= config.num_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hot expert ", e, " is out of range 0..", config.num_experts - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tensors the files hold, in layout order: each slot whole, except that with `mxfp4` a routed
+// expert becomes its codes followed by its scales.
+absl::StatusOr<std::vector<FileTensor>> ListFileTensors(const std::vector<TensorSlot>& layout,
+                                                        bool mxfp4) {
+  std::vector<FileTensor> tensors;
+  for (int64_t i = 0; i < static_cast<int64_t>(layout.size()); ++i) {
+    if (mxfp4 && layout[i].expert >= 0) {
+      if (layout[i].shape[1] % kMxfp4Group != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("MXFP4 needs expert widths divisible by ",
+                                                       kMxfp4Group, "; ", layout[i].name, " has ",
+                                                       layout[i].shape[1], " inputs"));
+      }
+      tensors.push_back({i, Part::kCodes});
+      tensors.push_back({i, Part::kScales});
+    } else {
+      tensors.push_back({i, Part::kWhole});
+    }
+  }
+  return tensors;
+}
+
+// The file tensors of a checkpoint and how each is stored: names get the prefix; whole slots the
+// checkpoint's dtype, except the parameters the release keeps in F32; MXFP4 codes (two per byte)
+// and scales (one per group) are U8 beside the expert's name with "weight" replaced.
+struct FilePlan {
+  const std::vector<TensorSlot>& layout;
+  std::vector<FileTensor> tensors;
+  std::string prefix;
+  DType dtype;
+
+  TensorSpec Spec(const FileTensor& t) const {
+    const TensorSlot& slot = layout[t.slot];
+    constexpr std::string_view kWeight = "weight";
+    const std::string base = slot.name.substr(0, slot.name.size() - kWeight.size());
+    switch (t.part) {
+      case Part::kCodes:
+        return TensorSpec{
+            prefix + base + "weight_packed", DType::kU8, {slot.shape[0], slot.shape[1] / 2}};
+      case Part::kScales:
+        return TensorSpec{prefix + base + "weight_scale",
+                          DType::kU8,
+                          {slot.shape[0], slot.shape[1] / kMxfp4Group}};
+      default:
+        return TensorSpec{prefix + slot.name, AlwaysF32(slot.init) ? DType::kF32 : dtype,
+                          slot.shape};
+    }
+  }
+
+  uint64_t Bytes(const FileTensor& t) const {
+    const TensorSpec spec = Spec(t);
+    uint64_t n = DTypeSize(spec.dtype);
+    for (int64_t d : spec.shape) n *= d;
+    return n;
+  }
+
+  uint64_t TotalBytes() const {
+    uint64_t total = 0;
+    for (const FileTensor& t : tensors) total += Bytes(t);
+    return total;
+  }
+};
+
+// Contiguous runs of the plan's tensors (indices) per shard, balanced by bytes, none empty.
+std::vector<std::vector<int64_t>> AssignShards(const FilePlan& plan, int shards,
+                                               uint64_t total_bytes) {
+  const int64_t file_count = static_cast<int64_t>(plan.tensors.size());
+  std::vector<std::vector<int64_t>> shard_tensors(shards);
+  uint64_t written = 0;
+  int shard = 0;
+  for (int64_t i = 0; i < file_count; ++i) {
+    const bool current_used = !shard_tensors[shard].empty();
+    const bool past_target = written * shards >= (shard + 1) * total_bytes;
+    const bool must_move = file_count - i <= shards - 1 - shard;
+    if (current_used && shard + 1 < shards && (past_target || must_move)) ++shard;
+    shard_tensors[shard].push_back(i);
+    written += plan.Bytes(plan.tensors[i]);
+  }
+  return shard_tensors;
+}
+
+// Writes the safetensors files, drawing each tensor's values only when the writer asks for its
+// bytes, so that memory stays near the largest tensor. Returns the index's weight_map entries.
+absl::StatusOr<std::string> WriteShardFiles(const std::string& dir, const FilePlan& plan,
+                                            const std::vector<std::vector<int64_t>>& shard_tensors,
+                                            uint64_t seed, const RandomCheckpointOptions& options) {
+  const int shards = static_cast<int>(shard_tensors.size());
+  std::string weight_map;
+  // An expert's codes and scales follow each other (perhaps across a shard boundary): quantize
+  // once for both.
+  Mxfp4Bytes quantized;
+  int64_t quantized_slot = -1;
+  for (int s = 0; s < shards; ++s) {
+    const std::string file = shards == 1
+                                 ? std::string("model.safetensors")
+                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards);
+    std::vector<TensorSpec> specs;
+    for (int64_t i : shard_tensors[s]) {
+      specs.push_back(plan.Spec(plan.tensors[i]));
+      if (!weight_map.empty()) weight_map += ",\n";
+      weight_map += "    ";
+      json::AppendQuoted(specs.back().name, &weight_map);
+      weight_map += ": ";
+      json::AppendQuoted(file, &weight_map);
+    }
+    const std::function<absl::Status(size_t, std::string*)> produce = [&](size_t index,
+                                                                          std::string* bytes) {
+      const FileTensor& t = plan.tensors[shard_tensors[s][index]];
+      const TensorSlot& slot = plan.layout[t.slot];
+      if (t.part == Part::kWhole) {
+        *bytes = FileBytes(RandomTensorValues(slot, seed, options), plan.Spec(t).dtype);
+        return absl::OkStatus();
+      }
+      if (quantized_slot != t.slot) {
+        quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(), slot.shape[0],
+                                  slot.shape[1]);
+        quantized_slot = t.slot;
+      }
+      *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
+      return absl::OkStatus();
+    };
+    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
+        dir + "/" + file, specs, options.headers_only ? nullptr : produce, {{"format", "pt"}}));
+  }
+  return weight_map;
+}
+
+// Sharded checkpoints get model.safetensors.index.json. A file of the other layout left by an
+// earlier run would shadow or confuse this one, so it goes.
+absl::Status WriteIndexOrRemoveStale(const std::string& dir, int shards, uint64_t total_bytes,
+                                     const std::string& weight_map) {
+  std::error_code error;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (shards == 1) {
+    std::filesystem::remove(index_path, error);
+    return absl::OkStatus();
+  }
+  std::filesystem::remove(dir + "/model.safetensors", error);
+  return WriteText(index_path, absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total_bytes,
+                                            "},\n  \"weight_map\": {\n", weight_map, "\n  }\n}\n"));
+}
+
 }  // namespace
 
 int64_t TensorSlot::numel() const {
@@ -169,16 +419,8 @@ std::vector<TensorSlot> CheckpointLayout(const ModelConfig& c) {
   }
   if (!c.tie_word_embeddings) Add(&out, "lm_head.weight", {c.vocab_size, d}, I::kLinear);
 
-  const int64_t heads = c.linear_attn.num_heads;
-  const int64_t head_dim = c.linear_attn.head_dim;
-  const int64_t width = c.KdaWidth();
-  const int64_t kernel = c.linear_attn.short_conv_kernel_size;
-  const int64_t mla_heads = c.num_attention_heads;
-  const int64_t latent = c.ExpertWidth();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorInit init,
-                   int expert = -1) { Add(&out, p + name, std::move(shape), init, l, expert); };
+    const LayerTensors add(&out, l);
     add("input_layernorm.weight", {d}, I::kNorm);
     add("post_attention_layernorm.weight", {d}, I::kNorm);
     if (c.HasAttnRes()) {
@@ -188,67 +430,16 @@ std::vector<TensorSlot> CheckpointLayout(const ModelConfig& c) {
       add("mlp_res_proj.weight", {1, d}, I::kResProj);
     }
     if (c.IsKda(l)) {
-      for (const char* proj : {"q", "k", "v"}) {
-        add(absl::StrCat("self_attn.", proj, "_proj.weight"), {width, d}, I::kLinear);
-      }
-      for (const char* conv : {"q", "k", "v"}) {
-        add(absl::StrCat("self_attn.", conv, "_conv1d.weight"), {width, 1, kernel}, I::kConv);
-      }
-      add("self_attn.f_a_proj.weight", {head_dim, d}, I::kLinear);
-      add("self_attn.f_b_proj.weight", {width, head_dim}, I::kLinear);
-      add("self_attn.dt_bias", {width}, I::kDtBias);
-      add("self_attn.A_log", IsK3(c) ? std::vector<int64_t>{heads} : std::vector<int64_t>{1, 1, heads, 1},
-          I::kALog);
-      add("self_attn.b_proj.weight", {heads, d}, I::kLinear);
-      if (c.linear_attn.use_full_rank_gate) {
-        add("self_attn.g_proj.weight", {width, d}, I::kLinear);
-      } else {
-        add("self_attn.g_a_proj.weight", {head_dim, d}, I::kLinear);
-        add("self_attn.g_b_proj.weight", {width, head_dim}, I::kLinear);
-      }
-      add("self_attn.o_norm.weight", {head_dim}, I::kNorm);
-      add("self_attn.o_proj.weight", {d, width}, I::kLinear);
+      AddKdaTensors(c, add);
     } else {
-      const int64_t q_width = mla_heads * c.MlaQHeadDim();
-      if (c.q_lora_rank) {
-        add("self_attn.q_a_proj.weight", {*c.q_lora_rank, d}, I::kLinear);
-        add("self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, I::kNorm);
-        add("self_attn.q_b_proj.weight", {q_width, *c.q_lora_rank}, I::kLinear);
-      } else {
-        add("self_attn.q_proj.weight", {q_width, d}, I::kLinear);
-      }
-      add("self_attn.kv_a_proj_with_mqa.weight", {c.MlaCacheWidth(), d}, I::kLinear);
-      add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, I::kNorm);
-      add("self_attn.kv_b_proj.weight",
-          {mla_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, I::kLinear);
-      if (c.mla_use_output_gate) {
-        add("self_attn.g_proj.weight", {mla_heads * c.v_head_dim, d}, I::kLinear);
-      }
-      add("self_attn.o_proj.weight", {d, mla_heads * c.v_head_dim}, I::kLinear);
+      AddMlaTensors(c, add);
     }
-    if (!c.IsMoe(l)) {
+    if (c.IsMoe(l)) {
+      AddMoeTensors(c, add);
+    } else {
       add("mlp.gate_proj.weight", {c.intermediate_size, d}, I::kLinear);
       add("mlp.up_proj.weight", {c.intermediate_size, d}, I::kLinear);
       add("mlp.down_proj.weight", {d, c.intermediate_size}, I::kLinear);
-      continue;
-    }
-    add("block_sparse_moe.gate.weight", {c.num_experts, d}, I::kLinear);
-    add("block_sparse_moe.gate.e_score_correction_bias", {c.num_experts}, I::kScoreBias);
-    if (c.IsLatentMoe()) {
-      add("block_sparse_moe.routed_expert_down_proj.weight", {latent, d}, I::kLinear);
-      if (c.latent_moe_use_norm) add("block_sparse_moe.routed_expert_norm.weight", {latent}, I::kNorm);
-      add("block_sparse_moe.routed_expert_up_proj.weight", {d, latent}, I::kLinear);
-    }
-    for (int e = 0; e < c.num_experts; ++e) {
-      const std::string x = absl::StrCat("block_sparse_moe.experts.", e, ".");
-      add(x + "w1.weight", {c.moe_intermediate_size, latent}, I::kLinear, e);
-      add(x + "w3.weight", {c.moe_intermediate_size, latent}, I::kLinear, e);
-      add(x + "w2.weight", {latent, c.moe_intermediate_size}, I::kLinear, e);
-    }
-    if (c.num_shared_experts > 0) {
-      add("block_sparse_moe.shared_experts.gate_proj.weight", {c.SharedWidth(), d}, I::kLinear);
-      add("block_sparse_moe.shared_experts.up_proj.weight", {c.SharedWidth(), d}, I::kLinear);
-      add("block_sparse_moe.shared_experts.down_proj.weight", {d, c.SharedWidth()}, I::kLinear);
     }
   }
   return out;
@@ -326,19 +517,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
 
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, const std::string& dir,
                                    const RandomCheckpointOptions& options) {
-  K3_RETURN_IF_ERROR(ValidateModelConfig(config));
-  if (options.dtype != DType::kBf16 && options.dtype != DType::kF16 &&
-      options.dtype != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat("random checkpoint dtype must be BF16, F16 or "
-                                                   "F32, got ",
-                                                   Sv(DTypeName(options.dtype))));
-  }
-  for (int e : options.hot_experts) {
-    if (e < 0 || e >= config.num_experts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hot expert ", e, " is out of range 0..", config.num_experts - 1));
-    }
-  }
+  K3_RETURN_IF_ERROR(CheckOptions(config, options));
   const std::vector<TensorSlot> layout = CheckpointLayout(config);
   const int64_t count = static_cast<int64_t>(layout.size());
   if (options.shards < 1 || options.shards > count) {
@@ -349,114 +528,22 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
   std::filesystem::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
 
-  const std::string prefix = options.language_model_prefix.value_or(IsK3(config)) ? kPrefix : "";
+  K3_ASSIGN_OR_RETURN(std::vector<FileTensor> tensors, ListFileTensors(layout, options.mxfp4));
+  const FilePlan plan{layout, std::move(tensors),
+                      options.language_model_prefix.value_or(IsK3(config)) ? kPrefix : "",
+                      options.dtype};
   ModelConfig written_config = config;
-  std::vector<FileTensor> tensors;
-  for (int64_t i = 0; i < count; ++i) {
-    if (options.mxfp4 && layout[i].expert >= 0) {
-      if (layout[i].shape[1] % kMxfp4Group != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("MXFP4 needs expert widths divisible by ",
-                                                       kMxfp4Group, "; ", layout[i].name, " has ",
-                                                       layout[i].shape[1], " inputs"));
-      }
-      tensors.push_back({i, Part::kCodes});
-      tensors.push_back({i, Part::kScales});
-    } else {
-      tensors.push_back({i, Part::kWhole});
-    }
-  }
   if (options.mxfp4) written_config.quantization = K3ReleaseQuantization();
-  auto spec_of = [&](const FileTensor& t) {
-    const TensorSlot& slot = layout[t.slot];
-    constexpr std::string_view kWeight = "weight";
-    const std::string base = slot.name.substr(0, slot.name.size() - kWeight.size());
-    switch (t.part) {
-      case Part::kCodes:
-        return TensorSpec{
-            prefix + base + "weight_packed", DType::kU8, {slot.shape[0], slot.shape[1] / 2}};
-      case Part::kScales:
-        return TensorSpec{prefix + base + "weight_scale",
-                          DType::kU8,
-                          {slot.shape[0], slot.shape[1] / kMxfp4Group}};
-      default:
-        return TensorSpec{prefix + slot.name, AlwaysF32(slot.init) ? DType::kF32 : options.dtype,
-                          slot.shape};
-    }
-  };
-  auto bytes_of = [&](const FileTensor& t) {
-    const TensorSpec spec = spec_of(t);
-    uint64_t n = DTypeSize(spec.dtype);
-    for (int64_t d : spec.shape) n *= d;
-    return n;
-  };
-  // Contiguous runs of the tensors per shard, balanced by bytes, none empty.
-  const int64_t file_count = static_cast<int64_t>(tensors.size());
-  uint64_t total_bytes = 0;
-  for (const FileTensor& t : tensors) total_bytes += bytes_of(t);
-  std::vector<std::vector<int64_t>> shard_tensors(options.shards);
-  uint64_t written = 0;
-  int shard = 0;
-  for (int64_t i = 0; i < file_count; ++i) {
-    const bool current_used = !shard_tensors[shard].empty();
-    const bool past_target = written * options.shards >= (shard + 1) * total_bytes;
-    const bool must_move = file_count - i <= options.shards - 1 - shard;
-    if (current_used && shard + 1 < options.shards && (past_target || must_move)) ++shard;
-    shard_tensors[shard].push_back(i);
-    written += bytes_of(tensors[i]);
-  }
-
   K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(written_config)));
   if (config.vocab_size >= kSmallestTokenizerVocab) {
     K3_RETURN_IF_ERROR(WriteRandomTokenizer(
         dir, config.vocab_size, IsK3(config) ? TokenizerFamily::kK3 : TokenizerFamily::kKimi));
   }
-  std::string weight_map;
-  // An expert's codes and scales follow each other (perhaps across a shard boundary): quantize
-  // once for both.
-  Mxfp4Bytes quantized;
-  int64_t quantized_slot = -1;
-  for (int s = 0; s < options.shards; ++s) {
-    const std::string file =
-        options.shards == 1
-            ? std::string("model.safetensors")
-            : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, options.shards);
-    std::vector<TensorSpec> specs;
-    for (int64_t i : shard_tensors[s]) {
-      specs.push_back(spec_of(tensors[i]));
-      if (!weight_map.empty()) weight_map += ",\n";
-      weight_map += "    ";
-      json::AppendQuoted(specs.back().name, &weight_map);
-      weight_map += ": ";
-      json::AppendQuoted(file, &weight_map);
-    }
-    const std::function<absl::Status(size_t, std::string*)> produce = [&](size_t index,
-                                                                          std::string* bytes) {
-      const FileTensor& t = tensors[shard_tensors[s][index]];
-      const TensorSlot& slot = layout[t.slot];
-      if (t.part == Part::kWhole) {
-        *bytes = FileBytes(RandomTensorValues(slot, seed, options), spec_of(t).dtype);
-        return absl::OkStatus();
-      }
-      if (quantized_slot != t.slot) {
-        quantized = QuantizeMxfp4(RandomTensorValues(slot, seed, options).data(), slot.shape[0],
-                                  slot.shape[1]);
-        quantized_slot = t.slot;
-      }
-      *bytes = t.part == Part::kCodes ? quantized.codes : quantized.scales;
-      return absl::OkStatus();
-    };
-    K3_RETURN_IF_ERROR(WriteSafetensorsStreaming(
-        dir + "/" + file, specs, options.headers_only ? nullptr : produce, {{"format", "pt"}}));
-  }
-  // A file of the other layout left by an earlier run would shadow or confuse this one.
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (options.shards == 1) {
-    std::filesystem::remove(index_path, error);
-    return absl::OkStatus();
-  }
-  std::filesystem::remove(dir + "/model.safetensors", error);
-  return WriteText(index_path, absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total_bytes,
-                                            "},\n  \"weight_map\": {\n", weight_map, "\n  }\n}\n"));
+  const uint64_t total_bytes = plan.TotalBytes();
+  K3_ASSIGN_OR_RETURN(
+      const std::string weight_map,
+      WriteShardFiles(dir, plan, AssignShards(plan, options.shards, total_bytes), seed, options));
+  return WriteIndexOrRemoveStale(dir, options.shards, total_bytes, weight_map);
 }
 
 int64_t ActiveParameters(const ModelConfig& config) {
