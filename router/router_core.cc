@@ -10,70 +10,12 @@
 #include "kernels/thread_pool.h"
 #include "moe/moe_layer_map.h"
 #include "moe/moe_wire.h"
+#include "router/router_metrics.h"
 #include "router/router_step.h"
 
 namespace k3 {
 
 namespace pb = k3serve::cluster::v1;
-
-namespace {
-
-// How often held steps (router_core.h) are planned again without a new cluster state: a link that
-// comes up changes no state.
-constexpr absl::Duration kHeldRetry = absl::Milliseconds(100);
-
-}  // namespace
-
-struct RouterCore::Metrics {
-  explicit Metrics(MetricsRegistry* registry)
-      : steps(registry->AddCounter("k3_router_steps_total",
-                                   "MoE layer steps answered, by status code", {"code"})),
-        step_seconds(registry
-                         ->AddHistogram("k3_router_step_seconds",
-                                        "Time from a MoeRequest's arrival to its MoeResponse",
-                                        ExponentialBuckets(1e-4, 2, 18))
-                         .Get()),
-        step_compute(registry
-                         ->AddHistogram("k3_router_step_compute_seconds",
-                                        "Router compute of one answered MoE layer step: gate, "
-                                        "top-k, dispatch plan and encoding, then the combine",
-                                        ExponentialBuckets(1e-5, 2, 20))
-                         .Get()),
-        step_expert_wait(registry
-                             ->AddHistogram("k3_router_step_expert_wait_seconds",
-                                            "From a MoE layer step's last ExpertRequest sent to "
-                                            "its last answer: the wire both ways plus the expert "
-                                            "workers' k3_expert_request_seconds",
-                                            ExponentialBuckets(1e-5, 2, 20))
-                             .Get()),
-        pending(registry->AddGauge("k3_router_pending_steps", "MoE layer steps in flight").Get()),
-        tokens(registry->AddCounter("k3_router_routed_tokens_total",
-                                    "Tokens routed, by MoE layer index", {"layer"})),
-        max_vio(registry->AddGauge(
-            "k3_router_expert_load_max_vio",
-            "(max - mean) / mean tokens per expert over the load-statistics window, by MoE layer",
-            {"layer"})) {}
-
-  // Routed (token, expert) pairs per expert id, summed over layers; empty unless enabled.
-  void EnablePerExpert(MetricsRegistry* registry, int num_experts) {
-    MetricFamily<Counter>& family = registry->AddCounter(
-        "k3_router_expert_routed_tokens_total",
-        "Tokens routed to each expert id, summed over MoE layers (opt-in: --per-expert-metrics)",
-        {"expert"});
-    for (int e = 0; e < num_experts; ++e) {
-      expert_tokens.push_back(family.WithLabels({absl::StrCat(e)}));
-    }
-  }
-
-  MetricFamily<Counter>& steps;
-  Histogram* step_seconds;
-  Histogram* step_compute;
-  Histogram* step_expert_wait;
-  Gauge* pending;
-  MetricFamily<Counter>& tokens;
-  MetricFamily<Gauge>& max_vio;
-  std::vector<Counter*> expert_tokens;
-};
 
 absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeights* weights,
                                                                Transport* transport,
@@ -121,12 +63,12 @@ RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLi
       links_(links),
       options_(options),
       stats_(std::move(stats)),
-      metrics_(metrics != nullptr ? std::make_unique<Metrics>(metrics) : nullptr),
+      metrics_(metrics != nullptr
+                   ? std::make_unique<RouterMetrics>(
+                         metrics, options.per_expert_metrics ? weights->config.num_experts : 0)
+                   : nullptr),
       placement_problem_("no cluster state from the coordinator yet"),
       expert_deadline_(options.expert_retry_floor, options.expert_retry_p99_factor) {
-  if (metrics_ != nullptr && options.per_expert_metrics) {
-    metrics_->EnablePerExpert(metrics, config_.num_experts);
-  }
   routers_.resize(weights_->layers.size());
   for (size_t layer = 0; layer < weights_->layers.size(); ++layer) {
     if (weights_->layers[layer].is_moe) routers_[layer] = weights_->layers[layer].moe.router;
@@ -169,7 +111,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
   ExpireSteps(absl::Now());
   ExpireHeld(absl::Now());
   UpdateReadiness();
-  if (metrics_ != nullptr) metrics_->pending->Set(static_cast<double>(pending_.size()));
+  if (metrics_ != nullptr) metrics_->SetPending(pending_.size());
   return absl::OkStatus();
 }
 
@@ -257,137 +199,68 @@ void RouterCore::ApplyClusterState(const pb::ClusterState& state) {
   }
 }
 
-void RouterCore::HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start,
-                            MessageBytes request, PeerId node, const absl::Status& why) {
-  // The coordinator's verdict on this node's death, which it may not have noticed yet (the
-  // transport reports a dead process at once), or on the experts it already knows are lost.
-  const auto unrecoverable = unrecoverable_losses_.find(static_cast<uint32_t>(node));
-  const std::string& cause = unrecoverable != unrecoverable_losses_.end() ? unrecoverable->second
-                                                                          : lost_experts_reason_;
-  if (!cause.empty()) {
-    FailHeld(origin, origin_step, start, request,
-             absl::UnavailableError(absl::StrCat(
-                 why.message(), "; the coordinator cannot move its experts: ", cause)));
-    return;
+absl::Status RouterCore::CheckMoeRequest(const MoeRequest& request) const {
+  if (absl::StatusOr<int> moe_layer = MoeLayerIndex(config_, request.layer); !moe_layer.ok()) {
+    return moe_layer.status();
   }
-  if (absl::Now() - start >= options_.step_timeout) {
-    FailHeld(origin, origin_step, start, request,
-             absl::UnavailableError(absl::StrCat(why.message(), "; no live node took its experts "
-                                                 "within ",
-                                                 absl::FormatDuration(options_.step_timeout))));
-    return;
+  if (request.width != config_.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeRequest rows have width ", request.width,
+                                                   "; the router takes hidden_size ",
+                                                   config_.hidden_size));
   }
-  if (held_.empty()) next_held_retry_ = absl::Now() + kHeldRetry;
-  if (why.message() != holding_for_) {  // RetryHeld holds the same steps again every kHeldRetry
-    holding_for_ = std::string(why.message());
-    LOG(WARNING) << "holding steps whose rows need experts without a live host (" << holding_for_
-                 << ") until the coordinator moves them";
-  }
-  held_.push_back(Held{origin, origin_step, start, std::move(request), node, why});
-}
-
-void RouterCore::RetryHeld() {
-  next_held_retry_ = absl::Now() + kHeldRetry;
-  std::vector<Held> held;
-  held.swap(held_);
-  for (Held& h : held) HandleMoeRequest(h.origin, std::move(h.request), h.start, /*held=*/true);
-  if (!held.empty() && held_.empty()) {
-    LOG(INFO) << held.size() << " held step(s) planned again under placement version "
-              << placement_.version();
-  }
-  if (held_.empty()) holding_for_.clear();
-}
-
-void RouterCore::ExpireHeld(absl::Time now) {
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (now - it->start < options_.step_timeout) {
-      ++it;
-      continue;
-    }
-    HoldOrFail(it->origin, it->origin_step, it->start, std::move(it->request), it->node,
-               it->why);
-    it = held_.erase(it);
-  }
-  if (held_.empty()) holding_for_.clear();
-}
-
-std::string RouterCore::WorkerName(PeerId node) const {
-  auto it = members_.find(static_cast<uint32_t>(node));
-  if (it == members_.end()) return absl::StrCat("expert worker node ", node);
-  const pb::NodeInfo& info = it->second.node();
-  return absl::StrCat("expert worker node ", node, " (pid ", info.pid(), " on ",
-                      info.host().empty() ? "?" : info.host(), ")");
-}
-
-absl::Status RouterCore::NodeStatus(PeerId node) const {
-  auto member = members_.find(static_cast<uint32_t>(node));
-  if (member == members_.end()) {
-    return absl::UnavailableError(
-        absl::StrCat(WorkerName(node), " lost: it is not a member of the cluster"));
-  }
-  if (member->second.state() == pb::LEFT) {
-    return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: it left the cluster"));
-  }
-  if (member->second.state() == pb::DEAD) {
-    return absl::UnavailableError(absl::StrCat(
-        WorkerName(node), " lost: the coordinator marked it DEAD (its heartbeats stopped)"));
-  }
-  if (auto suspect = suspects_.find(node); suspect != suspects_.end()) {
-    return absl::UnavailableError(
-        absl::StrCat(WorkerName(node), " lost: ", suspect->second.reason));
-  }
-  absl::Status link = links_->LinkStatus(node);
-  if (link.ok()) return link;
-  if (link.code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", link.message()));
-  }
-  // This router's own problem (a new router whose links are still coming up): ABORTED tells the
-  // attention worker to send the layer to another router (attention_nodes/remote_routed_moe.h).
-  return absl::AbortedError(absl::StrCat(WorkerName(node),
-                                         " is not connected to this router: ", link.message()));
-}
-
-bool RouterCore::OnlySuspected(PeerId node) const {
-  if (suspects_.count(node) == 0) return false;
-  auto member = members_.find(static_cast<uint32_t>(node));
-  return member != members_.end() && member->second.state() != pb::LEFT &&
-         member->second.state() != pb::DEAD && links_->LinkStatus(node).ok();
-}
-
-absl::Status RouterCore::WorkerStatus(int worker) const {
-  return NodeStatus(placement_.worker_nodes[worker]);
+  if (!placement_problem_.empty()) return absl::UnavailableError(placement_problem_);
+  return absl::OkStatus();
 }
 
 void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time start,
                                   bool held) {
   MoeRequest request;
   absl::Span<const float> rows;  // read in place, inside `bytes`
-  if (absl::Status decoded = DecodeInPlace(bytes, &request, &rows); !decoded.ok()) {
+  absl::Status checked = DecodeInPlace(bytes, &request, &rows);
+  if (checked.ok()) checked = CheckMoeRequest(request);
+  if (!checked.ok() || request.tokens == 0) {
     // Decode reads the step id first: the attention worker can match the answer if it got there.
-    Reply(from, request.step_id, start, decoded);
+    Reply(from, request.step_id, start, checked);  // OK: a step of no tokens
     return;
   }
-  absl::StatusOr<int> moe_layer = MoeLayerIndex(config_, request.layer);
-  if (!moe_layer.ok()) {
-    Reply(from, request.step_id, start, moe_layer.status());
+  std::unique_ptr<PendingStep> step = PlanStep(from, request, rows.data(), start, held);
+  // Before sending anything: a worker the tokens need is gone (no live replica either).
+  const std::vector<WorkerDispatch>& dispatch = step->step.plan.workers;
+  for (size_t w = 0; w < dispatch.size(); ++w) {
+    if (dispatch[w].tokens.empty()) continue;
+    const PeerId node = placement_.worker_nodes[w];
+    absl::Status status = WorkerStatus(static_cast<int>(w));
+    // A worker that only missed a step timeout still gets the rows nobody else can take: its
+    // answer is what clears the suspicion, and the coordinator, which sees its heartbeats,
+    // would never move its experts. Holding the step would wedge every step that needs it.
+    if (status.ok() || OnlySuspected(node)) continue;
+    if (status.code() == absl::StatusCode::kAborted && !held) {
+      // This router's own link is not up yet (NodeStatus): another router takes the layer. A
+      // held step keeps waiting here instead: its new host's link is coming up.
+      Reply(from, request.step_id, start, status);
+    } else {
+      HoldOrFail(from, request.step_id, start, std::move(bytes), node, status);
+    }
     return;
   }
-  if (request.width != config_.hidden_size) {
-    Reply(from, request.step_id, start,
-          absl::InvalidArgumentError(absl::StrCat("MoeRequest rows have width ", request.width,
-                                                  "; the router takes hidden_size ",
-                                                  config_.hidden_size)));
+  // The step keeps the request (rows and all); its rows stay where they are in the buffer.
+  const size_t rows_at =
+      static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) - bytes.data());
+  step->request = std::move(bytes);
+  PeerId lost = 0;
+  if (absl::Status sent = Dispatch(*step, rows_at, &lost); !sent.ok()) {
+    HoldOrFail(from, request.step_id, start, std::move(step->request), lost, sent);
     return;
   }
-  if (!placement_problem_.empty()) {
-    Reply(from, request.step_id, start, absl::UnavailableError(placement_problem_));
-    return;
-  }
-  if (request.tokens == 0) {
-    Reply(from, request.step_id, start, absl::OkStatus());
-    return;
-  }
+  RecordRouted(*step);
+  step->dispatched = absl::Now();
+  step->deadline = StepDeadline(step->dispatched, step->timeout_at);
+  pending_.Add(std::move(step));
+}
 
+std::unique_ptr<PendingStep> RouterCore::PlanStep(PeerId from, const MoeRequest& request,
+                                                  const float* rows, absl::Time start,
+                                                  bool held) {
   auto step = std::make_unique<PendingStep>();
   step->id = next_step_id_++;
   step->origin = from;
@@ -401,7 +274,7 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
     step->span_id = NewSpanId();
   }
   const ExpertPlacement& placement = placement_.experts;
-  const int layer = *moe_layer;
+  const int layer = *MoeLayerIndex(config_, request.layer);
   // Tokens go to live replicas only: while every host of an expert lives, the placement's own
   // choice (the same on every router); otherwise the same rule over the live hosts.
   // A slow worker (router_core.h) counts as not live here, but does not fail the step.
@@ -409,7 +282,7 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
   for (int w = 0; w < placement.num_workers; ++w) {
     live[w] = WorkerStatus(w).ok() && slow_.count(placement_.worker_nodes[w]) == 0;
   }
-  PrepareRouterStep(routers_[request.layer], config_, rows.data(), request.tokens,
+  PrepareRouterStep(routers_[request.layer], config_, rows, request.tokens,
                     placement.num_workers,
                     [&placement, &live, layer](int32_t expert, int64_t token) {
                       const std::vector<int>& hosts = placement.WorkersFor(layer, expert);
@@ -423,96 +296,64 @@ void RouterCore::HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time st
                       return alive[static_cast<size_t>(token % static_cast<int64_t>(alive.size()))];
                     },
                     &step->step);
+  return step;
+}
 
-  const int workers = placement.num_workers;
-  const std::vector<WorkerDispatch>& dispatch = step->step.plan.workers;
-  // Before sending anything: a worker the tokens need is gone (no live replica either).
-  for (int w = 0; w < workers; ++w) {
-    if (dispatch[w].tokens.empty()) continue;
-    if (absl::Status status = WorkerStatus(w); !status.ok()) {
-      // A worker that only missed a step timeout still gets the rows nobody else can take: its
-      // answer is what clears the suspicion, and the coordinator, which sees its heartbeats,
-      // would never move its experts. Holding the step would wedge every step that needs it.
-      if (OnlySuspected(placement_.worker_nodes[w])) continue;
-      if (status.code() == absl::StatusCode::kAborted && !held) {
-        // This router's own link is not up yet (NodeStatus): another router takes the layer. A
-        // held step keeps waiting here instead: its new host's link is coming up.
-        Reply(from, request.step_id, start, status);
-      } else {
-        HoldOrFail(from, request.step_id, start, std::move(bytes), placement_.worker_nodes[w],
-                   status);
-      }
-      return;
-    }
-  }
-  // The step keeps the request (rows and all); its rows stay where they are in the buffer.
-  const size_t rows_at =
-      static_cast<size_t>(reinterpret_cast<const char*>(rows.data()) - bytes.data());
-  step->request = std::move(bytes);
-  const float* x = reinterpret_cast<const float*>(step->request.data() + rows_at);
-  for (int w = 0; w < workers; ++w) step->AddSlot();
-  if (has_replicas_) step->requests.resize(workers);
+absl::Status RouterCore::Dispatch(PendingStep& step, size_t rows_at, PeerId* lost) {
+  const float* x = reinterpret_cast<const float*>(step.request.data() + rows_at);
+  const std::vector<WorkerDispatch>& dispatch = step.step.plan.workers;
+  const int workers = static_cast<int>(dispatch.size());
+  for (int w = 0; w < workers; ++w) step.AddSlot();
+  if (has_replicas_) step.requests.resize(workers);
   std::vector<PeerId> unsent;  // nodes whose Send failed
   for (int w = 0; w < workers; ++w) {
     if (dispatch[w].tokens.empty()) continue;
     ExpertRequest expert_request;
-    expert_request.step_id = SlotRequestId(step->id, static_cast<size_t>(w));
-    expert_request.layer = request.layer;
+    expert_request.step_id = SlotRequestId(step.id, static_cast<size_t>(w));
+    expert_request.layer = step.model_layer;
     expert_request.placement_version = static_cast<uint64_t>(placement_.version());
     expert_request.rows_count = static_cast<int64_t>(dispatch[w].tokens.size());
-    expert_request.width = static_cast<int32_t>(step->step.width);
+    expert_request.width = static_cast<int32_t>(step.step.width);
     expert_request.assignments = dispatch[w].assignments;
-    for (const TraceContext& trace : step->traces) {
-      expert_request.traces.push_back(trace.WithSpan(step->span_id));
+    for (const TraceContext& trace : step.traces) {
+      expert_request.traces.push_back(trace.WithSpan(step.span_id));
     }
     const PeerId node = placement_.worker_nodes[w];
     std::string bytes;  // the worker's rows are gathered straight into its message
-    GatherWorkerRows(step->step, x, w, EncodeLeavingRows(expert_request, &bytes));
-    if (has_replicas_) step->requests[w] = bytes;
+    GatherWorkerRows(step.step, x, w, EncodeLeavingRows(expert_request, &bytes));
+    if (has_replicas_) step.requests[w] = bytes;
     if (absl::Status sent = transport_->Send(node, std::move(bytes)); !sent.ok()) {
-      // The link died after the liveness check above (its failure is not yet polled): with
-      // replicas the rows go there below; without, the step fails. Answers to what was already
-      // sent then arrive for a step no longer pending and are dropped.
+      // The link died after the liveness check (its failure is not yet polled): with replicas
+      // the rows go there below; without, the step is held. Answers to what was already sent
+      // then arrive for a step no longer pending and are dropped.
       if (!has_replicas_) {
-        HoldOrFail(from, request.step_id, start, std::move(step->request), node,
-                   absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ",
-                                                       sent.message())));
-        return;
+        *lost = node;
+        return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", sent.message()));
       }
       LOG(WARNING) << "cannot send step rows to " << WorkerName(node) << ": " << sent
                    << "; they go to replicas";
       unsent.push_back(node);
     }
-    step->nodes[w] = node;
-    ++step->outstanding;
+    step.nodes[w] = node;
+    ++step.outstanding;
   }
   for (PeerId node : unsent) {
-    if (!SendToReplicas(*step, node)) {
-      HoldOrFail(from, request.step_id, start, std::move(step->request), node,
-                 absl::UnavailableError(absl::StrCat(
-                     WorkerName(node), " lost: its rows could not be sent, and no live replica "
-                                       "takes them")));
-      return;
+    if (!SendToReplicas(step, node)) {
+      *lost = node;
+      return absl::UnavailableError(absl::StrCat(
+          WorkerName(node), " lost: its rows could not be sent, and no live replica takes them"));
     }
   }
+  return absl::OkStatus();
+}
+
+void RouterCore::RecordRouted(const PendingStep& step) {
   // Recorded once the step went out: a step held (and planned again later) counts once.
-  stats_->Record(layer, step->step.routing);
+  const int layer = *MoeLayerIndex(config_, step.model_layer);
+  stats_->Record(layer, step.step.routing);
   if (metrics_ != nullptr) {
-    const std::string label = absl::StrCat(layer);
-    metrics_->tokens.WithLabels({label})->Increment(static_cast<double>(request.tokens));
-    metrics_->max_vio.WithLabels({label})->Set(stats_->MaxVio(layer));
-    if (!metrics_->expert_tokens.empty()) {
-      // Count per expert first: one atomic add per expert, not per (token, expert).
-      std::vector<int64_t> counts(metrics_->expert_tokens.size(), 0);
-      for (int32_t e : step->step.routing.experts) ++counts[e];
-      for (size_t e = 0; e < counts.size(); ++e) {
-        if (counts[e] > 0) metrics_->expert_tokens[e]->Increment(static_cast<double>(counts[e]));
-      }
-    }
+    metrics_->CountRouted(layer, step.step.tokens, stats_->MaxVio(layer), step.step.routing.experts);
   }
-  step->dispatched = absl::Now();
-  step->deadline = StepDeadline(step->dispatched, step->timeout_at);
-  pending_.Add(std::move(step));
 }
 
 absl::Time RouterCore::StepDeadline(absl::Time now, absl::Time timeout_at) const {
@@ -562,10 +403,7 @@ void RouterCore::Finish(std::unique_ptr<PendingStep> step) {
                    EncodeLeavingRows(response, &message));
   const absl::Time end = absl::Now();
   const absl::Duration compute = (step->dispatched - step->start) + (end - combine);
-  if (metrics_ != nullptr) {
-    metrics_->step_compute->Observe(absl::ToDoubleSeconds(compute));
-    metrics_->step_expert_wait->Observe(absl::ToDoubleSeconds(combine - step->dispatched));
-  }
+  if (metrics_ != nullptr) metrics_->ObserveAnswered(compute, combine - step->dispatched);
   RecordSpans(*step, end, compute, combine - step->dispatched, /*ok=*/true);
   SendAnswer(step->origin, step->origin_step, step->start, absl::StatusCode::kOk,
              std::move(message));
@@ -597,211 +435,6 @@ void RouterCore::Fail(const PendingStep& step, const absl::Status& status) {
   Reply(step.origin, step.origin_step, step.start, status);
 }
 
-void RouterCore::FailHeld(PeerId origin, uint64_t origin_step, absl::Time start,
-                          std::string_view request, const absl::Status& status) {
-  PendingStep step;
-  step.origin = origin;
-  step.origin_step = origin_step;
-  step.start = start;
-  step.dispatched = start;  // no compute: it waited for a live host of its experts
-  MoeRequest header;
-  absl::Span<const float> rows;
-  if (options_.spans != nullptr && DecodeInPlace(request, &header, &rows).ok() &&
-      !header.traces.empty()) {
-    step.traces = std::move(header.traces);
-    step.span_id = NewSpanId();
-    step.model_layer = header.layer;
-    step.step.tokens = header.tokens;
-  }
-  Fail(step, status);
-}
-
-void RouterCore::ExpireSteps(absl::Time now) {
-  for (std::unique_ptr<PendingStep>& step : pending_.TakeExpired(now)) {
-    const std::vector<PeerId> late = PendingSteps::Unanswered(*step);
-    if (now < step->timeout_at) {
-      // The expert deadline: the late workers are slow; their rows go to replicas where they can.
-      // Rows without one keep waiting until the step timeout.
-      std::vector<PeerId> slow;
-      bool all_resent = true;
-      for (PeerId node : late) {
-        const bool resent = SendToReplicas(*step, node);
-        all_resent = all_resent && resent;
-        if (resent) slow.push_back(node);
-      }
-      step->resent = step->resent || !slow.empty();
-      step->deadline = all_resent ? StepDeadline(now, step->timeout_at) : step->timeout_at;
-      pending_.Add(std::move(step));
-      for (PeerId node : slow) {
-        if (slow_.insert(node).second) {
-          LOG(WARNING) << WorkerName(node) << " did not answer a step within the expert deadline "
-                       << "of " << absl::FormatDuration(expert_deadline_.deadline())
-                       << "; its rows go to replicas until it answers again";
-        }
-        ResendWaitingOnSlow(node);
-      }
-      continue;
-    }
-    std::vector<std::string> messages;
-    for (PeerId node : late) {
-      auto member = members_.find(static_cast<uint32_t>(node));
-      Suspect& suspect = suspects_[node];
-      suspect.incarnation = member == members_.end() ? 0 : member->second.node().incarnation();
-      suspect.reason = absl::StrCat("no answer to a step of layer ", step->model_layer, " within ",
-                                    absl::FormatDuration(options_.step_timeout));
-      LOG(WARNING) << WorkerName(node) << ": " << suspect.reason
-                   << "; it counts as lost until it answers again";
-      messages.push_back(std::string(NodeStatus(node).message()));
-    }
-    bool resent = true;
-    for (PeerId node : late) resent = resent && SendToReplicas(*step, node);
-    if (resent) {
-      step->resent = true;
-      step->timeout_at = now + options_.step_timeout;
-      step->deadline = StepDeadline(now, step->timeout_at);
-      pending_.Add(std::move(step));
-    } else {
-      Fail(*step, absl::UnavailableError(absl::StrJoin(messages, "; ")));
-    }
-    for (PeerId node : late) FailWaitingOn(node, NodeStatus(node));
-  }
-}
-
-bool RouterCore::SendToReplicas(PendingStep& step, PeerId node) {
-  if (step.requests.size() != step.nodes.size()) return false;
-  absl::StatusOr<int> layer = MoeLayerIndex(config_, step.model_layer);
-  if (!layer.ok() || !placement_.placed()) return false;
-  const ExpertPlacement& placement = placement_.experts;
-  auto usable = [&](int r) {
-    const PeerId candidate = placement_.worker_nodes[r];
-    return candidate != node && NodeStatus(candidate).ok() && slow_.count(candidate) == 0;
-  };
-  // Slots added by SplitToReplicas are not visited again here (they go to other nodes).
-  const size_t slots = step.nodes.size();
-  for (size_t w = 0; w < slots; ++w) {
-    if (step.nodes[w] != node || step.answered[w]) continue;
-    if (step.requests[w].empty()) return false;
-    // A live worker holding every expert the slot's rows need: it computes the same partials.
-    const std::vector<ExpertAssignment>& assignments = step.step.plan.workers[w].assignments;
-    int target = -1;
-    for (int r = 0; r < placement.num_workers && target < 0; ++r) {
-      if (!usable(r)) continue;
-      bool hosts_all = true;
-      for (const ExpertAssignment& a : assignments) {
-        const std::vector<int>& hosts = placement.WorkersFor(*layer, a.expert);
-        if (!std::binary_search(hosts.begin(), hosts.end(), r)) {
-          hosts_all = false;
-          break;
-        }
-      }
-      if (hosts_all) target = r;
-    }
-    if (target < 0) {
-      // No one worker holds them all: split the rows over live hosts of each expert.
-      if (!SplitToReplicas(step, w, *layer, usable)) return false;
-      LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
-                               << ": the rows for " << WorkerName(node)
-                               << " went again to several replicas (every 20th logged)";
-      continue;
-    }
-    const PeerId replica = placement_.worker_nodes[target];
-    if (!transport_->Send(replica, step.requests[w]).ok()) return false;
-    LOG_EVERY_N(WARNING, 20) << "step " << step.id << " of layer " << step.model_layer
-                             << ": the rows for " << WorkerName(node) << " went again to "
-                             << WorkerName(replica) << " (every 20th logged)";
-    step.nodes[w] = replica;
-    step.resent = true;
-  }
-  return true;
-}
-
-bool RouterCore::SplitToReplicas(PendingStep& step, size_t slot, int moe_layer,
-                                 const std::function<bool(int)>& usable) {
-  const ExpertPlacement& placement = placement_.experts;
-  ExpertRequest original;
-  if (!Decode(step.requests[slot], &original).ok()) return false;
-  const WorkerDispatch& dispatch = step.step.plan.workers[slot];
-  // Target worker -> the slot's assignments it takes: the first usable host of each expert.
-  std::map<int, std::vector<ExpertAssignment>> by_target;
-  for (const ExpertAssignment& a : dispatch.assignments) {
-    const std::vector<int>& hosts = placement.WorkersFor(moe_layer, a.expert);
-    auto host = std::find_if(hosts.begin(), hosts.end(), usable);
-    if (host == hosts.end()) return false;
-    by_target[*host].push_back(a);
-  }
-  const int64_t width = step.step.width;
-  std::vector<std::pair<PeerId, std::string>> requests;
-  std::vector<WorkerDispatch> dispatches;
-  for (auto& [target, assignments] : by_target) {
-    // The rows these assignments name, in the slot's order, renumbered.
-    std::map<int32_t, int32_t> rows;  // slot row -> new row
-    for (const ExpertAssignment& a : assignments) rows.emplace(a.row, 0);
-    WorkerDispatch part;
-    ExpertRequest request;
-    // The new slots go after the existing ones, in this order.
-    const size_t new_slot = step.nodes.size() + requests.size();
-    if (new_slot >= kMaxSlots) return false;
-    request.step_id = SlotRequestId(step.id, new_slot);
-    request.layer = step.model_layer;
-    request.placement_version = original.placement_version;
-    request.width = original.width;
-    request.traces = original.traces;
-    for (auto& [row, renumbered] : rows) {
-      renumbered = static_cast<int32_t>(part.tokens.size());
-      part.tokens.push_back(dispatch.tokens[row]);
-      request.rows.insert(request.rows.end(), original.rows.begin() + row * width,
-                          original.rows.begin() + (row + 1) * width);
-    }
-    for (ExpertAssignment a : assignments) {
-      a.row = rows[a.row];
-      part.assignments.push_back(a);
-    }
-    request.rows_count = static_cast<int64_t>(part.tokens.size());
-    request.assignments = part.assignments;
-    requests.emplace_back(placement_.worker_nodes[target], Encode(request));
-    dispatches.push_back(std::move(part));
-  }
-  // The slot answers nothing now; one new slot per target does.
-  step.step.plan.workers[slot] = WorkerDispatch();
-  step.answers[slot] = MessageBytes();
-  step.answered[slot] = true;
-  step.requests[slot].clear();
-  --step.outstanding;
-  step.resent = true;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const PeerId target = requests[i].first;
-    std::string bytes = requests[i].second;
-    step.step.plan.workers.push_back(std::move(dispatches[i]));
-    step.AddSlot();
-    step.nodes.back() = target;
-    step.requests.push_back(std::move(requests[i].second));
-    ++step.outstanding;
-    if (!transport_->Send(target, std::move(bytes)).ok()) return false;
-  }
-  return true;
-}
-
-void RouterCore::ResendWaitingOnSlow(PeerId node) {
-  for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
-    // Rows that find no replica stay with the node (SendToReplicas changes only resent slots).
-    if (SendToReplicas(*step, node)) step->resent = true;
-    pending_.Add(std::move(step));
-  }
-}
-
-void RouterCore::FailWaitingOn(PeerId node, const absl::Status& status) {
-  for (std::unique_ptr<PendingStep>& step : pending_.TakeWaitingOn(node)) {
-    if (SendToReplicas(*step, node)) {
-      step->resent = true;
-      pending_.Add(std::move(step));
-      continue;
-    }
-    // Answers to what the step sent elsewhere come for a step no longer pending: dropped.
-    HoldOrFail(step->origin, step->origin_step, step->start, std::move(step->request), node,
-               status);
-  }
-}
-
 void RouterCore::FailAll(const absl::Status& status) {
   for (std::unique_ptr<PendingStep>& step : pending_.TakeAll()) Fail(*step, status);
   for (const Held& h : held_) FailHeld(h.origin, h.origin_step, h.start, h.request, status);
@@ -826,39 +459,11 @@ void RouterCore::Reply(PeerId origin, uint64_t origin_step, absl::Time start,
 
 void RouterCore::SendAnswer(PeerId origin, uint64_t origin_step, absl::Time start,
                             absl::StatusCode code, std::string message) {
-  if (metrics_ != nullptr) {
-    metrics_->steps.WithLabels({absl::StatusCodeToString(code)})->Increment();
-    metrics_->step_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  }
+  if (metrics_ != nullptr) metrics_->CountAnswer(code, absl::Now() - start);
   if (absl::Status sent = transport_->Send(origin, std::move(message)); !sent.ok()) {
     LOG_EVERY_N(WARNING, 100) << "cannot answer step " << origin_step << " of attention peer "
                               << origin << ": " << sent;
   }
-}
-
-void RouterCore::UpdateReadiness() {
-  absl::Status ready;
-  if (!placement_problem_.empty()) {
-    ready = absl::UnavailableError(placement_problem_);
-  } else {
-    // Ready while every expert has a live host (a dead worker's replicas take its rows).
-    const ExpertPlacement& placement = placement_.experts;
-    std::vector<absl::Status> workers;
-    bool all_live = true;
-    for (int w = 0; w < placement.num_workers; ++w) {
-      workers.push_back(WorkerStatus(w));
-      all_live = all_live && workers.back().ok();
-    }
-    for (int layer = 0; layer < placement.num_layers() && !all_live && ready.ok(); ++layer) {
-      for (int e = 0; e < placement.num_experts && ready.ok(); ++e) {
-        const std::vector<int>& hosts = placement.WorkersFor(layer, e);
-        if (std::none_of(hosts.begin(), hosts.end(), [&](int h) { return workers[h].ok(); })) {
-          ready = workers[hosts[0]];
-        }
-      }
-    }
-  }
-  readiness_ = std::move(ready);
 }
 
 absl::Status RouterCore::Readiness() const { return readiness_; }

@@ -69,6 +69,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "moe/cluster_placement.h"
+#include "moe/moe_wire.h"
 #include "cluster/metrics.h"
 #include "cluster/retry_deadline.h"
 #include "cluster/span_log.h"
@@ -78,6 +79,7 @@
 #include "router/pending_steps.h"
 #include "cluster/peer_links.h"
 #include "router/router_load_stats.h"
+#include "router/router_metrics.h"
 
 namespace k3 {
 
@@ -138,7 +140,6 @@ class RouterCore {
   absl::Status SetBias(int moe_layer, std::vector<float> bias);
 
  private:
-  struct Metrics;
   struct Suspect {
     uint64_t incarnation = 0;
     std::string reason;
@@ -151,6 +152,16 @@ class RouterCore {
   void ApplyClusterState(const k3serve::cluster::v1::ClusterState& state);
   // `start`: when the request first arrived; `held`: a held request planned again.
   void HandleMoeRequest(PeerId from, MessageBytes bytes, absl::Time start, bool held = false);
+  // Why a decoded request cannot be planned (layer, width, no placement); OK when it can.
+  absl::Status CheckMoeRequest(const MoeRequest& request) const;
+  // A new step of `request`: gate, top-k and dispatch plan over the live hosts of each expert.
+  std::unique_ptr<PendingStep> PlanStep(PeerId from, const MoeRequest& request, const float* rows,
+                                        absl::Time start, bool held);
+  // Sends each worker its rows (the step's request holds the layer's rows at `rows_at`). On
+  // UNAVAILABLE, `*lost` is the node whose rows found no taker and the step must be held.
+  absl::Status Dispatch(PendingStep& step, size_t rows_at, PeerId* lost);
+  // The load statistics and metrics of a step that went out.
+  void RecordRouted(const PendingStep& step);
   // Holds a request whose rows need an expert without a live host (see the file comment), or
   // fails it when the coordinator says the experts cannot move or it waited step_timeout.
   void HoldOrFail(PeerId origin, uint64_t origin_step, absl::Time start, MessageBytes request,
@@ -206,7 +217,7 @@ class RouterCore {
   PeerLinks* const links_;
   const RouterCoreOptions options_;
   const std::unique_ptr<RouterLoadStats> stats_;
-  std::unique_ptr<Metrics> metrics_;  // null without a registry
+  std::unique_ptr<RouterMetrics> metrics_;  // null without a registry
 
   // The router weights of each model layer (empty for layers without routed experts): views of
   // `weights_`, but the bias may be replaced by SetBias.
