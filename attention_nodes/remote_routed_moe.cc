@@ -204,27 +204,48 @@ void RemoteRoutedMoe::AwaitOldest() {
   }
 }
 
+void RemoteRoutedMoe::OnRouterFailed(PeerId from, const absl::Status& error) {
+  DropRouter(from);
+  if (options_.on_router_failed) options_.on_router_failed(from, error);
+  for (InFlight& layer : in_flight_) {
+    if (layer.done) continue;
+    const size_t before = layer.attempts.size();
+    layer.attempts.erase(std::remove_if(layer.attempts.begin(), layer.attempts.end(),
+                                        [from](const Attempt& a) { return a.router == from; }),
+                         layer.attempts.end());
+    if (layer.attempts.size() == before || !layer.attempts.empty()) continue;
+    LOG(WARNING) << "router " << from << " failed during MoE layer " << layer.layer
+                 << ", sending the rows to another router: " << error;
+    if (absl::Status s = SendToNextRouter(layer); !s.ok()) {
+      Settle(layer, absl::UnavailableError(absl::StrCat(error.message(), "; ", s.message())));
+      continue;
+    }
+    layer.retry_at = absl::Now() + step_deadline_.deadline();
+  }
+}
+
+void RemoteRoutedMoe::OnErrorAnswer(InFlight& layer, PeerId from, const absl::Status& status) {
+  // Another attempt may still answer; the error stands only when none is left.
+  if (!layer.attempts.empty()) return;
+  if (absl::IsAborted(status)) {
+    // The router cannot serve the layer for a reason of its own: another router may.
+    LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer.layer
+                             << " (every 20th logged): " << status.message()
+                             << "; trying another router";
+    if (SendToNextRouter(layer).ok()) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      layer.retry_at = absl::Now() + step_deadline_.deadline();
+      return;
+    }
+  }
+  Settle(layer,
+         absl::Status(status.code(), absl::StrCat("router ", from, ": ", status.message())));
+}
+
 void RemoteRoutedMoe::Deliver(Received received) {
   const PeerId from = received.from;
   if (received.kind == Received::Kind::kPeerFailed) {
-    DropRouter(from);
-    if (options_.on_router_failed) options_.on_router_failed(from, received.error);
-    for (InFlight& layer : in_flight_) {
-      if (layer.done) continue;
-      const size_t before = layer.attempts.size();
-      layer.attempts.erase(std::remove_if(layer.attempts.begin(), layer.attempts.end(),
-                                          [from](const Attempt& a) { return a.router == from; }),
-                           layer.attempts.end());
-      if (layer.attempts.size() == before || !layer.attempts.empty()) continue;
-      LOG(WARNING) << "router " << from << " failed during MoE layer " << layer.layer
-                   << ", sending the rows to another router: " << received.error;
-      if (absl::Status s = SendToNextRouter(layer); !s.ok()) {
-        Settle(layer,
-               absl::UnavailableError(absl::StrCat(received.error.message(), "; ", s.message())));
-        continue;
-      }
-      layer.retry_at = absl::Now() + step_deadline_.deadline();
-    }
+    OnRouterFailed(received.from, received.error);
     return;
   }
   if (suspects_.erase(from) > 0) {
@@ -259,21 +280,7 @@ void RemoteRoutedMoe::Deliver(Received received) {
   const absl::Time sent = attempt->sent;
   if (!response.status.ok()) {
     layer->attempts.erase(attempt);
-    // Another attempt may still answer; the error stands only when none is left.
-    if (!layer->attempts.empty()) return;
-    if (absl::IsAborted(response.status)) {
-      // The router cannot serve the layer for a reason of its own: another router may.
-      LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer->layer
-                               << " (every 20th logged): " << response.status.message()
-                               << "; trying another router";
-      if (SendToNextRouter(*layer).ok()) {
-        retries_.fetch_add(1, std::memory_order_relaxed);
-        layer->retry_at = absl::Now() + step_deadline_.deadline();
-        return;
-      }
-    }
-    Settle(*layer, absl::Status(response.status.code(),
-                                absl::StrCat("router ", from, ": ", response.status.message())));
+    OnErrorAnswer(*layer, from, response.status);
     return;
   }
   if (response.tokens != layer->tokens || response.width != expert_width_ ||

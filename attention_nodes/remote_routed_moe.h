@@ -143,6 +143,10 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void AwaitOldest();
   // Applies one received event to the layers in flight.
   void Deliver(Received received);
+  // A router's process died: its attempts go, and layers left with none go to another router.
+  void OnRouterFailed(PeerId from, const absl::Status& error);
+  // `from` answered one of `layer`'s attempts (already removed) with an error.
+  void OnErrorAnswer(InFlight& layer, PeerId from, const absl::Status& status);
   void Settle(InFlight& layer, absl::Status result);
   void DropRouter(PeerId router);
   bool Usable(PeerId router) const;
