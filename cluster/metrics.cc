@@ -120,13 +120,6 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return bounds;
 }
 
-std::vector<double> LinearBuckets(double start, double width, int count) {
-  CHECK_GT(width, 0.0);
-  std::vector<double> bounds;
-  for (int i = 0; i < count; ++i) bounds.push_back(start + width * i);
-  return bounds;
-}
-
 std::string EscapeLabelValue(const std::string& value) {
   std::string out;
   out.reserve(value.size());

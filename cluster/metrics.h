@@ -78,8 +78,6 @@ class Histogram {
 
 // Bucket bounds start, start*factor, ... (count of them). REQUIRES: start > 0, factor > 1.
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
-// Bucket bounds start, start+width, ... (count of them). REQUIRES: width > 0.
-std::vector<double> LinearBuckets(double start, double width, int count);
 
 enum class MetricType { kCounter, kGauge, kHistogram };
 
