@@ -561,6 +561,15 @@ namespace {
 // A drained worker's experts move to the other worker before the placement drops it: the other
 // loads them under the next version before that version is published; a failed load publishes
 // nothing, and a later attempt succeeds.
+// k3_coordinator_resizes_total{outcome="failed"} of the process's metrics (0 before the first).
+double FailedResizes() {
+  const std::string series = "k3_coordinator_resizes_total{outcome=\"failed\"} ";
+  const std::string text = DefaultMetrics().ExpositionText();
+  const size_t at = text.find(series);
+  if (at == std::string::npos) return 0;
+  return std::stod(text.substr(at + series.size(), text.find('\n', at) - at - series.size()));
+}
+
 TEST_F(BalancerTest, ADrainedWorkersExpertsAreLoadedElsewhereBeforeThePlacementDropsIt) {
   replica_slots_ = 4;  // the survivor's 4 slots and 4 replica slots hold all 8 experts
   LoadBalancerOptions balancing = TestBalancing();
@@ -571,9 +580,11 @@ TEST_F(BalancerTest, ADrainedWorkersExpertsAreLoadedElsewhereBeforeThePlacementD
   ASSERT_EQ(before.worker_nodes.size(), 2u);
   FakeWorker* survivor = workers_[1].get();  // registered second: worker 1
   survivor->set_mode(FakeWorker::Mode::kFail);
+  const double failed_before = FailedResizes();
   ASSERT_NO_FATAL_FAILURE(Drain(before.worker_nodes[0]));
-  ASSERT_TRUE(WaitFor([&] { return !survivor->calls().empty(); }));
-  absl::SleepFor(absl::Milliseconds(100));
+  // The rollout has given up once it counts as failed: by then it would have published.
+  ASSERT_TRUE(WaitFor([&] { return FailedResizes() > failed_before; }));
+  EXPECT_FALSE(survivor->calls().empty());
   EXPECT_EQ(Published().version(), 1) << "a placement was published although the load failed";
 
   survivor->set_mode(FakeWorker::Mode::kOk);
