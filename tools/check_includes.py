@@ -7,6 +7,9 @@ test (//tools:check_includes_test).
 
 Usage: check_includes.py [ROOT]   (ROOT: the source tree, default: this file's repository)
 Prints each violation as `file:line: package may not include "header"` and exits 1 if any.
+       check_includes.py --bazel-rules
+Prints the table as tools/check_layering.sh's Bazel dependency rules, one a line:
+`name|packages|forbidden dependencies` (see bazel_rules).
 """
 import os
 import re
@@ -78,7 +81,32 @@ def violations(root):
                         yield rel, number, package, header
 
 
+def bazel_rules():
+    """The same table as Bazel dependency rules for tools/check_layering.sh: for each package P
+    with a limit, (name, "//P/...", forbidden) where forbidden names, as a `bazel query`
+    expression, every project package P may not depend on directly: all but P, base/ and the
+    packages P may include, and the root package (//:k3serve). A package with a known include
+    breach into Q is not checked against Q here (the breach is its BUILD dep too)."""
+    rules = []
+    for package, allowed in sorted(ALLOWED.items()):
+        if allowed is None:
+            continue
+        breached = {header.split("/", 1)[0] for rel, header in KNOWN_BREACHES
+                    if rel.split("/", 1)[0] == package}
+        forbidden = [f"//{other}/..." for other in sorted(ALLOWED)
+                     if other not in allowed | breached | {package, "base"}]
+        forbidden.append("//:all")
+        may = ", ".join(f"{p}/" for p in sorted(allowed | {"base"}))
+        rules.append((f"{package}/ may depend only on {may}", f"//{package}/...",
+                      " + ".join(forbidden)))
+    return rules
+
+
 def main(argv):
+    if argv[1:] == ["--bazel-rules"]:
+        for rule in bazel_rules():
+            print("|".join(rule))
+        return 0
     root = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     root = os.path.realpath(root)
     missing = [p for p in ALLOWED if not os.path.isdir(os.path.join(root, p))]

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """tools/check_includes.py on a copy of the source tree: it passes as the tree is, and fails on a
 planted include of each forbidden kind (one scratch file at a time), naming that file."""
+import io
 import os
 import shutil
 import sys
 import tempfile
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_includes  # noqa: E402
@@ -75,6 +77,51 @@ class CheckIncludesTest(unittest.TestCase):
                     '#include "base/trace_context.h"\n')
         self.assertEqual(list(check_includes.violations(self.root)), [])
         self.assertEqual(check_includes.main(["check_includes", self.root]), 0)
+
+
+class BazelRulesTest(unittest.TestCase):
+    """The table as tools/check_layering.sh's dependency rules, against the package table of
+    docs/ARCHITECTURE.md written out here by hand."""
+
+    def setUp(self):
+        self.rules = {packages: forbidden.split(" + ")
+                      for _, packages, forbidden in check_includes.bazel_rules()}
+
+    def test_packages_without_a_limit_have_no_rule(self):
+        for package in ("launcher", "tools", "tests", "bench"):
+            self.assertNotIn(f"//{package}/...", self.rules)
+        self.assertIn("//base/...", self.rules)
+        self.assertIn("//proto/...", self.rules)
+
+    def test_a_package_may_depend_on_what_it_may_include_and_nothing_else(self):
+        moe = self.rules["//moe/..."]
+        for forbidden in ("//cluster/...", "//tokenizer/...", "//router/...", "//coordinator/...",
+                          "//launcher/...", "//tests/...", "//:all"):
+            self.assertIn(forbidden, moe)
+        for allowed in ("//model/...", "//kernels/...", "//proto/...", "//base/...", "//moe/..."):
+            self.assertNotIn(allowed, moe)
+        http_front = self.rules["//http_front/..."]
+        self.assertIn("//model/...", http_front)
+        self.assertNotIn("//tokenizer/...", http_front)
+        base = self.rules["//base/..."]
+        self.assertIn("//proto/...", base)
+        self.assertNotIn("//base/...", base)
+
+    def test_a_known_include_breach_is_not_checked_again_on_the_deps(self):
+        model = self.rules["//model/..."]
+        self.assertNotIn("//tokenizer/...", model)
+        self.assertIn("//cluster/...", model)
+        self.assertIn("//tokenizer/...", self.rules["//kernels/..."])
+
+    def test_the_command_line_writes_one_rule_a_line(self):
+        with unittest.mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+            self.assertEqual(check_includes.main(["check_includes", "--bazel-rules"]), 0)
+        lines = out.getvalue().splitlines()
+        self.assertEqual(len(lines), len(self.rules))
+        for line in lines:
+            name, packages, forbidden = line.split("|")
+            self.assertIn(packages, self.rules)
+            self.assertTrue(name.startswith(packages[2:-4] + "/ may depend only on"), name)
 
 
 if __name__ == "__main__":
