@@ -27,6 +27,7 @@
 
 #include "attention_nodes/cuda/kda_decode.h"
 #include "attention_nodes/cuda/mla_decode.h"
+#include "bench/gpu_timing.cuh"
 
 namespace k3 {
 namespace {
@@ -34,16 +35,6 @@ namespace {
 constexpr int kHeads = 96, kHeadDim = 128, kConvKernel = 4;
 constexpr int kLatent = 512, kRope = 64, kPageSize = 64;
 constexpr double kCycleBytes = 256e6;  // > 5x the H200's L2
-
-#define CHECK_CUDA(call)                                                            \
-  do {                                                                              \
-    cudaError_t e = (call);                                                         \
-    if (e != cudaSuccess) {                                                         \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-              cudaGetErrorString(e));                                               \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
 
 __device__ float HashUniform(uint64_t seed, size_t i) {  // splitmix64 -> [-1, 1)
   uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
@@ -89,27 +80,6 @@ float* RandomFloats(size_t n, float lo, float hi) {
 
 int Sets(double bytes_per_call) {
   return std::max(2, static_cast<int>((kCycleBytes + bytes_per_call - 1) / bytes_per_call));
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Seconds per call of `run`, timed over `calls` calls with events.
-double Time(const std::function<void()>& run, int calls, cudaStream_t stream) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  for (int i = 0; i < calls; ++i) run();
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return ms * 1e-3 / calls;
 }
 
 struct Case {
@@ -229,10 +199,7 @@ void PrintCase(const Case& c, double copy_rate) {
 }
 
 int Main(int rounds) {
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
-         prop.l2CacheSize / 1e6);
+  PrintDevice();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   const size_t copy_bytes = size_t{1} << 31;
@@ -252,12 +219,12 @@ int Main(int rounds) {
     }
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  for (const Case& c : cases) Time(c.run, 3, stream);  // warm-up
-  Time(copy, 2, stream);
+  for (const Case& c : cases) TimeOnStream(c.run, 3, stream);  // warm-up
+  TimeOnStream(copy, 2, stream);
   std::vector<double> copy_seconds;
   for (int round = 0; round < rounds; ++round) {
-    copy_seconds.push_back(Time(copy, 5, stream));
-    for (Case& c : cases) c.seconds.push_back(Time(c.run, 10, stream));
+    copy_seconds.push_back(TimeOnStream(copy, 5, stream));
+    for (Case& c : cases) c.seconds.push_back(TimeOnStream(c.run, 10, stream));
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaGetLastError());

@@ -20,7 +20,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -32,8 +31,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/cluster_bench_setup.h"
 #include "bench/step_breakdown.h"
-#include "bench/work_dir.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
@@ -53,16 +52,9 @@ struct BenchOptions {
   std::vector<std::string> configs = {"k3-tiny", "k3-perf"};
   int tokens = 48;
   int repeats = 3;
-  int attention = 1;
-  int routers = 1;
-  int experts = 2;
   int streams = 8;
-  // K3SERVE_THREADS of the cluster's data-plane nodes (0: LocalClusterOptions' default split).
-  int node_threads = 0;
   std::string ping_pong = "auto";  // the attention node's --ping-pong
-  int busy_poll_us = -1;           // every data-plane node's --busy-poll-us (-1: theirs)
-  std::string k3serve = "k3serve";
-  std::string work_dir;
+  ClusterBenchFlags cluster;
 };
 
 const std::vector<int32_t> kPrompt = {11, 7, 300, 42, 5, 99, 123, 8};
@@ -151,7 +143,7 @@ absl::StatusOr<double> SingleProcessAggregate(const BenchOptions& o, const std::
 absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   absl::StatusOr<ModelConfig> config = NamedConfig(name);
   if (!config.ok()) return config.status();
-  const std::string dir = absl::StrCat(o.work_dir, "/", name);
+  const std::string dir = absl::StrCat(o.cluster.work_dir, "/", name);
   std::cerr << "writing a random " << name << " checkpoint to " << dir << "\n";
   if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
 
@@ -170,23 +162,9 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   absl::StatusOr<double> single_streams = SingleProcessAggregate(o, dir);
   if (!single_streams.ok()) return single_streams.status();
 
-  LocalClusterOptions cluster_options;
-  cluster_options.binary = o.k3serve;
-  cluster_options.model = dir;
-  cluster_options.attention = o.attention;
-  cluster_options.routers = o.routers;
-  cluster_options.experts = o.experts;
-  cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs-", name);
-  cluster_options.startup_timeout = absl::Minutes(5);
-  cluster_options.metrics = true;  // the step breakdown at the end
-  cluster_options.node_threads = o.node_threads;
-  cluster_options.extra_args[NodeRole::kAttention].push_back("--ping-pong=" + o.ping_pong);
-  for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
-    if (o.busy_poll_us >= 0) {
-      cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
-    }
-  }
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(
+      ClusterBenchOptions(o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs-", name),
+                          {"--ping-pong=" + o.ping_pong}));
   if (!cluster.ok()) return cluster.status();
   const std::string address = (*cluster)->generate_addresses()[0];
   int request = 0;
@@ -231,55 +209,31 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
       "%-10s single-process %8.1f tok/s | cluster A=%d,R=%d,E=%d %8.1f tok/s | ratio %.3f | "
       "%d streams (incl. prefill): single-process %8.1f tok/s, cluster %8.1f tok/s, ratio "
       "%.3f\n",
-      name, single, o.attention, o.routers, o.experts, *clustered, *clustered / single, o.streams,
+      name, single, o.cluster.attention, o.cluster.routers, o.cluster.experts, *clustered, *clustered / single, o.streams,
       *single_streams, aggregate, aggregate / *single_streams);
   return absl::OkStatus();
 }
 
 int Main(const std::vector<std::string>& args) {
   BenchOptions o;
-  std::string configs, k3serve = o.k3serve;
+  std::string configs;
   CLI::App app{"cluster_bench: local cluster decode tokens/s against the single-process engine"};
   app.add_option("--configs", configs, "comma-separated named configs");
   AddBoundedInt(&app, "--tokens", &o.tokens, 2, 1 << 20, "new tokens per stream");
   AddBoundedInt(&app, "--repeats", &o.repeats, 1, 1000, "rounds (the best counts)");
-  AddBoundedInt(&app, "--attention", &o.attention, 1, 64, "attention workers");
-  AddBoundedInt(&app, "--routers", &o.routers, 1, 64, "routers");
-  AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
   AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams");
-  AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
-                "kernel threads of each cluster node (K3SERVE_THREADS; 0: the cores split "
-                "among them)");
   app.add_option("--ping-pong", o.ping_pong,
                  "the attention node's --ping-pong (two micro-batches per step: auto, on, off)");
-  AddBoundedInt(&app, "--busy-poll-us", &o.busy_poll_us, -1, 1000 * 1000,
-                "every data-plane node's --busy-poll-us (-1: the nodes' default)");
-  app.add_option("--k3serve", k3serve, "the k3serve binary");
-  app.add_option("--work-dir", o.work_dir, "checkpoints and logs (default: a new folder)");
-  if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
-    std::cerr << s.message() << "\n";
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
-  }
-  if (!configs.empty()) o.configs = absl::StrSplit(configs, ',');
-  // `bazel run` starts us in our runfiles folder, where the data dependency //:k3serve lies.
-  o.k3serve = std::filesystem::absolute(k3serve).string();
-  const bool own_work_dir = o.work_dir.empty();
-  if (own_work_dir) {
-    absl::StatusOr<std::string> made = MakeBenchWorkDir("k3-cluster-bench");
-    if (!made.ok()) {
-      std::cerr << made.status() << "\n";
-      return 1;
+  AddClusterBenchFlags(&app, &o.cluster);
+  return RunClusterBench(&app, args, "k3-cluster-bench", &o.cluster, [&]() -> absl::Status {
+    if (!configs.empty()) o.configs = absl::StrSplit(configs, ',');
+    for (const std::string& config : o.configs) {
+      if (absl::Status s = BenchConfig(o, config); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(config, ": ", s.message()));
+      }
     }
-    o.work_dir = *made;
-  }
-  for (const std::string& config : o.configs) {
-    if (absl::Status s = BenchConfig(o, config); !s.ok()) {
-      std::cerr << config << ": " << s << "\n";
-      return 1;
-    }
-  }
-  if (own_work_dir) std::filesystem::remove_all(o.work_dir);
-  return 0;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace

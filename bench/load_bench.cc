@@ -19,8 +19,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <iostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,8 +29,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generate_client.h"
+#include "bench/cluster_bench_setup.h"
 #include "bench/step_breakdown.h"
-#include "bench/work_dir.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
 #include "launcher/local_cluster.h"
@@ -45,9 +43,7 @@ namespace {
 
 struct BenchOptions {
   std::string config = "k3-tiny";
-  int attention = 1;
-  int routers = 1;
-  int experts = 2;
+  ClusterBenchFlags cluster;
   int prompt_tokens = 200;
   int max_tokens = 64;
   int streams = 16;
@@ -55,11 +51,7 @@ struct BenchOptions {
   int requests_per_stream = 3;
   int load_requests = 1000;
   int load_concurrency = 32;
-  int busy_poll_us = -1;  // every data-plane node's --busy-poll-us (-1: theirs)
-  int node_threads = 0;   // LocalClusterOptions::node_threads (0: split the cores)
   std::vector<std::string> attention_args;  // extra flags of the attention nodes
-  std::string k3serve = "k3serve";
-  std::string work_dir;
 };
 
 // What a set of requests measured.
@@ -154,25 +146,10 @@ void PrintRatios(const char* what, std::vector<double> ratios, const char* goal)
 absl::Status Bench(const BenchOptions& o) {
   absl::StatusOr<ModelConfig> config = NamedConfig(o.config);
   if (!config.ok()) return config.status();
-  const std::string dir = absl::StrCat(o.work_dir, "/", o.config);
+  const std::string dir = absl::StrCat(o.cluster.work_dir, "/", o.config);
   if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
-  LocalClusterOptions cluster_options;
-  cluster_options.binary = o.k3serve;
-  cluster_options.model = dir;
-  cluster_options.attention = o.attention;
-  cluster_options.routers = o.routers;
-  cluster_options.experts = o.experts;
-  cluster_options.log_dir = absl::StrCat(o.work_dir, "/logs");
-  cluster_options.startup_timeout = absl::Minutes(5);
-  cluster_options.node_threads = o.node_threads;
-  cluster_options.metrics = true;  // the step breakdown
-  cluster_options.extra_args[NodeRole::kAttention] = o.attention_args;
-  for (NodeRole role : {NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert}) {
-    if (o.busy_poll_us >= 0) {
-      cluster_options.extra_args[role].push_back(absl::StrCat("--busy-poll-us=", o.busy_poll_us));
-    }
-  }
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(ClusterBenchOptions(
+      o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs"), o.attention_args));
   if (!cluster.ok()) return cluster.status();
   LoadRunner runner(o, (*cluster)->generate_addresses()[0], config->vocab_size);
   runner.Run(2, 1);  // warm-up: page in weights, connect, fit the step cost
@@ -219,9 +196,7 @@ int Main(const std::vector<std::string>& args) {
   BenchOptions o;
   CLI::App app{"load_bench: tokens/s and inter-token latency under concurrent streams"};
   app.add_option("--config", o.config, "named config");
-  AddBoundedInt(&app, "--attention", &o.attention, 1, 64, "attention workers");
-  AddBoundedInt(&app, "--routers", &o.routers, 1, 64, "routers");
-  AddBoundedInt(&app, "--experts", &o.experts, 1, 256, "expert workers");
+  AddClusterBenchFlags(&app, &o.cluster);
   AddBoundedInt(&app, "--prompt-tokens", &o.prompt_tokens, 1, 1 << 20, "tokens per prompt");
   AddBoundedInt(&app, "--max-tokens", &o.max_tokens, 1, 1 << 20, "new tokens per request");
   AddBoundedInt(&app, "--streams", &o.streams, 1, 1024, "concurrent streams (part 1)");
@@ -231,37 +206,10 @@ int Main(const std::vector<std::string>& args) {
   AddBoundedInt(&app, "--load-requests", &o.load_requests, 0, 1 << 24, "requests (part 2)");
   AddBoundedInt(&app, "--load-concurrency", &o.load_concurrency, 1, 1024,
                 "requests in flight (part 2)");
-  AddBoundedInt(&app, "--busy-poll-us", &o.busy_poll_us, -1, 1000 * 1000,
-                "every data-plane node's --busy-poll-us (-1: their default)");
-  AddBoundedInt(&app, "--node-threads", &o.node_threads, 0, 4096,
-                "kernel threads per node (0: the cores split between the nodes)");
   app.add_option("--attention-arg", o.attention_args,
                  "a flag for the attention nodes, e.g. --attention-arg=--min-prefill-tokens=32 "
                  "(repeatable)");
-  app.add_option("--k3serve", o.k3serve, "the k3serve binary");
-  app.add_option("--work-dir", o.work_dir, "checkpoint and logs (default: a new folder)");
-  if (absl::Status s = ParseArgs(&app, args); !s.ok()) {
-    std::cerr << s.message() << "\n";
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
-  }
-  // `bazel run` starts us in our runfiles folder, where the data dependency //:k3serve lies.
-  o.k3serve = std::filesystem::absolute(o.k3serve).string();
-  const bool own_work_dir = o.work_dir.empty();
-  if (own_work_dir) {
-    absl::StatusOr<std::string> made = MakeBenchWorkDir("k3-load-bench");
-    if (!made.ok()) {
-      std::cerr << made.status() << "\n";
-      return 1;
-    }
-    o.work_dir = *made;
-  }
-  const absl::Status status = Bench(o);
-  if (own_work_dir) std::filesystem::remove_all(o.work_dir);
-  if (!status.ok()) {
-    std::cerr << status << "\n";
-    return 1;
-  }
-  return 0;
+  return RunClusterBench(&app, args, "k3-load-bench", &o.cluster, [&o] { return Bench(o); });
 }
 
 }  // namespace

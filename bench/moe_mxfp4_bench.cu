@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/gpu_timing.cuh"
 #include "kernels/cuda/moe_mxfp4.h"
 
 namespace k3 {
@@ -26,16 +27,6 @@ namespace {
 constexpr int kWidth = 3584, kHidden = 3072, kExperts = 16;
 // bf16 dense matrix rate measured on this workplace's H200 (cuBLAS 8192^3, shared/notes/gpu.md).
 constexpr double kBf16PeakTflops = 780.0;
-
-#define CHECK_CUDA(call)                                                            \
-  do {                                                                              \
-    cudaError_t e = (call);                                                         \
-    if (e != cudaSuccess) {                                                         \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-              cudaGetErrorString(e));                                               \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
 
 // Pseudo-random bytes (splitmix64 of the index): codes of every value; scales kept near the
 // value that gives unit-scale sums, so the epilogue sees realistic magnitudes.
@@ -53,28 +44,6 @@ __global__ void FillRandom(uint8_t* p, size_t n, uint64_t seed, int scale_base) 
 void Fill(void* p, size_t n, uint64_t seed, int scale_base) {
   FillRandom<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, scale_base);
   CHECK_CUDA(cudaGetLastError());
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Seconds per call of `run`, timed over `calls` calls with events.
-template <typename F>
-double Time(F run, int calls, cudaStream_t stream) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  CHECK_CUDA(cudaEventRecord(start, stream));
-  for (int i = 0; i < calls; ++i) run();
-  CHECK_CUDA(cudaEventRecord(stop, stream));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return ms * 1e-3 / calls;
 }
 
 struct Shape {
@@ -171,10 +140,7 @@ void PrintTable(const std::vector<Shape>& shapes, double copy_rate) {
 }
 
 int Main(int rounds) {
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount,
-         prop.l2CacheSize / 1e6);
+  PrintDevice();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   const size_t copy_bytes = size_t{1} << 31;
@@ -194,12 +160,12 @@ int Main(int rounds) {
   auto copy = [&] {
     CHECK_CUDA(cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice, stream));
   };
-  for (const Shape& s : shapes) Time([&] { call(s); }, 3, stream);  // warm-up
-  Time(copy, 2, stream);
+  for (const Shape& s : shapes) TimeOnStream([&] { call(s); }, 3, stream);  // warm-up
+  TimeOnStream(copy, 2, stream);
   std::vector<double> copy_seconds;
   for (int round = 0; round < rounds; ++round) {
-    copy_seconds.push_back(Time(copy, 5, stream));
-    for (Shape& s : shapes) s.seconds.push_back(Time([&] { call(s); }, 10, stream));
+    copy_seconds.push_back(TimeOnStream(copy, 5, stream));
+    for (Shape& s : shapes) s.seconds.push_back(TimeOnStream([&] { call(s); }, 10, stream));
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaGetLastError());
