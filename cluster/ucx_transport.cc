@@ -2,11 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -14,15 +10,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cluster/liveness_socket.h"
 #include "cluster/ucx_address.h"
 #include "glog/logging.h"
 
@@ -33,11 +29,6 @@ constexpr unsigned kAmId = 0x4b33;  // every message travels as this active mess
 // Received buffers are lent only at addresses aligned for any scalar a message holds (UCX's
 // shared-memory buffers are 8-byte aligned; moe_wire's in-place decoding needs 4).
 constexpr uintptr_t kLentAlignment = alignof(double);
-
-// Liveness socket frames: magic, type, token (16 bytes, little-endian).
-constexpr uint32_t kFrameMagic = 0x564c334b;
-constexpr size_t kFrameSize = 16;
-enum FrameType : uint32_t { kHello = 1, kHelloAck = 2, kBye = 3, kByeAck = 4 };
 
 // Processes with the same key share a kernel and a network namespace: loopback reaches them, and
 // so (usually) does shared memory.
@@ -69,84 +60,43 @@ bool SharedMemoryEnabled(std::string tls) {
   return false;
 }
 
-std::string Errno(const char* what) { return absl::StrCat(what, ": ", strerror(errno)); }
-
-void SetKeepalive(int fd) {
-  int on = 1, idle = 2, interval = 1, count = 3;
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-}
-
-bool WriteFrame(int fd, uint32_t type, uint64_t token) {
-  std::string frame;
-  AppendLittleEndian(frame, kFrameMagic, 4);
-  AppendLittleEndian(frame, type, 4);
-  AppendLittleEndian(frame, token, 8);
-  return send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
-         static_cast<ssize_t>(frame.size());
-}
-
-bool ParseFrame(const std::string& bytes, uint32_t* type, uint64_t* token) {
-  LittleEndianReader r(bytes);
-  uint64_t magic = 0, t = 0;
-  if (!r.Le(4, &magic) || magic != kFrameMagic || !r.Le(4, &t) || !r.Le(8, token)) return false;
-  *type = static_cast<uint32_t>(t);
-  return true;
-}
-
-int MillisUntil(absl::Time deadline) {
-  return static_cast<int>(std::max<int64_t>(
-      0, absl::ToInt64Milliseconds(deadline - absl::Now() + absl::Microseconds(999))));
-}
-
-// Opens the liveness socket to `ip:port` and shakes hands: HELLO with our token, HELLO_ACK with
-// theirs, which must be `expected_token`.
-absl::StatusOr<int> DialLiveness(uint32_t ip, uint16_t port, uint64_t our_token,
-                                 uint64_t expected_token, absl::Time deadline) {
-  const std::string where = absl::StrCat(Ipv4String(ip), ":", port);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(Errno("socket"));
-  auto fail = [&](const std::string& why) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot reach ", where, ": ", why));
-  };
-  sockaddr_in sa = {};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = ip;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
-    return fail(Errno("connect"));
+// Keeps UCX's worker and context alive past a transport that closed while received buffers were
+// still lent (they point into the worker's memory), and frees those buffers as they come back.
+class UcxRetiree final : public BufferLender::Retiree {
+ public:
+  UcxRetiree(ucp_worker_h worker, ucp_context_h context) : worker_(worker), context_(context) {}
+  ~UcxRetiree() override {
+    ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
   }
-  pollfd p = {fd, POLLOUT, 0};
-  if (poll(&p, 1, MillisUntil(deadline)) != 1) return fail("connect timed out");
-  int error = 0;
-  socklen_t len = sizeof(error);
-  getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
-  if (error != 0) return fail(absl::StrCat("connect: ", strerror(error)));
-  if (!WriteFrame(fd, kHello, our_token)) return fail(Errno("send"));
-  std::string reply;
-  while (reply.size() < kFrameSize) {
-    p = {fd, POLLIN, 0};
-    if (poll(&p, 1, MillisUntil(deadline)) != 1) return fail("no answer to the handshake");
-    char buf[kFrameSize];
-    ssize_t n = recv(fd, buf, kFrameSize - reply.size(), 0);
-    if (n == 0) return fail("connection closed during the handshake");
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(Errno("recv"));
-    if (n > 0) reply.append(buf, n);
+  void Release(void* buffer) override { ucp_am_data_release(worker_, buffer); }
+
+ private:
+  const ucp_worker_h worker_;
+  const ucp_context_h context_;
+};
+
+// UCX's configuration (from its environment) with `options` applied; the caller releases it.
+absl::StatusOr<ucp_config_t*> ReadUcxConfig(const UcxTransportOptions& options) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_config_read: ", ucs_status_string(status)));
   }
-  uint32_t type = 0;
-  uint64_t token = 0;
-  if (!ParseFrame(reply, &type, &token) || type != kHelloAck) {
-    return fail("not a k3serve transport");
+  if (!options.tls.empty()) status = ucp_config_modify(config, "TLS", options.tls.c_str());
+  if (status == UCS_OK && !options.net_devices.empty()) {
+    status = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
   }
-  if (token != expected_token) {
-    return fail("a different process listens there now (the address is stale)");
+  if (status == UCS_OK && !options.eager_limit.empty() && getenv("UCX_RNDV_THRESH") == nullptr) {
+    status = ucp_config_modify(config, "RNDV_THRESH", options.eager_limit.c_str());
   }
-  SetKeepalive(fd);
-  return fd;
+  if (status != UCS_OK) {
+    ucp_config_release(config);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX options tls='", options.tls, "' net_devices='", options.net_devices,
+        "' eager_limit='", options.eager_limit, "': ", ucs_status_string(status)));
+  }
+  return config;
 }
 
 }  // namespace
@@ -192,46 +142,6 @@ struct UcxTransport::RecvOp {
   std::string data;
 };
 
-// Between the transport and the borrowers of its receive buffers. `mu` is a leaf lock (taken under
-// the transport's mu_, never the other way round), so a borrower may let go anywhere, even while
-// holding the Inbox's or the transport's lock.
-struct UcxTransport::Lender {
-  absl::Mutex mu;
-  // Buffers let go of, for the next driver to release.
-  std::vector<void*> returned ABSL_GUARDED_BY(mu);
-  // Whether `returned` may be non-empty: read without the lock by drivers polling UCX in a loop.
-  std::atomic<bool> any_returned{false};
-  // Lent and not yet released to UCX (returned ones included).
-  int64_t outstanding ABSL_GUARDED_BY(mu) = 0;
-  // Set when the transport closed while buffers were still lent: the last one given back
-  // releases itself into this worker and then destroys the worker and the context.
-  ucp_worker_h orphan_worker ABSL_GUARDED_BY(mu) = nullptr;
-  ucp_context_h orphan_context ABSL_GUARDED_BY(mu) = nullptr;
-
-  // Empties `returned` (those buffers are no longer lent) for the caller to release to UCX.
-  std::vector<void*> TakeReturned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    std::vector<void*> taken;
-    taken.swap(returned);
-    outstanding -= static_cast<int64_t>(taken.size());
-    any_returned.store(false, std::memory_order_relaxed);
-    return taken;
-  }
-
-  void GiveBack(void* data) {
-    absl::MutexLock lock(&mu);
-    if (orphan_worker == nullptr) {
-      returned.push_back(data);
-      any_returned.store(true, std::memory_order_release);
-      return;
-    }
-    ucp_am_data_release(orphan_worker, data);
-    if (--outstanding > 0) return;
-    ucp_worker_destroy(orphan_worker);
-    orphan_worker = nullptr;
-    if (orphan_context != nullptr) ucp_cleanup(orphan_context);
-    orphan_context = nullptr;
-  }
-};
 
 struct UcxTransport::CloseOp {
   UcxTransport* transport;
@@ -252,8 +162,7 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options)
         uint64_t token = 0;
         while (token == 0) token = (uint64_t{random()} << 32) ^ random();
         return token;
-      }()),
-      lender_(std::make_shared<Lender>()) {}
+      }()) {}
 
 absl::Status UcxTransport::Init() {
   host_key_ = HostKey();
@@ -262,67 +171,36 @@ absl::Status UcxTransport::Init() {
   UcxAddress address;
   address.token = token_;
   address.host_key = host_key_;
-  if (options_.advertise_ips.empty()) {
-    ifaddrs* interfaces = nullptr;
-    if (getifaddrs(&interfaces) != 0) return absl::InternalError(Errno("getifaddrs"));
-    for (ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-      if (!(i->ifa_flags & IFF_UP)) continue;
-      address.ips.push_back(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
-    }
-    freeifaddrs(interfaces);
-  } else {
-    for (const std::string& text : options_.advertise_ips) {
-      in_addr ip = {};
-      if (inet_pton(AF_INET, text.c_str(), &ip) != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("not an IPv4 address: '", text, "'"));
-      }
-      address.ips.push_back(ip.s_addr);
-    }
-  }
-  if (address.ips.empty()) return absl::UnavailableError("no IPv4 interface is up");
-
-  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) return absl::InternalError(Errno("socket"));
-  int on = 1;
-  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_in sa = {};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(sa);
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      listen(listen_fd_, 128) != 0 ||
-      getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    return absl::InternalError(Errno("liveness listener"));
-  }
-  address.port = ntohs(sa.sin_port);
+  absl::StatusOr<std::vector<uint32_t>> ips = AdvertisedIpv4s(options_.advertise_ips);
+  if (!ips.ok()) return ips.status();
+  address.ips = *std::move(ips);
+  absl::StatusOr<LivenessListener> listener = ListenForLiveness();
+  if (!listener.ok()) return listener.status();
+  listen_fd_ = listener->fd;
+  address.port = listener->port;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) return absl::InternalError(Errno("eventfd"));
+  if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
 
   absl::MutexLock lock(&mu_);
-  ucp_config_t* config = nullptr;
-  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
-  if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_config_read: ", ucs_status_string(status)));
-  }
-  if (!options_.tls.empty()) status = ucp_config_modify(config, "TLS", options_.tls.c_str());
-  if (status == UCS_OK && !options_.net_devices.empty()) {
-    status = ucp_config_modify(config, "NET_DEVICES", options_.net_devices.c_str());
-  }
-  if (status == UCS_OK && !options_.eager_limit.empty() && getenv("UCX_RNDV_THRESH") == nullptr) {
-    status = ucp_config_modify(config, "RNDV_THRESH", options_.eager_limit.c_str());
-  }
-  if (status != UCS_OK) {
-    ucp_config_release(config);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UCX options tls='", options_.tls, "' net_devices='", options_.net_devices,
-        "' eager_limit='", options_.eager_limit, "': ", ucs_status_string(status)));
-  }
+  absl::Status status = CreateWorkerLocked();
+  if (!status.ok()) return status;
+  absl::StatusOr<std::string> worker_address = WorkerAddressLocked();
+  if (!worker_address.ok()) return worker_address.status();
+  address.worker_address = *std::move(worker_address);
+  address_ = EncodeUcxAddress(address);
+
+  progress_thread_ = std::thread([this] { ProgressLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransport::CreateWorkerLocked() {
+  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(options_);
+  if (!config.ok()) return config.status();
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  status = ucp_init(&params, config, &context_);
-  ucp_config_release(config);
+  ucs_status_t status = ucp_init(&params, *config, &context_);
+  ucp_config_release(*config);
   if (status != UCS_OK) {
     context_ = nullptr;
     return absl::UnavailableError(
@@ -349,18 +227,19 @@ absl::Status UcxTransport::Init() {
   if (status != UCS_OK) {
     return absl::InternalError(absl::StrCat("UCX worker setup: ", ucs_status_string(status)));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> UcxTransport::WorkerAddressLocked() {
   ucp_address_t* worker_address = nullptr;
   size_t worker_address_size = 0;
-  status = ucp_worker_get_address(worker_, &worker_address, &worker_address_size);
+  ucs_status_t status = ucp_worker_get_address(worker_, &worker_address, &worker_address_size);
   if (status != UCS_OK) {
     return absl::InternalError(absl::StrCat("ucp_worker_get_address: ", ucs_status_string(status)));
   }
-  address.worker_address.assign(reinterpret_cast<const char*>(worker_address), worker_address_size);
+  std::string bytes(reinterpret_cast<const char*>(worker_address), worker_address_size);
   ucp_worker_release_address(worker_, worker_address);
-  address_ = EncodeUcxAddress(address);
-
-  progress_thread_ = std::thread([this] { ProgressLoop(); });
-  return absl::OkStatus();
+  return bytes;
 }
 
 UcxTransport::~UcxTransport() {
@@ -389,49 +268,62 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
     return absl::InvalidArgumentError("cannot connect a transport to its own address");
   }
   const bool same_host = parsed->host_key == host_key_;
-  // Validates the binding; returns OK with *done when it already exists.
-  auto check = [&](bool* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    *done = false;
-    if (closed_) return absl::FailedPreconditionError("transport closed");
-    auto it = peers_.find(peer);
-    if (it != peers_.end()) {
-      const Remote& bound = *it->second;
-      if (bound.state == Remote::State::kUp && bound.ep != nullptr) {
-        if (bound.token == parsed->token) {
-          *done = true;
-          return absl::OkStatus();
-        }
-        return absl::AlreadyExistsError(
-            absl::StrCat("peer ", peer, " is already bound to ", bound.where));
-      }
-    }
-    for (const auto& [id, remote] : peers_) {
-      if (id != peer && remote->token == parsed->token && remote->state == Remote::State::kUp &&
-          remote->ep != nullptr) {
-        return absl::AlreadyExistsError(absl::StrCat("that address is already bound to peer ", id));
-      }
-    }
-    auto remote = remotes_.find(parsed->token);
-    if (inbox_.Failed(parsed->token) ||
-        (remote != remotes_.end() && remote->second->state == Remote::State::kFailed)) {
-      return absl::UnavailableError(absl::StrCat("the process at that address failed"));
-    }
-    if (remote != remotes_.end() && remote->second->state == Remote::State::kClosing) {
-      return absl::FailedPreconditionError("that process is being disconnected");
-    }
-    return absl::OkStatus();
-  };
   {
     absl::MutexLock lock(&mu_);
     bool done = false;
-    absl::Status status = check(&done);
+    absl::Status status = CheckBindingLocked(peer, parsed->token, &done);
     if (!status.ok() || done) return status;
   }
+  std::string where;
+  absl::StatusOr<int> fd = DialPeer(peer, *parsed, same_host, &where);
+  if (!fd.ok()) return fd.status();
 
+  absl::MutexLock lock(&mu_);
+  bool done = false;
+  absl::Status status = CheckBindingLocked(peer, parsed->token, &done);
+  if (status.ok() && !done) status = BindLocked(peer, *parsed, same_host, *fd, where);
+  if (!status.ok() || done) close(*fd);
+  return status;
+}
+
+absl::Status UcxTransport::CheckBindingLocked(PeerId peer, uint64_t token, bool* done) {
+  *done = false;
+  if (closed_) return absl::FailedPreconditionError("transport closed");
+  auto it = peers_.find(peer);
+  if (it != peers_.end()) {
+    const Remote& bound = *it->second;
+    if (bound.state == Remote::State::kUp && bound.ep != nullptr) {
+      if (bound.token == token) {
+        *done = true;
+        return absl::OkStatus();
+      }
+      return absl::AlreadyExistsError(
+          absl::StrCat("peer ", peer, " is already bound to ", bound.where));
+    }
+  }
+  for (const auto& [id, remote] : peers_) {
+    if (id != peer && remote->token == token && remote->state == Remote::State::kUp &&
+        remote->ep != nullptr) {
+      return absl::AlreadyExistsError(absl::StrCat("that address is already bound to peer ", id));
+    }
+  }
+  auto remote = remotes_.find(token);
+  if (inbox_.Failed(token) ||
+      (remote != remotes_.end() && remote->second->state == Remote::State::kFailed)) {
+    return absl::UnavailableError(absl::StrCat("the process at that address failed"));
+  }
+  if (remote != remotes_.end() && remote->second->state == Remote::State::kClosing) {
+    return absl::FailedPreconditionError("that process is being disconnected");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> UcxTransport::DialPeer(PeerId peer, const UcxAddress& address, bool same_host,
+                                           std::string* where) {
   // Loopback first for a process in our namespace; other hosts only through their real interfaces.
   std::vector<uint32_t> candidates;
   if (same_host) candidates.push_back(htonl(INADDR_LOOPBACK));
-  for (uint32_t ip : parsed->ips) {
+  for (uint32_t ip : address.ips) {
     if (!IsLoopbackIpv4(ip)) candidates.push_back(ip);
   }
   if (candidates.empty()) {
@@ -444,7 +336,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
     absl::Time attempt_deadline =
         std::min(deadline, absl::Now() + (deadline - absl::Now()) /
                                              static_cast<int64_t>(candidates.size() - i));
-    fd = DialLiveness(candidates[i], parsed->port, token_, parsed->token, attempt_deadline);
+    fd = DialLiveness(candidates[i], address.port, token_, address.token, attempt_deadline);
     if (fd.ok()) break;
     absl::StrAppend(&errors, errors.empty() ? "" : "; ", fd.status().message());
   }
@@ -454,34 +346,30 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   sockaddr_in sa = {};
   socklen_t len = sizeof(sa);
   getpeername(*fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  const std::string where = absl::StrCat(Ipv4String(sa.sin_addr.s_addr), ":", parsed->port);
+  *where = absl::StrCat(Ipv4String(sa.sin_addr.s_addr), ":", address.port);
+  return fd;
+}
 
-  absl::MutexLock lock(&mu_);
-  bool done = false;
-  absl::Status status = check(&done);
-  if (!status.ok() || done) {
-    close(*fd);
-    return status;
-  }
-  std::shared_ptr<Remote>& remote = remotes_[parsed->token];
+absl::Status UcxTransport::BindLocked(PeerId peer, const UcxAddress& address, bool same_host,
+                                      int fd, const std::string& where) {
+  std::shared_ptr<Remote>& remote = remotes_[address.token];
   if (remote == nullptr) {
     remote = std::make_shared<Remote>();
     remote->transport = this;
-    remote->token = parsed->token;
+    remote->token = address.token;
   }
   // Shared memory cannot report peer failures in UCX 1.13; everything else can.
   const bool peer_failure_mode = !same_host || !shared_memory_enabled_;
   ucp_ep_params_t ep_params = {};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.address = reinterpret_cast<const ucp_address_t*>(parsed->worker_address.data());
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(address.worker_address.data());
   ep_params.err_mode = peer_failure_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep_params.err_handler.cb = &UcxTransport::OnEndpointError;
   ep_params.err_handler.arg = remote.get();
   ucp_ep_h ep = nullptr;
   ucs_status_t ucs = ucp_ep_create(worker_, &ep_params, &ep);
   if (ucs != UCS_OK) {
-    close(*fd);
     return absl::UnavailableError(
         absl::StrCat("ucp_ep_create for peer ", peer, " at ", where, ": ", ucs_status_string(ucs)));
   }
@@ -495,11 +383,11 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
   remote->state = Remote::State::kUp;
   peers_[peer] = remote;
   auto conn = std::make_unique<Conn>();
-  conn->fd = *fd;
+  conn->fd = fd;
   conn->serial = next_conn_serial_++;
-  conn->token = parsed->token;
-  conns_[*fd] = std::move(conn);
-  inbox_.Bind(parsed->token, peer);
+  conn->token = address.token;
+  conns_[fd] = std::move(conn);
+  inbox_.Bind(address.token, peer);
   Wake();
   return absl::OkStatus();
 }
@@ -604,18 +492,11 @@ void UcxTransport::Close() {
     ProgressLocked();
     const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
-    absl::MutexLock lend_lock(&lender_->mu);  // from here on borrowers wait, then see the orphan
-    for (void* data : lender_->TakeReturned()) ucp_am_data_release(worker_, data);
-    if (lender_->outstanding > 0) {
-      // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory:
-      // the last one given back destroys the worker and the context.
-      lender_->orphan_worker = worker_;
-      lender_->orphan_context = context_;
-      context_ = nullptr;
-    } else {
-      ucp_worker_destroy(worker_);
-    }
+    // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory: the
+    // last one given back destroys the worker and the context (at once when none is borrowed).
+    lender_.Retire(std::make_unique<UcxRetiree>(worker_, context_));
     worker_ = nullptr;
+    context_ = nullptr;
   }
   if (context_ != nullptr) ucp_cleanup(context_);
   context_ = nullptr;
@@ -659,7 +540,7 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
   for (Remote* remote : closing) {
     for (auto& [fd, conn] : conns_) {
       if (conn->token != remote->token || conn->awaiting_ack) continue;
-      if (WriteFrame(fd, kBye, token_)) {
+      if (WriteLivenessFrame(fd, kBye, token_)) {
         conn->awaiting_ack = true;
         ++remote->acks_awaited;
       }
@@ -770,7 +651,7 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
     // UCX signals the event fd for receives and completions; the short timeout while operations
     // are pending is a safety net for the few internal events that do not.
     const bool busy = !sends_.empty() || !recvs_.empty() || pending_closes_ > 0;
-    timeout_ms = std::min(busy ? 1 : 100, MillisUntil(until));
+    timeout_ms = std::min(busy ? 1 : 100, PollTimeoutMillis(until));
   }
   if (poll(poll_fds_.data(), poll_fds_.size(), timeout_ms) < 0 && errno != EINTR) {
     PLOG(ERROR) << "poll";
@@ -795,13 +676,8 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
 }
 
 void UcxTransport::ReleaseReturnedLocked() {
-  if (!lender_->any_returned.load(std::memory_order_acquire)) return;
-  std::vector<void*> returned;
-  {
-    absl::MutexLock lock(&lender_->mu);
-    returned = lender_->TakeReturned();
-  }
-  for (void* data : returned) ucp_am_data_release(worker_, data);
+  if (!lender_.AnyReturned()) return;
+  for (void* data : lender_.TakeReturned()) ucp_am_data_release(worker_, data);
 }
 
 bool UcxTransport::ProgressLocked() {
@@ -835,9 +711,8 @@ bool UcxTransport::ProgressLocked() {
 
 void UcxTransport::AcceptLocked() {
   for (;;) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = AcceptLiveness(listen_fd_);
     if (fd < 0) return;
-    SetKeepalive(fd);
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
     conn->serial = next_conn_serial_++;
@@ -856,15 +731,15 @@ void UcxTransport::ReadConnLocked(int fd) {
   Conn* conn = conns_[fd].get();
   conn->buffer.append(buf, n);
   const uint64_t serial = conn->serial;
-  while (conn->buffer.size() >= kFrameSize) {
+  while (conn->buffer.size() >= kLivenessFrameSize) {
     uint32_t type = 0;
     uint64_t token = 0;
-    if (!ParseFrame(conn->buffer.substr(0, kFrameSize), &type, &token)) {
+    if (!ParseLivenessFrame(conn->buffer.substr(0, kLivenessFrameSize), &type, &token)) {
       LOG(WARNING) << "UCX transport: garbage on a liveness socket; closing it";
       ConnLostLocked(fd);
       return;
     }
-    conn->buffer.erase(0, kFrameSize);
+    conn->buffer.erase(0, kLivenessFrameSize);
     HandleFrameLocked(*conn, type, token);
     auto still = conns_.find(fd);
     if (still == conns_.end() || still->second->serial != serial) return;
@@ -896,7 +771,7 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
       // until our Connect.
       remote->state = Remote::State::kUp;
       conn.token = token;
-      if (!WriteFrame(conn.fd, kHelloAck, token_)) ConnLostLocked(conn.fd);
+      if (!WriteLivenessFrame(conn.fd, kHelloAck, token_)) ConnLostLocked(conn.fd);
       return;
     }
     case kBye: {
@@ -904,7 +779,7 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
       if (it == remotes_.end()) return;
       Remote& remote = *it->second;
       if (remote.state == Remote::State::kClosing) {
-        WriteFrame(conn.fd, kByeAck, token_);  // both sides are closing
+        WriteLivenessFrame(conn.fd, kByeAck, token_);  // both sides are closing
       } else if (remote.state == Remote::State::kUp) {
         PeerClosingLocked(remote);
       }
@@ -957,7 +832,7 @@ void UcxTransport::PeerClosingLocked(Remote& remote) {
 
 void UcxTransport::AcknowledgeByeLocked(Remote& remote) {
   for (const auto& [fd, conn] : conns_) {
-    if (conn->token == remote.token) WriteFrame(fd, kByeAck, token_);
+    if (conn->token == remote.token) WriteLivenessFrame(fd, kByeAck, token_);
   }
   CloseConnsOfLocked(remote.token);
 }
@@ -1041,14 +916,7 @@ ucs_status_t UcxTransport::OnActiveMessage(void* arg, const void* header, size_t
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0 &&
       reinterpret_cast<uintptr_t>(data) % kLentAlignment == 0) {
     // Read where UCX put it (ucx_transport.h, "Receiving in place").
-    {
-      absl::MutexLock lock(&self->lender_->mu);
-      ++self->lender_->outstanding;
-    }
-    self->inbox_.Deliver(token, MessageBytes::Lent(static_cast<const char*>(data), length,
-                                                   [lender = self->lender_, data] {
-                                                     lender->GiveBack(data);
-                                                   }));
+    self->inbox_.Deliver(token, self->lender_.Lend(static_cast<const char*>(data), length));
     return UCS_INPROGRESS;
   }
   self->inbox_.Deliver(token, std::string(static_cast<const char*>(data), length));

@@ -6,7 +6,8 @@
 // Liveness. Every Transport listens on a plain TCP socket, and each Connect opens one to the peer
 // (one more per direction when both sides connect). The kernel closes it the moment a process dies,
 // even on SIGKILL, so its EOF without a goodbye is the failure signal; it works for shared memory,
-// where UCX 1.13 refuses peer-failure mode (UCP_ERR_HANDLING_MODE_PEER) on posix endpoints.
+// where UCX 1.13 refuses peer-failure mode (UCP_ERR_HANDLING_MODE_PEER) on posix endpoints
+// (the socket's frames and calls: liveness_socket.h).
 // Keepalive probes (about 5 s) cover a host that vanishes. Endpoints to peers that cannot be on
 // shared memory (another host or network namespace, or UCX_TLS without shared memory) are created
 // in peer-failure mode, so UCX reports a broken link too and cancels pending sends.
@@ -31,7 +32,7 @@
 // messages over TCP) or hands out at an address that is not 8-byte aligned (moe_wire's in-place
 // decoding needs 4) is copied into a std::string, and a rendezvous message is fetched straight into
 // one. A buffer still borrowed when the Transport is destroyed keeps UCX's worker alive until it
-// is given back; the last one destroys the worker.
+// is given back; the last one destroys the worker (the books: buffer_lender.h).
 //
 // Memory. Sent messages are std::strings, so with glibc's default malloc every buffer of 128 KiB or
 // more is a fresh mmap whose page faults cost more than the copy (3-10x slower rounds at 256 KiB on
@@ -62,7 +63,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/buffer_lender.h"
 #include "cluster/inbox.h"
+#include "cluster/ucx_address.h"
 #include "cluster/transport.h"
 
 namespace k3 {
@@ -116,10 +119,23 @@ class UcxTransport final : public Transport {
   struct SendOp;
   struct RecvOp;
   struct CloseOp;
-  struct Lender;
 
   explicit UcxTransport(const UcxTransportOptions& options);
+  // Init's steps: the liveness listener, then UCX's context and worker, then the address.
   absl::Status Init();
+  absl::Status CreateWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> WorkerAddressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Connect's steps. Whether `peer` may be bound to the process `token`; OK with *done when it
+  // already is (checked before dialing and again after, since the lock is not held between).
+  absl::Status CheckBindingLocked(PeerId peer, uint64_t token, bool* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the liveness socket to `address` (the caller owns it); *where: the ip:port reached.
+  absl::StatusOr<int> DialPeer(PeerId peer, const UcxAddress& address, bool same_host,
+                               std::string* where);
+  // Creates the endpoint and binds `peer` to it; takes `fd` (the liveness socket) only on success.
+  absl::Status BindLocked(PeerId peer, const UcxAddress& address, bool same_host, int fd,
+                          const std::string& where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ProgressLoop();
   // Takes the baton for a Receive caller unless another thread keeps it; then drives once.
@@ -181,8 +197,9 @@ class UcxTransport final : public Transport {
   std::set<SendOp*> sends_ ABSL_GUARDED_BY(mu_);
   std::set<RecvOp*> recvs_ ABSL_GUARDED_BY(mu_);
   int pending_closes_ ABSL_GUARDED_BY(mu_) = 0;
-  // UCX receive buffers lent out as Received::bytes (shared with their borrowers).
-  const std::shared_ptr<Lender> lender_;
+  // The books of UCX's receive buffers lent out as Received::bytes (shared with their borrowers,
+  // who may outlive the transport).
+  BufferLender lender_;
   // Endpoints of failed peers, force-closed after the current progress call returns.
   std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
