@@ -104,6 +104,11 @@ void Inbox::Fail(uint64_t token, const absl::Status& error) {
   queue_.push_back(std::move(entry));
 }
 
+size_t Inbox::Queued() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
 bool Inbox::Failed(uint64_t token) const {
   absl::MutexLock lock(&mu_);
   return failed_.count(token) > 0;

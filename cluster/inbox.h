@@ -68,6 +68,9 @@ class Inbox {
   // Wakes Receive calls: once the queue has nothing deliverable they return CANCELLED.
   void Close();
 
+  // Messages and events of bound senders not yet received (those still arriving included).
+  size_t Queued() const;
+
  private:
   using Entry = InboxEntry;
 

@@ -1,5 +1,7 @@
 #include "cluster/inbox.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <string>
 #include <thread>
@@ -97,16 +99,33 @@ TEST(InboxTest, FailureOfAnUnboundSenderDropsItsHeldMessagesSilently) {
   EXPECT_EQ(inbox.Receive(Soon()).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST(InboxTest, QueuedCountsWhatBoundSendersQueuedUntilReceived) {
+  Inbox inbox;
+  inbox.Bind(100, 1);
+  inbox.Deliver(100, "a");
+  inbox.Reserve(100);  // still arriving: queued too
+  inbox.Deliver(200, "held");  // unbound: not queued for Receive
+  EXPECT_EQ(inbox.Queued(), 2u);
+  inbox.Bind(200, 2);
+  EXPECT_EQ(inbox.Queued(), 3u);
+  ASSERT_TRUE(inbox.Receive(Soon()).ok());
+  EXPECT_EQ(inbox.Queued(), 2u);
+}
+
 TEST(InboxTest, ReceiveWakesOnDeliveryAndOnClose) {
   Inbox inbox;
   inbox.Bind(100, 1);
+  const pid_t receiver = gettid();
+  std::atomic<bool> first_received{false};
+  // Each event comes only once the receiver sleeps in Receive, so that it is what wakes it.
   std::thread sender([&] {
-    absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(WaitFor([&] { return ThreadIsAsleep(receiver); }));
     inbox.Deliver(100, "x");
-    absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(WaitFor([&] { return first_received.load() && ThreadIsAsleep(receiver); }));
     inbox.Close();
   });
   absl::StatusOr<Received> first = inbox.Receive(absl::Now() + absl::Seconds(10));
+  first_received = true;
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->bytes, "x");
   absl::Time start = absl::Now();

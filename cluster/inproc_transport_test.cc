@@ -1,9 +1,12 @@
 #include "cluster/inproc_transport.h"
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "cluster/test_wait.h"
 #include "gtest/gtest.h"
 
 namespace k3 {
@@ -107,8 +110,10 @@ TEST(InProcTransportTest, DisconnectClosesBothDirectionsAndAllowsRebinding) {
 TEST(InProcTransportTest, CloseWakesABlockedReceive) {
   InProcNetwork network;
   std::unique_ptr<InProcTransport> a = network.CreateTransport();
+  const pid_t receiver = gettid();
   std::thread closer([&] {
-    absl::SleepFor(absl::Milliseconds(20));
+    // Close only once the receiver sleeps in Receive, so that Close is what wakes it.
+    EXPECT_TRUE(WaitFor([&] { return ThreadIsAsleep(receiver); }));
     a->Close();
   });
   EXPECT_EQ(a->Receive(absl::Now() + absl::Seconds(10)).status().code(),

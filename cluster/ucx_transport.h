@@ -113,6 +113,9 @@ class UcxTransport final : public Transport {
   absl::StatusOr<Received> Receive(absl::Time deadline) override;
   void Close() override;
 
+  // Messages and events in the Inbox that Receive has not handed out yet (for tests).
+  size_t QueuedForReceive() const { return inbox_.Queued(); }
+
  private:
   struct Remote;
   struct Conn;

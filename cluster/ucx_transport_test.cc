@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <atomic>
 #include <deque>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -308,17 +307,6 @@ TEST(UcxTransportTest, ReceiveHonorsItsDeadline) {
   }
 }
 
-// Whether thread `tid` of this process is asleep in the kernel (state S: blocked in poll, on a
-// futex, ...), as opposed to running.
-bool Asleep(pid_t tid) {
-  std::ifstream stat(absl::StrCat("/proc/self/task/", tid, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  // "tid (comm) S ...": the state follows the command name's closing parenthesis.
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
-}
-
 TEST(UcxTransportTest, CloseWakesABlockedReceive) {
   std::unique_ptr<UcxTransport> transport = MakeTransport(kShm);
   ASSERT_NE(transport, nullptr);
@@ -329,7 +317,7 @@ TEST(UcxTransportTest, CloseWakesABlockedReceive) {
     result = transport->Receive(absl::Now() + absl::Seconds(20)).status();
   });
   // Close only once the receiver has gone to sleep inside Receive.
-  ASSERT_TRUE(WaitFor([&] { return receiver_tid != 0 && Asleep(receiver_tid); }));
+  ASSERT_TRUE(WaitFor([&] { return receiver_tid != 0 && ThreadIsAsleep(receiver_tid); }));
   const absl::Time start = absl::Now();
   transport->Close();
   receiver.join();
@@ -424,7 +412,7 @@ void ReceivedBuffersAreLentAndOutliveTheTransport(const Wire& wire, int min_lent
   EXPECT_GE(lent, min_lent) << "UCX lent too few of the eager messages";
   // One more on its way when the transport closes: it stays in the Inbox and is freed with it.
   ASSERT_TRUE(transport->Send(5, Pattern(0, 5, 99, 2048)).ok());
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(WaitFor([&] { return transport->QueuedForReceive() == 1; }));
   transport.reset();
   for (size_t k = 0; k < kept.size(); ++k) {
     EXPECT_TRUE(kept[k].view() == Pattern(0, 5, static_cast<int>(k), sizes[k])) << "message " << k;

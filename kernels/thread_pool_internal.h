@@ -39,6 +39,9 @@ class ThreadPool {
   void Wake();
 
   int size() const { return threads_; }
+  // Workers blocked on the condition variable (or about to, holding its mutex), which only a
+  // notify wakes; for tests that need them there.
+  int BlockedWorkers() const { return sleepers_.load(); }
 
  private:
   struct Job {

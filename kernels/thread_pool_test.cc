@@ -99,11 +99,20 @@ size_t ThreadsOfAJobNeedingAll(ThreadPool& pool) {
   return ids.size();
 }
 
+// Waits until `workers` workers of `pool` are blocked (they stopped spinning); false after 5 s.
+bool WaitUntilBlocked(const ThreadPool& pool, int workers) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (pool.BlockedWorkers() < workers) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 TEST(ThreadPoolTest, WorkersWakeAfterBlocking) {
   ThreadPool pool(2);
   for (int call = 0; call < 3; ++call) {
-    // Long enough for the worker to stop spinning and block.
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(WaitUntilBlocked(pool, 1)) << "call " << call;
     EXPECT_EQ(ThreadsOfAJobNeedingAll(pool), 2u) << "call " << call;
   }
 }
@@ -142,7 +151,7 @@ TEST(ThreadPoolTest, RestingWorkersLeaveJobsToTheCallerUntilWoken) {
   pool.ParallelFor(3, 1, [&](int64_t, int64_t) { ids.insert(std::this_thread::get_id()); });
   EXPECT_EQ(ids, std::set<std::thread::id>{std::this_thread::get_id()});
   // Woken (after they blocked), a job that needs all three threads gets them.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(WaitUntilBlocked(pool, 2));
   pool.Wake();
   EXPECT_EQ(ThreadsOfAJobNeedingAll(pool), 3u);
 }
