@@ -17,9 +17,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "cluster/liveness_socket.h"
 #include "cluster/ucx_address.h"
+#include "cluster/ucx_worker.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -38,65 +38,6 @@ std::string HostKey() {
   struct stat st = {};
   uint64_t netns = stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;
   return absl::StrCat(boot_id, "/", netns);
-}
-
-// Whether UCX may pick a shared-memory transport under `tls` (UCX_TLS syntax).
-bool SharedMemoryEnabled(std::string tls) {
-  if (tls.empty()) {
-    const char* env = getenv("UCX_TLS");
-    tls = env == nullptr ? "" : env;
-  }
-  if (tls.empty()) return true;
-  bool exclude = tls[0] == '^';
-  if (exclude) tls.erase(0, 1);
-  std::set<std::string> names;
-  for (absl::string_view name : absl::StrSplit(tls, ',')) names.insert(std::string(name));
-  if (exclude)
-    return !(names.count("sm") || names.count("shm") ||
-             (names.count("posix") && names.count("sysv")));
-  for (const char* name : {"all", "sm", "shm", "posix", "sysv"}) {
-    if (names.count(name)) return true;
-  }
-  return false;
-}
-
-// Keeps UCX's worker and context alive past a transport that closed while received buffers were
-// still lent (they point into the worker's memory), and frees those buffers as they come back.
-class UcxRetiree final : public BufferLender::Retiree {
- public:
-  UcxRetiree(ucp_worker_h worker, ucp_context_h context) : worker_(worker), context_(context) {}
-  ~UcxRetiree() override {
-    ucp_worker_destroy(worker_);
-    if (context_ != nullptr) ucp_cleanup(context_);
-  }
-  void Release(void* buffer) override { ucp_am_data_release(worker_, buffer); }
-
- private:
-  const ucp_worker_h worker_;
-  const ucp_context_h context_;
-};
-
-// UCX's configuration (from its environment) with `options` applied; the caller releases it.
-absl::StatusOr<ucp_config_t*> ReadUcxConfig(const UcxTransportOptions& options) {
-  ucp_config_t* config = nullptr;
-  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
-  if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_config_read: ", ucs_status_string(status)));
-  }
-  if (!options.tls.empty()) status = ucp_config_modify(config, "TLS", options.tls.c_str());
-  if (status == UCS_OK && !options.net_devices.empty()) {
-    status = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
-  }
-  if (status == UCS_OK && !options.eager_limit.empty() && getenv("UCX_RNDV_THRESH") == nullptr) {
-    status = ucp_config_modify(config, "RNDV_THRESH", options.eager_limit.c_str());
-  }
-  if (status != UCS_OK) {
-    ucp_config_release(config);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UCX options tls='", options.tls, "' net_devices='", options.net_devices,
-        "' eager_limit='", options.eager_limit, "': ", ucs_status_string(status)));
-  }
-  return config;
 }
 
 }  // namespace
@@ -182,64 +123,20 @@ absl::Status UcxTransport::Init() {
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
 
   absl::MutexLock lock(&mu_);
-  absl::Status status = CreateWorkerLocked();
-  if (!status.ok()) return status;
-  absl::StatusOr<std::string> worker_address = WorkerAddressLocked();
+  absl::StatusOr<UcxWorker> ucx =
+      CreateUcxWorker({options_.tls, options_.net_devices, options_.eager_limit}, kAmId,
+                      &UcxTransport::OnActiveMessage, this);
+  if (!ucx.ok()) return ucx.status();
+  context_ = ucx->context;
+  worker_ = ucx->worker;
+  worker_fd_ = ucx->event_fd;
+  absl::StatusOr<std::string> worker_address = UcxWorkerAddress(worker_);
   if (!worker_address.ok()) return worker_address.status();
   address.worker_address = *std::move(worker_address);
   address_ = EncodeUcxAddress(address);
 
   progress_thread_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
-}
-
-absl::Status UcxTransport::CreateWorkerLocked() {
-  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(options_);
-  if (!config.ok()) return config.status();
-  ucp_params_t params = {};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  ucs_status_t status = ucp_init(&params, *config, &context_);
-  ucp_config_release(*config);
-  if (status != UCS_OK) {
-    context_ = nullptr;
-    return absl::UnavailableError(
-        absl::StrCat("ucp_init (tls='", options_.tls, "'): ", ucs_status_string(status)));
-  }
-  ucp_worker_params_t worker_params = {};
-  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
-  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  worker_params.events = UCP_WAKEUP_RX | UCP_WAKEUP_TX;
-  status = ucp_worker_create(context_, &worker_params, &worker_);
-  if (status != UCS_OK) {
-    worker_ = nullptr;
-    return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(status)));
-  }
-  ucp_am_handler_param_t handler = {};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kAmId;
-  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
-  handler.cb = &UcxTransport::OnActiveMessage;
-  handler.arg = this;
-  status = ucp_worker_set_am_recv_handler(worker_, &handler);
-  if (status == UCS_OK) status = ucp_worker_get_efd(worker_, &worker_fd_);
-  if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat("UCX worker setup: ", ucs_status_string(status)));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> UcxTransport::WorkerAddressLocked() {
-  ucp_address_t* worker_address = nullptr;
-  size_t worker_address_size = 0;
-  ucs_status_t status = ucp_worker_get_address(worker_, &worker_address, &worker_address_size);
-  if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_worker_get_address: ", ucs_status_string(status)));
-  }
-  std::string bytes(reinterpret_cast<const char*>(worker_address), worker_address_size);
-  ucp_worker_release_address(worker_, worker_address);
-  return bytes;
 }
 
 UcxTransport::~UcxTransport() {
@@ -467,19 +364,11 @@ void UcxTransport::Close() {
     auto closes_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_closes_ == 0; };
     mu_.AwaitWithDeadline(absl::Condition(&closes_done), absl::Now() + options_.close_timeout);
   }
-  {
-    absl::MutexLock lock(&baton_mu_);
-    stopping_ = true;
-  }
+  baton_.Stop();
   Wake();
   if (progress_thread_.joinable()) progress_thread_.join();
-  {
-    // Keep the baton for good: no Receive caller may touch the worker from now on.
-    absl::MutexLock lock(&baton_mu_);
-    auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) { return !driving_; };
-    baton_mu_.Await(absl::Condition(&free));
-    driving_ = true;
-  }
+  // Keep the baton for good: no Receive caller may touch the worker from now on.
+  baton_.TakeForGood();
 
   absl::MutexLock lock(&mu_);
   if (worker_ != nullptr) {
@@ -494,12 +383,10 @@ void UcxTransport::Close() {
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
     // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory: the
     // last one given back destroys the worker and the context (at once when none is borrowed).
-    lender_.Retire(std::make_unique<UcxRetiree>(worker_, context_));
+    lender_.Retire(std::make_unique<UcxRetiree>(UcxWorker{context_, worker_, worker_fd_}));
     worker_ = nullptr;
     context_ = nullptr;
   }
-  if (context_ != nullptr) ucp_cleanup(context_);
-  context_ = nullptr;
   // The worker is gone: operations it never completed will not call back.
   for (SendOp* op : sends_) delete op;
   sends_.clear();
@@ -564,51 +451,17 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
 }
 
 void UcxTransport::ProgressLoop() {
-  // After a receiver drove, the progress thread leaves the baton alone this long, so that a loop
-  // of Receive calls keeps it without a hand-off each time.
-  constexpr absl::Duration kLinger = absl::Milliseconds(2);
   constexpr absl::Duration kMaxWait = absl::Milliseconds(100);
-  for (;;) {
-    {
-      absl::MutexLock lock(&baton_mu_);
-      auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) {
-        return stopping_ || (!driving_ && receivers_waiting_ == 0);
-      };
-      baton_mu_.Await(absl::Condition(&free));
-      if (stopping_) return;
-      const absl::Duration rest = last_receiver_drive_ + kLinger - absl::Now();
-      if (rest > absl::ZeroDuration()) {
-        baton_mu_.AwaitWithTimeout(absl::Condition(&stopping_), rest);
-        continue;
-      }
-      driving_ = true;
-    }
+  while (baton_.TakeForProgress()) {
     DriveOnce(absl::Now() + kMaxWait, absl::ZeroDuration());
-    absl::MutexLock lock(&baton_mu_);
-    driving_ = false;
+    baton_.ReleaseFromProgress();
   }
 }
 
 bool UcxTransport::TryDrive(absl::Time deadline) {
-  {
-    absl::MutexLock lock(&baton_mu_);
-    if (stopping_) return false;
-    if (driving_) {
-      ++receivers_waiting_;
-      Wake();  // the holder returns from poll; the progress thread then yields
-      auto free = [this]()
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(baton_mu_) { return !driving_ || stopping_; };
-      baton_mu_.AwaitWithDeadline(absl::Condition(&free),
-                                  std::min(deadline, absl::Now() + absl::Milliseconds(5)));
-      --receivers_waiting_;
-      if (driving_ || stopping_) return false;
-    }
-    driving_ = true;
-  }
+  if (!baton_.TakeForReceiver(deadline, [this] { Wake(); })) return false;
   DriveOnce(std::min(deadline, absl::Now() + absl::Milliseconds(100)), options_.busy_poll);
-  absl::MutexLock lock(&baton_mu_);
-  driving_ = false;
-  last_receiver_drive_ = absl::Now();
+  baton_.ReleaseFromReceiver();
   return true;
 }
 

@@ -18,11 +18,12 @@
 //
 // Progress. One thread at a time drives the UCX worker and the sockets ("holds the baton"):
 // UCP_FEATURE_WAKEUP's event fd and the sockets go to poll(), so an idle Transport sleeps (after
-// at most `busy_poll` of polling). A thread blocked in Receive drives itself, so the message it waits for wakes it
-// directly; otherwise a progress thread drives (it steps aside while receivers drive, and for a
-// couple of milliseconds after, so a receive loop keeps the baton). Every UCX call is made under
-// one mutex (worker in UCS_THREAD_MODE_SERIALIZED); Send calls ucp_am_send_nbx directly, so a small
-// message costs no thread hop on the sending side either.
+// at most `busy_poll` of polling). A thread blocked in Receive drives itself, so the message it
+// waits for wakes it directly; otherwise a progress thread drives (it steps aside while receivers
+// drive, and for a couple of milliseconds after, so a receive loop keeps the baton: drive_baton.h).
+// Every UCX call is made under one mutex (worker in UCS_THREAD_MODE_SERIALIZED, ucx_worker.h);
+// Send calls ucp_am_send_nbx directly, so a small message costs no thread hop on the sending side
+// either.
 //
 // Receiving in place. A message that arrived eagerly (UCX copied it into its own receive buffer)
 // is handed out where it lies: Received::bytes borrows UCX's buffer, and destroying it gives the
@@ -64,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/buffer_lender.h"
+#include "cluster/drive_baton.h"
 #include "cluster/inbox.h"
 #include "cluster/ucx_address.h"
 #include "cluster/transport.h"
@@ -124,10 +126,7 @@ class UcxTransport final : public Transport {
   struct CloseOp;
 
   explicit UcxTransport(const UcxTransportOptions& options);
-  // Init's steps: the liveness listener, then UCX's context and worker, then the address.
   absl::Status Init();
-  absl::Status CreateWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::string> WorkerAddressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Connect's steps. Whether `peer` may be bound to the process `token`; OK with *done when it
   // already is (checked before dialing and again after, since the lock is not held between).
@@ -207,11 +206,8 @@ class UcxTransport final : public Transport {
   std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
 
-  absl::Mutex baton_mu_;  // never held together with mu_
-  bool driving_ ABSL_GUARDED_BY(baton_mu_) = false;
-  int receivers_waiting_ ABSL_GUARDED_BY(baton_mu_) = 0;
-  absl::Time last_receiver_drive_ ABSL_GUARDED_BY(baton_mu_) = absl::InfinitePast();
-  bool stopping_ ABSL_GUARDED_BY(baton_mu_) = false;
+  // Who drives UCX and the sockets now (its lock is never held together with mu_).
+  DriveBaton baton_;
   // Used only by the baton holder.
   std::vector<pollfd> poll_fds_;
   std::vector<uint64_t> poll_serials_;
