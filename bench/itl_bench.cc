@@ -31,8 +31,8 @@
 #include "engine/local_routed_moe.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "tools/random_model_folder.h"
 
 namespace k3::bench {
 namespace {
@@ -307,7 +307,7 @@ int Main(int argc, char** argv) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("k3serve-itl-bench-" + options.config);
   if (!std::filesystem::exists(dir / "config.json")) {
-    if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir.string()); !s.ok()) {
+    if (absl::Status s = WriteRandomModelFolder(*config, 1, dir.string()); !s.ok()) {
       std::fprintf(stderr, "itl_bench: %s\n", s.ToString().c_str());
       return 1;
     }

@@ -17,7 +17,6 @@
 #include "model/json_value.h"
 #include "model/mxfp4_quantize.h"
 #include "model/status_macros.h"
-#include "tokenizer/random_tokenizer.h"
 
 namespace k3 {
 namespace {
@@ -535,10 +534,6 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
   ModelConfig written_config = config;
   if (options.mxfp4) written_config.quantization = K3ReleaseQuantization();
   K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(written_config)));
-  if (config.vocab_size >= kSmallestTokenizerVocab) {
-    K3_RETURN_IF_ERROR(WriteRandomTokenizer(
-        dir, config.vocab_size, IsK3(config) ? TokenizerFamily::kK3 : TokenizerFamily::kKimi));
-  }
   const uint64_t total_bytes = plan.TotalBytes();
   K3_ASSIGN_OR_RETURN(
       const std::string weight_map,

@@ -71,10 +71,8 @@ struct RandomCheckpointOptions {
   bool headers_only = false;
 };
 
-// Writes DIR/config.json and the weights, and when the vocabulary has room for bytes and special
-// tokens (vocab_size >= kSmallestTokenizerVocab, tokenizer/random_tokenizer.h) a small tokenizer
-// that fits it (tiktoken.model, tokenizer_config.json; K3 or Kimi names as the config's family);
-// creates DIR if needed.
+// Writes DIR/config.json and the weights (nothing else: a folder with a tokenizer as well is
+// tools/random_model_folder.h's); creates DIR if needed.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, const std::string& dir,
                                    const RandomCheckpointOptions& options);
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, const std::string& dir,

@@ -30,7 +30,6 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
-#include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
@@ -38,6 +37,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/text_prompt.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -122,7 +122,7 @@ class AttentionServerTest : public ::testing::Test {
     fs::remove_all(dir);
     absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
     ASSERT_TRUE(config.ok());
-    ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir.string()).ok());
+    ASSERT_TRUE(WriteRandomModelFolder(*config, 11, dir.string()).ok());
     absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
@@ -463,7 +463,7 @@ TEST_F(AttentionServerTest, EosTokenEndsTheStreamUnlessIgnored) {
   ASSERT_NE(config->eos_token_id, eos);
   config->eos_token_id = eos;
   const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "attention_server_k3_tiny_eos";
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir.string()).ok());
+  ASSERT_TRUE(WriteRandomModelFolder(*config, 11, dir.string()).ok());
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir.string());
   ASSERT_TRUE(engine.ok()) << engine.status();
   GenerateOptions options;

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "engine/local_engine.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 
@@ -99,7 +99,7 @@ std::string RandomCheckpointDir(const std::string& config, uint64_t seed, bool m
   }
   RandomCheckpointOptions options;
   options.mxfp4 = mxfp4;
-  if (absl::Status s = WriteRandomCheckpoint(*model, seed, dir, options); !s.ok()) {
+  if (absl::Status s = WriteRandomModelFolder(*model, seed, dir, options); !s.ok()) {
     std::cerr << "writing " << dir << ": " << s << "\n";
     std::abort();
   }

@@ -16,7 +16,7 @@
 #include "engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -66,7 +66,7 @@ TEST(EnginePrefixCacheTest, ConversationsMatchWithoutTheCache) {
   absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
   ASSERT_TRUE(config.ok());
   const std::string dir = TempDir("engine_prefix_cache");
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, 41, dir, 1).ok());
+  ASSERT_TRUE(WriteRandomModelFolder(*config, 41, dir, 1).ok());
   absl::StatusOr<std::unique_ptr<LocalEngine>> cached = LocalEngine::Open(dir);
   absl::StatusOr<std::unique_ptr<LocalEngine>> plain = LocalEngine::Open(dir);
   ASSERT_TRUE(cached.ok() && plain.ok());

@@ -22,9 +22,9 @@
 #include "kernels/bf16.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
 #include "model/safetensors.h"
 #include "reference/k3_reference.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -90,7 +90,7 @@ TEST_P(EngineReferenceTest, LogitsMatchTheReferenceInPrefillAndDecode) {
   absl::StatusOr<ModelConfig> config = NamedConfig(GetParam());
   ASSERT_TRUE(config.ok()) << config.status();
   const std::string dir = TempDir(GetParam());
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, 17, dir, /*shards=*/1).ok());
+  ASSERT_TRUE(WriteRandomModelFolder(*config, 17, dir, /*shards=*/1).ok());
   CheckConfig(GetParam(), dir);
 }
 
@@ -114,7 +114,7 @@ TEST_P(EngineReferenceMxfp4Test, LogitsMatchTheReferenceInPrefillAndDecode) {
     RandomCheckpointOptions options;
     options.shards = shards;
     options.mxfp4 = true;
-    const absl::Status written = WriteRandomCheckpoint(*config, 19, dir, options);
+    const absl::Status written = WriteRandomModelFolder(*config, 19, dir, options);
     ASSERT_TRUE(written.ok()) << written;
     absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
@@ -141,7 +141,7 @@ TEST(EngineReferenceLongTest, PrefillAcrossKdaChunks) {
   absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
   ASSERT_TRUE(config.ok());
   const std::string dir = TempDir("long");
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, 29, dir, 1).ok());
+  ASSERT_TRUE(WriteRandomModelFolder(*config, 29, dir, 1).ok());
   CheckConfig("k3_tiny_70", dir, 70);
 }
 
@@ -270,7 +270,7 @@ TEST(EngineReferenceForeignCheckpointTest, F32AndF16CheckpointsFromOtherWriters)
   absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
   ASSERT_TRUE(config.ok());
   const std::string src = TempDir("foreign-src");
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, 23, src, /*shards=*/2).ok());
+  ASSERT_TRUE(WriteRandomModelFolder(*config, 23, src, /*shards=*/2).ok());
   const std::string f32 = TempDir("foreign-f32");
   Rewrite(src, f32, DType::kF32, 3);
   CheckConfig("k3_tiny_f32", f32);

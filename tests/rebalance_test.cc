@@ -30,10 +30,10 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/generate.grpc.pb.h"
 #include "tests/cluster_testing.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -57,7 +57,7 @@ std::string SkewedCheckpoint() {
   options.hot_experts = {0, 1, 2};
   options.hot_gate_scale = 4.0f;
   const absl::Status written =
-      WriteRandomCheckpoint(NamedConfig("k3-tiny").value(), 7, dir, options);
+      WriteRandomModelFolder(NamedConfig("k3-tiny").value(), 7, dir, options);
   EXPECT_TRUE(written.ok()) << written;
   return dir;
 }

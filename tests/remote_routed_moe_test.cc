@@ -21,10 +21,10 @@
 #include "cluster/inproc_transport.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
-#include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "engine/local_routed_moe.h"
 #include "moe/moe_wire.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -39,7 +39,7 @@ std::unique_ptr<ModelWeights> TinyWeights() {
   fs::remove_all(dir);
   absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
   EXPECT_TRUE(config.ok());
-  EXPECT_TRUE(WriteRandomCheckpoint(*config, 7, dir.string()).ok());
+  EXPECT_TRUE(WriteRandomModelFolder(*config, 7, dir.string()).ok());
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
   EXPECT_TRUE(checkpoint.ok()) << checkpoint.status();
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =

@@ -22,11 +22,11 @@
 #include "expert_nodes/expert_worker.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
-#include "model/random_checkpoint.h"
 #include "engine/local_routed_moe.h"
 #include "moe/moe_layer_map.h"
 #include "nlohmann/json.hpp"
 #include "router/gate.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -138,7 +138,7 @@ class RouterCoreTest : public ::testing::Test {
     absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
     ASSERT_TRUE(config.ok()) << config.status();
     const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/router_core_ckpt";
-    ASSERT_TRUE(WriteRandomCheckpoint(*config, 11, dir).ok());
+    ASSERT_TRUE(WriteRandomModelFolder(*config, 11, dir).ok());
     absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     checkpoint_ = new std::shared_ptr<const Checkpoint>(*std::move(checkpoint));

@@ -31,12 +31,12 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
-#include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
 #include "engine/local_routed_moe.h"
 #include "moe/moe_layer_map.h"
 #include "moe/moe_wire.h"
+#include "tools/random_model_folder.h"
 
 extern char** environ;
 
@@ -128,7 +128,7 @@ class RouterExpertTest : public ::testing::Test {
     absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
     ASSERT_TRUE(config.ok()) << config.status();
     model_dir_ = TmpDir() + "/router_expert_k3_tiny";
-    ASSERT_TRUE(WriteRandomCheckpoint(*config, 31, model_dir_).ok());
+    ASSERT_TRUE(WriteRandomModelFolder(*config, 31, model_dir_).ok());
     absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(model_dir_);
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     absl::StatusOr<std::unique_ptr<ModelWeights>> weights =

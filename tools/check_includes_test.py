@@ -19,7 +19,7 @@ SOURCE_ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__fi
 PLANTED = [
     ("moe/planted.h", "cluster/actor.h"),
     ("moe/planted.cc", "cluster/span_log.h"),
-    ("model/planted2.cc", "tokenizer/random_tokenizer.h"),  # a known breach's header, elsewhere
+    ("model/planted2.cc", "tokenizer/random_tokenizer.h"),  # what model/ once wrote checkpoints with
     ("base/planted.h", "cluster/actor.h"),
     ("moe/planted2.h", "router/router_core.h"),
     ("model/planted.cc", "tokenizer/tokenizer.h"),

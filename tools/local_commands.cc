@@ -14,11 +14,11 @@
 #include "cluster/security.h"
 #include "engine/local_engine.h"
 #include "model/config.h"
-#include "model/random_checkpoint.h"
 #include "proto/generate.pb.h"
 #include "router/qb_tool.h"
 #include "tokenizer/text_prompt.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/random_model_folder.h"
 
 namespace k3 {
 namespace {
@@ -137,7 +137,7 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
   write.mxfp4 = options.mxfp4;
   write.headers_only = options.headers_only;
   if (absl::Status s =
-          WriteRandomCheckpoint(*config, static_cast<uint64_t>(options.seed), options.out, write);
+          WriteRandomModelFolder(*config, static_cast<uint64_t>(options.seed), options.out, write);
       !s.ok()) {
     return Fail(s);
   }
