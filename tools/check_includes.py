@@ -76,16 +76,13 @@ def bazel_rules():
     """The same table as Bazel dependency rules for tools/check_layering.sh: for each package P
     with a limit, (name, "//P/...", forbidden) where forbidden names, as a `bazel query`
     expression, every project package P may not depend on directly: all but P, base/ and the
-    packages P may include, and the root package (//:k3serve). A package with a known include
-    breach into Q is not checked against Q here (the breach is its BUILD dep too)."""
+    packages P may include, and the root package (//:k3serve)."""
     rules = []
     for package, allowed in sorted(ALLOWED.items()):
         if allowed is None:
             continue
-        breached = {header.split("/", 1)[0] for rel, header in KNOWN_BREACHES
-                    if rel.split("/", 1)[0] == package}
         forbidden = [f"//{other}/..." for other in sorted(ALLOWED)
-                     if other not in allowed | breached | {package, "base"}]
+                     if other not in allowed | {package, "base"}]
         forbidden.append("//:all")
         may = ", ".join(f"{p}/" for p in sorted(allowed | {"base"}))
         rules.append((f"{package}/ may depend only on {may}", f"//{package}/...",
