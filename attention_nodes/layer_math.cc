@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "glog/logging.h"
+#include "kernels/bf16.h"
 #include "kernels/rms_norm.h"
 #include "kernels/simd.h"
 #include "kernels/thread_pool.h"
@@ -44,10 +45,7 @@ namespace {
 
 K3_VECTOR_CLONES
 void WidenBf16(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(&dst[i], &bits, sizeof(float));
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
 }
 
 // y += alpha · widen(w) for bf16 w, widening in registers.
@@ -64,12 +62,7 @@ void AxpyBf16(float alpha, const uint16_t* w, float* y, int64_t n) {
     std::memcpy(&wide, &bits, sizeof(wide));
     Store(y + i, Load(y + i) + alpha * wide);
   }
-  for (; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
-    float wide;
-    std::memcpy(&wide, &bits, sizeof(wide));
-    y[i] += alpha * wide;
-  }
+  for (; i < n; ++i) y[i] += alpha * Bf16ToFloat(w[i]);
 }
 
 // Scalar tails share the vector code's formulas, one lane at a time.
