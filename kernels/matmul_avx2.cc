@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "glog/logging.h"
 #include "kernels/matmul_internal.h"
@@ -25,6 +24,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/matmul_x86.h"
 #define K3_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
@@ -33,28 +34,10 @@ namespace k3::internal {
 #if defined(__x86_64__)
 namespace {
 
+using x86::Mxfp4Rows;
+using x86::PrefetchRowAhead;
+
 // ---- Row kernel -------------------------------------------------------------------------------
-
-constexpr int kMaxGroupTokens = 4;
-// Rows whose weights stay in L2 while the token groups take turns over them.
-constexpr int64_t kRowsSpan = 32;
-// Distance, in bytes along each weight row, of the software prefetch.
-constexpr int64_t kPrefetchBytes = 1024;
-
-// R * T <= 8 accumulators, leaving registers for the activations and the widened weights.
-template <int T>
-constexpr int RowsPerBlock() {
-  return T == 1 ? 8 : T == 2 ? 4 : 2;
-}
-static_assert(kRowsAlign % RowsPerBlock<1>() == 0);
-
-// As in the AVX-512 kernel: past the row's end, the same row of the next block (read next).
-template <int R>
-inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes) {
-  int64_t ahead = offset + kPrefetchBytes;
-  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
-  _mm_prefetch(static_cast<const char*>(row) + ahead, _MM_HINT_T0);
-}
 
 // The sums of four vectors in the four lanes of the result.
 K3_AVX2 inline __m128 SumsOf4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -107,7 +90,7 @@ K3_AVX2 inline void Bf16Step(const uint16_t* const (&w)[R], const float* const* 
 }
 
 // xp: T packed activation rows (zero past cols, up to a multiple of 32). R streams of P
-// consecutive rows each (see RowsGroup): stream r reads rows row + P r .. row + P r + P - 1.
+// consecutive rows each (see kernels/matmul_x86.h).
 template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
@@ -173,24 +156,15 @@ K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, flo
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
-struct Mxfp4Rows {
-  const uint8_t* codes;
-  const uint8_t* scales;
-};
-
 // E8M0 byte s -> 32 bytes: [0, 16) the low and [16, 32) the high bytes of the bf16 of E2M1 value
 // c times 2^(s - 127) (exact: see Mxfp4Units below). 8 KiB; the scales in use stay in L1.
 const uint8_t* Bf16ByteTables() {
   static const uint8_t* tables = [] {
     alignas(32) static uint8_t bytes[256 * 32];
-    for (int s = 0; s < 256; ++s) {
-      for (int c = 0; c < 16; ++c) {
-        const float value = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
-        uint32_t bits;
-        std::memcpy(&bits, &value, 4);
-        bytes[s * 32 + c] = static_cast<uint8_t>(bits >> 16);
-        bytes[s * 32 + 16 + c] = static_cast<uint8_t>(bits >> 24);
-      }
+    const uint32_t* scaled = x86::ScaledE2m1Bits();
+    for (int i = 0; i < 256 * 16; ++i) {
+      bytes[i / 16 * 32 + i % 16] = static_cast<uint8_t>(scaled[i] >> 16);
+      bytes[i / 16 * 32 + 16 + i % 16] = static_cast<uint8_t>(scaled[i] >> 24);
     }
     return bytes;
   }();
@@ -236,10 +210,7 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
   }
   const uint8_t* codes[R];
   const uint8_t* scales[R];
-  for (int r = 0; r < R; ++r) {
-    codes[r] = w->codes + (row + r) * cols / 2;
-    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
-  }
+  x86::Mxfp4RowStarts(*w, cols, row, codes, scales);
   const uint8_t* tables = Bf16ByteTables();
   const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   const __m256i low_nibble = _mm256_set1_epi8(0x0f);
@@ -274,68 +245,6 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 
-// Bytes of one weight row.
-inline int64_t RowBytes(const uint16_t*, int64_t cols) { return 2 * cols; }
-inline int64_t RowBytes(const float*, int64_t cols) { return 4 * cols; }
-
-// Rows [row_begin, row_end) for one group of T tokens. For one token, BF16 and F32 rows of
-// kShortRowBytes or less are read two at a time by 4 streams (8 accumulators), as in the AVX-512
-// kernel: a 1 KiB row ends before the prefetchers get going.
-constexpr int64_t kShortRowBytes = 1024;
-template <typename WT, int T>
-K3_AVX2 void RowsGroup(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
-                       bool accumulate, int64_t row_begin, int64_t row_end) {
-  constexpr int R = RowsPerBlock<T>();
-  int64_t row = row_begin;
-  if constexpr (T == 1 && !std::is_same_v<WT, Mxfp4Rows>) {
-    if (RowBytes(w, cols) <= kShortRowBytes) {
-      for (; row + R <= row_end; row += R) {
-        RowsBlock<T, R / 2, 2>(w, cols, xp, yt, accumulate, row);
-      }
-    }
-  }
-  for (; row + R <= row_end; row += R) RowsBlock<T, R, 1>(w, cols, xp, yt, accumulate, row);
-  for (; row < row_end; ++row) RowsBlock<T, 1, 1>(w, cols, xp, yt, accumulate, row);
-}
-
-// Rows [row_begin, row_end) for all tokens: spans of rows outside, token groups of up to 4 inside
-// (even sizes: 7 as 4 + 3), so that every group after the first finds the weights in cache.
-template <typename WT>
-K3_AVX2 void RowsRange(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
-                       int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
-  const int64_t groups = (tokens + kMaxGroupTokens - 1) / kMaxGroupTokens;
-  for (int64_t row = row_begin; row < row_end; row += kRowsSpan) {
-    const int64_t end = std::min(row_end, row + kRowsSpan);
-    int64_t t0 = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t t1 = tokens * (g + 1) / groups;
-      const float* const* x = xp + t0;
-      float* const* y = yt + t0;
-      switch (t1 - t0) {
-        case 1: RowsGroup<WT, 1>(w, cols, x, y, accumulate, row, end); break;
-        case 2: RowsGroup<WT, 2>(w, cols, x, y, accumulate, row, end); break;
-        case 3: RowsGroup<WT, 3>(w, cols, x, y, accumulate, row, end); break;
-        default: RowsGroup<WT, 4>(w, cols, x, y, accumulate, row, end); break;
-      }
-      t0 = t1;
-    }
-  }
-}
-
-K3_AVX2 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float* const* yt,
-                         int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
-  if (w.type == WeightType::kBf16) {
-    RowsRange(static_cast<const uint16_t*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
-              row_end);
-  } else if (w.type == WeightType::kMxfp4) {
-    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
-    RowsRange(&rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
-  } else {
-    RowsRange(static_cast<const float*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
-              row_end);
-  }
-}
-
 // RowKernel::pack_inputs: per 8 inputs, one shuffle takes the even (odd) ones of two vectors in
 // 128-bit-lane order and one 64-bit permute puts them in order.
 K3_AVX2 void PackRowInputs(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
@@ -360,6 +269,14 @@ K3_AVX2 void PackRowInputs(const float* x, int64_t x_stride, int64_t tokens, int
     }
   }
 }
+
+// This family for x86::RowsAnyType (kernels/matmul_x86.h): R * T <= 8 accumulators, leaving
+// registers for the activations and the widened weights; one token through short rows: 4 streams
+// of two rows.
+struct Avx2 : x86::RowBlockShape<4, 8, 4, 2, 2> {
+  template <int T, int R, int P, typename... Args>
+  K3_AVX2 static void Block(Args... args) { RowsBlock<T, R, P>(args...); }
+};
 
 // ---- Tiled kernel -----------------------------------------------------------------------------
 
@@ -404,20 +321,6 @@ struct Mxfp4Units {
   }
 };
 
-const uint32_t* ScaledE2m1Bits() {
-  static const uint32_t* tables = [] {
-    static uint32_t bits[256 * 16];
-    for (int s = 0; s < 256; ++s) {
-      for (int c = 0; c < 16; ++c) {
-        const float value = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
-        std::memcpy(&bits[s * 16 + c], &value, 4);
-      }
-    }
-    return bits;
-  }();
-  return tables;
-}
-
 // packed[u * 16 + r] = unit u0 + u of row row + r; zero for rows past `rows` and units past
 // `units` up to padded_units.
 template <typename Units>
@@ -426,21 +329,6 @@ void PackPanel(const Units& w, int64_t row, int64_t rows, int64_t u0, int64_t un
   for (int64_t r = 0; r < kPanelRows; ++r) {
     for (int64_t u = 0; u < padded_units; ++u) {
       packed[u * kPanelRows + r] = r < rows && u < units ? w(row + r, u0 + u) : 0;
-    }
-  }
-}
-
-// packed[(tile * kc + k) * 6 + t] = x[(tile * 6 + t) * x_stride + k], zero past `tokens` and kc.
-void PackTileInputs(const float* x, int64_t x_stride, int64_t tokens, int64_t kc,
-                    int64_t padded_kc, float* packed) {
-  for (int64_t tile = 0; tile * kTileTokens < tokens; ++tile) {
-    float* out = packed + tile * padded_kc * kTileTokens;
-    for (int t = 0; t < kTileTokens; ++t) {
-      const int64_t token = tile * kTileTokens + t;
-      const int64_t valid = token < tokens ? kc : 0;
-      const float* src = x + token * x_stride;
-      for (int64_t k = 0; k < valid; ++k) out[k * kTileTokens + t] = src[k];
-      for (int64_t k = valid; k < padded_kc; ++k) out[k * kTileTokens + t] = 0.0f;
     }
   }
 }
@@ -529,7 +417,8 @@ K3_AVX2 void TilesRange(const Units& w, int64_t cols, const float* x, int64_t x_
     for (int64_t u0 = 0; u0 < units_total; u0 += kBlockUnits) {
       const int64_t units = std::min(kBlockUnits, units_total - u0);
       const int64_t kc = std::min(units * kPer, cols - u0 * kPer);
-      PackTileInputs(x + m0 * x_stride + u0 * kPer, x_stride, mb, kc, units * kPer, packed_x);
+      x86::PackTileInputs<kTileTokens>(x + m0 * x_stride + u0 * kPer, x_stride, mb, kc,
+                                       units * kPer, packed_x);
       const bool add = accumulate || u0 > 0;
       for (int64_t row = row_begin; row < row_end; row += kPanelRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, row_end - row));
@@ -553,7 +442,7 @@ K3_AVX2 void TilesRange(const Units& w, int64_t cols, const float* x, int64_t x_
 }  // namespace
 
 const RowKernel& Avx2RowKernel() {
-  static const RowKernel kernel{PackRowInputs, PackMxfp4Inputs, RowsAnyType};
+  static const RowKernel kernel{PackRowInputs, PackMxfp4Inputs, x86::RowsAnyType<Avx2>};
   return kernel;
 }
 
@@ -565,7 +454,7 @@ void MatMulAvx2Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, in
                  tokens, y, y_stride, accumulate, begin, end);
     } else if (w.type == WeightType::kMxfp4) {
       TilesRange(Mxfp4Units{static_cast<const uint8_t*>(w.data), w.scales, w.cols,
-                            ScaledE2m1Bits()},
+                            x86::ScaledE2m1Bits()},
                  w.cols, x, x_stride, tokens, y, y_stride, accumulate, begin, end);
     } else {
       TilesRange(F32Units{static_cast<const float*>(w.data), w.cols}, w.cols, x, x_stride, tokens,

@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "glog/logging.h"
@@ -17,6 +16,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/matmul_x86.h"
 // GCC 12's AVX-512 headers initialize their "undefined" vectors from themselves (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -31,36 +32,16 @@ namespace {
 // ---- Row kernel -------------------------------------------------------------------------------
 //
 // Each block of R weight rows is read once from memory, as R sequential streams (one token through
-// short rows: R streams of two rows each, see RowsGroup), and dotted with the tokens in groups of
-// up to 4 (a second group finds the rows in L1/L2). Partial sums run along the input dimension in
-// vectors and are reduced at the end of the row. BF16 rows are loaded 32 inputs at a time and
-// widened with one shift (even inputs) and one mask (odd inputs); the activations are packed once
-// per call to match, each 32-input block as [16 even][16 odd].
+// short rows: R streams of two rows each, see x86::RowsGroup), and dotted with the tokens in
+// groups of up to 4 (a second group finds the rows in L1/L2). Partial sums run along the input
+// dimension in vectors and are reduced at the end of the row. BF16 rows are loaded 32 inputs at a
+// time and widened with one shift (even inputs) and one mask (odd inputs); the activations are
+// packed once per call to match, each 32-input block as [16 even][16 odd].
 
-// Distance, in bytes along each weight row, of the software prefetch.
-constexpr int64_t kPrefetchBytes = 1024;
+// The walk over spans, token groups and blocks is x86::RowsAnyType's (kernels/matmul_x86.h).
 
-// Prefetches the line kPrefetchBytes ahead of byte `offset` of a row of `row_bytes` in a block of
-// R consecutive rows. Past the row's end it continues in the same row of the next block, which
-// this thread reads next: the model's rows are often only 1-2 KB long, and without the wrap the
-// next block would start with every row's first lines missing.
-template <int R>
-inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes) {
-  int64_t ahead = offset + kPrefetchBytes;
-  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
-  _mm_prefetch(static_cast<const char*>(row) + ahead, _MM_HINT_T0);
-}
-constexpr int kMaxGroupTokens = 4;
-// Threads get multiples of kRowsAlign rows (a multiple of every R below); the token groups take
-// turns over spans of kRowsSpan rows, whose weights stay in L2 for the groups after the first.
-constexpr int64_t kRowsSpan = 32;
-
-// Rows per block for a group of T tokens: 8 weight streams for 1-2 tokens, 4 for 3-4 tokens
-// (16 accumulators and 8 activation vectors; 5 rows measured no faster).
-template <int T>
-constexpr int RowsPerBlock() {
-  return T <= 2 ? 8 : 4;
-}
+using x86::Mxfp4Rows;
+using x86::PrefetchRowAhead;
 
 // Keeps a loaded vector in a register: without this the compiler re-reads activations from memory
 // for every weight row, and the loads, not the multiplies, become the bottleneck.
@@ -102,7 +83,7 @@ K3_AVX512 inline void StoreSums(const __m512 (&acc)[R][T], float* const* yt, int
 }
 
 // xp: T packed activation rows (see PackRowInputs). R streams of P consecutive rows each (see
-// RowsGroup): stream r reads rows row + P r .. row + P r + P - 1 one after the other.
+// kernels/matmul_x86.h).
 template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp,
                          float* const* yt, bool accumulate, int64_t row) {
@@ -174,32 +155,16 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
-// MXFP4 rows (kernels/mxfp4.h): codes [rows, cols / 2] and scales [rows, cols / 32].
-struct Mxfp4Rows {
-  const uint8_t* codes;
-  const uint8_t* scales;
-};
-
-// E8M0 byte s -> the 16 E2M1 values times 2^(s - 127) (exact: powers of two), 64 bytes each, so
-// that a group's lookup table is one aligned load instead of a broadcast and a multiply. A
-// checkpoint's scales span a few dozen values, so the lines in use stay in L1.
-const float* ScaledE2m1Tables() {
-  static const float* tables = [] {
-    alignas(64) static float values[256 * 16];
-    for (int s = 0; s < 256; ++s) {
-      for (int c = 0; c < 16; ++c) {
-        values[s * 16 + c] = kE2m1Values[c] * E8m0Scale(static_cast<uint8_t>(s));
-      }
-    }
-    return values;
-  }();
-  return tables;
+// x86::ScaledE2m1Bits as the fp32 values (read by vector loads only).
+inline const float* ScaledE2m1Tables() {
+  return reinterpret_cast<const float*>(x86::ScaledE2m1Bits());
 }
 
 // xp: T packed activation rows, as for BF16: a 32-input group's 16 bytes of codes widen to one
 // 32-bit lane per byte, whose low nibble is the even input and high nibble the odd one. vpermps
 // reads only the low 4 bits of each index, so each half is one lookup in the E2M1 table already
-// multiplied by the group's scale (exact: a power of two). One row per stream (see RowsGroup).
+// multiplied by the group's scale (exact: a power of two). One row per stream (see
+// x86::RowsGroup).
 // REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
@@ -277,63 +242,6 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
   }
 }
 
-// Bytes of one weight row.
-inline int64_t RowBytes(const uint16_t*, int64_t cols) { return 2 * cols; }
-inline int64_t RowBytes(const float*, int64_t cols) { return 4 * cols; }
-
-// Rows [row_begin, row_end) for one group of T tokens. For one token, a stream (one of a block's
-// R) reads BF16 and F32 rows of kShortRowBytes or less two at a time, as one run of twice the
-// length: a 1 KiB row is only 16 lines, and one thread streamed such rows at 26-31 GB/s, two at a
-// time at 31-34 (scattered 0.5-8 MB matrices, alternating runs). Not MXFP4, whose product is bound
-// by instructions, not by the run length, and which measured slower with twice the accumulators.
-// More tokens would need more accumulators than there are registers.
-constexpr int64_t kShortRowBytes = 1024;
-template <typename WT, int T>
-K3_AVX512 void RowsGroup(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
-                         bool accumulate, int64_t row_begin, int64_t row_end) {
-  constexpr int R = RowsPerBlock<T>();
-  int64_t row = row_begin;
-  if constexpr (T == 1 && !std::is_same_v<WT, Mxfp4Rows>) {
-    if (RowBytes(w, cols) <= kShortRowBytes) {
-      for (; row + 2 * R <= row_end; row += 2 * R) {
-        RowsBlock<T, R, 2>(w, cols, xp, yt, accumulate, row);
-      }
-    }
-  }
-  for (; row + R <= row_end; row += R) RowsBlock<T, R, 1>(w, cols, xp, yt, accumulate, row);
-  for (; row < row_end; ++row) RowsBlock<T, 1, 1>(w, cols, xp, yt, accumulate, row);
-}
-
-template <typename WT>
-K3_AVX512 void RowsGroupAnySize(int group, const WT* w, int64_t cols, const float* const* xp,
-                                float* const* yt, bool accumulate, int64_t row_begin,
-                                int64_t row_end) {
-  switch (group) {
-    case 1: RowsGroup<WT, 1>(w, cols, xp, yt, accumulate, row_begin, row_end); break;
-    case 2: RowsGroup<WT, 2>(w, cols, xp, yt, accumulate, row_begin, row_end); break;
-    case 3: RowsGroup<WT, 3>(w, cols, xp, yt, accumulate, row_begin, row_end); break;
-    default: RowsGroup<WT, 4>(w, cols, xp, yt, accumulate, row_begin, row_end); break;
-  }
-}
-
-// Rows [row_begin, row_end) for all tokens: row blocks of the first group's size outside, token
-// groups inside, so that every group after the first finds the block's weights in cache.
-template <typename WT>
-K3_AVX512 void RowsRange(const WT* w, int64_t cols, const float* const* xp, float* const* yt,
-                         int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
-  // Even groups: 8 tokens as 4 + 4, 7 as 4 + 3, 6 as 3 + 3, 5 as 3 + 2.
-  const int64_t groups = (tokens + kMaxGroupTokens - 1) / kMaxGroupTokens;
-  for (int64_t row = row_begin; row < row_end; row += kRowsSpan) {
-    const int64_t end = std::min(row_end, row + kRowsSpan);
-    int64_t t0 = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t t1 = tokens * (g + 1) / groups;
-      RowsGroupAnySize(static_cast<int>(t1 - t0), w, cols, xp + t0, yt + t0, accumulate, row,
-                       end);
-      t0 = t1;
-    }
-  }
-}
 
 // Packs `tokens` activation rows for the bf16 row kernel: each block of 32 inputs as its 16 even
 // then its 16 odd inputs, zero-padded to padded_cols (a multiple of 32).
@@ -356,6 +264,14 @@ K3_AVX512 void PackRowInputs(const float* x, int64_t x_stride, int64_t tokens, i
     }
   }
 }
+
+// This family for x86::RowsAnyType (kernels/matmul_x86.h): 8 weight streams for 1-2 tokens, 4
+// for 3-4 tokens (16 accumulators and 8 activation vectors; 5 rows measured no faster); one token
+// through short rows: 8 streams of two rows.
+struct Avx512 : x86::RowBlockShape<8, 8, 8, 4, 4> {
+  template <int T, int R, int P, typename... Args>
+  K3_AVX512 static void Block(Args... args) { RowsBlock<T, R, P>(args...); }
+};
 
 // ---- Tiled kernel -----------------------------------------------------------------------------
 //
@@ -456,22 +372,6 @@ K3_AVX512 void PackWeights(const WT* w, int64_t cols, int64_t row, int64_t rows,
   }
 }
 
-// packed[(tile * kc + k) * 8 + t] = x[(tile * 8 + t) * x_stride + k] for k < kc and zero for
-// tokens past `tokens` and for k in [kc, padded_kc).
-void PackInputs(const float* x, int64_t x_stride, int64_t tokens, int64_t kc, int64_t padded_kc,
-                float* packed) {
-  for (int64_t tile = 0; tile * kTileTokens < tokens; ++tile) {
-    float* out = packed + tile * padded_kc * kTileTokens;
-    for (int t = 0; t < kTileTokens; ++t) {
-      const int64_t token = tile * kTileTokens + t;
-      const int64_t valid = token < tokens ? kc : 0;
-      const float* src = x + token * x_stride;
-      for (int64_t k = 0; k < valid; ++k) out[k * kTileTokens + t] = src[k];
-      for (int64_t k = valid; k < padded_kc; ++k) out[k * kTileTokens + t] = 0.0f;
-    }
-  }
-}
-
 // Adds (or stores) the accumulated tile into y: tokens [0, tokens), rows masked by `rows`.
 K3_AVX512 inline void StoreTile(const __m512 (&acc)[kTileTokens][3], float* y, int64_t y_stride,
                                 int tokens, const __mmask16 rows[3], bool accumulate) {
@@ -563,7 +463,8 @@ K3_AVX512 void TilesRange(const WT* w, int64_t cols, const float* x, int64_t x_s
     for (int64_t k0 = 0; k0 < cols; k0 += kInputs) {
       const int64_t kc = std::min(kInputs, cols - k0);
       const int64_t padded_kc = (kc + 1) / 2 * 2;  // whole bf16 pairs
-      PackInputs(x + m0 * x_stride + k0, x_stride, mb, kc, padded_kc, packed_x);
+      x86::PackTileInputs<kTileTokens>(x + m0 * x_stride + k0, x_stride, mb, kc, padded_kc,
+                                       packed_x);
       const bool add = accumulate || k0 > 0;
       for (int64_t row = row_begin; row < row_end; row += kTileRows) {
         const int64_t rows = std::min(kTileRows, row_end - row);
@@ -609,25 +510,10 @@ K3_AVX512 void TilesRange(const WT* w, int64_t cols, const float* x, int64_t x_s
   }
 }
 
-// RowKernel::rows for AVX-512.
-K3_AVX512 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float* const* yt,
-                           int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end) {
-  if (w.type == WeightType::kBf16) {
-    RowsRange(static_cast<const uint16_t*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
-              row_end);
-  } else if (w.type == WeightType::kMxfp4) {
-    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
-    RowsRange(&rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
-  } else {
-    RowsRange(static_cast<const float*>(w.data), w.cols, xp, yt, tokens, accumulate, row_begin,
-              row_end);
-  }
-}
-
 }  // namespace
 
 const RowKernel& Avx512RowKernel() {
-  static const RowKernel kernel{PackRowInputs, PackRowInputs, RowsAnyType};
+  static const RowKernel kernel{PackRowInputs, PackRowInputs, x86::RowsAnyType<Avx512>};
   return kernel;
 }
 
