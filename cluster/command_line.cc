@@ -108,6 +108,14 @@ void AddTlsFlags(CLI::App* app, TlsFlags* tls) {
                   "dialled)");
 }
 
+void AddClientSecurityFlags(CLI::App* app, CLI::Option* server, TlsFlags* tls,
+                            std::string* auth_token_file) {
+  AddTlsFlags(app, tls);
+  app->add_option("--auth-token-file", *auth_token_file,
+                  "with --server: file holding the bearer token the server requires")
+      ->needs(server);
+}
+
 CLI::Option* AddBoundedInt(CLI::App* app, const std::string& name, int64_t* value, int64_t min,
                            int64_t max, const std::string& help) {
   return AddBounded(app, name, value, min, max, help);

@@ -42,6 +42,11 @@ struct TlsFlags {
 // Declares --tls-cert, --tls-key, --tls-ca and --tls-server-name.
 void AddTlsFlags(CLI::App* app, TlsFlags* tls);
 
+// A client's flags for the server it calls: the TLS flags and --auth-token-file (the file holding
+// the bearer token the server requires), which needs `server` (its --server option).
+void AddClientSecurityFlags(CLI::App* app, CLI::Option* server, TlsFlags* tls,
+                            std::string* auth_token_file);
+
 // The flags every node role takes: --coordinator HOST:PORT and --model DIR (required), --host
 // (listen address, advertised unless a wildcard), --port (gRPC; 0 picks a free one),
 // --metrics-port (HTTP /metrics; -1: none, 0 picks one) and the TLS flags.

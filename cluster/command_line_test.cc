@@ -83,6 +83,30 @@ TEST(CommandLineTest, HelpListsEveryFlag) {
   }
 }
 
+struct ClientOptions {
+  std::string server;
+  TlsFlags tls;
+  std::string auth_token_file;
+};
+
+void AddClientOptions(CLI::App* app, ClientOptions* o) {
+  CLI::Option* server = app->add_option("--server", o->server, "server");
+  AddClientSecurityFlags(app, server, &o->tls, &o->auth_token_file);
+}
+
+TEST(CommandLineTest, ClientSecurityFlags) {
+  absl::StatusOr<ClientOptions> o = ParseFlags<ClientOptions>(
+      AddClientOptions, {"--server", "h:1", "--auth-token-file", "/t", "--tls-ca", "/ca"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->auth_token_file, "/t");
+  EXPECT_EQ(o->tls.ca, "/ca");
+  EXPECT_TRUE(o->tls.enabled());
+  // The token goes to a server: without --server it is a mistake, not a silent no-op.
+  o = ParseFlags<ClientOptions>(AddClientOptions, {"--auth-token-file", "/t"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("--server"), absl::string_view::npos) << o.status().message();
+}
+
 TEST(CommandLineTest, NearestName) {
   EXPECT_EQ(NearestName("--prot", {"--port", "--host"}), "--port");
   EXPECT_EQ(NearestName("--xyz", {"--port", "--host"}), "");

@@ -244,19 +244,30 @@ absl::StatusOr<MoeMessageKind> PeekMoeMessageKind(std::string_view bytes) {
 
 namespace {
 
-// Each writes every field of m and leaves room for `floats` row floats (no rows for a response
-// whose status is not OK: nullptr).
-float* Write(const MoeRequest& m, size_t floats, std::string* out) {
-  const size_t prefix = kHeaderBytes + 4 + 8 + 4 + TracesBytes(m.traces);
-  Writer w(out, RowsOffset(prefix) + floats * sizeof(float), MoeMessageKind::kMoeRequest,
-           m.step_id);
-  w.Put(m.layer);
-  w.Put(m.tokens);
-  w.Put(m.width);
-  w.PutTraces(m.traces);
+// The two requests share a frame: put_fields(w) writes `field_bytes` of fields after the header,
+// then come the traces and the rows.
+template <typename PutFields>
+float* WriteRequest(MoeMessageKind kind, uint64_t step_id, size_t field_bytes,
+                    const std::vector<TraceContext>& traces, size_t floats, std::string* out,
+                    const PutFields& put_fields) {
+  const size_t prefix = kHeaderBytes + field_bytes + TracesBytes(traces);
+  Writer w(out, RowsOffset(prefix) + floats * sizeof(float), kind, step_id);
+  put_fields(w);
+  w.PutTraces(traces);
   float* rows = w.LeaveRows(floats);
   w.Finish();
   return rows;
+}
+
+// Each writes every field of m and leaves room for `floats` row floats (no rows for a response
+// whose status is not OK: nullptr).
+float* Write(const MoeRequest& m, size_t floats, std::string* out) {
+  return WriteRequest(MoeMessageKind::kMoeRequest, m.step_id, 4 + 8 + 4, m.traces, floats, out,
+                      [&](Writer& w) {
+                        w.Put(m.layer);
+                        w.Put(m.tokens);
+                        w.Put(m.width);
+                      });
 }
 
 // The two responses share a layout.
@@ -282,24 +293,20 @@ float* Write(const ExpertResponse& m, size_t floats, std::string* out) {
 }
 
 float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
-  const size_t prefix = kHeaderBytes + 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes +
-                        TracesBytes(m.traces);
-  Writer w(out, RowsOffset(prefix) + floats * sizeof(float), MoeMessageKind::kExpertRequest,
-           m.step_id);
-  w.Put(m.layer);
-  w.Put(m.placement_version);
-  w.Put(m.rows_count);
-  w.Put(m.width);
-  w.Put(static_cast<int64_t>(m.assignments.size()));
-  for (const ExpertAssignment& a : m.assignments) {
-    w.Put(a.row);
-    w.Put(a.expert);
-    w.PutFloat(a.weight);
-  }
-  w.PutTraces(m.traces);
-  float* rows = w.LeaveRows(floats);
-  w.Finish();
-  return rows;
+  const size_t field_bytes = 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes;
+  return WriteRequest(MoeMessageKind::kExpertRequest, m.step_id, field_bytes, m.traces, floats,
+                      out, [&](Writer& w) {
+                        w.Put(m.layer);
+                        w.Put(m.placement_version);
+                        w.Put(m.rows_count);
+                        w.Put(m.width);
+                        w.Put(static_cast<int64_t>(m.assignments.size()));
+                        for (const ExpertAssignment& a : m.assignments) {
+                          w.Put(a.row);
+                          w.Put(a.expert);
+                          w.PutFloat(a.weight);
+                        }
+                      });
 }
 
 template <typename M>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,61 +35,41 @@ class Loader {
 
   // A tensor of exactly [rows, cols]; `name` may be stored as an MXFP4 pair (spec §10).
   Matrix Mat(const std::string& name, int64_t rows, int64_t cols) {
-    Matrix m;
-    std::vector<int64_t> shape;
-    Vec values = ckpt_.Has(name) || !ckpt_.Has(name + "_packed") ? Read(name, &shape)
-                                                                : ReadMxfp4(name, &shape);
-    if (!status_.ok()) return m;
-    if (shape != std::vector<int64_t>{rows, cols}) {
-      Fail(name, shape, ShapeString({rows, cols}));
-      return m;
-    }
-    m.rows = rows;
-    m.cols = cols;
-    m.data = std::move(values);
-    return m;
+    std::optional<Vec> values = Checked(
+        name, /*mxfp4_ok=*/true,
+        [&](const Shape& shape, int64_t) { return shape == Shape{rows, cols}; },
+        ShapeString({rows, cols}));
+    if (!values) return {};
+    return Matrix{rows, cols, std::move(*values)};
   }
 
   // A tensor of n values in any layout ([n], or [1, n] for the AttnRes queries).
   Vec Flat(const std::string& name, int64_t n) {
-    std::vector<int64_t> shape;
-    Vec values = Read(name, &shape);
-    if (!status_.ok()) return {};
-    if (static_cast<int64_t>(values.size()) != n) {
-      Fail(name, shape, absl::StrCat(n, " values"));
-      return {};
-    }
-    return values;
+    std::optional<Vec> values = Checked(
+        name, /*mxfp4_ok=*/false, [&](const Shape&, int64_t count) { return count == n; },
+        absl::StrCat(n, " values"));
+    return values ? std::move(*values) : Vec{};
   }
 
   // A depthwise conv weight, [C, 1, K] as PyTorch stores it or [C, K] (spec §11.2).
   Matrix Conv(const std::string& name, int64_t channels, int64_t kernel) {
-    Matrix m;
-    std::vector<int64_t> shape;
-    Vec values = Read(name, &shape);
-    if (!status_.ok()) return m;
-    if (shape != std::vector<int64_t>{channels, 1, kernel} &&
-        shape != std::vector<int64_t>{channels, kernel}) {
-      Fail(name, shape,
-           absl::StrCat(ShapeString({channels, 1, kernel}), " or ",
-                        ShapeString({channels, kernel})));
-      return m;
-    }
-    m.rows = channels;
-    m.cols = kernel;
-    m.data = std::move(values);
-    return m;
+    std::optional<Vec> values = Checked(
+        name, /*mxfp4_ok=*/false,
+        [&](const Shape& shape, int64_t) {
+          return shape == Shape{channels, 1, kernel} || shape == Shape{channels, kernel};
+        },
+        absl::StrCat(ShapeString({channels, 1, kernel}), " or ", ShapeString({channels, kernel})));
+    if (!values) return {};
+    return Matrix{channels, kernel, std::move(*values)};
   }
 
   // A_log (spec §11.1): flattened; exactly `heads` values, or more whose tail is all zero.
   Vec ALog(const std::string& name, int64_t heads) {
-    std::vector<int64_t> shape;
-    Vec values = Read(name, &shape);
-    if (!status_.ok()) return {};
-    if (static_cast<int64_t>(values.size()) < heads) {
-      Fail(name, shape, absl::StrCat("at least ", heads, " values (one per head)"));
-      return {};
-    }
+    std::optional<Vec> read = Checked(
+        name, /*mxfp4_ok=*/false, [&](const Shape&, int64_t count) { return count >= heads; },
+        absl::StrCat("at least ", heads, " values (one per head)"));
+    if (!read) return {};
+    Vec& values = *read;
     for (size_t i = heads; i < values.size(); ++i) {
       if (values[i] != 0.0) {
         status_ = absl::InvalidArgumentError(
@@ -102,6 +83,26 @@ class Loader {
   }
 
  private:
+  using Shape = std::vector<int64_t>;
+
+  // Tensor `name` (read as an MXFP4 pair where `mxfp4_ok` and only the pair is stored) when
+  // fits(shape, value count) holds; otherwise nothing, with the error in status_ (naming the
+  // `expected` shape when the tensor does not fit).
+  template <typename Fits>
+  std::optional<Vec> Checked(const std::string& name, bool mxfp4_ok, const Fits& fits,
+                             const std::string& expected) {
+    Shape shape;
+    Vec values = mxfp4_ok && !ckpt_.Has(name) && ckpt_.Has(name + "_packed")
+                     ? ReadMxfp4(name, &shape)
+                     : Read(name, &shape);
+    if (!status_.ok()) return std::nullopt;
+    if (!fits(shape, static_cast<int64_t>(values.size()))) {
+      Fail(name, shape, expected);
+      return std::nullopt;
+    }
+    return values;
+  }
+
   // Spec §10, literally: name + "_packed" holds two E2M1 codes per byte (element 2i in the low
   // nibble; bit 3 the sign), name + "_scale" one E8M0 byte per 32 inputs, value code * 2^(s-127).
   Vec ReadMxfp4(const std::string& name, std::vector<int64_t>* shape) {

@@ -137,10 +137,7 @@ void AddChatFlags(CLI::App* app, ChatCommandOptions* options) {
   app->add_option("--seed", options->seed, "sampling seed")->capture_default_str();
   app->add_flag("--thinking", options->thinking, "K3: answers open with a think block");
   app->add_option("--system", options->system, "a system message opening the chat");
-  AddTlsFlags(app, &options->tls);
-  app->add_option("--auth-token-file", options->auth_token_file,
-                  "with --server: file holding the bearer token the server requires")
-      ->needs(server);
+  AddClientSecurityFlags(app, server, &options->tls, &options->auth_token_file);
   app->final_callback([options] {
     if (options->model.empty() && options->server.empty()) {
       throw CLI::ValidationError("give --model DIR or --server HOST:PORT");

@@ -213,10 +213,7 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   AddBoundedInt(app, "--timeout-ms", &options->timeout_ms, 0, int64_t{1} << 40,
                 "with --server; 0: none")
       ->needs(server);
-  AddTlsFlags(app, &options->tls);
-  app->add_option("--auth-token-file", options->auth_token_file,
-                  "with --server: file holding the bearer token the server requires")
-      ->needs(server);
+  AddClientSecurityFlags(app, server, &options->tls, &options->auth_token_file);
   app->final_callback([options] {
     if (options->model.empty() && options->server.empty()) {
       throw CLI::ValidationError("give --model DIR or --server HOST:PORT");

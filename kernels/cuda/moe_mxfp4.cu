@@ -152,6 +152,23 @@ constexpr int RingDepth() {
   return kTiles == 1 ? 4 : 2;
 }
 
+// Calls out(nt, i, token, row) for each accumulator [nt][i] of this lane's warp tile `mt` that
+// holds one of the chunk's tokens: in the m16n8 accumulator layout, value i of token tile nt is
+// token nt * 8 + 2 (lane % 4) + (i & 1) of output row lane / 4 (+ 8 for i >= 2) of the tile.
+template <int kTiles, typename Out>
+__device__ __forceinline__ void ForEachOutput(const MoeChunk& chunk, int mt, const Out& out) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int token = nt * 8 + 2 * (lane % 4) + (i & 1);
+      if (token >= chunk.tokens) continue;
+      out(nt, i, token, mt * kGpuTileRows + lane / 4 + (i >= 2 ? 8 : 0));
+    }
+  }
+}
+
 // 32 tokens' two sets of accumulators take more than 128 registers: 2 blocks per multiprocessor.
 template <int kTiles>
 __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 2 : 4) GateUpKernel(MoeMxfp4Launch p) {
@@ -169,19 +186,11 @@ __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 2 : 4) GateUpKernel(Mo
   WarpProduct<2, kTiles, RingDepth<2, kTiles>()>(
       codes, scales, input_tiles, p.x + static_cast<int64_t>(chunk.first_slot) * p.width, p.width,
       chunk.tokens, acc);
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = nt * 8 + 2 * (lane % 4) + (i & 1);
-      if (token >= chunk.tokens) continue;
-      const int row = mt * kGpuTileRows + lane / 4 + (i >= 2 ? 8 : 0);
-      const float value = GpuGluCombine(p.glu, acc[0][nt][i], acc[1][nt][i]);
-      p.h[static_cast<int64_t>(chunk.first_slot + token) * p.hidden + row] =
-          __bfloat16_as_ushort(__float2bfloat16_rn(value));
-    }
-  }
+  ForEachOutput<kTiles>(chunk, mt, [&](int nt, int i, int token, int row) {
+    const float value = GpuGluCombine(p.glu, acc[0][nt][i], acc[1][nt][i]);
+    p.h[static_cast<int64_t>(chunk.first_slot + token) * p.hidden + row] =
+        __bfloat16_as_ushort(__float2bfloat16_rn(value));
+  });
 }
 
 template <int kTiles>
@@ -198,19 +207,11 @@ __global__ void __launch_bounds__(kThreads, 4) DownKernel(MoeMxfp4Launch p) {
   WarpProduct<1, kTiles, RingDepth<1, kTiles>()>(
       codes, scales, input_tiles, p.h + static_cast<int64_t>(chunk.first_slot) * p.hidden,
       p.hidden, chunk.tokens, acc);
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = nt * 8 + 2 * (lane % 4) + (i & 1);
-      if (token >= chunk.tokens) continue;
-      const int slot = chunk.first_slot + token;
-      const int row = mt * kGpuTileRows + lane / 4 + (i >= 2 ? 8 : 0);
-      atomicAdd(p.out + static_cast<int64_t>(p.slot_row[slot]) * p.width + row,
-                p.slot_weight[slot] * acc[0][nt][i]);
-    }
-  }
+  ForEachOutput<kTiles>(chunk, mt, [&](int nt, int i, int token, int row) {
+    const int slot = chunk.first_slot + token;
+    atomicAdd(p.out + static_cast<int64_t>(p.slot_row[slot]) * p.width + row,
+              p.slot_weight[slot] * acc[0][nt][i]);
+  });
 }
 
 __global__ void DequantProbeKernel(const uint32_t* words, uint32_t* out, int n) {
