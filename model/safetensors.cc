@@ -314,10 +314,15 @@ absl::StatusOr<TensorView> SafetensorsFile::Get(std::string_view name) const {
   return view;
 }
 
-absl::Status WriteSafetensorsStreaming(
-    const std::string& path, const std::vector<TensorSpec>& specs,
-    const std::function<absl::Status(size_t index, std::string* bytes)>& produce,
-    const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header WriteSafetensorsStreaming writes (the JSON, padded with spaces to a multiple of 8
+// bytes), and each tensor's data size in `sizes`; an error for a reserved or repeated name or a
+// bad shape.
+absl::StatusOr<std::string> SafetensorsHeader(const std::string& path,
+                                              const std::vector<TensorSpec>& specs,
+                                              const std::map<std::string, std::string>& metadata,
+                                              std::vector<uint64_t>* sizes) {
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -332,7 +337,6 @@ absl::Status WriteSafetensorsStreaming(
     header += "}";
   }
   std::set<std::string_view> names;
-  std::vector<uint64_t> sizes;
   uint64_t offset = 0;
   for (const TensorSpec& spec : specs) {
     if (spec.name == "__metadata__" || !names.insert(spec.name).second) {
@@ -353,10 +357,25 @@ absl::Status WriteSafetensorsStreaming(
                     ShapeString(spec.shape), ",\"data_offsets\":[", offset, ",", offset + bytes,
                     "]}");
     offset += bytes;
-    sizes.push_back(bytes);
+    sizes->push_back(bytes);
   }
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+}  // namespace
+
+absl::Status WriteSafetensorsStreaming(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::function<absl::Status(size_t index, std::string* bytes)>& produce,
+    const std::map<std::string, std::string>& metadata) {
+  std::vector<uint64_t> sizes;
+  absl::StatusOr<std::string> made = SafetensorsHeader(path, specs, metadata, &sizes);
+  if (!made.ok()) return made.status();
+  const std::string& header = *made;
+  uint64_t data_bytes = 0;
+  for (uint64_t bytes : sizes) data_bytes += bytes;
 
   const std::string tmp = path + ".tmp";
   FILE* out = std::fopen(tmp.c_str(), "wb");
@@ -385,7 +404,7 @@ absl::Status WriteSafetensorsStreaming(
       return fail(ErrnoError("cannot write", tmp));
     }
   }
-  if (offset >= kDropCacheBytes && std::fflush(out) == 0 && ::fdatasync(::fileno(out)) == 0) {
+  if (data_bytes >= kDropCacheBytes && std::fflush(out) == 0 && ::fdatasync(::fileno(out)) == 0) {
     // Leaves the page cache, so that the first reader maps the file in huge pages
     // (MapForStreaming) instead of the 4 KiB pages this writer left there. Advice only.
     ::posix_fadvise(::fileno(out), 0, 0, POSIX_FADV_DONTNEED);

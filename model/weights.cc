@@ -349,92 +349,107 @@ absl::Status LoadGatedMlp(Loader& ld, const std::string& gate, const std::string
   return ld.Matrix(down, width, inner, &mlp->down, may_be_mxfp4);
 }
 
+// The weights outside the layers: the embedding, the final norm, the attention residuals' output
+// norm and projection, and lm_head (the embedding again when tied and the checkpoint has none).
+absl::Status LoadOuterWeights(Loader& ld, const Checkpoint& ckpt, ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  const int64_t d = c.hidden_size;
+  K3_RETURN_IF_ERROR(ld.Matrix("model.embed_tokens.weight", c.vocab_size, d, &w->embed_tokens));
+  K3_RETURN_IF_ERROR(ld.Vector("model.norm.weight", d, &w->final_norm));
+  if (c.HasAttnRes()) {
+    K3_RETURN_IF_ERROR(
+        ld.Vector("model.output_attn_res_norm.weight", d, &w->output_attn_res_norm));
+    K3_RETURN_IF_ERROR(
+        ld.RowVector("model.output_attn_res_proj.weight", d, &w->output_attn_res_proj));
+  }
+  if (c.tie_word_embeddings && !ckpt.Has("lm_head.weight")) {
+    w->lm_head = w->embed_tokens;
+    return absl::OkStatus();
+  }
+  return ld.Matrix("lm_head.weight", c.vocab_size, d, &w->lm_head);
+}
+
+// The attention side of layer `p` (its tensor name prefix): norms, residual projections, the
+// KDA or MLA block, and a dense layer's MLP.
+absl::Status LoadLayerAttention(Loader& ld, const ModelConfig& c, const std::string& p,
+                                LayerWeights* layer) {
+  const int64_t d = c.hidden_size;
+  K3_RETURN_IF_ERROR(ld.Vector(p + "input_layernorm.weight", d, &layer->input_layernorm));
+  K3_RETURN_IF_ERROR(
+      ld.Vector(p + "post_attention_layernorm.weight", d, &layer->post_attention_layernorm));
+  if (c.HasAttnRes()) {
+    K3_RETURN_IF_ERROR(ld.Vector(p + "self_attention_res_norm.weight", d, &layer->attn_res_norm));
+    K3_RETURN_IF_ERROR(
+        ld.RowVector(p + "self_attention_res_proj.weight", d, &layer->attn_res_proj));
+    K3_RETURN_IF_ERROR(ld.Vector(p + "mlp_res_norm.weight", d, &layer->mlp_res_norm));
+    K3_RETURN_IF_ERROR(ld.RowVector(p + "mlp_res_proj.weight", d, &layer->mlp_res_proj));
+  }
+  if (layer->is_kda) {
+    K3_RETURN_IF_ERROR(LoadKda(ld, c, p + "self_attn.", &layer->kda));
+  } else {
+    K3_RETURN_IF_ERROR(LoadMla(ld, c, p + "self_attn.", &layer->mla));
+  }
+  if (layer->is_moe) return absl::OkStatus();
+  return LoadGatedMlp(ld, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                      p + "mlp.down_proj.weight", d, c.intermediate_size, &layer->dense_mlp);
+}
+
+// The MoE block of layer `p` (its tensor name prefix), as far as `sel` asks: the shared experts
+// and the latent up-projection (attention side), the gate (router side), the selected experts.
+absl::Status LoadMoeBlock(Loader& ld, const ModelConfig& c, const WeightSelection& sel,
+                          const std::string& p, MoeWeights* moe) {
+  const int64_t d = c.hidden_size;
+  const std::string m = p + "block_sparse_moe.";
+  const int64_t latent = c.ExpertWidth();
+  if (sel.attention) {
+    if (c.num_shared_experts > 0) {
+      K3_RETURN_IF_ERROR(LoadGatedMlp(
+          ld, m + "shared_experts.gate_proj.weight", m + "shared_experts.up_proj.weight",
+          m + "shared_experts.down_proj.weight", d, c.SharedWidth(), &moe->shared));
+    }
+    if (c.IsLatentMoe()) {
+      K3_RETURN_IF_ERROR(ld.Matrix(m + "routed_expert_up_proj.weight", d, latent, &moe->latent_up));
+    }
+  }
+  if (sel.router) {
+    K3_RETURN_IF_ERROR(ld.Matrix(m + "gate.weight", c.num_experts, d, &moe->router.gate));
+    K3_RETURN_IF_ERROR(
+        ld.Vector(m + "gate.e_score_correction_bias", c.num_experts, &moe->router.score_bias));
+    if (c.IsLatentMoe()) {
+      K3_RETURN_IF_ERROR(ld.Matrix(m + "routed_expert_down_proj.weight", latent, d,
+                                   &moe->router.latent_down));
+      if (c.latent_moe_use_norm) {
+        K3_RETURN_IF_ERROR(
+            ld.Vector(m + "routed_expert_norm.weight", latent, &moe->router.latent_norm));
+      }
+    }
+  }
+  moe->experts.resize(c.num_experts);
+  auto load_expert = [&](int e) {
+    const std::string x = absl::StrCat(m, "experts.", e, ".");
+    return LoadGatedMlp(ld, x + "w1.weight", x + "w3.weight", x + "w2.weight", latent,
+                        c.moe_intermediate_size, &moe->experts[e], /*may_be_mxfp4=*/true);
+  };
+  if (sel.all_experts) {
+    for (int e = 0; e < c.num_experts; ++e) K3_RETURN_IF_ERROR(load_expert(e));
+  } else {
+    for (int e : sel.experts) K3_RETURN_IF_ERROR(load_expert(e));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadAll(Loader& ld, const Checkpoint& ckpt, const WeightSelection& sel,
                      ModelWeights* w) {
   const ModelConfig& c = w->config;
-  const int64_t d = c.hidden_size;
-  if (sel.attention) {
-    K3_RETURN_IF_ERROR(ld.Matrix("model.embed_tokens.weight", c.vocab_size, d, &w->embed_tokens));
-    K3_RETURN_IF_ERROR(ld.Vector("model.norm.weight", d, &w->final_norm));
-    if (c.HasAttnRes()) {
-      K3_RETURN_IF_ERROR(
-          ld.Vector("model.output_attn_res_norm.weight", d, &w->output_attn_res_norm));
-      K3_RETURN_IF_ERROR(
-          ld.RowVector("model.output_attn_res_proj.weight", d, &w->output_attn_res_proj));
-    }
-    if (c.tie_word_embeddings && !ckpt.Has("lm_head.weight")) {
-      w->lm_head = w->embed_tokens;
-    } else {
-      K3_RETURN_IF_ERROR(ld.Matrix("lm_head.weight", c.vocab_size, d, &w->lm_head));
-    }
-  }
+  if (sel.attention) K3_RETURN_IF_ERROR(LoadOuterWeights(ld, ckpt, w));
   w->layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& layer = w->layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
     layer.is_kda = c.IsKda(l);
     layer.is_moe = c.IsMoe(l);
-    if (sel.attention) {
-      K3_RETURN_IF_ERROR(ld.Vector(p + "input_layernorm.weight", d, &layer.input_layernorm));
-      K3_RETURN_IF_ERROR(
-          ld.Vector(p + "post_attention_layernorm.weight", d, &layer.post_attention_layernorm));
-      if (c.HasAttnRes()) {
-        K3_RETURN_IF_ERROR(ld.Vector(p + "self_attention_res_norm.weight", d, &layer.attn_res_norm));
-        K3_RETURN_IF_ERROR(
-            ld.RowVector(p + "self_attention_res_proj.weight", d, &layer.attn_res_proj));
-        K3_RETURN_IF_ERROR(ld.Vector(p + "mlp_res_norm.weight", d, &layer.mlp_res_norm));
-        K3_RETURN_IF_ERROR(ld.RowVector(p + "mlp_res_proj.weight", d, &layer.mlp_res_proj));
-      }
-      if (layer.is_kda) {
-        K3_RETURN_IF_ERROR(LoadKda(ld, c, p + "self_attn.", &layer.kda));
-      } else {
-        K3_RETURN_IF_ERROR(LoadMla(ld, c, p + "self_attn.", &layer.mla));
-      }
-      if (!layer.is_moe) {
-        K3_RETURN_IF_ERROR(LoadGatedMlp(ld, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                                        p + "mlp.down_proj.weight", d, c.intermediate_size,
-                                        &layer.dense_mlp));
-      }
-    }
-    if (!layer.is_moe) continue;
-    MoeWeights& moe = layer.moe;
-    const std::string m = p + "block_sparse_moe.";
-    const int64_t latent = c.ExpertWidth();
-    if (sel.attention) {
-      if (c.num_shared_experts > 0) {
-        K3_RETURN_IF_ERROR(LoadGatedMlp(
-            ld, m + "shared_experts.gate_proj.weight", m + "shared_experts.up_proj.weight",
-            m + "shared_experts.down_proj.weight", d, c.SharedWidth(), &moe.shared));
-      }
-      if (c.IsLatentMoe()) {
-        K3_RETURN_IF_ERROR(
-            ld.Matrix(m + "routed_expert_up_proj.weight", d, latent, &moe.latent_up));
-      }
-    }
-    if (sel.router) {
-      K3_RETURN_IF_ERROR(ld.Matrix(m + "gate.weight", c.num_experts, d, &moe.router.gate));
-      K3_RETURN_IF_ERROR(
-          ld.Vector(m + "gate.e_score_correction_bias", c.num_experts, &moe.router.score_bias));
-      if (c.IsLatentMoe()) {
-        K3_RETURN_IF_ERROR(ld.Matrix(m + "routed_expert_down_proj.weight", latent, d,
-                                     &moe.router.latent_down));
-        if (c.latent_moe_use_norm) {
-          K3_RETURN_IF_ERROR(
-              ld.Vector(m + "routed_expert_norm.weight", latent, &moe.router.latent_norm));
-        }
-      }
-    }
-    moe.experts.resize(c.num_experts);
-    auto load_expert = [&](int e) {
-      const std::string x = absl::StrCat(m, "experts.", e, ".");
-      return LoadGatedMlp(ld, x + "w1.weight", x + "w3.weight", x + "w2.weight", latent,
-                          c.moe_intermediate_size, &moe.experts[e], /*may_be_mxfp4=*/true);
-    };
-    if (sel.all_experts) {
-      for (int e = 0; e < c.num_experts; ++e) K3_RETURN_IF_ERROR(load_expert(e));
-    } else {
-      for (int e : sel.experts) K3_RETURN_IF_ERROR(load_expert(e));
-    }
+    if (sel.attention) K3_RETURN_IF_ERROR(LoadLayerAttention(ld, c, p, &layer));
+    if (layer.is_moe) K3_RETURN_IF_ERROR(LoadMoeBlock(ld, c, sel, p, &layer.moe));
   }
   return absl::OkStatus();
 }
