@@ -37,18 +37,7 @@
 // Before OnFinish runs, the request's state is freed and it has left Info()'s counts, so a client
 // that sees the end can observe the freed state.
 //
-// Metrics (when a registry is given): k3_attention_requests_total{finish_reason},
-// k3_attention_rejected_requests_total, k3_attention_prompt_tokens_total,
-// k3_attention_generated_tokens_total, k3_attention_active_requests,
-// k3_attention_cached_sequences, k3_attention_request_state_bytes, k3_attention_step_seconds,
-// k3_attention_step_tokens, StepBudget's fit (k3_attention_step_fixed_seconds,
-// k3_attention_step_per_token_seconds, k3_attention_step_target_seconds), where each step's time went (ModelRunner's StepProfile):
-// k3_attention_step_compute_seconds and k3_attention_step_moe_wait_seconds (one observation per
-// step each), k3_attention_layer_moe_wait_seconds (one per MoE layer of a step), and the
-// latencies users see, from Submit:
-// k3_attention_time_to_first_token_seconds (one observation per request with a token),
-// k3_attention_inter_token_seconds (one per token after a request's first) and
-// k3_attention_request_seconds (end to end: one per request that ends, whatever the reason);
+// Metrics (when a registry is given): SchedulerMetrics' series (scheduler_metrics.h) and,
 // with the prefix cache, PrefixCacheMetrics' series (prefix_cache_metrics.h).
 //
 // Thread-safety: all public methods may be called from any thread. Sinks are called on the
@@ -75,6 +64,7 @@
 #include "attention_nodes/prefix_cache.h"
 #include "attention_nodes/prefix_cache_metrics.h"
 #include "attention_nodes/sampler.h"
+#include "attention_nodes/scheduler_metrics.h"
 #include "attention_nodes/step_budget.h"
 #include "attention_nodes/step_packer.h"
 #include "cluster/actor.h"
@@ -240,7 +230,6 @@ class GenerationScheduler {
 
  private:
   struct Sequence;
-  struct Metrics;
 
   // Scheduler thread only.
   void Admit(std::shared_ptr<Sequence> sequence);
@@ -269,7 +258,7 @@ class GenerationScheduler {
 
   const ModelWeights* const weights_;
   const SchedulerOptions options_;
-  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<SchedulerMetrics> metrics_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<RequestHandle>> in_flight_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,58 @@
+// The generation scheduler's Prometheus series (GenerationScheduler updates them; they are
+// registered when the scheduler is given a registry):
+//   requests:           k3_attention_requests_total{finish_reason}
+//   rejected:           k3_attention_rejected_requests_total
+//   prompt_tokens:      k3_attention_prompt_tokens_total
+//   generated_tokens:   k3_attention_generated_tokens_total
+//   active:             k3_attention_active_requests
+//   cached:             k3_attention_cached_sequences
+//   state_bytes:        k3_attention_request_state_bytes
+//   step_seconds:       k3_attention_step_seconds
+//   step_tokens:        k3_attention_step_tokens
+//   StepBudget's fit:   k3_attention_step_fixed_seconds, k3_attention_step_per_token_seconds,
+//                       k3_attention_step_target_seconds
+//   ping_pong_steps:    k3_attention_ping_pong_steps_total
+// where each step's time went (ModelRunner's StepProfile): k3_attention_step_compute_seconds and
+// k3_attention_step_moe_wait_seconds (one observation per step each),
+// k3_attention_layer_moe_wait_seconds (one per MoE layer of a step); and the latencies users see,
+// from Submit: k3_attention_time_to_first_token_seconds (one observation per request with a
+// token), k3_attention_inter_token_seconds (one per token after a request's first) and
+// k3_attention_request_seconds (end to end: one per request that ends, whatever the reason).
+//
+// The series belong to the registry (it outlives this); the pointers here only name them.
+// Thread-safety: the series are atomic; the scheduler thread and any caller may update them.
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
+
+#include "cluster/metrics.h"
+
+namespace k3 {
+
+struct SchedulerMetrics {
+  // Registers the series in `registry`.
+  explicit SchedulerMetrics(MetricsRegistry& registry);
+
+  MetricFamily<Counter>& requests;
+  Counter* rejected;
+  Counter* prompt_tokens;
+  Counter* generated_tokens;
+  Gauge* step_fixed;
+  Gauge* step_per_token;
+  Gauge* step_target;
+  Counter* ping_pong_steps;
+  Gauge* active;
+  Gauge* cached;
+  Gauge* state_bytes;
+  Histogram* step_seconds;
+  Histogram* step_compute;
+  Histogram* step_moe_wait;
+  Histogram* layer_moe_wait;
+  Histogram* step_tokens;
+  Histogram* time_to_first_token;
+  Histogram* inter_token;
+  Histogram* request_seconds;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
