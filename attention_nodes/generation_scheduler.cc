@@ -484,9 +484,9 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
   }
   step_budget_.ObserveStep(pack.tokens(), step_time);
   if (metrics_) {
-    metrics_->step_fixed->Set(absl::ToDoubleSeconds(step_budget_.fixed_cost()));
-    metrics_->step_per_token->Set(absl::ToDoubleSeconds(step_budget_.per_token_cost()));
-    metrics_->step_target->Set(absl::ToDoubleSeconds(step_budget_.target_step_time()));
+    metrics_->step.fixed->Set(absl::ToDoubleSeconds(step_budget_.fixed_cost()));
+    metrics_->step.per_token->Set(absl::ToDoubleSeconds(step_budget_.per_token_cost()));
+    metrics_->step.target->Set(absl::ToDoubleSeconds(step_budget_.target_step_time()));
   }
   if (metrics_) metrics_->prompt_tokens->Increment(static_cast<double>(pack.prefill_tokens()));
   for (size_t i = 0; i < members.size(); ++i) {
@@ -538,14 +538,14 @@ void GenerationScheduler::RecordStep(const StepPack& pack, const std::vector<Seq
     options_.spans->Record(span);
   }
   if (!metrics_) return;
-  metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_time));
-  metrics_->step_compute->Observe(absl::ToDoubleSeconds(profile.compute()));
-  metrics_->step_moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
+  metrics_->step.seconds->Observe(absl::ToDoubleSeconds(step_time));
+  metrics_->step.compute->Observe(absl::ToDoubleSeconds(profile.compute()));
+  metrics_->step.moe_wait->Observe(absl::ToDoubleSeconds(profile.moe_wait));
   for (absl::Duration wait : profile.layer_moe_wait) {
-    metrics_->layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
+    metrics_->step.layer_moe_wait->Observe(absl::ToDoubleSeconds(wait));
   }
-  metrics_->step_tokens->Observe(static_cast<double>(pack.tokens()));
-  if (profile.ping_pong) metrics_->ping_pong_steps->Increment();
+  metrics_->step.tokens->Observe(static_cast<double>(pack.tokens()));
+  if (profile.ping_pong) metrics_->step.ping_pong->Increment();
 }
 
 void GenerationScheduler::DeliverTokens(const std::vector<Sequence*>& members,

@@ -19,10 +19,10 @@ TEST(SchedulerMetricsTest, EachMemberUpdatesTheSeriesItsHeaderNames) {
   metrics.rejected->Increment(2);
   metrics.prompt_tokens->Increment(3);
   metrics.generated_tokens->Increment(4);
-  metrics.step_fixed->Set(5);
-  metrics.step_per_token->Set(6);
-  metrics.step_target->Set(7);
-  metrics.ping_pong_steps->Increment(8);
+  metrics.step.fixed->Set(5);
+  metrics.step.per_token->Set(6);
+  metrics.step.target->Set(7);
+  metrics.step.ping_pong->Increment(8);
   metrics.active->Set(9);
   metrics.cached->Set(10);
   metrics.state_bytes->Set(11);
@@ -41,11 +41,11 @@ TEST(SchedulerMetricsTest, EachMemberUpdatesTheSeriesItsHeaderNames) {
   };
   // Histograms: the i-th gets i observations, so its _count tells which member fed it.
   const std::vector<std::pair<Histogram*, std::string>> histograms = {
-      {metrics.step_seconds, "k3_attention_step_seconds"},
-      {metrics.step_compute, "k3_attention_step_compute_seconds"},
-      {metrics.step_moe_wait, "k3_attention_step_moe_wait_seconds"},
-      {metrics.layer_moe_wait, "k3_attention_layer_moe_wait_seconds"},
-      {metrics.step_tokens, "k3_attention_step_tokens"},
+      {metrics.step.seconds, "k3_attention_step_seconds"},
+      {metrics.step.compute, "k3_attention_step_compute_seconds"},
+      {metrics.step.moe_wait, "k3_attention_step_moe_wait_seconds"},
+      {metrics.step.layer_moe_wait, "k3_attention_layer_moe_wait_seconds"},
+      {metrics.step.tokens, "k3_attention_step_tokens"},
       {metrics.time_to_first_token, "k3_attention_time_to_first_token_seconds"},
       {metrics.inter_token, "k3_attention_inter_token_seconds"},
       {metrics.request_seconds, "k3_attention_request_seconds"},
