@@ -7,14 +7,6 @@
 //
 // Prints one line per shape: bytes per peer, rounds, p50/p99/mean round time, and the bytes moved
 // per second (2 * E * bytes per peer / mean round time).
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -29,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cluster/child_process.h"
 #include "cluster/process_tuning.h"
 #include "cluster/ucx_transport.h"
 
@@ -46,8 +39,6 @@ ABSL_FLAG(std::string, eager_limit, "1m",
           "UcxTransportOptions::eager_limit for every process (1m: the nodes' --ucx-eager-limit)");
 ABSL_FLAG(std::string, role, "router", "internal: router, or expert (a started child)");
 
-extern char** environ;
-
 namespace k3 {
 namespace {
 
@@ -64,7 +55,7 @@ k3::UcxTransportOptions Options() {
 
 // Stdout: own address. Stdin: the router's address. Echoes until an empty message arrives.
 int RunExpert() {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  DieWithParent();
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(Options());
   if (!transport.ok()) {
     std::cerr << "expert: " << transport.status() << "\n";
@@ -93,51 +84,35 @@ int RunExpert() {
   return status.ok() ? 0 : 1;
 }
 
-struct Expert {
-  pid_t pid = -1;
-  int in = -1;
-  int out = -1;
-};
-
-absl::StatusOr<Expert> StartExpert() {
-  int to_child[2], from_child[2];
-  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
-    return absl::InternalError("pipe");
-  }
-  std::vector<std::string> args = {
-      "/proc/self/exe", "--role=expert", "--tls=" + absl::GetFlag(FLAGS_tls),
+// Starts `experts` copies of this binary as experts (peers 1..experts) and connects `transport`
+// to each; every child started lands in `children`, also when a later one fails.
+absl::Status StartExperts(int experts, UcxTransport& transport,
+                          std::vector<std::unique_ptr<ChildProcess>>* children) {
+  const std::vector<std::string> args = {
+      "--role=expert", "--tls=" + absl::GetFlag(FLAGS_tls),
       "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
       absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us)),
       "--eager_limit=" + absl::GetFlag(FLAGS_eager_limit)};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-  Expert expert;
-  int rc = posix_spawn(&expert.pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(to_child[0]);
-  close(from_child[1]);
-  expert.in = to_child[1];
-  expert.out = from_child[0];
-  if (rc != 0) return absl::InternalError(absl::StrCat("posix_spawn: ", rc));
-  return expert;
+  const std::string router = absl::BytesToHexString(transport.LocalAddress());
+  for (int e = 0; e < experts; ++e) {
+    std::unique_ptr<ChildProcess> child = ChildProcess::Spawn({}, {}, args);
+    if (child == nullptr) return absl::InternalError("cannot start an expert process");
+    children->push_back(std::move(child));
+    const std::string address = children->back()->ReadLine(absl::Seconds(20));
+    if (address == "timeout") return absl::DeadlineExceededError("expert is silent");
+    if (address == "eof") return absl::UnavailableError("expert exited");
+    children->back()->WriteLine(router);
+    absl::Status status = transport.Connect(e + 1, absl::HexStringToBytes(address));
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadLine(int fd, absl::Duration timeout) {
-  std::string line;
-  const absl::Time deadline = absl::Now() + timeout;
-  char c = 0;
-  while (true) {
-    pollfd p = {fd, POLLIN, 0};
-    int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (ms <= 0 || poll(&p, 1, ms) != 1) return absl::DeadlineExceededError("expert is silent");
-    if (read(fd, &c, 1) != 1) return absl::UnavailableError("expert exited");
-    if (c == '\n') return line;
-    line.push_back(c);
+// Asks every expert to stop (an empty message), gives each 5 seconds to exit, then kills it.
+void StopExperts(UcxTransport& transport, std::vector<std::unique_ptr<ChildProcess>>& children) {
+  for (int e = 1; e <= static_cast<int>(children.size()); ++e) transport.Send(e, "").IgnoreError();
+  for (std::unique_ptr<ChildProcess>& child : children) {
+    if (child->Wait(absl::Seconds(5)) < 0) child->Kill();
   }
 }
 
@@ -147,8 +122,50 @@ double Percentile(std::vector<double> values, double p) {
   return values[index];
 }
 
-absl::Status RunRouter() {
-  const int experts = absl::GetFlag(FLAGS_experts);
+// One round: `payload` to each of the experts, then an answer of its size from each.
+absl::Status RoundTrip(UcxTransport& transport, int experts, const std::string& payload) {
+  for (int e = 1; e <= experts; ++e) {
+    if (absl::Status status = transport.Send(e, payload); !status.ok()) return status;
+  }
+  for (int e = 0; e < experts; ++e) {
+    absl::StatusOr<Received> answer = transport.Receive(absl::Now() + absl::Seconds(10));
+    if (!answer.ok()) return answer.status();
+    if (answer->kind == Received::Kind::kPeerFailed) return answer->error;
+    if (answer->bytes.size() != payload.size()) {
+      return absl::DataLossError("answer of the wrong size");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Times round trips of `tokens` rows per expert (--warmup unmeasured rounds, then at least 10
+// and at least --seconds) and prints the shape's line.
+absl::Status MeasureShape(UcxTransport& transport, int experts, int64_t tokens) {
+  const size_t bytes = tokens * absl::GetFlag(FLAGS_hidden) * absl::GetFlag(FLAGS_value_bytes);
+  const std::string payload(bytes, '\x5a');
+  std::vector<double> rounds_us;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const absl::Time stop_at = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  for (int round = 0;; ++round) {
+    if (round >= warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
+    const absl::Time start = absl::Now();
+    if (absl::Status status = RoundTrip(transport, experts, payload); !status.ok()) return status;
+    if (round >= warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  double mean = 0;
+  for (double us : rounds_us) mean += us;
+  mean /= rounds_us.size();
+  printf(
+      "tokens=%lld bytes_per_peer=%zu rounds=%zu p50_us=%.1f p99_us=%.1f mean_us=%.1f "
+      "GBps=%.3f\n",
+      static_cast<long long>(tokens), bytes, rounds_us.size(), Percentile(rounds_us, 0.5),
+      Percentile(rounds_us, 0.99), mean, 2.0 * experts * bytes / (mean * 1e3));
+  fflush(stdout);
+  return absl::OkStatus();
+}
+
+// --tokens as a list of positive row counts.
+absl::StatusOr<std::vector<int64_t>> TokenShapes() {
   std::vector<int64_t> shapes;
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
     int64_t tokens = 0;
@@ -157,83 +174,31 @@ absl::Status RunRouter() {
     }
     shapes.push_back(tokens);
   }
+  return shapes;
+}
+
+absl::Status RunRouter() {
+  const int experts = absl::GetFlag(FLAGS_experts);
+  absl::StatusOr<std::vector<int64_t>> shapes = TokenShapes();
+  if (!shapes.ok()) return shapes.status();
   if (experts < 1) return absl::InvalidArgumentError("--experts must be at least 1");
 
   absl::StatusOr<std::unique_ptr<UcxTransport>> created = UcxTransport::Create(Options());
   if (!created.ok()) return created.status();
   UcxTransport& transport = **created;
-  std::vector<Expert> children;
-  absl::Status status;
-  for (int e = 0; e < experts && status.ok(); ++e) {
-    absl::StatusOr<Expert> child = StartExpert();
-    if (!child.ok()) {
-      status = child.status();
-      break;
-    }
-    children.push_back(*child);
-    absl::StatusOr<std::string> address = ReadLine(child->out, absl::Seconds(20));
-    std::string line = absl::BytesToHexString(transport.LocalAddress()) + "\n";
-    if (address.ok() && write(child->in, line.data(), line.size()) != ssize_t(line.size())) {
-      address = absl::UnavailableError("expert exited");
-    }
-    status = address.ok() ? transport.Connect(e + 1, absl::HexStringToBytes(*address))
-                          : address.status();
-  }
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  absl::Status status = StartExperts(experts, transport, &children);
 
   printf("# experts=%d hidden=%d value_bytes=%d tls=%s net_devices=%s busy_poll_us=%d "
          "eager_limit=%s\n",
          experts, absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_value_bytes),
          absl::GetFlag(FLAGS_tls).c_str(), absl::GetFlag(FLAGS_net_devices).c_str(),
          absl::GetFlag(FLAGS_busy_poll_us), absl::GetFlag(FLAGS_eager_limit).c_str());
-  for (int64_t tokens : shapes) {
+  for (int64_t tokens : *shapes) {
     if (!status.ok()) break;
-    const size_t bytes = tokens * absl::GetFlag(FLAGS_hidden) * absl::GetFlag(FLAGS_value_bytes);
-    std::string payload(bytes, '\x5a');
-    std::vector<double> rounds_us;
-    const int warmup = absl::GetFlag(FLAGS_warmup);
-    const absl::Time stop_at = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
-    for (int round = 0; status.ok(); ++round) {
-      if (round >= warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
-      const absl::Time start = absl::Now();
-      for (int e = 1; e <= experts && status.ok(); ++e) status = transport.Send(e, payload);
-      for (int e = 0; e < experts && status.ok(); ++e) {
-        absl::StatusOr<Received> answer = transport.Receive(absl::Now() + absl::Seconds(10));
-        if (!answer.ok()) {
-          status = answer.status();
-        } else if (answer->kind == Received::Kind::kPeerFailed) {
-          status = answer->error;
-        } else if (answer->bytes.size() != bytes) {
-          status = absl::DataLossError("answer of the wrong size");
-        }
-      }
-      if (round >= warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
-    }
-    if (!status.ok()) break;
-    double mean = 0;
-    for (double us : rounds_us) mean += us;
-    mean /= rounds_us.size();
-    printf(
-        "tokens=%lld bytes_per_peer=%zu rounds=%zu p50_us=%.1f p99_us=%.1f mean_us=%.1f "
-        "GBps=%.3f\n",
-        static_cast<long long>(tokens), bytes, rounds_us.size(), Percentile(rounds_us, 0.5),
-        Percentile(rounds_us, 0.99), mean, 2.0 * experts * bytes / (mean * 1e3));
-    fflush(stdout);
+    status = MeasureShape(transport, experts, tokens);
   }
-  for (int e = 1; e <= static_cast<int>(children.size()); ++e) transport.Send(e, "").IgnoreError();
-  for (Expert& child : children) {
-    int wstatus = 0;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (waitpid(child.pid, &wstatus, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(child.pid, SIGKILL);
-        waitpid(child.pid, &wstatus, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    close(child.in);
-    close(child.out);
-  }
+  StopExperts(transport, children);
   transport.Close();
   return status;
 }

@@ -17,12 +17,14 @@ extern char** environ;
 namespace k3 {
 
 std::unique_ptr<ChildProcess> ChildProcess::Spawn(const std::map<std::string, std::string>& env,
-                                                  const std::vector<std::string>& wrapper) {
+                                                  const std::vector<std::string>& wrapper,
+                                                  const std::vector<std::string>& args) {
   char exe[4096];
   ssize_t exe_length = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (exe_length <= 0) return nullptr;
-  std::vector<std::string> args = wrapper;
-  args.push_back(std::string(exe, exe_length));
+  std::vector<std::string> command = wrapper;
+  command.push_back(std::string(exe, exe_length));
+  command.insert(command.end(), args.begin(), args.end());
   int to_child[2], from_child[2];
   if (pipe2(to_child, O_CLOEXEC) != 0) return nullptr;
   if (pipe2(from_child, O_CLOEXEC) != 0) {
@@ -44,7 +46,7 @@ std::unique_ptr<ChildProcess> ChildProcess::Spawn(const std::map<std::string, st
   posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
   posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
   std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
+  for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
   std::unique_ptr<ChildProcess> child(new ChildProcess);
   int rc = posix_spawnp(&child->pid_, argv[0], &actions, nullptr, argv.data(), envp.data());

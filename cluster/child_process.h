@@ -1,7 +1,7 @@
-// Tests that need real peer processes start copies of their own binary (selected by an environment
-// variable the test's main() checks) and talk to them over pipes: the child's stdin and stdout.
-// A ChildProcess kills its child (SIGKILL) when destroyed, so no test leaves processes behind.
-// Test-only; not thread-safe.
+// Tests (and benches) that need real peer processes start copies of their own binary (selected by
+// an environment variable or a flag that the binary's main() checks) and talk to them over pipes:
+// the child's stdin and stdout. A ChildProcess kills its child (SIGKILL) when destroyed, so no
+// test leaves processes behind. Not thread-safe.
 #ifndef K3SERVE_CLUSTER_CHILD_PROCESS_H_
 #define K3SERVE_CLUSTER_CHILD_PROCESS_H_
 
@@ -18,10 +18,12 @@ namespace k3 {
 
 class ChildProcess {
  public:
-  // Runs this binary with this process's environment plus `env`, behind `wrapper` when given (e.g.
-  // {"ip", "netns", "exec", "ns1"}: the wrapper then runs the binary). Null if it could not start.
+  // Runs this binary with `args` and with this process's environment plus `env`, behind `wrapper`
+  // when given (e.g. {"ip", "netns", "exec", "ns1"}: the wrapper then runs the binary). Null if it
+  // could not start.
   static std::unique_ptr<ChildProcess> Spawn(const std::map<std::string, std::string>& env,
-                                             const std::vector<std::string>& wrapper = {});
+                                             const std::vector<std::string>& wrapper = {},
+                                             const std::vector<std::string>& args = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -43,7 +45,7 @@ class ChildProcess {
   std::string buffer_;
 };
 
-// For the child: dies with its parent (the test), so a crashed test leaves no orphans.
+// For the child: dies with its parent (the test or bench), so a crashed one leaves no orphans.
 void DieWithParent();
 
 }  // namespace k3
