@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "cluster/command_line.h"
 #include "engine/local_engine.h"
 #include "bench/machine_limits.h"
 #include "kernels/kernel_isa.h"
@@ -36,19 +38,21 @@ struct Options {
   int prompt_tokens = 256;
 };
 
-bool ParseArgs(int argc, char** argv, Options* options) {
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--model") {
-      options->model = value;
-    } else if (flag == "--decode-tokens" && absl::SimpleAtoi(value, &options->decode_tokens)) {
-    } else if (flag == "--prompt-tokens" && absl::SimpleAtoi(value, &options->prompt_tokens)) {
-    } else {
-      std::fprintf(stderr, "engine_bench: bad flag %s %s\n", flag.c_str(), value.c_str());
-      return false;
-    }
+// Parses the command line into `options`; the exit status when the bench should not run (0 for
+// --help, 2 for bad flags, with the parser's message printed).
+std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
+  CLI::App app{"engine_bench: the single-process engine against this machine's limits"};
+  app.add_option("--model", options->model,
+                 "checkpoint folder (default: random k3-perf checkpoints, BF16 and MXFP4)");
+  AddBoundedInt(&app, "--decode-tokens", &options->decode_tokens, 2,
+                std::numeric_limits<int>::max(), "single-token steps timed after the prefill");
+  AddBoundedInt(&app, "--prompt-tokens", &options->prompt_tokens, 1,
+                std::numeric_limits<int>::max(), "tokens of the prefill timed");
+  if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
   }
-  return argc % 2 == 1 && options->decode_tokens > 1 && options->prompt_tokens > 0;
+  return std::nullopt;
 }
 
 std::vector<int32_t> Prompt(int count, int64_t vocab) {
@@ -126,7 +130,7 @@ absl::StatusOr<Measured> Measure(const std::string& model, const Options& option
 
 int Main(int argc, char** argv) {
   Options options;
-  if (!ParseArgs(argc, argv, &options)) return 2;
+  if (std::optional<int> exit_status = ParseOptions(argc, argv, &options)) return *exit_status;
   if (!HasLimitLoops()) {
     std::printf("engine_bench needs AVX2 for its limit loops\n");
     return 1;

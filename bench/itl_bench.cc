@@ -17,22 +17,21 @@
 //                             [--target-factor X (default SchedulerOptions::step_target_factor, 2)]
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "bench/random_weights.h"
+#include "cluster/command_line.h"
 #include "engine/local_routed_moe.h"
-#include "model/checkpoint.h"
-#include "model/config.h"
 #include "model/weights.h"
-#include "tools/random_model_folder.h"
 
 namespace k3::bench {
 namespace {
@@ -47,26 +46,29 @@ struct Options {
   double target_factor = SchedulerOptions().step_target_factor;
 };
 
-bool ParseArgs(int argc, char** argv, Options* options) {
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--config") {
-      options->config = value;
-    } else if (flag == "--prompt-tokens" && absl::SimpleAtoi(value, &options->prompt_tokens)) {
-    } else if (flag == "--streams" && absl::SimpleAtoi(value, &options->streams)) {
-    } else if (flag == "--window" && absl::SimpleAtoi(value, &options->window)) {
-    } else if (flag == "--stream-tokens" && absl::SimpleAtoi(value, &options->stream_tokens)) {
-    } else if (flag == "--target-factor" && absl::SimpleAtod(value, &options->target_factor)) {
-    } else if (flag == "--max-batch-tokens" &&
-               absl::SimpleAtoi(value, &options->max_batch_tokens)) {
-    } else {
-      std::fprintf(stderr, "itl_bench: bad flag %s %s\n", flag.c_str(), value.c_str());
-      return false;
-    }
+// Parses the command line into `options`; the exit status when the bench should not run (0 for
+// --help, 2 for bad flags, with the parser's message printed).
+std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
+  constexpr int kMost = std::numeric_limits<int>::max();
+  CLI::App app{"itl_bench: inter-token latency of decoding streams while a prompt is admitted"};
+  app.add_option("--config", options->config, "named model config")->capture_default_str();
+  AddBoundedInt(&app, "--prompt-tokens", &options->prompt_tokens, 1, kMost, "the long prompt");
+  AddBoundedInt(&app, "--streams", &options->streams, 1, kMost, "decoding streams");
+  AddBoundedInt(&app, "--window", &options->window, 2, kMost,
+                "tokens per stream measured without the long prompt");
+  AddBoundedInt(&app, "--stream-tokens", &options->stream_tokens, 2, kMost,
+                "new tokens of each stream's requests");
+  AddBoundedInt(&app, "--max-batch-tokens", &options->max_batch_tokens, 1, kMost,
+                "SchedulerOptions::max_batch_tokens");
+  app.add_option("--target-factor", options->target_factor,
+                 "SchedulerOptions::step_target_factor")
+      ->check(CLI::Range(1.0, std::numeric_limits<double>::max()))
+      ->capture_default_str();
+  if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
   }
-  return argc % 2 == 1 && options->prompt_tokens > 0 && options->streams > 0 &&
-         options->window > 1 && options->max_batch_tokens > 0 && options->stream_tokens > 1 &&
-         options->target_factor >= 1.0;
+  return std::nullopt;
 }
 
 // Token times of every stream's requests and of the long prompt. Written on the scheduler thread;
@@ -202,18 +204,49 @@ struct Result {
   int32_t long_token = -1;
 };
 
-absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, bool adaptive) {
-  // Declared first, so that it outlives the scheduler: a sink's OnFinish may still run after
-  // WaitIdle returns (the request leaves the in-flight set just before it).
-  Recorder recorder(options.streams);
-  LocalRoutedMoe moe(&weights);
+SchedulerOptions BenchSchedulerOptions(const Options& options, bool adaptive) {
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch_tokens = options.max_batch_tokens;
   scheduler_options.max_prompt_tokens = std::max(options.prompt_tokens, 1);
   scheduler_options.max_new_tokens_limit = 1 << 20;
   scheduler_options.adaptive_prefill = adaptive;
   scheduler_options.step_target_factor = options.target_factor;
-  GenerationScheduler scheduler(&weights, &moe, scheduler_options, nullptr);
+  return scheduler_options;
+}
+
+// The long prompt: `tokens` tokens, one new token wanted.
+GenerationRequest LongPromptRequest(int tokens, int vocab) {
+  GenerationRequest request;
+  for (int t = 0; t < tokens; ++t) request.prompt.push_back((t * 7919 + 3) % vocab);
+  request.max_new_tokens = 1;
+  request.ignore_eos = true;
+  return request;
+}
+
+// The gaps without the long prompt (tokens in (without_from, without_to]) and with it (from its
+// submission at with_from on; with_to is its first token).
+Result Summarize(Recorder& recorder, absl::Time without_from, absl::Time without_to,
+                 absl::Time with_from, absl::Time with_to) {
+  Result result;
+  const std::vector<double> without = recorder.Gaps(without_from, without_to);
+  const std::vector<double> with = recorder.Gaps(with_from, with_to + absl::Seconds(3600));
+  result.p50_without = Percentile(without, 0.50);
+  result.p99_without = Percentile(without, 0.99);
+  result.p50_with = Percentile(with, 0.50);
+  result.p99_with = Percentile(with, 0.99);
+  result.gaps_without = without.size();
+  result.gaps_with = with.size();
+  result.prefill_seconds = absl::ToDoubleSeconds(with_to - with_from);
+  result.long_token = recorder.long_token();
+  return result;
+}
+
+absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, bool adaptive) {
+  // Declared first, so that it outlives the scheduler: a sink's OnFinish may still run after
+  // WaitIdle returns (the request leaves the in-flight set just before it).
+  Recorder recorder(options.streams);
+  LocalRoutedMoe moe(&weights);
+  GenerationScheduler scheduler(&weights, &moe, BenchSchedulerOptions(options, adaptive), nullptr);
   const int vocab = static_cast<int>(weights.config.vocab_size);
 
   // Each stream is a run of requests of `stream_tokens` new tokens after an 8-token prompt, the
@@ -253,12 +286,7 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   recorder.AwaitTokens(20 + options.window);
   const absl::Time without_to = absl::Now();
 
-  GenerationRequest long_request;
-  for (int t = 0; t < options.prompt_tokens; ++t) {
-    long_request.prompt.push_back((t * 7919 + 3) % vocab);
-  }
-  long_request.max_new_tokens = 1;
-  long_request.ignore_eos = true;
+  GenerationRequest long_request = LongPromptRequest(options.prompt_tokens, vocab);
   const absl::Time with_from = absl::Now();
   recorder.StartRequest(recorder.long_stream());
   absl::StatusOr<std::shared_ptr<RequestHandle>> long_handle = scheduler.Submit(
@@ -277,48 +305,14 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
   if (!driver_status.ok()) return driver_status;
   const absl::Time with_to = recorder.LongFirstToken();
 
-  Result result;
-  const std::vector<double> without = recorder.Gaps(without_from, without_to);
-  const std::vector<double> with = recorder.Gaps(with_from, with_to + absl::Seconds(3600));
-  result.p50_without = Percentile(without, 0.50);
-  result.p99_without = Percentile(without, 0.99);
-  result.p50_with = Percentile(with, 0.50);
-  result.p99_with = Percentile(with, 0.99);
-  result.gaps_without = without.size();
-  result.gaps_with = with.size();
-  result.prefill_seconds = absl::ToDoubleSeconds(with_to - with_from);
-  result.long_token = recorder.long_token();
-  return result;
+  return Summarize(recorder, without_from, without_to, with_from, with_to);
 }
 
 int Main(int argc, char** argv) {
   Options options;
-  if (!ParseArgs(argc, argv, &options)) {
-    std::fprintf(stderr,
-                 "usage: itl_bench [--config NAME] [--prompt-tokens N] [--streams N] "
-                 "[--window N] [--stream-tokens N] [--max-batch-tokens N] [--target-factor X]\n");
-    return 2;
-  }
-  absl::StatusOr<ModelConfig> config = NamedConfig(options.config);
-  if (!config.ok()) {
-    std::fprintf(stderr, "itl_bench: %s\n", config.status().ToString().c_str());
-    return 1;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("k3serve-itl-bench-" + options.config);
-  if (!std::filesystem::exists(dir / "config.json")) {
-    if (absl::Status s = WriteRandomModelFolder(*config, 1, dir.string()); !s.ok()) {
-      std::fprintf(stderr, "itl_bench: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
-  if (!checkpoint.ok()) {
-    std::fprintf(stderr, "itl_bench: %s\n", checkpoint.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
-      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  if (std::optional<int> exit_status = ParseOptions(argc, argv, &options)) return *exit_status;
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
+      CachedRandomWeights(options.config, "k3serve-itl-bench-");
   if (!weights.ok()) {
     std::fprintf(stderr, "itl_bench: %s\n", weights.status().ToString().c_str());
     return 1;

@@ -11,7 +11,6 @@
 //                                   [--only-decode N --only-prefill M: that shape and one token]
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,11 +20,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
+#include "bench/random_weights.h"
 #include "engine/local_routed_moe.h"
-#include "model/checkpoint.h"
-#include "model/config.h"
 #include "model/weights.h"
-#include "tools/random_model_folder.h"
 
 namespace k3::bench {
 namespace {
@@ -107,26 +104,8 @@ double Median(std::vector<double> v) {
 }
 
 int Run(const Options& options) {
-  absl::StatusOr<ModelConfig> config = NamedConfig(options.config);
-  if (!config.ok()) {
-    std::fprintf(stderr, "step_cost_bench: %s\n", config.status().ToString().c_str());
-    return 1;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("k3serve-step-cost-bench-" + options.config);
-  if (!std::filesystem::exists(dir / "config.json")) {
-    if (absl::Status s = WriteRandomModelFolder(*config, 1, dir.string()); !s.ok()) {
-      std::fprintf(stderr, "step_cost_bench: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
-  if (!checkpoint.ok()) {
-    std::fprintf(stderr, "step_cost_bench: %s\n", checkpoint.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
-      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
+      CachedRandomWeights(options.config, "k3serve-step-cost-bench-");
   if (!weights.ok()) {
     std::fprintf(stderr, "step_cost_bench: %s\n", weights.status().ToString().c_str());
     return 1;
