@@ -49,20 +49,21 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int Main(int rounds) {
-  if (absl::StatusOr<int> devices = CudaDeviceCount(); !devices.ok()) {
-    fprintf(stderr, "gpu_expert_bench: %s\n", devices.status().ToString().c_str());
-    return 1;
-  }
-  std::mt19937 rng(1);
+// The three MXFP4 matrices (w1, w3: kHidden x kWidth; w2: kWidth x kHidden) of each expert.
+std::vector<Matrix> RandomExpertMatrices(std::mt19937& rng) {
   std::vector<Matrix> matrices;
-  std::vector<GatedMlpWeights> experts;
   for (int e = 0; e < kExperts; ++e) {
     for (int m = 0; m < 3; ++m) {
       matrices.push_back(m < 2 ? RandomMatrix(kHidden, kWidth, rng)
                                : RandomMatrix(kWidth, kHidden, rng));
     }
   }
+  return matrices;
+}
+
+// The experts' weights as views of `matrices` (which must outlive them).
+std::vector<GatedMlpWeights> ExpertWeights(const std::vector<Matrix>& matrices) {
+  std::vector<GatedMlpWeights> experts;
   for (int e = 0; e < kExperts; ++e) {
     auto view = [&](int m, int64_t rows, int64_t cols) {
       const Matrix& x = matrices[3 * e + m];
@@ -71,19 +72,18 @@ int Main(int rounds) {
     experts.push_back(GatedMlpWeights{view(0, kHidden, kWidth), view(1, kHidden, kWidth),
                                       view(2, kWidth, kHidden)});
   }
-  const GluParams params{true, 4.0f, 25.0f};
-  absl::StatusOr<std::unique_ptr<GpuExpertCompute>> gpu =
-      GpuExpertCompute::Create(experts, params, 0);
-  if (!gpu.ok()) {
-    fprintf(stderr, "gpu_expert_bench: %s\n", gpu.status().ToString().c_str());
-    return 1;
-  }
-  struct Shape {
-    int rows;
-    std::vector<float> z, out;
-    std::vector<ExpertAssignment> assignments;
-    std::vector<double> gpu_seconds, cpu_seconds;
-  };
+  return experts;
+}
+
+// One request shape: `rows` rows, each routed to every expert, and its timings.
+struct Shape {
+  int rows;
+  std::vector<float> z, out;
+  std::vector<ExpertAssignment> assignments;
+  std::vector<double> gpu_seconds, cpu_seconds;
+};
+
+std::vector<Shape> RandomShapes(std::mt19937& rng) {
   std::vector<Shape> shapes;
   std::normal_distribution<float> normal(0.f, 1.f);
   for (int rows : {1, 4, 16}) {
@@ -94,6 +94,40 @@ int Main(int rounds) {
     }
     shapes.push_back(std::move(s));
   }
+  return shapes;
+}
+
+void PrintTable(const std::vector<Shape>& shapes, const GpuExpertCompute& gpu, int rounds) {
+  printf("round trips: one MoE layer's request, %d experts of d %lld f %lld (MXFP4, %.0f MB), "
+         "CPU on %d kernel threads; median of %d rounds [range]\n",
+         kExperts, static_cast<long long>(kWidth), static_cast<long long>(kHidden),
+         gpu.weight_bytes() / 1e6, KernelThreadCount(), rounds);
+  printf("%-12s %22s %22s %10s\n", "rows/expert", "GPU us", "CPU us", "CPU/GPU");
+  for (const Shape& s : shapes) {
+    const auto [g_lo, g_hi] = std::minmax_element(s.gpu_seconds.begin(), s.gpu_seconds.end());
+    const auto [c_lo, c_hi] = std::minmax_element(s.cpu_seconds.begin(), s.cpu_seconds.end());
+    printf("%-12d %8.0f [%5.0f-%5.0f] %8.0f [%5.0f-%5.0f] %10.1f\n", s.rows,
+           Median(s.gpu_seconds) * 1e6, *g_lo * 1e6, *g_hi * 1e6, Median(s.cpu_seconds) * 1e6,
+           *c_lo * 1e6, *c_hi * 1e6, Median(s.cpu_seconds) / Median(s.gpu_seconds));
+  }
+}
+
+int Main(int rounds) {
+  if (absl::StatusOr<int> devices = CudaDeviceCount(); !devices.ok()) {
+    fprintf(stderr, "gpu_expert_bench: %s\n", devices.status().ToString().c_str());
+    return 1;
+  }
+  std::mt19937 rng(1);
+  const std::vector<Matrix> matrices = RandomExpertMatrices(rng);
+  const std::vector<GatedMlpWeights> experts = ExpertWeights(matrices);
+  const GluParams params{true, 4.0f, 25.0f};
+  absl::StatusOr<std::unique_ptr<GpuExpertCompute>> gpu =
+      GpuExpertCompute::Create(experts, params, 0);
+  if (!gpu.ok()) {
+    fprintf(stderr, "gpu_expert_bench: %s\n", gpu.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<Shape> shapes = RandomShapes(rng);
   ExpertScratch scratch;
   bool failed = false;
   auto run_gpu = [&](Shape& s) {
@@ -119,18 +153,7 @@ int Main(int rounds) {
     }
   }
   if (failed) return 1;
-  printf("round trips: one MoE layer's request, %d experts of d %lld f %lld (MXFP4, %.0f MB), "
-         "CPU on %d kernel threads; median of %d rounds [range]\n",
-         kExperts, static_cast<long long>(kWidth), static_cast<long long>(kHidden),
-         (*gpu)->weight_bytes() / 1e6, KernelThreadCount(), rounds);
-  printf("%-12s %22s %22s %10s\n", "rows/expert", "GPU us", "CPU us", "CPU/GPU");
-  for (const Shape& s : shapes) {
-    const auto [g_lo, g_hi] = std::minmax_element(s.gpu_seconds.begin(), s.gpu_seconds.end());
-    const auto [c_lo, c_hi] = std::minmax_element(s.cpu_seconds.begin(), s.cpu_seconds.end());
-    printf("%-12d %8.0f [%5.0f-%5.0f] %8.0f [%5.0f-%5.0f] %10.1f\n", s.rows,
-           Median(s.gpu_seconds) * 1e6, *g_lo * 1e6, *g_hi * 1e6, Median(s.cpu_seconds) * 1e6,
-           *c_lo * 1e6, *c_hi * 1e6, Median(s.cpu_seconds) / Median(s.gpu_seconds));
-  }
+  PrintTable(shapes, **gpu, rounds);
   return 0;
 }
 
