@@ -204,12 +204,28 @@ struct Row {
   double difference;  // max relative difference of the outputs
 };
 
+// A progress line on stdout: `what` when made, a dot per Dot(), the line's end when destroyed.
+class ProgressDots {
+ public:
+  explicit ProgressDots(const char* what) {
+    std::printf("%s", what);
+    std::fflush(stdout);
+  }
+  ~ProgressDots() { std::printf("\n"); }
+  ProgressDots(const ProgressDots&) = delete;
+  ProgressDots& operator=(const ProgressDots&) = delete;
+
+  void Dot() {
+    std::printf(".");
+    std::fflush(stdout);
+  }
+};
+
 std::vector<Row> BenchShapes(uint32_t* weight_pool) {
   const Shape shapes[] = {{2048, 1536}, {7168, 3584}};
   const int64_t token_counts[] = {1, 8, 64, 256};
   std::vector<Row> rows;
-  std::printf("Timing matrix products");
-  std::fflush(stdout);
+  ProgressDots progress("Timing matrix products");
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const Shape& shape : shapes) {
@@ -248,12 +264,10 @@ std::vector<Row> BenchShapes(uint32_t* weight_pool) {
         row.difference = MaxRelativeDifference(y.data(), y_peer.data(), m * shape.n);
         row.ours.valid = row.difference < (bf16 ? 2e-2 : 1e-4);
         rows.push_back(row);
-        std::printf(".");
-        std::fflush(stdout);
+        progress.Dot();
       }
     }
   }
-  std::printf("\n");
   return rows;
 }
 
@@ -347,8 +361,7 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const char* base = reinterpret_cast<const char*>(weight_pool);
   std::vector<Mxfp4Row> rows;
-  std::printf("Timing MXFP4 expert products");
-  std::fflush(stdout);
+  ProgressDots progress("Timing MXFP4 expert products");
   for (const Mxfp4Row shape : {Mxfp4Row{"w1/w3", 3072, 3584}, Mxfp4Row{"w2", 3584, 3072}}) {
     const int64_t weights = shape.out * shape.in;
     const int64_t mx_copies = kStreamBytes / (weights / 2);
@@ -380,11 +393,9 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
       row.mxfp4_bytes = kExperts * (weights / 2.0 + weights / 32.0);
       row.bf16_bytes = kExperts * weights * 2.0;
       rows.push_back(row);
-      std::printf(".");
-      std::fflush(stdout);
+      progress.Dot();
     }
   }
-  std::printf("\n");
   return rows;
 }
 
@@ -436,8 +447,7 @@ struct DecodeRow {
 // and on all. Small matrices stream slower per core than large ones: this shows how much.
 std::vector<DecodeRow> BenchDecodeShapes(uint32_t* weight_pool) {
   std::vector<DecodeRow> rows;
-  std::printf("Timing decode-sized products");
-  std::fflush(stdout);
+  ProgressDots progress("Timing decode-sized products");
   std::vector<float> x(8192, 0.5f), y(8192);
   for (DecodeRow row : {DecodeRow{"k3-perf routed expert", 512, 512},
                         DecodeRow{"k3-perf attention", 1024, 1024},
@@ -456,10 +466,8 @@ std::vector<DecodeRow> BenchDecodeShapes(uint32_t* weight_pool) {
     std::tie(row.one_thread, row.all_threads) = TimePair(
         1 << 30, [&](int i) { OnOneThread([&] { call(i); }); }, call);
     rows.push_back(row);
-    std::printf(".");
-    std::fflush(stdout);
+    progress.Dot();
   }
-  std::printf("\n");
   return rows;
 }
 
