@@ -62,7 +62,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
                 "SchedulerOptions::max_batch_tokens");
   app.add_option("--target-factor", options->target_factor,
                  "SchedulerOptions::step_target_factor")
-      ->check(CLI::Range(1.0, std::numeric_limits<double>::max()))
+      ->check(CLI::Range(1.0, 1e6))
       ->capture_default_str();
   if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
