@@ -64,45 +64,43 @@ struct Stats {
 volatile float g_sink;
 
 // Sums n floats read as kStreams interleaved sequential streams (two accumulators each, in
-// registers).
-template <int kStreams>
-K3_AVX512 float SumStreams(const float* p, size_t n) {
+// registers) into one vector *sum of floats, V: __m512 or __m256, added with GCC's vector
+// operators, so that this compiles to the instructions of the ISA of the function it is inlined
+// into (the result is not returned by value: a vector return would be an ABI question).
+template <typename V, int kStreams>
+inline __attribute__((always_inline)) void SumStreamsToVector(const float* p, size_t n, V* sum) {
+  constexpr size_t kLanes = sizeof(V) / sizeof(float);
   const size_t part = n / kStreams / 64 * 64;
-  __m512 acc[2 * kStreams];
-  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = _mm512_setzero_ps();
-  for (size_t i = 0; i < part; i += 64) {
+  V acc[2 * kStreams];
+  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = V{};
+  for (size_t i = 0; i < part; i += 4 * kLanes) {
 #pragma GCC unroll 4
     for (int s = 0; s < kStreams; ++s) {
-      const float* q = p + s * part + i;
-      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q));
-      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 16));
-      acc[2 * s] = _mm512_add_ps(acc[2 * s], _mm512_load_ps(q + 32));
-      acc[2 * s + 1] = _mm512_add_ps(acc[2 * s + 1], _mm512_load_ps(q + 48));
+      const V* q = reinterpret_cast<const V*>(p + s * part + i);
+      acc[2 * s] += q[0];
+      acc[2 * s + 1] += q[1];
+      acc[2 * s] += q[2];
+      acc[2 * s + 1] += q[3];
     }
   }
-  for (int s = 1; s < 2 * kStreams; ++s) acc[0] = _mm512_add_ps(acc[0], acc[s]);
-  return _mm512_reduce_add_ps(acc[0]);
+  for (int s = 1; s < 2 * kStreams; ++s) acc[0] += acc[s];
+  *sum = acc[0];
+}
+
+template <int kStreams>
+K3_AVX512 float SumStreams(const float* p, size_t n) {
+  __m512 sum;
+  SumStreamsToVector<__m512, kStreams>(p, n, &sum);
+  return _mm512_reduce_add_ps(sum);
 }
 
 // SumStreams for AVX2 (ymm): what an AVX2 kernel can read.
 template <int kStreams>
 K3_AVX2 float SumStreamsAvx2(const float* p, size_t n) {
-  const size_t part = n / kStreams / 64 * 64;
-  __m256 acc[2 * kStreams];
-  for (int s = 0; s < 2 * kStreams; ++s) acc[s] = _mm256_setzero_ps();
-  for (size_t i = 0; i < part; i += 32) {
-#pragma GCC unroll 4
-    for (int s = 0; s < kStreams; ++s) {
-      const float* q = p + s * part + i;
-      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_load_ps(q));
-      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_load_ps(q + 8));
-      acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_load_ps(q + 16));
-      acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_load_ps(q + 24));
-    }
-  }
-  for (int s = 1; s < 2 * kStreams; ++s) acc[0] = _mm256_add_ps(acc[0], acc[s]);
+  __m256 vector_sum;
+  SumStreamsToVector<__m256, kStreams>(p, n, &vector_sum);
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc[0]);
+  _mm256_store_ps(lanes, vector_sum);
   float sum = 0;
   for (float lane : lanes) sum += lane;
   return sum;
