@@ -43,11 +43,15 @@ bool IsValidLabelName(std::string_view name) {
          name.substr(0, 2) != "__";
 }
 
-std::string EscapeHelp(const std::string& help) {
+// The text format's escapes: backslash and newline, and in label values double quotes too.
+std::string EscapeText(const std::string& text, bool quotes) {
   std::string out;
-  for (char c : help) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
+    } else if (quotes && c == '"') {
+      out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
     } else {
@@ -56,6 +60,8 @@ std::string EscapeHelp(const std::string& help) {
   }
   return out;
 }
+
+std::string EscapeHelp(const std::string& help) { return EscapeText(help, /*quotes=*/false); }
 
 // {a="x",b="y"} with `extra` (already formatted, e.g. le="1") appended; empty without labels.
 std::string FormatLabels(const std::vector<std::string>& names,
@@ -121,20 +127,7 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 }
 
 std::string EscapeLabelValue(const std::string& value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return EscapeText(value, /*quotes=*/true);
 }
 
 std::string FormatMetricValue(double value) {
@@ -205,6 +198,15 @@ MetricFamily<Histogram>& MetricsRegistry::AddHistogram(const std::string& name,
               .histogram;
 }
 
+template <typename T>
+void MetricsRegistry::AppendValueSeries(const MetricFamily<T>& family, std::string* out) {
+  absl::MutexLock series_lock(&family.mu_);
+  for (const auto& [values, series] : family.series_) {
+    absl::StrAppend(out, family.name_, FormatLabels(family.label_names_, values), " ",
+                    FormatMetricValue(series->Value()), "\n");
+  }
+}
+
 std::string MetricsRegistry::ExpositionText() const {
   std::string out;
   absl::MutexLock lock(&mu_);
@@ -212,22 +214,12 @@ std::string MetricsRegistry::ExpositionText() const {
     absl::StrAppend(&out, "# HELP ", name, " ", EscapeHelp(e.help), "\n");
     absl::StrAppend(&out, "# TYPE ", name, " ", TypeName(e.type), "\n");
     switch (e.type) {
-      case MetricType::kCounter: {
-        absl::MutexLock series_lock(&e.counter->mu_);
-        for (const auto& [values, c] : e.counter->series_) {
-          absl::StrAppend(&out, name, FormatLabels(e.label_names, values), " ",
-                          FormatMetricValue(c->Value()), "\n");
-        }
+      case MetricType::kCounter:
+        AppendValueSeries(*e.counter, &out);
         break;
-      }
-      case MetricType::kGauge: {
-        absl::MutexLock series_lock(&e.gauge->mu_);
-        for (const auto& [values, g] : e.gauge->series_) {
-          absl::StrAppend(&out, name, FormatLabels(e.label_names, values), " ",
-                          FormatMetricValue(g->Value()), "\n");
-        }
+      case MetricType::kGauge:
+        AppendValueSeries(*e.gauge, &out);
         break;
-      }
       case MetricType::kHistogram: {
         absl::MutexLock series_lock(&e.histogram->mu_);
         for (const auto& [values, h] : e.histogram->series_) {

@@ -140,6 +140,9 @@ class MetricsRegistry {
   };
   Entry& FindOrAdd(MetricType type, const std::string& name, const std::string& help,
                    std::vector<std::string> label_names, std::vector<double> bounds);
+  // Appends a counter's or gauge's series to the exposition, a `name{labels} value` line each.
+  template <typename T>
+  static void AppendValueSeries(const MetricFamily<T>& family, std::string* out);
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> families_ ABSL_GUARDED_BY(mu_);
