@@ -26,9 +26,6 @@ namespace k3 {
 namespace {
 
 constexpr unsigned kAmId = 0x4b33;  // every message travels as this active message id
-// Received buffers are lent only at addresses aligned for any scalar a message holds (UCX's
-// shared-memory buffers are 8-byte aligned; moe_wire's in-place decoding needs 4).
-constexpr uintptr_t kLentAlignment = alignof(double);
 
 // Processes with the same key share a kernel and a network namespace: loopback reaches them, and
 // so (usually) does shared memory.
@@ -42,26 +39,6 @@ std::string HostKey() {
 
 }  // namespace
 
-struct UcxTransport::Remote {
-  enum class State {
-    kUp,       // usable (Send needs `ep` too: only our own Connect creates one)
-    kClosing,  // we are closing it gracefully
-    kClosed,   // closed gracefully, by either side
-    kFailed,
-  };
-
-  UcxTransport* transport = nullptr;
-  uint64_t token = 0;
-  std::string where;  // ip:port, for messages
-  bool bound = false;
-  PeerId peer = 0;
-  ucp_ep_h ep = nullptr;
-  bool ep_errored = false;  // UCX reported an error: only a forced close is allowed
-  State state = State::kUp;
-  bool flush_pending = false;
-  int acks_awaited = 0;
-};
-
 struct UcxTransport::Conn {
   int fd = -1;
   uint64_t serial = 0;
@@ -72,21 +49,14 @@ struct UcxTransport::Conn {
 
 struct UcxTransport::SendOp {
   UcxTransport* transport;
-  Remote* remote;
+  UcxRemote* remote;
   uint64_t header;
   std::string data;
 };
 
-struct UcxTransport::RecvOp {
-  UcxTransport* transport;
-  Inbox::Slot slot;
-  std::string data;
-};
-
-
 struct UcxTransport::CloseOp {
   UcxTransport* transport;
-  Remote* remote_to_acknowledge;  // answer its BYE once closed; null for none
+  UcxRemote* remote_to_acknowledge;  // answer its BYE once closed; null for none
 };
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
@@ -98,12 +68,15 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
 }
 
 UcxTransport::UcxTransport(const UcxTransportOptions& options)
-    : options_(options), token_([] {
+    : options_(options),
+      token_([] {
         std::random_device random;
         uint64_t token = 0;
         while (token == 0) token = (uint64_t{random()} << 32) ^ random();
         return token;
-      }()) {}
+      }()),
+      peers_(this),
+      receiver_(&inbox_) {}
 
 absl::Status UcxTransport::Init() {
   host_key_ = HostKey();
@@ -125,11 +98,12 @@ absl::Status UcxTransport::Init() {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<UcxWorker> ucx =
       CreateUcxWorker({options_.tls, options_.net_devices, options_.eager_limit}, kAmId,
-                      &UcxTransport::OnActiveMessage, this);
+                      &UcxReceiver::OnMessage, &receiver_);
   if (!ucx.ok()) return ucx.status();
   context_ = ucx->context;
   worker_ = ucx->worker;
   worker_fd_ = ucx->event_fd;
+  receiver_.set_worker(worker_);
   absl::StatusOr<std::string> worker_address = UcxWorkerAddress(worker_);
   if (!worker_address.ok()) return worker_address.status();
   address.worker_address = *std::move(worker_address);
@@ -146,11 +120,6 @@ UcxTransport::~UcxTransport() {
 }
 
 std::string UcxTransport::LocalAddress() const { return address_; }
-
-std::string UcxTransport::DescribeLocked(const Remote& remote) const {
-  if (remote.bound) return absl::StrCat("peer ", remote.peer, " (", remote.where, ")");
-  return absl::StrCat("process at ", remote.where);
-}
 
 void UcxTransport::Wake() {
   uint64_t one = 1;
@@ -186,33 +155,7 @@ absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
 absl::Status UcxTransport::CheckBindingLocked(PeerId peer, uint64_t token, bool* done) {
   *done = false;
   if (closed_) return absl::FailedPreconditionError("transport closed");
-  auto it = peers_.find(peer);
-  if (it != peers_.end()) {
-    const Remote& bound = *it->second;
-    if (bound.state == Remote::State::kUp && bound.ep != nullptr) {
-      if (bound.token == token) {
-        *done = true;
-        return absl::OkStatus();
-      }
-      return absl::AlreadyExistsError(
-          absl::StrCat("peer ", peer, " is already bound to ", bound.where));
-    }
-  }
-  for (const auto& [id, remote] : peers_) {
-    if (id != peer && remote->token == token && remote->state == Remote::State::kUp &&
-        remote->ep != nullptr) {
-      return absl::AlreadyExistsError(absl::StrCat("that address is already bound to peer ", id));
-    }
-  }
-  auto remote = remotes_.find(token);
-  if (inbox_.Failed(token) ||
-      (remote != remotes_.end() && remote->second->state == Remote::State::kFailed)) {
-    return absl::UnavailableError(absl::StrCat("the process at that address failed"));
-  }
-  if (remote != remotes_.end() && remote->second->state == Remote::State::kClosing) {
-    return absl::FailedPreconditionError("that process is being disconnected");
-  }
-  return absl::OkStatus();
+  return peers_.CheckBinding(peer, token, inbox_.Failed(token), done);
 }
 
 absl::StatusOr<int> UcxTransport::DialPeer(PeerId peer, const UcxAddress& address, bool same_host,
@@ -249,12 +192,7 @@ absl::StatusOr<int> UcxTransport::DialPeer(PeerId peer, const UcxAddress& addres
 
 absl::Status UcxTransport::BindLocked(PeerId peer, const UcxAddress& address, bool same_host,
                                       int fd, const std::string& where) {
-  std::shared_ptr<Remote>& remote = remotes_[address.token];
-  if (remote == nullptr) {
-    remote = std::make_shared<Remote>();
-    remote->transport = this;
-    remote->token = address.token;
-  }
+  UcxRemote& remote = peers_.FindOrAdd(address.token);
   // Shared memory cannot report peer failures in UCX 1.13; everything else can.
   const bool peer_failure_mode = !same_host || !shared_memory_enabled_;
   ucp_ep_params_t ep_params = {};
@@ -263,22 +201,14 @@ absl::Status UcxTransport::BindLocked(PeerId peer, const UcxAddress& address, bo
   ep_params.address = reinterpret_cast<const ucp_address_t*>(address.worker_address.data());
   ep_params.err_mode = peer_failure_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep_params.err_handler.cb = &UcxTransport::OnEndpointError;
-  ep_params.err_handler.arg = remote.get();
+  ep_params.err_handler.arg = &remote;
   ucp_ep_h ep = nullptr;
   ucs_status_t ucs = ucp_ep_create(worker_, &ep_params, &ep);
   if (ucs != UCS_OK) {
     return absl::UnavailableError(
         absl::StrCat("ucp_ep_create for peer ", peer, " at ", where, ": ", ucs_status_string(ucs)));
   }
-  auto previous = peers_.find(peer);
-  if (previous != peers_.end() && previous->second != remote) previous->second->bound = false;
-  remote->where = where;
-  remote->bound = true;
-  remote->peer = peer;
-  remote->ep = ep;
-  remote->ep_errored = false;
-  remote->state = Remote::State::kUp;
-  peers_[peer] = remote;
+  peers_.Bind(peer, remote, ep, where);
   auto conn = std::make_unique<Conn>();
   conn->fd = fd;
   conn->serial = next_conn_serial_++;
@@ -290,12 +220,11 @@ absl::Status UcxTransport::BindLocked(PeerId peer, const UcxAddress& address, bo
 }
 
 void UcxTransport::Disconnect(PeerId peer) {
-  std::shared_ptr<Remote> remote;
+  UcxRemote* remote = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    auto it = peers_.find(peer);
-    if (closed_ || it == peers_.end() || it->second->state != Remote::State::kUp) return;
-    remote = it->second;
+    remote = peers_.Bound(peer);
+    if (closed_ || remote == nullptr || remote->state != UcxRemote::State::kUp) return;
   }
   CloseGracefully({remote});
 }
@@ -303,24 +232,9 @@ void UcxTransport::Disconnect(PeerId peer) {
 absl::Status UcxTransport::Send(PeerId peer, std::string message) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("transport closed");
-  auto it = peers_.find(peer);
-  if (it == peers_.end()) {
-    return absl::NotFoundError(absl::StrCat("peer ", peer, " is not connected"));
-  }
-  Remote& remote = *it->second;
-  switch (remote.state) {
-    case Remote::State::kFailed:
-      return absl::UnavailableError(absl::StrCat(DescribeLocked(remote), " failed"));
-    case Remote::State::kClosing:
-    case Remote::State::kClosed:
-      return absl::FailedPreconditionError(absl::StrCat(DescribeLocked(remote), " is closed"));
-    case Remote::State::kUp:
-      break;
-  }
-  if (remote.ep == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(DescribeLocked(remote), " closed the link; connect it again"));
-  }
+  absl::StatusOr<UcxRemote*> sendable = peers_.ForSend(peer);
+  if (!sendable.ok()) return sendable.status();
+  UcxRemote& remote = **sendable;
   auto* op = new SendOp{this, &remote, token_, std::move(message)};
   ucp_request_param_t param = {};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -337,7 +251,7 @@ absl::Status UcxTransport::Send(PeerId peer, std::string message) {
     std::string reason = absl::StrCat("send failed: ", ucs_status_string(UCS_PTR_STATUS(request)));
     FailLocked(remote, reason);
     Wake();
-    return absl::UnavailableError(absl::StrCat(DescribeLocked(remote), " ", reason));
+    return absl::UnavailableError(absl::StrCat(remote.Describe(), " ", reason));
   }
   sends_.insert(op);
   Wake();
@@ -349,14 +263,12 @@ absl::StatusOr<Received> UcxTransport::Receive(absl::Time deadline) {
 }
 
 void UcxTransport::Close() {
-  std::vector<std::shared_ptr<Remote>> remotes;
+  std::vector<UcxRemote*> remotes;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    for (const auto& [token, remote] : remotes_) {
-      if (remote->state == Remote::State::kUp) remotes.push_back(remote);
-    }
+    remotes = peers_.Up();
   }
   CloseGracefully(remotes);
   {
@@ -372,7 +284,7 @@ void UcxTransport::Close() {
 
   absl::MutexLock lock(&mu_);
   if (worker_ != nullptr) {
-    for (const auto& [token, remote] : remotes_) {
+    for (UcxRemote* remote : peers_.All()) {
       if (remote->ep != nullptr) {
         eps_to_force_close_.push_back(remote->ep);
         remote->ep = nullptr;
@@ -383,33 +295,32 @@ void UcxTransport::Close() {
     while (pending_closes_ > 0 && absl::Now() < deadline) ucp_worker_progress(worker_);
     // Borrowed receive buffers (in the Inbox or held by the owner) point into UCX's memory: the
     // last one given back destroys the worker and the context (at once when none is borrowed).
-    lender_.Retire(std::make_unique<UcxRetiree>(UcxWorker{context_, worker_, worker_fd_}));
+    receiver_.Retire(std::make_unique<UcxRetiree>(UcxWorker{context_, worker_, worker_fd_}));
     worker_ = nullptr;
     context_ = nullptr;
   }
   // The worker is gone: operations it never completed will not call back.
   for (SendOp* op : sends_) delete op;
   sends_.clear();
-  for (RecvOp* op : recvs_) delete op;
-  recvs_.clear();
+  receiver_.ForgetFetches();
   while (!conns_.empty()) CloseConnLocked(conns_.begin()->first);
   inbox_.Close();
 }
 
-void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& remotes) {
+void UcxTransport::CloseGracefully(const std::vector<UcxRemote*>& remotes) {
   const absl::Time deadline = absl::Now() + options_.close_timeout;
   absl::MutexLock lock(&mu_);
   if (worker_ == nullptr) return;
-  std::vector<Remote*> closing;
-  for (const std::shared_ptr<Remote>& remote : remotes) {
-    if (remote->state != Remote::State::kUp) continue;
-    remote->state = Remote::State::kClosing;
-    closing.push_back(remote.get());
+  std::vector<UcxRemote*> closing;
+  for (UcxRemote* remote : remotes) {
+    if (remote->state != UcxRemote::State::kUp) continue;
+    remote->state = UcxRemote::State::kClosing;
+    closing.push_back(remote);
     if (remote->ep == nullptr || remote->ep_errored) continue;
     ucp_request_param_t param = {};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxTransport::OnFlushDone;
-    param.user_data = remote.get();
+    param.user_data = remote;
     ucs_status_ptr_t request = ucp_ep_flush_nbx(remote->ep, &param);
     if (UCS_PTR_IS_PTR(request)) remote->flush_pending = true;
   }
@@ -417,14 +328,14 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
   Wake();
   // 1. Everything we sent has arrived.
   auto flushed = [&closing]() {
-    for (const Remote* remote : closing) {
+    for (const UcxRemote* remote : closing) {
       if (remote->flush_pending) return false;
     }
     return true;
   };
   mu_.AwaitWithDeadline(absl::Condition(&flushed), deadline);
   // 2. BYE on every socket to each remote; it answers once its endpoint to us is closed.
-  for (Remote* remote : closing) {
+  for (UcxRemote* remote : closing) {
     for (auto& [fd, conn] : conns_) {
       if (conn->token != remote->token || conn->awaiting_ack) continue;
       if (WriteLivenessFrame(fd, kBye, token_)) {
@@ -434,18 +345,18 @@ void UcxTransport::CloseGracefully(const std::vector<std::shared_ptr<Remote>>& r
     }
   }
   auto acknowledged = [&closing]() {
-    for (const Remote* remote : closing) {
+    for (const UcxRemote* remote : closing) {
       if (remote->acks_awaited > 0) return false;
     }
     return true;
   };
   mu_.AwaitWithDeadline(absl::Condition(&acknowledged), deadline);
   // 3. Close our endpoints; the remotes no longer use theirs.
-  for (Remote* remote : closing) {
+  for (UcxRemote* remote : closing) {
     CloseEndpointLocked(*remote, /*force=*/remote->ep_errored, /*acknowledge_when_done=*/false);
     CloseConnsOfLocked(remote->token);
     remote->flush_pending = false;
-    remote->state = Remote::State::kClosed;
+    remote->state = UcxRemote::State::kClosed;
   }
   Wake();
 }
@@ -503,7 +414,7 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
     }
     // UCX signals the event fd for receives and completions; the short timeout while operations
     // are pending is a safety net for the few internal events that do not.
-    const bool busy = !sends_.empty() || !recvs_.empty() || pending_closes_ > 0;
+    const bool busy = !sends_.empty() || receiver_.Fetching() || pending_closes_ > 0;
     timeout_ms = std::min(busy ? 1 : 100, PollTimeoutMillis(until));
   }
   if (poll(poll_fds_.data(), poll_fds_.size(), timeout_ms) < 0 && errno != EINTR) {
@@ -528,33 +439,14 @@ void UcxTransport::DriveOnce(absl::Time until, absl::Duration spin) {
   }
 }
 
-void UcxTransport::ReleaseReturnedLocked() {
-  if (!lender_.AnyReturned()) return;
-  for (void* data : lender_.TakeReturned()) ucp_am_data_release(worker_, data);
-}
-
 bool UcxTransport::ProgressLocked() {
-  ReleaseReturnedLocked();
+  receiver_.ReleaseReturned();
   bool progressed = false;
   while (ucp_worker_progress(worker_) != 0) progressed = true;
   while (!eps_to_force_close_.empty()) {
     std::vector<ucp_ep_h> eps = std::move(eps_to_force_close_);
     eps_to_force_close_.clear();
-    for (ucp_ep_h ep : eps) {
-      auto* op = new CloseOp{this, nullptr};
-      ucp_request_param_t param = {};
-      param.op_attr_mask =
-          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      param.cb.send = &UcxTransport::OnCloseDone;
-      param.user_data = op;
-      ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-      if (UCS_PTR_IS_PTR(request)) {
-        ++pending_closes_;
-      } else {
-        delete op;
-      }
-    }
+    for (ucp_ep_h ep : eps) StartEndpointCloseLocked(ep, /*force=*/true, nullptr);
     while (ucp_worker_progress(worker_) != 0) {
     }
     progressed = true;
@@ -606,35 +498,33 @@ void UcxTransport::HandleFrameLocked(Conn& conn, uint32_t type, uint64_t token) 
         CloseConnLocked(conn.fd);
         return;
       }
-      std::shared_ptr<Remote>& remote = remotes_[token];
-      if (remote == nullptr) {
-        remote = std::make_shared<Remote>();
-        remote->transport = this;
-        remote->token = token;
+      bool added = false;
+      UcxRemote* remote = &peers_.FindOrAdd(token, &added);
+      if (added) {
         sockaddr_in sa = {};
         socklen_t len = sizeof(sa);
         getpeername(conn.fd, reinterpret_cast<sockaddr*>(&sa), &len);
         remote->where = Ipv4String(sa.sin_addr.s_addr);
       }
-      if (remote->state == Remote::State::kFailed || remote->state == Remote::State::kClosing) {
+      if (remote->state == UcxRemote::State::kFailed ||
+          remote->state == UcxRemote::State::kClosing) {
         CloseConnLocked(conn.fd);
         return;
       }
       // A process that closed gracefully may connect again; our own endpoint to it stays closed
       // until our Connect.
-      remote->state = Remote::State::kUp;
+      remote->state = UcxRemote::State::kUp;
       conn.token = token;
       if (!WriteLivenessFrame(conn.fd, kHelloAck, token_)) ConnLostLocked(conn.fd);
       return;
     }
     case kBye: {
-      auto it = remotes_.find(conn.token);
-      if (it == remotes_.end()) return;
-      Remote& remote = *it->second;
-      if (remote.state == Remote::State::kClosing) {
+      UcxRemote* remote = peers_.Find(conn.token);
+      if (remote == nullptr) return;
+      if (remote->state == UcxRemote::State::kClosing) {
         WriteLivenessFrame(conn.fd, kByeAck, token_);  // both sides are closing
-      } else if (remote.state == Remote::State::kUp) {
-        PeerClosingLocked(remote);
+      } else if (remote->state == UcxRemote::State::kUp) {
+        PeerClosingLocked(*remote);
       }
       return;
     }
@@ -652,10 +542,10 @@ void UcxTransport::ConnLostLocked(int fd) {
   if (it == conns_.end()) return;
   const uint64_t token = it->second->token;
   CloseConnLocked(fd);
-  auto remote = remotes_.find(token);
-  if (token == 0 || remote == remotes_.end()) return;
-  if (remote->second->state == Remote::State::kUp) {
-    FailLocked(*remote->second, "its process exited or was killed (liveness connection lost)");
+  UcxRemote* remote = peers_.Find(token);
+  if (token == 0 || remote == nullptr) return;
+  if (remote->state == UcxRemote::State::kUp) {
+    FailLocked(*remote, "its process exited or was killed (liveness connection lost)");
   }
 }
 
@@ -663,8 +553,8 @@ void UcxTransport::CloseConnLocked(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   if (it->second->awaiting_ack) {
-    auto remote = remotes_.find(it->second->token);
-    if (remote != remotes_.end()) --remote->second->acks_awaited;
+    UcxRemote* remote = peers_.Find(it->second->token);
+    if (remote != nullptr) --remote->acks_awaited;
   }
   close(fd);
   conns_.erase(it);
@@ -678,24 +568,24 @@ void UcxTransport::CloseConnsOfLocked(uint64_t token) {
   for (int fd : fds) CloseConnLocked(fd);
 }
 
-void UcxTransport::PeerClosingLocked(Remote& remote) {
-  remote.state = Remote::State::kClosed;
+void UcxTransport::PeerClosingLocked(UcxRemote& remote) {
+  remote.state = UcxRemote::State::kClosed;
   CloseEndpointLocked(remote, /*force=*/remote.ep_errored, /*acknowledge_when_done=*/true);
 }
 
-void UcxTransport::AcknowledgeByeLocked(Remote& remote) {
+void UcxTransport::AcknowledgeByeLocked(UcxRemote& remote) {
   for (const auto& [fd, conn] : conns_) {
     if (conn->token == remote.token) WriteLivenessFrame(fd, kByeAck, token_);
   }
   CloseConnsOfLocked(remote.token);
 }
 
-void UcxTransport::FailLocked(Remote& remote, const std::string& reason) {
-  if (remote.state == Remote::State::kFailed) return;
-  remote.state = Remote::State::kFailed;
+void UcxTransport::FailLocked(UcxRemote& remote, const std::string& reason) {
+  if (remote.state == UcxRemote::State::kFailed) return;
+  remote.state = UcxRemote::State::kFailed;
   remote.flush_pending = false;
   inbox_.Fail(remote.token,
-              absl::UnavailableError(absl::StrCat(DescribeLocked(remote), " failed: ", reason)));
+              absl::UnavailableError(absl::StrCat(remote.Describe(), " failed: ", reason)));
   if (remote.ep != nullptr) {
     eps_to_force_close_.push_back(remote.ep);
     remote.ep = nullptr;
@@ -703,14 +593,20 @@ void UcxTransport::FailLocked(Remote& remote, const std::string& reason) {
   CloseConnsOfLocked(remote.token);
 }
 
-void UcxTransport::CloseEndpointLocked(Remote& remote, bool force, bool acknowledge_when_done) {
+void UcxTransport::CloseEndpointLocked(UcxRemote& remote, bool force, bool acknowledge_when_done) {
   ucp_ep_h ep = remote.ep;
   remote.ep = nullptr;
   if (ep == nullptr) {
     if (acknowledge_when_done) AcknowledgeByeLocked(remote);
     return;
   }
-  auto* op = new CloseOp{this, acknowledge_when_done ? &remote : nullptr};
+  if (StartEndpointCloseLocked(ep, force, acknowledge_when_done ? &remote : nullptr)) return;
+  if (acknowledge_when_done) AcknowledgeByeLocked(remote);
+}
+
+bool UcxTransport::StartEndpointCloseLocked(ucp_ep_h ep, bool force,
+                                            UcxRemote* remote_to_acknowledge) {
+  auto* op = new CloseOp{this, remote_to_acknowledge};
   ucp_request_param_t param = {};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   if (force) {
@@ -722,80 +618,19 @@ void UcxTransport::CloseEndpointLocked(Remote& remote, bool force, bool acknowle
   ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(request)) {
     ++pending_closes_;
-    return;
+    return true;
   }
   delete op;
-  if (acknowledge_when_done) AcknowledgeByeLocked(remote);
+  return false;
 }
 
 // The callbacks below run inside ucp calls, all of which are made with mu_ held.
-
-ucs_status_t UcxTransport::OnActiveMessage(void* arg, const void* header, size_t header_length,
-                                           void* data, size_t length,
-                                           const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxTransport*>(arg);
-  uint64_t token = 0;
-  const bool valid = header_length == sizeof(token);
-  if (valid) memcpy(&token, header, sizeof(token));
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    // The data is still at the sender: fetch it into a buffer of its size. Malformed messages are
-    // fetched too (the sender's request completes) and then dropped.
-    auto* op =
-        new RecvOp{self, valid ? self->inbox_.Reserve(token) : nullptr, std::string(length, '\0')};
-    ucp_request_param_t recv_param = {};
-    recv_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    recv_param.cb.recv_am = &UcxTransport::OnRecvDone;
-    recv_param.user_data = op;
-    ucs_status_ptr_t request =
-        ucp_am_recv_data_nbx(self->worker_, data, op->data.data(), length, &recv_param);
-    if (UCS_PTR_IS_PTR(request)) {
-      self->recvs_.insert(op);
-      return UCS_OK;
-    }
-    if (op->slot != nullptr) {
-      if (request == nullptr) {
-        self->inbox_.Fill(op->slot, std::move(op->data));
-      } else {
-        self->inbox_.Drop(op->slot);
-      }
-    }
-    delete op;
-    return UCS_OK;
-  }
-  if (!valid) {
-    LOG(WARNING) << "UCX transport: dropped a message with a " << header_length << "-byte header";
-    return UCS_OK;
-  }
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0 &&
-      reinterpret_cast<uintptr_t>(data) % kLentAlignment == 0) {
-    // Read where UCX put it (ucx_transport.h, "Receiving in place").
-    self->inbox_.Deliver(token, self->lender_.Lend(static_cast<const char*>(data), length));
-    return UCS_INPROGRESS;
-  }
-  self->inbox_.Deliver(token, std::string(static_cast<const char*>(data), length));
-  return UCS_OK;
-}
-
-void UcxTransport::OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
-  auto* op = static_cast<RecvOp*>(user_data);
-  op->transport->recvs_.erase(op);
-  ucp_request_free(request);
-  if (op->slot != nullptr) {
-    if (status == UCS_OK) {
-      op->data.resize(length);
-      op->transport->inbox_.Fill(op->slot, std::move(op->data));
-    } else {
-      op->transport->inbox_.Drop(op->slot);
-    }
-  }
-  delete op;
-}
 
 void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<SendOp*>(user_data);
   op->transport->sends_.erase(op);
   ucp_request_free(request);
-  if (status != UCS_OK && op->remote->state == Remote::State::kUp) {
+  if (status != UCS_OK && op->remote->state == UcxRemote::State::kUp) {
     op->transport->FailLocked(*op->remote,
                               absl::StrCat("send failed: ", ucs_status_string(status)));
   }
@@ -803,7 +638,7 @@ void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_dat
 }
 
 void UcxTransport::OnFlushDone(void* request, ucs_status_t status, void* user_data) {
-  auto* remote = static_cast<Remote*>(user_data);
+  auto* remote = static_cast<UcxRemote*>(user_data);
   ucp_request_free(request);
   remote->flush_pending = false;
   if (status != UCS_OK) remote->ep_errored = true;
@@ -820,10 +655,10 @@ void UcxTransport::OnCloseDone(void* request, ucs_status_t /*status*/, void* use
 }
 
 void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* remote = static_cast<Remote*>(arg);
+  auto* remote = static_cast<UcxRemote*>(arg);
   if (remote->ep != ep) return;  // an endpoint already being closed
   remote->ep_errored = true;
-  if (remote->state == Remote::State::kUp) {
+  if (remote->state == UcxRemote::State::kUp) {
     remote->transport->FailLocked(*remote,
                                   absl::StrCat("UCX endpoint error: ", ucs_status_string(status)));
   }

@@ -33,7 +33,7 @@
 // messages over TCP) or hands out at an address that is not 8-byte aligned (moe_wire's in-place
 // decoding needs 4) is copied into a std::string, and a rendezvous message is fetched straight into
 // one. A buffer still borrowed when the Transport is destroyed keeps UCX's worker alive until it
-// is given back; the last one destroys the worker (the books: buffer_lender.h).
+// is given back; the last one destroys the worker (ucx_receiver.h; the books: buffer_lender.h).
 //
 // Memory. Sent messages are std::strings, so with glibc's default malloc every buffer of 128 KiB or
 // more is a fresh mmap whose page faults cost more than the copy (3-10x slower rounds at 256 KiB on
@@ -64,11 +64,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cluster/buffer_lender.h"
 #include "cluster/drive_baton.h"
 #include "cluster/inbox.h"
-#include "cluster/ucx_address.h"
 #include "cluster/transport.h"
+#include "cluster/ucx_address.h"
+#include "cluster/ucx_peer_table.h"
+#include "cluster/ucx_receiver.h"
 
 namespace k3 {
 
@@ -119,10 +120,8 @@ class UcxTransport final : public Transport {
   size_t QueuedForReceive() const { return inbox_.Queued(); }
 
  private:
-  struct Remote;
   struct Conn;
   struct SendOp;
-  struct RecvOp;
   struct CloseOp;
 
   explicit UcxTransport(const UcxTransportOptions& options);
@@ -148,8 +147,6 @@ class UcxTransport final : public Transport {
   // Runs UCX until it has nothing to do, then closes endpoints of peers that failed meanwhile.
   // Returns whether anything happened.
   bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives UCX back the receive buffers whose borrowers let go.
-  void ReleaseReturnedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
   void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -159,19 +156,20 @@ class UcxTransport final : public Transport {
   void CloseConnLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseConnsOfLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a peer's BYE: stops sending, flush-closes the endpoint, then acknowledges.
-  void PeerClosingLocked(Remote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AcknowledgeByeLocked(Remote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailLocked(Remote& remote, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CloseEndpointLocked(Remote& remote, bool force, bool acknowledge_when_done)
+  void PeerClosingLocked(UcxRemote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcknowledgeByeLocked(UcxRemote& remote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(UcxRemote& remote, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseEndpointLocked(UcxRemote& remote, bool force, bool acknowledge_when_done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts closing `ep` (force: without flushing, for an endpoint UCX reported or a failed peer).
+  // True when UCX finishes later (OnCloseDone, which then answers `remote_to_acknowledge`'s BYE
+  // unless it is null); false when the close is done already.
+  bool StartEndpointCloseLocked(ucp_ep_h ep, bool force, UcxRemote* remote_to_acknowledge)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The graceful close handshake, as the closing side, with every remote in `remotes` at once.
-  void CloseGracefully(const std::vector<std::shared_ptr<Remote>>& remotes);
-  std::string DescribeLocked(const Remote& remote) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseGracefully(const std::vector<UcxRemote*>& remotes);
 
-  static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length, const ucp_am_recv_param_t* param);
   static void OnSendDone(void* request, ucs_status_t status, void* user_data);
-  static void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data);
   static void OnFlushDone(void* request, ucs_status_t status, void* user_data);
   static void OnCloseDone(void* request, ucs_status_t status, void* user_data);
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -190,18 +188,17 @@ class UcxTransport final : public Transport {
   int wake_fd_ = -1;
   bool shared_memory_enabled_ = true;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Every remote process ever seen, by token. Entries stay (endpoint callbacks point at them).
-  std::map<uint64_t, std::shared_ptr<Remote>> remotes_ ABSL_GUARDED_BY(mu_);
-  std::map<PeerId, std::shared_ptr<Remote>> peers_ ABSL_GUARDED_BY(mu_);
+  // Every remote process ever seen and the PeerIds bound to them (entries stay: endpoint
+  // callbacks point at them).
+  UcxPeerTable peers_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   uint64_t next_conn_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // Operations UCX still owns; what is left at shutdown is freed here.
   std::set<SendOp*> sends_ ABSL_GUARDED_BY(mu_);
-  std::set<RecvOp*> recvs_ ABSL_GUARDED_BY(mu_);
   int pending_closes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The books of UCX's receive buffers lent out as Received::bytes (shared with their borrowers,
-  // who may outlive the transport).
-  BufferLender lender_;
+  // Turns the worker's active messages into inbox_'s deliveries; keeps the books of the receive
+  // buffers it lends out as Received::bytes.
+  UcxReceiver receiver_ ABSL_GUARDED_BY(mu_);
   // Endpoints of failed peers, force-closed after the current progress call returns.
   std::vector<ucp_ep_h> eps_to_force_close_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
