@@ -57,12 +57,7 @@ K3_AVX2 inline void StoreSums(const __m256 (&acc)[R][T], float* const* yt, int64
   for (int i = 0; i < kPadded; i += 4) {
     _mm_storeu_ps(sums + i, SumsOf4(flat[i], flat[i + 1], flat[i + 2], flat[i + 3]));
   }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      float& out = yt[t][row + r];
-      out = accumulate ? out + sums[r * T + t] : sums[r * T + t];
-    }
-  }
+  x86::StoreRowSums<T, R>(sums, yt, row, accumulate);
 }
 
 // One 32-input step of R BF16 rows into accumulators acc[P r + p]: w[r] points at the step's 32
@@ -95,11 +90,9 @@ template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
-  for (int r = 0; r < R * P; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const uint16_t* stream[R];
-  for (int r = 0; r < R; ++r) stream[r] = w + (row + P * r) * cols;
+  x86::RowStreamStarts<R, P>(w, cols, row, stream);
   const int64_t whole = cols / 32 * 32;
   for (int p = 0; p < P; ++p) {
     for (int64_t k = 0; k < whole; k += 32) {
@@ -128,11 +121,9 @@ template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
-  for (int r = 0; r < R * P; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const float* stream[R];
-  for (int r = 0; r < R; ++r) stream[r] = w + (row + P * r) * cols;
+  x86::RowStreamStarts<R, P>(w, cols, row, stream);
   for (int p = 0; p < P; ++p) {
     for (int64_t k = 0; k < cols; k += 8) {
       const int64_t left = std::min<int64_t>(8, cols - k);
@@ -205,9 +196,7 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
                        bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m256 acc[R][T];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const uint8_t* codes[R];
   const uint8_t* scales[R];
   x86::Mxfp4RowStarts(*w, cols, row, codes, scales);

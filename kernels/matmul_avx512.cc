@@ -47,6 +47,19 @@ using x86::PrefetchRowAhead;
 // for every weight row, and the loads, not the multiplies, become the bottleneck.
 K3_AVX512 inline void KeepInRegister(__m512& v) { asm("" : "+v"(v)); }
 
+// Loads the 32-input block at k of T packed activation rows (see PackRowInputs) as its even and
+// odd inputs, kept in registers for every row of the block.
+template <int T>
+K3_AVX512 inline void LoadPackedInputs(const float* const* xp, int64_t k, __m512 (&even)[T],
+                                       __m512 (&odd)[T]) {
+  for (int t = 0; t < T; ++t) {
+    even[t] = _mm512_load_ps(xp[t] + k);
+    odd[t] = _mm512_load_ps(xp[t] + k + 16);
+    KeepInRegister(even[t]);
+    KeepInRegister(odd[t]);
+  }
+}
+
 // The sums of four vectors, in the four lanes of the result (a, b, c, d).
 K3_AVX512 inline __m128 SumsOf4(__m512 a, __m512 b, __m512 c, __m512 d) {
   // Halve twice across 128-bit lanes, then once more within each lane twice.
@@ -74,12 +87,7 @@ K3_AVX512 inline void StoreSums(const __m512 (&acc)[R][T], float* const* yt, int
   if constexpr (kCount % 4 != 0) {  // a tail only where the groups of four leave one
     for (; i < kCount; ++i) sums[i] = _mm512_reduce_add_ps(acc[i / T][i % T]);
   }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      float& out = yt[t][row + r];
-      out = accumulate ? out + sums[r * T + t] : sums[r * T + t];
-    }
-  }
+  x86::StoreRowSums<T, R>(sums, yt, row, accumulate);
 }
 
 // xp: T packed activation rows (see PackRowInputs). R streams of P consecutive rows each (see
@@ -88,11 +96,9 @@ template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp,
                          float* const* yt, bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
-  for (int r = 0; r < R * P; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const uint16_t* streams[R];
-  for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
+  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __mmask32 tail = static_cast<__mmask32>((1ull << (cols % 32)) - 1);
   for (int p = 0; p < P; ++p) {
@@ -102,12 +108,7 @@ K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp
         PrefetchRowAhead<R>(streams[r], 2 * (p * cols + k), 2 * P * cols);
       }
       __m512 even[T], odd[T];
-      for (int t = 0; t < T; ++t) {
-        even[t] = _mm512_load_ps(xp[t] + k);
-        odd[t] = _mm512_load_ps(xp[t] + k + 16);
-        KeepInRegister(even[t]);
-        KeepInRegister(odd[t]);
-      }
+      LoadPackedInputs(xp, k, even, odd);
       for (int r = 0; r < R; ++r) {
         const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
         const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -127,11 +128,9 @@ template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
-  for (int r = 0; r < R * P; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const float* streams[R];
-  for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
+  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
   for (int p = 0; p < P; ++p) {
     for (int64_t k = 0; k < cols; k += 16) {
@@ -171,15 +170,10 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
                          bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m512 acc[R][T];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  }
+  x86::ZeroAccumulators(acc);
   const uint8_t* codes[R];
   const uint8_t* scales[R];
-  for (int r = 0; r < R; ++r) {
-    codes[r] = w->codes + (row + r) * cols / 2;
-    scales[r] = w->scales + (row + r) * cols / kMxfp4Group;
-  }
+  x86::Mxfp4RowStarts(*w, cols, row, codes, scales);
   const float* scaled_tables = ScaledE2m1Tables();
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
@@ -194,12 +188,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
       }
     }
     __m512 even[T], odd[T];
-    for (int t = 0; t < T; ++t) {
-      even[t] = _mm512_load_ps(xp[t] + k);
-      odd[t] = _mm512_load_ps(xp[t] + k + 16);
-      KeepInRegister(even[t]);
-      KeepInRegister(odd[t]);
-    }
+    LoadPackedInputs(xp, k, even, odd);
     for (int r = 0; r < R; ++r) {
       const __m512i v =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
@@ -386,6 +375,20 @@ K3_AVX512 inline void StoreTile(const __m512 (&acc)[kTileTokens][3], float* y, i
   }
 }
 
+// acc[t][j] += w_j * x[t] for the tile's tokens: one input's step of the micro-kernels, x its
+// activations (kTileTokens of them), w0..w2 its weights for the panel's three 16-row groups.
+K3_AVX512 inline __attribute__((always_inline)) void TileFma(__m512 w0, __m512 w1, __m512 w2,
+                                                             const float* x,
+                                                             __m512 (&acc)[kTileTokens][3]) {
+#pragma GCC unroll 8
+  for (int t = 0; t < kTileTokens; ++t) {
+    const __m512 b = _mm512_set1_ps(x[t]);
+    acc[t][0] = _mm512_fmadd_ps(w0, b, acc[t][0]);
+    acc[t][1] = _mm512_fmadd_ps(w1, b, acc[t][1]);
+    acc[t][2] = _mm512_fmadd_ps(w2, b, acc[t][2]);
+  }
+}
+
 // y[t, 0:48] (+)= sum_k W[k, 0:48] * x[k, t] for one packed panel and one packed tile.
 // REQUIRES: kc even (both packs are zero-padded to it).
 K3_AVX512 void MicroKernel(const uint16_t*, const float* packed_w, const float* packed_x,
@@ -403,24 +406,12 @@ K3_AVX512 void MicroKernel(const uint16_t*, const float* packed_w, const float* 
     __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(pairs), 16));
     __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(pairs + 1), 16));
     __m512 w2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512(pairs + 2), 16));
-#pragma GCC unroll 8
-    for (int t = 0; t < kTileTokens; ++t) {
-      const __m512 b = _mm512_set1_ps(xk[t]);
-      acc[t][0] = _mm512_fmadd_ps(w0, b, acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(w1, b, acc[t][1]);
-      acc[t][2] = _mm512_fmadd_ps(w2, b, acc[t][2]);
-    }
+    TileFma(w0, w1, w2, xk, acc);
     // Odd k: the high bf16, masked.
     w0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(pairs), high_half));
     w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(pairs + 1), high_half));
     w2 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_load_si512(pairs + 2), high_half));
-#pragma GCC unroll 8
-    for (int t = 0; t < kTileTokens; ++t) {
-      const __m512 b = _mm512_set1_ps(xk[kTileTokens + t]);
-      acc[t][0] = _mm512_fmadd_ps(w0, b, acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(w1, b, acc[t][1]);
-      acc[t][2] = _mm512_fmadd_ps(w2, b, acc[t][2]);
-    }
+    TileFma(w0, w1, w2, xk + kTileTokens, acc);
   }
   StoreTile(acc, y, y_stride, tokens, rows, accumulate);
 }
@@ -438,13 +429,7 @@ K3_AVX512 void MicroKernel(const float*, const float* packed_w, const float* pac
     const __m512 w1 = _mm512_load_ps(wk + 16);
     const __m512 w2 = _mm512_load_ps(wk + 32);
     const float* xk = packed_x + k * kTileTokens;
-#pragma GCC unroll 8
-    for (int t = 0; t < kTileTokens; ++t) {
-      const __m512 b = _mm512_set1_ps(xk[t]);
-      acc[t][0] = _mm512_fmadd_ps(w0, b, acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(w1, b, acc[t][1]);
-      acc[t][2] = _mm512_fmadd_ps(w2, b, acc[t][2]);
-    }
+    TileFma(w0, w1, w2, xk, acc);
   }
   StoreTile(acc, y, y_stride, tokens, rows, accumulate);
 }

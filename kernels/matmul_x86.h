@@ -71,6 +71,26 @@ inline __attribute__((always_inline)) void ZeroAccumulators(V (&acc)[N][T]) {
   }
 }
 
+// Stores (or, when `accumulate`, adds) a block's reduced sums, sums[r * T + t], to yt[t][row + r].
+template <int T, int R>
+inline __attribute__((always_inline)) void StoreRowSums(const float* sums, float* const* yt,
+                                                        int64_t row, bool accumulate) {
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float& out = yt[t][row + r];
+      out = accumulate ? out + sums[r * T + t] : sums[r * T + t];
+    }
+  }
+}
+
+// The starts of R streams of P consecutive rows each, from `row` (stream r: rows row + P r ..
+// row + P r + P - 1 of a matrix of `cols` inputs; see RowsGroup below).
+template <int R, int P, typename WT>
+inline __attribute__((always_inline)) void RowStreamStarts(const WT* w, int64_t cols, int64_t row,
+                                                           const WT* (&streams)[R]) {
+  for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
+}
+
 // The starts of the codes and scales of MXFP4 rows [row, row + R).
 template <int R>
 inline __attribute__((always_inline)) void Mxfp4RowStarts(const Mxfp4Rows& w, int64_t cols,
