@@ -489,16 +489,10 @@ size_t KdaState::ByteSize() const {
 absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weights, const float* x,
                              absl::Span<const KdaSegment> segments, float* out, Scratch* scratch,
                              KdaAlgorithm algorithm) {
-  int64_t rows = 0;
-  for (const KdaSegment& segment : segments) {
-    if (segment.state == nullptr) return absl::InvalidArgumentError("KDA segment without a state");
-    if (segment.tokens < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KDA segment tokens ", segment.tokens, " < 0"));
-    }
-    K3_RETURN_IF_ERROR(Validate(config, weights, *segment.state));
-    rows += segment.tokens;
-  }
+  K3_ASSIGN_OR_RETURN(
+      const int64_t rows,
+      CheckSegments("KDA", "state", segments, &KdaSegment::state,
+                    [&](const KdaState& state) { return Validate(config, weights, state); }));
   if (rows == 0) return absl::OkStatus();
 
   const LinearAttnConfig& la = config.linear_attn;

@@ -71,23 +71,21 @@ K3_SIMD_INLINE float ExpScalar(float x) {
   return simd::Exp(v)[0];
 }
 
+// Scratch::Get and GetInts: slot `slot` of `buffers`, grown to at least n elements.
+template <typename T>
+T* GrowSlot(std::vector<std::vector<T>>& buffers, int slot, size_t n) {
+  CHECK_GE(slot, 0);
+  if (static_cast<size_t>(slot) >= buffers.size()) buffers.resize(slot + 1);
+  std::vector<T>& buffer = buffers[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 }  // namespace
 
-float* Scratch::Get(int slot, size_t n) {
-  CHECK_GE(slot, 0);
-  if (static_cast<size_t>(slot) >= buffers_.size()) buffers_.resize(slot + 1);
-  std::vector<float>& buffer = buffers_[slot];
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
-}
+float* Scratch::Get(int slot, size_t n) { return GrowSlot(buffers_, slot, n); }
 
-int64_t* Scratch::GetInts(int slot, size_t n) {
-  CHECK_GE(slot, 0);
-  if (static_cast<size_t>(slot) >= ints_.size()) ints_.resize(slot + 1);
-  std::vector<int64_t>& buffer = ints_[slot];
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
-}
+int64_t* Scratch::GetInts(int slot, size_t n) { return GrowSlot(ints_, slot, n); }
 
 size_t Scratch::ByteSize() const {
   size_t bytes = 0;

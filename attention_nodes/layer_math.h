@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 
@@ -50,6 +53,30 @@ absl::Status CheckWeightMatrix(const char* mixer, const WeightMatrix& m, int64_t
                                int64_t cols, const char* name);
 absl::Status CheckWeightVector(const char* mixer, const std::vector<float>& v, size_t size,
                                const char* name);
+
+// Checks the segments of a mixer's batched call (KdaSegment, MlaSegment: a `State*` member named
+// by `state` and `int64_t tokens`) before anything runs: InvalidArgument naming `mixer` for a
+// segment without its state (called `state_name`: "state", "cache") or with tokens < 0, else the
+// first error of check_state(*state). Returns the segments' total tokens (the batch's rows).
+template <typename Segment, typename State, typename CheckState>
+absl::StatusOr<int64_t> CheckSegments(const char* mixer, const char* state_name,
+                                      absl::Span<const Segment> segments, State* Segment::*state,
+                                      const CheckState& check_state) {
+  int64_t rows = 0;
+  for (const Segment& segment : segments) {
+    if (segment.*state == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(mixer, " segment without a ", state_name));
+    }
+    if (segment.tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(mixer, " segment tokens ", segment.tokens, " < 0"));
+    }
+    absl::Status status = check_state(*(segment.*state));
+    if (!status.ok()) return status;
+    rows += segment.tokens;
+  }
+  return rows;
+}
 
 // x = scale · x / sqrt(Σ x² + 1e-6) (spec §3.3; the ε sits inside the root, on the sum).
 void L2NormalizeInPlace(float* x, int64_t dim, float scale);

@@ -480,16 +480,10 @@ void MlaCache::Reserve(int64_t tokens) {
 absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weights, const float* x,
                              absl::Span<const MlaSegment> segments, float* out, Scratch* scratch,
                              MlaForm form) {
-  int64_t rows = 0;
-  for (const MlaSegment& segment : segments) {
-    if (segment.cache == nullptr) return absl::InvalidArgumentError("MLA segment without a cache");
-    if (segment.tokens < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MLA segment tokens ", segment.tokens, " < 0"));
-    }
-    K3_RETURN_IF_ERROR(Validate(config, weights, *segment.cache));
-    rows += segment.tokens;
-  }
+  K3_ASSIGN_OR_RETURN(
+      const int64_t rows,
+      CheckSegments("MLA", "cache", segments, &MlaSegment::cache,
+                    [&](const MlaCache& cache) { return Validate(config, weights, cache); }));
   if (rows == 0) return absl::OkStatus();
 
   const MlaDims dims = DimsOf(config);

@@ -12,6 +12,22 @@
 #include "model/glu_params.h"
 
 namespace k3 {
+namespace {
+
+// The micro-batch's sequences as the segments of a batched mixer call (KdaSegment, MlaSegment):
+// each sequence's state for `layer` (from SequenceState::kda or ::mla) and its new tokens.
+// `segments` is cleared first; its capacity is reused.
+template <typename Segment, typename State>
+void FillSegments(absl::Span<const BatchEntry> entries, std::vector<State> SequenceState::*states,
+                  int layer, std::vector<Segment>* segments) {
+  segments->clear();
+  for (const BatchEntry& entry : entries) {
+    segments->push_back(
+        Segment{&(entry.state->*states)[layer], static_cast<int64_t>(entry.tokens.size())});
+  }
+}
+
+}  // namespace
 
 size_t SequenceState::ByteSize() const {
   size_t bytes = 0;
@@ -193,19 +209,11 @@ absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
   // attention run per sequence over its own state.
   absl::Status mixed;
   if (lw.is_kda) {
-    kda_segments_.clear();
-    for (const BatchEntry& entry : mb.entries) {
-      kda_segments_.push_back(
-          KdaSegment{&entry.state->kda[layer], static_cast<int64_t>(entry.tokens.size())});
-    }
+    FillSegments(mb.entries, &SequenceState::kda, layer, &kda_segments_);
     mixed = KdaForwardBatch(config, lw.kda, mb.normed.data(), kda_segments_, mb.mixed.data(),
                             &mixer_scratch_);
   } else {
-    mla_segments_.clear();
-    for (const BatchEntry& entry : mb.entries) {
-      mla_segments_.push_back(
-          MlaSegment{&entry.state->mla[layer], static_cast<int64_t>(entry.tokens.size())});
-    }
+    FillSegments(mb.entries, &SequenceState::mla, layer, &mla_segments_);
     mixed = MlaForwardBatch(config, lw.mla, mb.normed.data(), mla_segments_, mb.mixed.data(),
                             &mixer_scratch_);
   }

@@ -7,11 +7,6 @@
 namespace k3 {
 namespace {
 
-using simd::kWidth;
-using simd::Load;
-using simd::Store;
-using simd::Vec16;
-
 typedef double Vec8d __attribute__((vector_size(64)));
 
 K3_SIMD_INLINE double Sum(Vec8d v) {
@@ -25,7 +20,9 @@ K3_SIMD_INLINE double Sum(Vec8d v) {
 K3_VECTOR_CLONES
 void ScaleByVector(const float* x, float alpha, const float* gamma, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth) Store(y + i, Load(x + i) * alpha * Load(gamma + i));
+  for (; i + simd::kWidth <= n; i += simd::kWidth) {
+    simd::Store(y + i, simd::Load(x + i) * alpha * simd::Load(gamma + i));
+  }
   for (; i < n; ++i) y[i] = x[i] * alpha * gamma[i];
 }
 
@@ -37,8 +34,8 @@ double SumOfSquares(const float* x, int64_t n) {
   // rounding left is in the additions.
   Vec8d acc_lo{}, acc_hi{};
   int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth) {
-    const Vec16 v = Load(x + i);
+  for (; i + simd::kWidth <= n; i += simd::kWidth) {
+    const simd::Vec16 v = simd::Load(x + i);
     const Vec8d lo =
         __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), Vec8d);
     const Vec8d hi = __builtin_convertvector(
