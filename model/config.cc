@@ -34,73 +34,30 @@ class ObjectReader {
   std::string Path(std::string_view name) const { return absl::StrCat(path_, Sv(name)); }
 
   absl::Status Int(std::string_view name, int* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    auto r = json::ToInt(*v, Path(name), INT_MIN, INT_MAX);
-    if (!r.ok()) return r.status();
-    *out = static_cast<int>(*r);
-    return absl::OkStatus();
+    return Convert(name, out, [](const Json& v, std::string_view path) {
+      return json::ToInt(v, path, INT_MIN, INT_MAX);
+    });
   }
   absl::Status Int64(std::string_view name, int64_t* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    auto r = json::ToInt(*v, Path(name), INT64_MIN, INT64_MAX);
-    if (!r.ok()) return r.status();
-    *out = *r;
-    return absl::OkStatus();
+    return Convert(name, out, [](const Json& v, std::string_view path) {
+      return json::ToInt(v, path, INT64_MIN, INT64_MAX);
+    });
+  }
+  absl::Status Float(std::string_view name, float* out) const {
+    return Convert(name, out, json::ToFloat);
   }
   // Null resets the optional.
   absl::Status OptInt(std::string_view name, std::optional<int>* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    if (v->is_null()) {
-      out->reset();
-      return absl::OkStatus();
-    }
-    int value = 0;
-    if (auto s = Int(name, &value); !s.ok()) return s;
-    *out = value;
-    return absl::OkStatus();
-  }
-  absl::Status Float(std::string_view name, float* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    auto r = json::ToFloat(*v, Path(name));
-    if (!r.ok()) return r.status();
-    *out = *r;
-    return absl::OkStatus();
+    return Optional(name, out, &ObjectReader::Int);
   }
   absl::Status OptFloat(std::string_view name, std::optional<float>* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    if (v->is_null()) {
-      out->reset();
-      return absl::OkStatus();
-    }
-    float value = 0;
-    if (auto s = Float(name, &value); !s.ok()) return s;
-    *out = value;
-    return absl::OkStatus();
+    return Optional(name, out, &ObjectReader::Float);
   }
   absl::Status Bool(std::string_view name, bool* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_boolean()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Path(name), " must be true or false, got ", json::Describe(*v)));
-    }
-    *out = v->get<bool>();
-    return absl::OkStatus();
+    return Typed(name, out, &Json::is_boolean, "true or false");
   }
   absl::Status String(std::string_view name, std::string* out) const {
-    const Json* v = Find(name);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Path(name), " must be a string, got ", json::Describe(*v)));
-    }
-    *out = v->get<std::string>();
-    return absl::OkStatus();
+    return Typed(name, out, &Json::is_string, "a string");
   }
   absl::Status IntList(std::string_view name, std::vector<int>* out, bool* present) const {
     *present = false;
@@ -121,6 +78,46 @@ class ObjectReader {
   }
 
  private:
+  // A number through `convert` (json::ToInt, json::ToFloat: a StatusOr of the value, its errors
+  // naming the path).
+  template <typename T, typename Converter>
+  absl::Status Convert(std::string_view name, T* out, const Converter& convert) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return absl::OkStatus();
+    auto r = convert(*v, Path(name));
+    if (!r.ok()) return r.status();
+    *out = static_cast<T>(*r);
+    return absl::OkStatus();
+  }
+  // Null resets the optional; any other value is read by `read` (Int, Float).
+  template <typename T>
+  absl::Status Optional(std::string_view name, std::optional<T>* out,
+                        absl::Status (ObjectReader::*read)(std::string_view, T*) const) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return absl::OkStatus();
+    if (v->is_null()) {
+      out->reset();
+      return absl::OkStatus();
+    }
+    T value{};
+    if (auto s = (this->*read)(name, &value); !s.ok()) return s;
+    *out = value;
+    return absl::OkStatus();
+  }
+  // A value of the JSON type `is` checks for, `what` naming it in the error.
+  template <typename T>
+  absl::Status Typed(std::string_view name, T* out, bool (Json::*is)() const noexcept,
+                     std::string_view what) const {
+    const Json* v = Find(name);
+    if (v == nullptr) return absl::OkStatus();
+    if (!(v->*is)()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Path(name), " must be ", Sv(what), ", got ", json::Describe(*v)));
+    }
+    *out = v->get<T>();
+    return absl::OkStatus();
+  }
+
   const Json& object_;
   std::string path_;
 };

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <utility>
@@ -17,6 +16,7 @@
 #include "model/json_value.h"
 #include "model/mxfp4_quantize.h"
 #include "model/status_macros.h"
+#include "model/text_file.h"
 
 namespace k3 {
 namespace {
@@ -231,14 +231,6 @@ std::string FileBytes(const std::vector<float>& values, DType dtype) {
   return bytes;
 }
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
-}
-
 // The options' own checks, before anything is written.
 absl::Status CheckOptions(const ModelConfig& config, const RandomCheckpointOptions& options) {
   K3_RETURN_IF_ERROR(ValidateModelConfig(config));
@@ -394,8 +386,9 @@ absl::Status WriteIndexOrRemoveStale(const std::string& dir, int shards, uint64_
     return absl::OkStatus();
   }
   std::filesystem::remove(dir + "/model.safetensors", error);
-  return WriteText(index_path, absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total_bytes,
-                                            "},\n  \"weight_map\": {\n", weight_map, "\n  }\n}\n"));
+  return WriteTextFile(index_path,
+                       absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total_bytes,
+                                    "},\n  \"weight_map\": {\n", weight_map, "\n  }\n}\n"));
 }
 
 }  // namespace
@@ -533,7 +526,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, uint64_t seed, con
                       options.dtype};
   ModelConfig written_config = config;
   if (options.mxfp4) written_config.quantization = K3ReleaseQuantization();
-  K3_RETURN_IF_ERROR(WriteText(dir + "/config.json", ModelConfigToJson(written_config)));
+  K3_RETURN_IF_ERROR(WriteTextFile(dir + "/config.json", ModelConfigToJson(written_config)));
   const uint64_t total_bytes = plan.TotalBytes();
   K3_ASSIGN_OR_RETURN(
       const std::string weight_map,

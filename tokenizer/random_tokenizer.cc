@@ -1,6 +1,5 @@
 #include "tokenizer/random_tokenizer.h"
 
-#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -11,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "model/status_macros.h"
+#include "model/text_file.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/special_tokens.h"
 #include "tokenizer/tokenizer.h"
@@ -112,14 +112,6 @@ const char* SpecialName(int offset, TokenizerFamily family) {
   return nullptr;
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<TokenizerFiles> RandomTokenizerFiles(int64_t vocab_size, TokenizerFamily family) {
@@ -160,8 +152,8 @@ absl::Status WriteRandomTokenizer(const std::string& dir, int64_t vocab_size,
                                   TokenizerFamily family) {
   K3_ASSIGN_OR_RETURN(const TokenizerFiles files, RandomTokenizerFiles(vocab_size, family));
   K3_RETURN_IF_ERROR(
-      WriteFile(absl::StrCat(dir, "/", Tokenizer::kRanksFile), files.tiktoken_model));
-  return WriteFile(absl::StrCat(dir, "/", Tokenizer::kConfigFile), files.config_json);
+      WriteTextFile(absl::StrCat(dir, "/", Tokenizer::kRanksFile), files.tiktoken_model));
+  return WriteTextFile(absl::StrCat(dir, "/", Tokenizer::kConfigFile), files.config_json);
 }
 
 }  // namespace k3
