@@ -115,6 +115,13 @@ void CoordinatorClient::SetLoad(const pb::LoadStats& load) {
   load_ = load;
 }
 
+void CoordinatorClient::SetAppliedPlacementVersion(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  if (version == applied_placement_version_) return;
+  applied_placement_version_ = version;
+  heartbeat_now_ = true;
+}
+
 pb::ClusterState CoordinatorClient::cluster_state() const {
   absl::MutexLock lock(&mu_);
   return state_;
@@ -164,7 +171,10 @@ void CoordinatorClient::Loop() {
       if (!registered_) wait = absl::ZeroDuration();  // told to register again: do it now
     }
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || (heartbeat_now_ && registered_);
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), wait);
   }
 }
 
@@ -216,6 +226,8 @@ void CoordinatorClient::HeartbeatOnce() {
     absl::MutexLock lock(&mu_);
     request.set_node_id(node_id_);
     *request.mutable_load() = load_;
+    request.set_applied_placement_version(applied_placement_version_);
+    heartbeat_now_ = false;
   }
   request.set_incarnation(incarnation_);
   pb::HeartbeatResponse response;

@@ -75,6 +75,9 @@ class CoordinatorClient {
 
   // Load reported with the following heartbeats.
   void SetLoad(const k3serve::cluster::v1::LoadStats& load);
+  // The placement version this node acts on, reported with the heartbeats; a change is sent at
+  // once (the coordinator waits for the routers' switch on it).
+  void SetAppliedPlacementVersion(int64_t version);
 
   // Asks the coordinator to drain this node (Coordinator.Drain with its own id; e.g. an expert
   // node's experts move elsewhere first) and returns the cluster state fetched right after.
@@ -108,6 +111,8 @@ class CoordinatorClient {
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   k3serve::cluster::v1::LoadStats load_ ABSL_GUARDED_BY(mu_);
+  int64_t applied_placement_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // a change to report before the interval
   k3serve::cluster::v1::ClusterState state_ ABSL_GUARDED_BY(mu_);
 
   // Client-thread only.

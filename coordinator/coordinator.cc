@@ -143,7 +143,8 @@ absl::StatusOr<pb::RegisterResponse> CoordinatorState::Register(const pb::Regist
 }
 
 HeartbeatReply CoordinatorState::Heartbeat(uint32_t node_id, uint64_t incarnation,
-                                           const pb::LoadStats& load, absl::Time now) {
+                                           const pb::LoadStats& load, absl::Time now,
+                                           int64_t applied_placement_version) {
   HeartbeatReply reply;
   auto it = members_.find(node_id);
   if (it == members_.end() || it->second.info.incarnation() != incarnation ||
@@ -153,6 +154,7 @@ HeartbeatReply CoordinatorState::Heartbeat(uint32_t node_id, uint64_t incarnatio
     Member& m = it->second;
     m.last_heartbeat = now;
     m.load = load;
+    m.applied_placement_version = applied_placement_version;
     if (m.state == pb::DEAD) {
       LOG(INFO) << "node " << node_id << " is alive again";
       m.state = pb::ALIVE;
@@ -251,6 +253,7 @@ pb::ClusterState CoordinatorState::State() const {
     out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(m.last_heartbeat));
     out->set_draining(m.draining);
     *out->mutable_load() = m.load;
+    out->set_applied_placement_version(m.applied_placement_version);
   }
   ClusterPlacementToProto(placement_, state.mutable_placement());
   state.set_ready(ready());

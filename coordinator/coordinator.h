@@ -104,8 +104,10 @@ class CoordinatorState {
 
   // Records a heartbeat. Never fails: an unknown node, a wrong incarnation or a node that left
   // gets unknown_node (register again).
+  // `applied_placement_version`: the version the node reports acting on (0: none).
   HeartbeatReply Heartbeat(uint32_t node_id, uint64_t incarnation,
-                           const k3serve::cluster::v1::LoadStats& load, absl::Time now);
+                           const k3serve::cluster::v1::LoadStats& load, absl::Time now,
+                           int64_t applied_placement_version = 0);
 
   // Marks the node LEFT. NOT_FOUND for an unknown id or another incarnation.
   absl::Status Leave(uint32_t node_id, uint64_t incarnation, absl::Time now);
@@ -177,6 +179,7 @@ class CoordinatorState {
     absl::Time last_heartbeat;
     bool draining = false;
     k3serve::cluster::v1::LoadStats load;
+    int64_t applied_placement_version = 0;  // its last heartbeat's
     absl::Time registered;  // this process's first registration (join waits from here)
   };
 

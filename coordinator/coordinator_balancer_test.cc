@@ -3,6 +3,7 @@
 #include "coordinator/coordinator_balancer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -48,12 +49,33 @@ int64_t PublishedVersion(pb::Coordinator::Stub* stub) {
 }
 
 // A router's control service: answers GetLoadStats with a window set by the test (handed out
-// once, on a reset), reports the coordinator's current placement version as its own (it "switches"
-// as soon as the version is published), and records SetBias calls.
+// once, on a reset), reports the coordinator's current placement version as its own with a
+// heartbeat (it "switches" as soon as the version is published; its own thread watches), and
+// records SetBias calls.
 class FakeRouter final : public pb::RouterControl::Service {
  public:
   explicit FakeRouter(const std::string& coordinator)
       : coordinator_(CoordinatorStub(coordinator)) {}
+  ~FakeRouter() {
+    stop_ = true;
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  // Registered as node `node_id` with `incarnation`: from now on it reports what it uses.
+  void Registered(uint32_t node_id, uint64_t incarnation) {
+    watcher_ = std::thread([this, node_id, incarnation] {
+      int64_t reported = 0;
+      while (!stop_) {
+        const int64_t version = PublishedVersion(coordinator_.get());
+        if (version > reported && Heartbeat(node_id, incarnation, version)) {
+          reported = version;
+          absl::MutexLock lock(&mu_);
+          switched_.emplace(version, absl::Now());
+        }
+        absl::SleepFor(absl::Milliseconds(5));  // a poll interval, not a wait for a state
+      }
+    });
+  }
 
   void SetWindow(pb::LoadStatsResponse window) {
     absl::MutexLock lock(&mu_);
@@ -77,9 +99,7 @@ class FakeRouter final : public pb::RouterControl::Service {
                             pb::LoadStatsResponse* response) override {
     const int64_t version = PublishedVersion(coordinator_.get());
     absl::MutexLock lock(&mu_);
-    switched_.emplace(version, absl::Now());
     response->set_placement_version(version);
-    if (request->version_only()) return grpc::Status::OK;
     resets_.push_back(request->reset());
     *response->mutable_layers() = window_.layers();
     if (request->reset()) window_.Clear();
@@ -94,7 +114,20 @@ class FakeRouter final : public pb::RouterControl::Service {
   }
 
  private:
+  bool Heartbeat(uint32_t node_id, uint64_t incarnation, int64_t version) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    pb::HeartbeatRequest request;
+    request.set_node_id(node_id);
+    request.set_incarnation(incarnation);
+    request.set_applied_placement_version(version);
+    pb::HeartbeatResponse response;
+    return coordinator_->Heartbeat(&context, request, &response).ok();
+  }
+
   const std::unique_ptr<pb::Coordinator::Stub> coordinator_;
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
   mutable absl::Mutex mu_;
   pb::LoadStatsResponse window_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> resets_ ABSL_GUARDED_BY(mu_);
@@ -179,6 +212,7 @@ class BalancerTest : public testing::Test {
     for (int i = 0; i < routers; ++i) {
       routers_.push_back(std::make_unique<FakeRouter>(address_));
       ASSERT_NO_FATAL_FAILURE(Serve(routers_.back().get(), pb::ROLE_ROUTER, 0));
+      routers_.back()->Registered(last_node_, last_incarnation_);
     }
     // Port 1 refuses connections: a member the coordinator believes alive but cannot reach.
     if (dead_router) ASSERT_NE(Register(pb::ROLE_ROUTER, "127.0.0.1:1", 0), 0u);
@@ -211,6 +245,8 @@ class BalancerTest : public testing::Test {
     pb::RegisterResponse response;
     const grpc::Status status = stub_->Register(&context, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
+    last_node_ = response.node_id();
+    last_incarnation_ = incarnation;
     return response.node_id();
   }
 
@@ -259,6 +295,8 @@ class BalancerTest : public testing::Test {
   }
 
   int replica_slots_ = 0;  // the coordinator's, for Start
+  uint32_t last_node_ = 0;  // the last Register's
+  uint64_t last_incarnation_ = 0;
   std::unique_ptr<CoordinatorProcess> process_;
   std::string address_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;

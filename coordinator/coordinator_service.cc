@@ -106,8 +106,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         const pb::HeartbeatRequest* request,
                                                         pb::HeartbeatResponse* response) {
   return OnActor(context, "Heartbeat", [this, request, response] {
-    const HeartbeatReply reply = state_.Heartbeat(request->node_id(), request->incarnation(),
-                                                  request->load(), absl::Now());
+    const HeartbeatReply reply =
+        state_.Heartbeat(request->node_id(), request->incarnation(), request->load(), absl::Now(),
+                         request->applied_placement_version());
     response->set_unknown_node(reply.unknown_node);
     response->set_placement_version(reply.placement_version);
     response->set_members_version(reply.members_version);

@@ -17,8 +17,9 @@ namespace pb = k3serve::cluster::v1;
 
 namespace {
 
-// How often RoutersUse asks the routers, and how often retirement waits for slow ones.
-constexpr absl::Duration kSwitchPoll = absl::Milliseconds(50);
+// How often the routers' reported versions (their heartbeats, in the cluster state) are looked at
+// while a switch is awaited; the routers send a heartbeat as soon as they switch.
+constexpr absl::Duration kSwitchPoll = absl::Milliseconds(20);
 constexpr int kRetireAttempts = 10;
 
 // LoadExperts(requests[i]) on workers[i], all at once.
@@ -91,45 +92,37 @@ absl::Status PlacementRollout::RollOut(const ClusterPlacement& next, int64_t bas
     return committed;
   }
 
-  // 3. Wait for the routers, then let the workers drop what only old versions needed.
-  if (!RoutersUse(next.version(), absl::Now() + timeouts_.switch_timeout)) {
-    LOG(WARNING) << "not every router uses placement version " << next.version() << " after "
-                 << absl::FormatDuration(timeouts_.switch_timeout)
-                 << "; the workers keep the old experts until they do";
-  } else {
-    LOG(INFO) << "every router uses placement version " << next.version();
-  }
-  actor_->PostAfter(timeouts_.retire_delay, [this] { Retire(kRetireAttempts); });
+  // 3. and 4. go on from the actor's timers: nothing waits on it.
+  WatchSwitch(next.version(), absl::Now() + timeouts_.switch_timeout);
   return absl::OkStatus();
 }
 
-bool PlacementRollout::RoutersUse(int64_t version, absl::Time deadline) {
-  pb::GetLoadStatsRequest request;
-  request.set_version_only(true);
-  for (;;) {
-    absl::StatusOr<pb::ClusterState> state =
-        control_->ClusterStateSnapshot(absl::Now() + timeouts_.rpc_timeout);
-    if (state.ok()) {
-      std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers =
-          calls_->CallAll<pb::LoadStatsResponse>(
-              Addresses(AliveMembers(*state, pb::ROLE_ROUTER)), timeouts_.rpc_timeout,
-              [&request](const std::shared_ptr<grpc::Channel>& channel, size_t,
-                         grpc::ClientContext* context, pb::LoadStatsResponse* response,
-                         std::function<void(grpc::Status)> done) {
-                std::shared_ptr<pb::RouterControl::Stub> stub =
-                    pb::RouterControl::NewStub(channel);
-                stub->async()->GetLoadStats(context, &request, response, std::move(done));
-                return std::shared_ptr<void>(stub);
-              });
-      if (std::all_of(answers.begin(), answers.end(), [version](const auto& answer) {
-            return answer.ok() && answer->placement_version() >= version;
-          })) {
-        return true;
-      }
-    }
-    if (calls_->stopped() || absl::Now() + kSwitchPoll > deadline) return false;
-    absl::SleepFor(kSwitchPoll);
+void PlacementRollout::WatchSwitch(int64_t version, absl::Time deadline) {
+  if (calls_->stopped()) return;
+  const bool switched = RoutersUse(version);
+  if (!switched && absl::Now() < deadline) {
+    actor_->PostAfter(kSwitchPoll, [this, version, deadline] { WatchSwitch(version, deadline); });
+    return;
   }
+  if (switched) {
+    LOG(INFO) << "every router uses placement version " << version;
+  } else {
+    LOG(WARNING) << "not every router uses placement version " << version << " after "
+                 << absl::FormatDuration(timeouts_.switch_timeout)
+                 << "; the workers keep the old experts until they do";
+  }
+  actor_->PostAfter(timeouts_.retire_delay, [this] { Retire(kRetireAttempts); });
+}
+
+bool PlacementRollout::RoutersUse(int64_t version) {
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + timeouts_.rpc_timeout);
+  if (!state.ok()) return false;
+  return std::all_of(state->members().begin(), state->members().end(),
+                     [version](const pb::Member& m) {
+                       return m.node().role() != pb::ROLE_ROUTER || m.state() != pb::ALIVE ||
+                              m.applied_placement_version() >= version;
+                     });
 }
 
 void PlacementRollout::Retire(int attempts_left) {
@@ -139,7 +132,7 @@ void PlacementRollout::Retire(int attempts_left) {
   absl::StatusOr<ClusterPlacement> placement =
       state.ok() ? ClusterPlacementFromProto(state->placement()) : state.status();
   if (!placement.ok() || !placement->placed()) return;
-  if (!RoutersUse(placement->version(), absl::Now())) {
+  if (!RoutersUse(placement->version())) {
     if (attempts_left > 1) {
       actor_->PostAfter(timeouts_.retire_delay,
                         [this, attempts_left] { Retire(attempts_left - 1); });

@@ -6,7 +6,9 @@
 //      (nothing published);
 //   2. commit the version (PlacementControl::CommitPlacement): routers learn it from the cluster
 //      state and switch between steps; steps already planned finish on the old experts;
-//   3. wait (up to switch_timeout) for every live router to report the new version;
+//   3. wait (up to switch_timeout) for every live router to report the new version (routers send
+//      the version they use with their heartbeats, at once when it changes); RollOut returns
+//      after step 2, and steps 3-4 run from the actor's timers;
 //   4. after retire_delay, once every router reports the current version, LoadExperts with
 //      retire_below_version lets the nodes drop experts only older versions needed (tried again
 //      every retire_delay, 10 times at most, while a router lags).
@@ -55,8 +57,12 @@ class PlacementRollout {
                        const k3serve::cluster::v1::ClusterState& state, const std::string& what);
 
  private:
-  // Polls the routers until each reports `version` (or later); false at the deadline.
-  bool RoutersUse(int64_t version, absl::Time deadline);
+  // Step 3: looks every kSwitchPoll (on the actor's timers) until every live router reports
+  // `version` or `deadline` passes, then schedules step 4.
+  void WatchSwitch(int64_t version, absl::Time deadline);
+  // Whether every live router reported `version` or later with its heartbeats (the cluster
+  // state's Member.applied_placement_version).
+  bool RoutersUse(int64_t version);
   // Step 4 for the current placement; otherwise tries again after retire_delay, up to
   // attempts_left times.
   void Retire(int attempts_left);

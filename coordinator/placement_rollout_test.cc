@@ -1,5 +1,6 @@
-// PlacementRollout over real gRPC on localhost: expert-worker and router stand-ins that see the
-// placement version an in-process PlacementControl has committed, and record what they are asked.
+// PlacementRollout over real gRPC on localhost: expert-worker stand-ins that see the placement
+// version an in-process PlacementControl has committed and record what they are asked, and a
+// router member whose heartbeats (in that control's cluster state) report the committed version.
 #include "coordinator/placement_rollout.h"
 
 #include <algorithm>
@@ -81,9 +82,19 @@ class FakeControl final : public PlacementControl {
     return committed_at_;
   }
 
+  // The routers' heartbeats report the committed version, or at most `version` while held.
+  void HoldRouters(int64_t version) { routers_held_ = version; }
+  void ReleaseRouters() { routers_held_ = INT64_MAX; }
+
   absl::StatusOr<pb::ClusterState> ClusterStateSnapshot(absl::Time) override {
     absl::MutexLock lock(&mu_);
-    return state_;
+    pb::ClusterState state = state_;
+    for (pb::Member& m : *state.mutable_members()) {
+      if (m.node().role() != pb::ROLE_ROUTER) continue;
+      m.set_applied_placement_version(std::min<int64_t>(state.placement().version(),
+                                                        routers_held_));
+    }
+    return state;
   }
   absl::StatusOr<int64_t> ReservePlacementVersion(int64_t, absl::Time) override {
     return absl::UnimplementedError("not the rollout's business");
@@ -106,6 +117,7 @@ class FakeControl final : public PlacementControl {
   pb::ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<ClusterPlacement, int64_t>> commits_ ABSL_GUARDED_BY(mu_);
   absl::Time committed_at_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> routers_held_{INT64_MAX};
 };
 
 // Records every LoadExperts with the version committed when it came; fails them if told to.
@@ -148,27 +160,6 @@ class Worker final : public pb::ExpertWorker::CallbackService {
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
 };
 
-// Reports the committed version as the one it uses, or at most `held` while held.
-class Router final : public pb::RouterControl::CallbackService {
- public:
-  explicit Router(const FakeControl* control) : control_(control) {}
-  void Hold(int64_t version) { held_ = version; }
-  void Release() { held_ = INT64_MAX; }
-
-  grpc::ServerUnaryReactor* GetLoadStats(grpc::CallbackServerContext* context,
-                                         const pb::GetLoadStatsRequest*,
-                                         pb::LoadStatsResponse* response) override {
-    response->set_placement_version(std::min<int64_t>(control_->version(), held_));
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
- private:
-  const FakeControl* const control_;
-  std::atomic<int64_t> held_{INT64_MAX};
-};
-
 constexpr uint32_t kWorkerNodes[] = {11, 12};
 constexpr uint32_t kRouterNode = 21;
 
@@ -181,7 +172,7 @@ class RolloutTest : public testing::Test {
       workers_.push_back(std::make_unique<Worker>(&control_));
       control_.AddMember(node, pb::ROLE_EXPERT, Serve(workers_.back().get()));
     }
-    control_.AddMember(kRouterNode, pb::ROLE_ROUTER, Serve(&router_));
+    control_.AddMember(kRouterNode, pb::ROLE_ROUTER, "127.0.0.1:1");  // only its heartbeats count
     control_.Place(Placement(1, {11, 12}));
   }
   void TearDown() override {
@@ -225,7 +216,6 @@ class RolloutTest : public testing::Test {
                             .switch_timeout = absl::Milliseconds(300),
                             .retire_delay = absl::Milliseconds(50)};
   FakeControl control_;
-  Router router_{&control_};
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
   RpcFanOut calls_{ClientTls()};
@@ -263,16 +253,20 @@ TEST_F(RolloutTest, LoadsEveryWorkerBeforeCommittingAndRetiresOnceTheRoutersSwit
   }
 }
 
+// RollOut returns once the placement is committed (nothing waits on the balancer's actor); old
+// experts go only once the lagging router reported the new version.
 TEST_F(RolloutTest, RetiresOnlyAfterALaggingRouterSwitched) {
-  router_.Hold(1);
+  control_.HoldRouters(1);
   const absl::Time start = absl::Now();
   ASSERT_TRUE(RollOut(Placement(2, {11, 12})).ok());
-  // It gives up once another poll of the routers (every 50 ms) would pass switch_timeout.
-  EXPECT_GE(absl::Now() - start, timeouts_.switch_timeout - absl::Milliseconds(50))
-      << "it did not wait for the router";
+  EXPECT_LT(absl::Now() - start, timeouts_.switch_timeout) << "RollOut waited for the router";
   ASSERT_EQ(control_.commits().size(), 1u);
+  // The claim is that nothing happens meanwhile: past the switch timeout and the first retirement
+  // attempt, the workers were asked only to load.
+  absl::SleepFor(timeouts_.switch_timeout + 2 * timeouts_.retire_delay);
+  EXPECT_EQ(workers_[0]->calls().size(), 1u) << "retired while a router still used version 1";
   const absl::Time released = absl::Now();
-  router_.Release();
+  control_.ReleaseRouters();
   ASSERT_TRUE(WaitFor([&] { return workers_[0]->calls().size() >= 2; }));
   const std::vector<Worker::Call> calls = workers_[0]->calls();
   EXPECT_EQ(calls[1].request.retire_below_version(), 2);

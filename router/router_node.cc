@@ -39,11 +39,7 @@ class RouterControlService final : public pb::RouterControl::CallbackService {
                                          pb::LoadStatsResponse* response) override {
     RouterCore* core = core_;
     return RunOnActor(*actor_, context, [core, request, response] {
-      if (request->version_only()) {
-        response->set_placement_version(core->placement_version());
-      } else {
-        *response = core->LoadStats(request->reset());
-      }
+      *response = core->LoadStats(request->reset());
       return absl::OkStatus();
     });
   }
@@ -158,6 +154,8 @@ absl::Status RouterNode::Start() {
   callbacks.on_cluster_state = [this](const pb::ClusterState& state) {
     actor_->Post([this, state] {
       core_->UpdateClusterState(state);
+      // The coordinator learns of the switch from this (PlacementRollout waits for it).
+      endpoints_->client()->SetAppliedPlacementVersion(core_->placement_version());
       links_->SetTargets(LinkTargets(state, {pb::ROLE_ATTENTION, pb::ROLE_EXPERT}, /*self=*/0));
     });
   };

@@ -7,11 +7,11 @@
 // ExpertRequests out to the placement's workers, MoeResponses back.
 //
 // gRPC (one port): k3serve.cluster.v1.RouterControl (GetLoadStats: tokens per expert and QB
-// histograms per MoE layer, see router/router_load_stats.h, or with version_only just the placement
-// version new steps are planned with; SetBias replaces a MoE layer's e_score_correction_bias,
-// which changes the model's outputs (the coordinator's online bias, off by default); placements
-// come from the coordinator's cluster state, taken up between steps, and each step's
-// ExpertRequests carry the placement version it was planned with) and
+// histograms per MoE layer, see router/router_load_stats.h; SetBias replaces a MoE layer's
+// e_score_correction_bias, which changes the model's outputs (the coordinator's online bias, off
+// by default); placements come from the coordinator's cluster state, taken up between steps, and
+// each step's ExpertRequests carry the placement version it was planned with; the version in use
+// goes to the coordinator with the heartbeats, at once when it changes) and
 // grpc.health.v1: "" is SERVING while the process runs, "k3serve.cluster.v1.RouterControl" once a
 // placement is in force and all its workers are connected. With --metrics-port, HTTP /metrics
 // (RouterCore's metrics) and /healthz.
