@@ -339,6 +339,22 @@ void CoordinatorState::PlaceInitially() {
                     : "");
 }
 
+CoordinatorState::WorkerShare CoordinatorState::ShareOf(int worker) const {
+  const ExpertPlacement& experts = placement_.experts;
+  WorkerShare share;
+  for (int layer = 0; layer < experts.num_layers(); ++layer) {
+    const std::vector<int> hosted = experts.ExpertsOn(worker, layer);
+    share.slots_needed = std::max(share.slots_needed, static_cast<int>(hosted.size()));
+    for (int e : hosted) {
+      const std::vector<int>& hosts = experts.WorkersFor(layer, e);
+      share.sole_host |= std::none_of(hosts.begin(), hosts.end(), [&](int h) {
+        return h != worker && Alive(placement_.worker_nodes[h]);
+      });
+    }
+  }
+  return share;
+}
+
 void CoordinatorState::ReplaceDeadWorkers() {
   const ExpertPlacement& experts = placement_.experts;
   std::set<uint32_t> used(placement_.worker_nodes.begin(), placement_.worker_nodes.end());
@@ -346,18 +362,7 @@ void CoordinatorState::ReplaceDeadWorkers() {
   for (int w = 0; w < experts.num_workers; ++w) {
     const uint32_t node = placement_.worker_nodes[w];
     if (Alive(node)) continue;
-    int needed_slots = 0;
-    bool sole_host = false;  // some expert of w has no other live replica
-    for (int layer = 0; layer < experts.num_layers(); ++layer) {
-      const std::vector<int> hosted = experts.ExpertsOn(w, layer);
-      needed_slots = std::max(needed_slots, static_cast<int>(hosted.size()));
-      for (int e : hosted) {
-        const std::vector<int>& hosts = experts.WorkersFor(layer, e);
-        sole_host |= std::none_of(hosts.begin(), hosts.end(), [&](int h) {
-          return h != w && Alive(placement_.worker_nodes[h]);
-        });
-      }
-    }
+    const WorkerShare share = ShareOf(w);
     // Also when every expert of w has another live replica: the spare restores the redundancy
     // (e.g. a killed expert node restarted under a new id), so that the next failure costs
     // nothing either.
@@ -365,10 +370,11 @@ void CoordinatorState::ReplaceDeadWorkers() {
       if (m.info.role() == pb::ROLE_EXPERT && m.state == pb::ALIVE && !m.draining &&
           used.count(id) == 0 &&
           m.info.expert_slots() + std::max(0, options_.replica_slots_per_worker) >=
-              needed_slots) {
+              share.slots_needed) {
         LOG(WARNING) << "expert node " << node << " is gone; spare node " << id
                      << " takes over worker " << w
-                     << (sole_host ? "" : " (its experts have live replicas: restoring them)");
+                     << (share.sole_host ? ""
+                                         : " (its experts have live replicas: restoring them)");
         placement_.worker_nodes[w] = id;
         used.insert(id);
         changed = true;
@@ -557,21 +563,11 @@ void CoordinatorState::ComputeUnrecoverableLosses() {
     const uint32_t node = placement_.worker_nodes[w];
     if (!Usable(node)) continue;
     // Would its death leave experts without a live host?
-    int needed = 0;
-    bool sole_host = false;
-    for (int layer = 0; layer < experts.num_layers(); ++layer) {
-      const std::vector<int> hosted = experts.ExpertsOn(w, layer);
-      needed = std::max(needed, static_cast<int>(hosted.size()));
-      for (int e : hosted) {
-        const std::vector<int>& hosts = experts.WorkersFor(layer, e);
-        sole_host |= std::none_of(hosts.begin(), hosts.end(), [&](int h) {
-          return h != w && Alive(placement_.worker_nodes[h]);
-        });
-      }
-    }
-    if (!sole_host) continue;
+    const WorkerShare share = ShareOf(w);
+    if (!share.sole_host) continue;
     // A spare would take its slot (ReplaceDeadWorkers), or the others its experts (PlanResize).
-    if (std::any_of(spare_slots.begin(), spare_slots.end(), [&](int s) { return s >= needed; })) {
+    if (std::any_of(spare_slots.begin(), spare_slots.end(),
+                    [&](int s) { return s >= share.slots_needed; })) {
       continue;
     }
     const int own = members_.at(node).info.expert_slots();

@@ -189,6 +189,12 @@ class CoordinatorState {
   // Computes the initial placement or hands dead workers' shares to spares, then readiness.
   void Update(absl::Time now);
   void PlaceInitially();
+  // What worker `worker`'s share of the placement asks of a node that would take it over.
+  struct WorkerShare {
+    int slots_needed = 0;    // its most experts in one layer
+    bool sole_host = false;  // some expert of it has no other live replica
+  };
+  WorkerShare ShareOf(int worker) const;
   void ReplaceDeadWorkers();
   void ComputeReadiness(absl::Time now);
   // An alive, non-draining expert node.
