@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attention_nodes/attn_res.h"
-#include "attention_nodes/cuda/gpu_test_util.h"
+#include "kernels/cuda/gpu_test_util.h"
 #include "attention_nodes/test_weights.h"
 #include "gtest/gtest.h"
 

@@ -22,7 +22,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_nodes/cuda/gpu_test_util.h"
+#include "kernels/cuda/gpu_test_util.h"
 #include "attention_nodes/kda.h"
 #include "attention_nodes/test_weights.h"
 #include "gtest/gtest.h"

@@ -8,7 +8,7 @@
 // Bounds: the KDA kernel and the fp32 MLA kernel compute in fp32 from the same inputs as the fp64
 // reference (sums of 32-576 terms: ~1e-6 relative), so 1e-4; the tensor-core MLA kernel rounds the
 // query and the softmax weights to bf16 (see mla_decode_test.cc), so 2e-2.
-#include "attention_nodes/cuda/simt_emulation.h"
+#include "kernels/cuda/simt_emulation.h"
 // The kernels, after the emulation that defines what they use of CUDA.
 #include "attention_nodes/cuda/kda_decode_kernel.inc"
 #include "attention_nodes/cuda/mla_decode_kernels.inc"

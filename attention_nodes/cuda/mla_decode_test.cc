@@ -28,7 +28,7 @@
 #include <numeric>
 #include <vector>
 
-#include "attention_nodes/cuda/gpu_test_util.h"
+#include "kernels/cuda/gpu_test_util.h"
 #include "attention_nodes/mla.h"
 #include "attention_nodes/test_weights.h"
 #include "gtest/gtest.h"

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "attention_nodes/cuda/gpu_test_util.h"
+#include "kernels/cuda/gpu_test_util.h"
 #include "attention_nodes/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/rms_norm.h"

@@ -9,8 +9,8 @@
 // It checks logic, not timing or memory-model corner cases: every thread of a block runs truly
 // concurrently, so a missing __syncthreads can still go unnoticed. Not thread-safe: one RunGrid
 // at a time.
-#ifndef K3SERVE_ATTENTION_NODES_CUDA_SIMT_EMULATION_H_
-#define K3SERVE_ATTENTION_NODES_CUDA_SIMT_EMULATION_H_
+#ifndef K3SERVE_KERNELS_CUDA_SIMT_EMULATION_H_
+#define K3SERVE_KERNELS_CUDA_SIMT_EMULATION_H_
 
 #include <algorithm>
 #include <barrier>
@@ -159,4 +159,4 @@ inline void EmulatedMma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a
   for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
-#endif  // K3SERVE_ATTENTION_NODES_CUDA_SIMT_EMULATION_H_
+#endif  // K3SERVE_KERNELS_CUDA_SIMT_EMULATION_H_

@@ -1,7 +1,7 @@
-// Test-only helpers for the attention kernels' GPU tests: whether a GPU is there, and device
+// Test-only helpers for the GPU kernels' tests: whether a GPU is there, and device
 // arrays that upload from and download to std::vector (every CUDA error fails the test).
-#ifndef K3SERVE_ATTENTION_NODES_CUDA_GPU_TEST_UTIL_H_
-#define K3SERVE_ATTENTION_NODES_CUDA_GPU_TEST_UTIL_H_
+#ifndef K3SERVE_KERNELS_CUDA_GPU_TEST_UTIL_H_
+#define K3SERVE_KERNELS_CUDA_GPU_TEST_UTIL_H_
 
 #include <cuda_runtime.h>
 
@@ -62,4 +62,4 @@ inline void ExpectDeviceOk() {
 
 }  // namespace k3::gpu_test
 
-#endif  // K3SERVE_ATTENTION_NODES_CUDA_GPU_TEST_UTIL_H_
+#endif  // K3SERVE_KERNELS_CUDA_GPU_TEST_UTIL_H_
