@@ -3,8 +3,8 @@
 // Include it before a kernel's .inc; it defines what that code uses of CUDA: __global__,
 // __device__, __shared__ (function statics: shared by a block's threads, so blocks run one after
 // another), threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __syncwarp, __shfl_xor_sync,
-// bf16 pairs, uint4, and EmulatedMma16816, mma.sync.m16n8k16 (bf16 in, fp32 accumulate) over the
-// fragments as the PTX ISA lays them out.
+// __float_as_uint, bf16 pairs, uint4, and EmulatedMma16816, mma.sync.m16n8k16 (bf16 in, fp32
+// accumulate) over the fragments as the PTX ISA lays them out.
 //
 // It checks logic, not timing or memory-model corner cases: every thread of a block runs truly
 // concurrently, so a missing __syncthreads can still go unnoticed. Not thread-safe: one RunGrid
@@ -115,6 +115,11 @@ inline float __uint_as_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 }
 inline int min(int a, int b) { return std::min(a, b); }
 
