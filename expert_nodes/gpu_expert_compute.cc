@@ -7,22 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/mxfp4_gpu_layout.h"
 
 namespace k3 {
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
-
-#define K3_RETURN_IF_CUDA_ERROR(call, what)                   \
-  do {                                                        \
-    if (absl::Status s = CudaStatus((call), what); !s.ok()) { \
-      return s;                                               \
-    }                                                         \
-  } while (0)
 
 Mxfp4HostMatrix HostView(const WeightMatrix& m) {
   return Mxfp4HostMatrix{static_cast<const uint8_t*>(m.data), m.scales, m.rows, m.cols};

@@ -33,9 +33,9 @@ else
 fi
 command -v nvcc >/dev/null && nvcc --version | tail -1
 
-# cudart/NCCL for binaries linked to them dynamically (nccl_transport_test): the CUDA install or
+# cudart/cuBLAS/NCCL for binaries linked to them dynamically: the CUDA install or
 # the Python packages' copies.
-cuda_libs=$(timeout 30 find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -name 'libcudart.so.13' \
+cuda_libs=$(timeout 30 find /usr/local /opt /usr/lib -name 'libnccl.so.2' -o -name 'libcudart.so.13' -o -name 'libcublas.so.13' \
   2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
 export LD_LIBRARY_PATH="$here/lib${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 

@@ -1,7 +1,7 @@
 """Finds the CUDA Toolkit and NCCL under /usr/local/cuda (or $CUDA_PATH).
 
 The generated repository always exists. Where the toolkit is present it exposes `:cuda` (headers,
-cudart, NCCL), `:cuda_headers` and `:cudart`, and `defs.bzl` says `CUDA_AVAILABLE = True`
+cudart, NCCL), `:cuda_headers`, `:cudart` and `:cublas`, and `defs.bzl` says `CUDA_AVAILABLE = True`
 (//third_party/cuda:cuda.bzl compiles .cu files with its nvcc); elsewhere `:cuda` is empty and GPU
 targets are left out by `if_cuda`, so CPU-only machines build `//...` without the toolkit.
 """
@@ -51,6 +51,18 @@ cc_library(
     deps = [":cuda_headers"],
 )
 
+# cuBLAS (shared: libcublas.so.13 and libcublasLt.so.13), for the products of the GPU layers.
+cc_library(
+    name = "cublas",
+    linkopts = [
+        "-L{path}/lib64",
+        "-Wl,-rpath,{path}/lib64",
+        "-lcublas",
+        "-lcublasLt",
+    ],
+    deps = [":cudart"],
+)
+
 # The same shared cudart under the name code written before cuda_library linked it shared uses:
 # one process must not hold a static and a shared copy of the runtime.
 alias(
@@ -70,6 +82,8 @@ cc_library(name = "cuda")
 cc_library(name = "cuda_headers")
 
 cc_library(name = "cudart")
+
+cc_library(name = "cublas")
 
 cc_library(name = "cudart_static")
 """)

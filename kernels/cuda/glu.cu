@@ -1,0 +1,53 @@
+// glu.h: the launches and their shape checks; the device code is glu_kernel.inc.
+#include "kernels/cuda/glu.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace k3 {
+namespace {
+
+__device__ uint16_t GluFloatToBf16Bits(float value) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+}
+
+}  // namespace
+}  // namespace k3
+
+#include "kernels/cuda/glu_kernel.inc"
+
+namespace k3 {
+namespace {
+
+bool BadShape(int64_t in_stride, int32_t rows, int32_t width, int64_t out_stride) {
+  return rows < 1 || width < 1 || in_stride < width || out_stride < width || rows > 65535;
+}
+
+dim3 GluGrid(int32_t rows, int32_t width) {
+  return dim3((width + kGluThreads - 1) / kGluThreads, rows);
+}
+
+}  // namespace
+
+int LaunchRoundToBf16(const float* x, int64_t x_stride, int32_t rows, int32_t width, uint16_t* out,
+                      int64_t out_stride, void* stream) {
+  if (BadShape(x_stride, rows, width, out_stride)) return static_cast<int>(cudaErrorInvalidValue);
+  RoundToBf16Kernel<<<GluGrid(rows, width), kGluThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, x_stride, width, out, out_stride);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const float* up,
+                     int64_t in_stride, int32_t rows, int32_t width, uint16_t* hidden,
+                     int64_t hidden_stride, void* stream) {
+  if (BadShape(in_stride, rows, width, hidden_stride)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  GluCombineKernel<<<GluGrid(rows, width), kGluThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      params, gate, up, in_stride, width, hidden, hidden_stride);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace k3

@@ -1,0 +1,37 @@
+// The elementwise steps around a gated MLP's cuBLAS products on a GPU (the twins of
+// kernels/gated_mlp.h's GluCombine and of kernels/bf16.h's FloatToBf16): activations rounded to
+// bf16 for the tensor cores, and hidden = act(gate) ⊙ cap(up) written as bf16 for the down
+// product.
+//
+// Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned. Each function
+// enqueues one launch on `stream` (a cudaStream_t; nullptr for the legacy stream) and returns its
+// cudaError_t (0: enqueued); rows < 1 or above 65,535 (the grid's y limit), width < 1 or a stride
+// below the width returns cudaErrorInvalidValue (1) with nothing enqueued.
+#ifndef K3SERVE_KERNELS_CUDA_GLU_H_
+#define K3SERVE_KERNELS_CUDA_GLU_H_
+
+#include <cstdint>
+
+namespace k3 {
+
+// GluParams (kernels/gated_mlp.h) as plain values for the device.
+struct DeviceGluParams {
+  bool situ = true;         // false: SwiGLU
+  float beta = 4.0f;        // SiTU β
+  float linear_beta = 0.f;  // λ of the up branch's cap; 0: uncapped
+};
+
+// out[r, c] = bf16(x[r, c]), rounded to nearest even. x: fp32 [rows, width] with row stride
+// x_stride; out: bf16 bits [rows, width] with row stride out_stride.
+int LaunchRoundToBf16(const float* x, int64_t x_stride, int32_t rows, int32_t width, uint16_t* out,
+                      int64_t out_stride, void* stream);
+
+// hidden[r, c] = bf16(act(gate[r, c]) · cap(up[r, c])). gate, up: fp32 [rows, width] with row
+// stride in_stride (both); hidden: bf16 bits [rows, width] with row stride hidden_stride.
+int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const float* up,
+                     int64_t in_stride, int32_t rows, int32_t width, uint16_t* hidden,
+                     int64_t hidden_stride, void* stream);
+
+}  // namespace k3
+
+#endif  // K3SERVE_KERNELS_CUDA_GLU_H_
