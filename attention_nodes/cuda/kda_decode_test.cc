@@ -18,6 +18,7 @@
 //
 // Without a GPU the GPU cases report themselves skipped ("no GPU"); the shape check runs anyway.
 #include "attention_nodes/cuda/kda_decode.h"
+#include "attention_nodes/cuda/kda_prefill.h"
 
 #include <cmath>
 #include <vector>
@@ -215,6 +216,105 @@ void ExpectDecodeMatchesCpu(const ModelConfig& config, int batch, uint32_t seed)
     EXPECT_EQ(Part(state_after, 0, state_floats), unused_state);
     EXPECT_EQ(Part(conv_after, 0, conv_floats), unused_conv);
   }
+}
+
+// LaunchKdaPrefill (kda_prefill.h: one decode launch per token) against the CPU layer's chunked
+// prefill (kda.cc), for a chunk of `tokens` after a history of `history` tokens. The CPU's
+// chunked form and its recurrent form agree to 1e-4 (kda_test.cc), and the GPU runs the recurrent
+// form: bound 2e-4.
+void ExpectPrefillMatchesCpu(const ModelConfig& config, int history, int tokens, uint32_t seed) {
+  constexpr double kPrefillBound = 2e-4;
+  RandomWeights rnd(seed);
+  const KdaWeights w = MakeWeights(config, &rnd);
+  const LinearAttnConfig& la = config.linear_attn;
+  const int64_t d = config.hidden_size, h = la.num_heads, kd = la.head_dim, p = h * kd;
+  const int64_t window = la.short_conv_kernel_size - 1;
+  const size_t state_floats = h * kd * kd, conv_floats = 3 * window * p;
+
+  KdaState state(config);
+  Scratch scratch;
+  const std::vector<float> prompt = rnd.Normal(history * d, 0.0f, 1.0f);
+  std::vector<float> warm_out(prompt.size());
+  ASSERT_TRUE(KdaForward(config, w, prompt.data(), history, &state, warm_out.data(), &scratch).ok());
+  // Slot 1 holds the sequence; slot 0 is random and must stay so.
+  std::vector<float> state_pool = rnd.Normal(2 * state_floats, 0.0f, 1.0f);
+  std::vector<float> conv_pool = rnd.Normal(2 * conv_floats, 0.0f, 1.0f);
+  std::copy(state.s.begin(), state.s.end(), state_pool.begin() + state_floats);
+  const std::vector<float>* conv[3] = {&state.conv_q, &state.conv_k, &state.conv_v};
+  for (int m = 0; m < 3; ++m) {
+    std::copy(conv[m]->begin(), conv[m]->end(),
+              conv_pool.begin() + conv_floats + m * window * p);
+  }
+  const std::vector<float> unused_state = Part(state_pool, 0, state_floats);
+
+  const std::vector<float> x = rnd.Normal(tokens * d, 0.0f, 1.0f);
+  const Projections in = Project(config, w, x, tokens);
+  std::vector<float> cpu_out(tokens * d);
+  ASSERT_TRUE(KdaForward(config, w, x.data(), tokens, &state, cpu_out.data(), &scratch).ok());
+
+  DeviceArray<float> state_dev(state_pool), conv_dev(conv_pool);
+  DeviceArray<int32_t> slot_dev(std::vector<int32_t>{1});
+  DeviceArray<float> q_conv(w.q_conv), k_conv(w.k_conv), v_conv(w.v_conv), dt_bias(w.dt_bias),
+      a_log(w.a_log), o_norm(w.o_norm);
+  DeviceArray<float> q(in.q), k(in.k), v(in.v), f(in.f), beta(in.beta), gate(in.gate);
+  DeviceArray<float> out(tokens * p);
+  KdaDecodeLaunch chunk;
+  chunk.batch = 1;
+  chunk.heads = static_cast<int32_t>(h);
+  chunk.head_dim = static_cast<int32_t>(kd);
+  chunk.conv_kernel = la.short_conv_kernel_size;
+  chunk.slots = slot_dev.get();
+  chunk.state = state_dev.get();
+  chunk.conv_cache = conv_dev.get();
+  chunk.q = q.get();
+  chunk.k = k.get();
+  chunk.v = v.get();
+  chunk.q_conv = q_conv.get();
+  chunk.k_conv = k_conv.get();
+  chunk.v_conv = v_conv.get();
+  chunk.decay = f.get();
+  chunk.dt_bias = dt_bias.get();
+  chunk.a_log = a_log.get();
+  chunk.has_lower_bound = la.gate_lower_bound.has_value() ? 1 : 0;
+  chunk.lower_bound = la.gate_lower_bound.value_or(0.0f);
+  chunk.beta_logit = beta.get();
+  chunk.gate = gate.get();
+  chunk.o_norm = o_norm.get();
+  chunk.eps = config.rms_norm_eps;
+  chunk.out = out.get();
+  ASSERT_EQ(LaunchKdaPrefill(chunk, tokens, nullptr), 0);
+  gpu_test::ExpectDeviceOk();
+
+  const std::vector<float> y = out.Download();
+  std::vector<float> gpu_out(tokens * d);
+  MatMul(w.o_proj, y.data(), tokens, gpu_out.data());
+  EXPECT_TRUE(AllClose(gpu_out, cpu_out, kPrefillBound));
+  const std::vector<float> state_after = state_dev.Download();
+  EXPECT_TRUE(AllClose(Part(state_after, state_floats, state_floats), state.s, kPrefillBound));
+  EXPECT_EQ(Part(state_after, 0, state_floats), unused_state);
+  const std::vector<float> conv_after = conv_dev.Download();
+  for (int m = 0; m < 3 && window > 0; ++m) {
+    EXPECT_TRUE(AllClose(Part(conv_after, conv_floats + m * window * p, window * p), *conv[m],
+                         1e-6));
+  }
+}
+
+TEST(KdaPrefillGpuTest, MatchesCpuChunkedPrefill) {
+  REQUIRE_GPU();
+  ExpectPrefillMatchesCpu(Named("k3-tiny"), 5, 150, 4);  // 150 = 2 chunks of 64 + 22
+  ExpectPrefillMatchesCpu(Named("kimi-linear-tiny"), 1, 70, 5);
+  ExpectPrefillMatchesCpu(SliceWidths(), 3, 40, 6);
+}
+
+TEST(KdaPrefillGpuTest, RefusesBadChunks) {
+  KdaDecodeLaunch chunk;
+  chunk.batch = 2;
+  chunk.heads = 4;
+  chunk.head_dim = 32;
+  chunk.conv_kernel = 4;
+  EXPECT_NE(LaunchKdaPrefill(chunk, 3, nullptr), 0);  // one sequence at a time
+  chunk.batch = 1;
+  EXPECT_NE(LaunchKdaPrefill(chunk, 0, nullptr), 0);
 }
 
 TEST(KdaDecodeGpuTest, MatchesCpuAtK3TinyWidths) {

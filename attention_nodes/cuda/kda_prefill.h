@@ -1,0 +1,28 @@
+// KDA prefill on a GPU, in its first, recurrent form (spec §5, the twin of attention_nodes/kda.cc's
+// chunked prefill): one sequence's chunk of T new tokens runs as T decode steps of
+// kda_decode.h's fused kernel, one launch per token on the same stream, so the state and the conv
+// caches advance token by token exactly as in decode. Correct and simple, not fast: each token
+// reads and writes the whole fp32 state (the chunked WY form, which reads it once per chunk, is
+// the next version).
+//
+// Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned.
+#ifndef K3SERVE_ATTENTION_NODES_CUDA_KDA_PREFILL_H_
+#define K3SERVE_ATTENTION_NODES_CUDA_KDA_PREFILL_H_
+
+#include <cstdint>
+
+#include "attention_nodes/cuda/kda_decode.h"
+
+namespace k3 {
+
+// `chunk` as a KdaDecodeLaunch for one sequence (batch 1, slots[0] its slot) whose per-token
+// arrays hold `tokens` rows each, in order: q, k, v, decay, gate and out [tokens, P], beta_logit
+// [tokens, H]. Enqueues `tokens` launches on `stream` (a cudaStream_t; nullptr for the legacy
+// stream) and returns the first failing one's cudaError_t (0: all enqueued); tokens < 1, a batch
+// other than 1 or a shape LaunchKdaDecode refuses returns cudaErrorInvalidValue (1) with nothing
+// enqueued.
+int LaunchKdaPrefill(const KdaDecodeLaunch& chunk, int32_t tokens, void* stream);
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_CUDA_KDA_PREFILL_H_
