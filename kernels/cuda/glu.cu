@@ -1,21 +1,11 @@
 // glu.h: the launches and their shape checks; the device code is glu_kernel.inc.
 #include "kernels/cuda/glu.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace k3 {
-namespace {
-
-__device__ uint16_t GluFloatToBf16Bits(float value) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
-}
-
-}  // namespace
-}  // namespace k3
-
+#include "kernels/cuda/device_bf16.cuh"
 #include "kernels/cuda/glu_kernel.inc"
 
 namespace k3 {

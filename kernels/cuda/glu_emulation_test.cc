@@ -10,10 +10,6 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/glu.h"
 
-namespace k3 {
-inline uint16_t GluFloatToBf16Bits(float value) { return FloatToBf16(value); }
-}  // namespace k3
-
 #include "kernels/cuda/glu_kernel.inc"
 
 #include <random>

@@ -93,6 +93,11 @@ inline float Bf16Half(uint32_t pair, int high) {
 
 }  // namespace k3::simt
 
+namespace k3 {
+// kernels/cuda/device_bf16.cuh's conversion, for kernels that store bf16.
+inline uint16_t DeviceFloatToBf16Bits(float value) { return simt::RoundToBf16(value); }
+}  // namespace k3
+
 #define threadIdx (::k3::simt::thread_index)
 #define blockIdx (::k3::simt::block_index)
 #define blockDim (::k3::simt::block_dim)
