@@ -1,34 +1,16 @@
 #include "kernels/cuda/gpu_gated_mlp.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cublas_products.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/glu.h"
 
 namespace k3 {
 namespace {
-
-absl::Status CublasStatus(cublasStatus_t status, const char* what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusString(status)));
-}
-
-// y[m, n] (+)= x[m, k] W[n, k]ᵀ, all row-major and dense: in cuBLAS's column-major terms
-// yᵀ = W xᵀ, with W read transposed from its row-major [n, k].
-absl::Status Bf16Product(void* handle, const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
-                         int64_t m, float* y, bool accumulate) {
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  return CublasStatus(
-      cublasGemmEx(static_cast<cublasHandle_t>(handle), CUBLAS_OP_T, CUBLAS_OP_N,
-                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, w,
-                   CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(k), &beta, y,
-                   CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
-}
 
 // A BF16 matrix's rows, appended to `out` (host staging for one upload).
 void AppendRows(const WeightMatrix& m, std::vector<uint16_t>* out) {
@@ -58,14 +40,9 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpM
   mlp->f_ = w.gate.rows;
   mlp->d_out_ = w.down.rows;
 
-  cublasHandle_t handle = nullptr;
-  if (absl::Status s = CublasStatus(cublasCreate(&handle), "cublasCreate"); !s.ok()) return s;
-  mlp->cublas_ = handle;
-  if (absl::Status s = CublasStatus(cublasSetStream(handle, static_cast<cudaStream_t>(stream)),
-                                    "cublasSetStream");
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::unique_ptr<CublasProducts>> products = CublasProducts::Create(stream);
+  if (!products.ok()) return products.status();
+  mlp->products_ = *std::move(products);
   std::vector<uint16_t> staged;
   staged.reserve(2 * mlp->f_ * mlp->d_);
   AppendRows(w.gate, &staged);
@@ -83,7 +60,6 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpM
 }
 
 GpuGatedMlp::~GpuGatedMlp() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   for (void* p : {static_cast<void*>(gate_up_), static_cast<void*>(down_),
                   static_cast<void*>(x_bf16_), static_cast<void*>(gate_up_out_),
                   static_cast<void*>(hidden_)}) {
@@ -118,8 +94,8 @@ absl::Status GpuGatedMlp::Run(const float* x, int64_t tokens, float* y, bool acc
   K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(x, d_, rows, static_cast<int32_t>(d_), x_bf16_, d_,
                                             stream_),
                           "LaunchRoundToBf16");
-  if (absl::Status s = Bf16Product(cublas_, gate_up_, 2 * f_, d_, x_bf16_, tokens, gate_up_out_,
-                                   /*accumulate=*/false);
+  if (absl::Status s = products_->Linear(gate_up_, 2 * f_, d_, x_bf16_, tokens, gate_up_out_,
+                                         /*accumulate=*/false);
       !s.ok()) {
     return s;
   }
@@ -127,7 +103,7 @@ absl::Status GpuGatedMlp::Run(const float* x, int64_t tokens, float* y, bool acc
   K3_RETURN_IF_CUDA_ERROR(LaunchGluCombine(glu, gate_up_out_, gate_up_out_ + f_, 2 * f_, rows,
                                            static_cast<int32_t>(f_), hidden_, f_, stream_),
                           "LaunchGluCombine");
-  return Bf16Product(cublas_, down_, d_out_, f_, hidden_, tokens, y, accumulate);
+  return products_->Linear(down_, d_out_, f_, hidden_, tokens, y, accumulate);
 }
 
 }  // namespace k3

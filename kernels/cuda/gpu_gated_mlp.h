@@ -5,8 +5,8 @@
 // rows, fp32 hidden) by the bf16 rounding of the rows and of the hidden vector: about 2^-9
 // relative per element, ~1e-3 over a row.
 //
-// Owns its device copy of the weights, its scratch and a cuBLAS handle bound to the caller's
-// stream. Not thread-safe: one caller at a time, as with the CPU scratch vectors.
+// Owns its device copy of the weights, its scratch and a cuBLAS handle (CublasProducts) bound to
+// the caller's stream. Not thread-safe: one caller at a time, as with the CPU scratch vectors.
 #ifndef K3SERVE_KERNELS_CUDA_GPU_GATED_MLP_H_
 #define K3SERVE_KERNELS_CUDA_GPU_GATED_MLP_H_
 
@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/cublas_products.h"
 #include "kernels/gated_mlp.h"
 
 namespace k3 {
@@ -47,7 +48,7 @@ class GpuGatedMlp {
   GpuGatedMlp() = default;
 
   void* stream_ = nullptr;
-  void* cublas_ = nullptr;  // cublasHandle_t
+  std::unique_ptr<CublasProducts> products_;
   GluParams params_;
   int64_t d_ = 0, f_ = 0, d_out_ = 0;
   uint16_t* gate_up_ = nullptr;  // bf16 [2f, d]: gate's rows, then up's
