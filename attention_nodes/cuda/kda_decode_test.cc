@@ -301,7 +301,7 @@ void ExpectPrefillMatchesCpu(const ModelConfig& config, int history, int tokens,
 
 TEST(KdaPrefillGpuTest, MatchesCpuChunkedPrefill) {
   REQUIRE_GPU();
-  ExpectPrefillMatchesCpu(Named("k3-tiny"), 5, 150, 4);  // 150 = 2 chunks of 64 + 22
+  ExpectPrefillMatchesCpu(Named("k3-tiny"), 5, 150, 4);  // 150 = 9 CPU chunks of 16 + 6
   ExpectPrefillMatchesCpu(Named("kimi-linear-tiny"), 1, 70, 5);
   ExpectPrefillMatchesCpu(SliceWidths(), 3, 40, 6);
 }

@@ -1,0 +1,60 @@
+// DeviceBuffer<T>: an owned array in device memory that grows on demand, for the GPU layers'
+// weights, states and scratch. Move-only; not thread-safe.
+#ifndef K3SERVE_KERNELS_CUDA_DEVICE_BUFFER_H_
+#define K3SERVE_KERNELS_CUDA_DEVICE_BUFFER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace k3 {
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+
+  // At least `size` elements; contents are lost when it grows. The caller makes sure no queued
+  // work still uses the old memory (cudaFree waits for the device only on the legacy stream).
+  absl::Status Reserve(size_t size) {
+    if (size <= size_) return absl::OkStatus();
+    cudaFree(data_);
+    data_ = nullptr;
+    size_ = 0;
+    K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&data_, size * sizeof(T)), "cudaMalloc");
+    size_ = size;
+    return absl::OkStatus();
+  }
+
+  // Exactly the host array's contents (synchronous copy).
+  absl::Status Upload(const T* host, size_t size) {
+    if (absl::Status s = Reserve(size); !s.ok()) return s;
+    return CudaStatus(cudaMemcpy(data_, host, size * sizeof(T), cudaMemcpyHostToDevice),
+                      "cudaMemcpy to the device");
+  }
+  absl::Status Upload(const std::vector<T>& host) { return Upload(host.data(), host.size()); }
+
+  T* get() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_KERNELS_CUDA_DEVICE_BUFFER_H_
