@@ -35,9 +35,9 @@ GpuKdaLayer::GpuKdaLayer(const ModelConfig& config, CublasProducts* products)
 }
 
 absl::StatusOr<std::unique_ptr<GpuKdaLayer>> GpuKdaLayer::Create(const ModelConfig& config,
-                                                                const KdaWeights& weights,
-                                                                int32_t slots,
-                                                                CublasProducts* products) {
+                                                                 const KdaWeights& weights,
+                                                                 int32_t slots,
+                                                                 CublasProducts* products) {
   const LinearAttnConfig& la = config.linear_attn;
   if (la.head_dim != 32 && la.head_dim != 64 && la.head_dim != 128) {
     return absl::InvalidArgumentError(
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<GpuKdaLayer>> GpuKdaLayer::Create(const ModelConf
 
 absl::Status GpuKdaLayer::Upload(const KdaWeights& w, int32_t slots) {
   const std::pair<const WeightMatrix*, DeviceBuffer<uint16_t>*> matrices[] = {
-      {&w.q_proj, &q_proj_},     {&w.k_proj, &k_proj_}, {&w.v_proj, &v_proj_},
+      {&w.q_proj, &q_proj_},     {&w.k_proj, &k_proj_},     {&w.v_proj, &v_proj_},
       {&w.f_a_proj, &f_a_proj_}, {&w.f_b_proj, &f_b_proj_}, {&w.b_proj, &b_proj_},
       {&w.o_proj, &o_proj_}};
   for (const auto& [matrix, buffer] : matrices) {
@@ -92,9 +92,9 @@ absl::Status GpuKdaLayer::UploadState(int32_t slot, const KdaState& state) {
   const std::vector<float>* conv[3] = {&state.conv_q, &state.conv_k, &state.conv_v};
   for (int m = 0; m < 3 && window_ > 0; ++m) {
     float* at = conv_cache_.get() + (slot * 3 + m) * window_ * p_;
-    K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(at, conv[m]->data(), window_ * p_ * sizeof(float),
-                                       cudaMemcpyHostToDevice),
-                            "cudaMemcpy(conv cache)");
+    K3_RETURN_IF_CUDA_ERROR(
+        cudaMemcpy(at, conv[m]->data(), window_ * p_ * sizeof(float), cudaMemcpyHostToDevice),
+        "cudaMemcpy(conv cache)");
   }
   return absl::OkStatus();
 }
@@ -110,9 +110,9 @@ absl::Status GpuKdaLayer::DownloadState(int32_t slot, KdaState* state) const {
   std::vector<float>* conv[3] = {&state->conv_q, &state->conv_k, &state->conv_v};
   for (int m = 0; m < 3 && window_ > 0; ++m) {
     const float* at = conv_cache_.get() + (slot * 3 + m) * window_ * p_;
-    K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(conv[m]->data(), at, window_ * p_ * sizeof(float),
-                                       cudaMemcpyDeviceToHost),
-                            "cudaMemcpy(conv cache)");
+    K3_RETURN_IF_CUDA_ERROR(
+        cudaMemcpy(conv[m]->data(), at, window_ * p_ * sizeof(float), cudaMemcpyDeviceToHost),
+        "cudaMemcpy(conv cache)");
   }
   return absl::OkStatus();
 }
@@ -150,7 +150,9 @@ absl::StatusOr<KdaDecodeLaunch> GpuKdaLayer::Project(const float* x, int32_t row
     const DeviceBuffer<uint16_t>* w;
     int64_t n;
     float* y;
-  } direct[] = {{&q_proj_, p_, q_.get()}, {&k_proj_, p_, k_.get()}, {&v_proj_, p_, v_.get()},
+  } direct[] = {{&q_proj_, p_, q_.get()},
+                {&k_proj_, p_, k_.get()},
+                {&v_proj_, p_, v_.get()},
                 {&b_proj_, h_, beta_.get()}};
   for (const auto& product : direct) {
     K3_RETURN_IF_ERROR(Product(*product.w, product.n, d_, x16, rows, product.y));
@@ -206,8 +208,7 @@ absl::Status GpuKdaLayer::Decode(const float* x, int32_t batch, const int32_t* s
   return OutputProjection(batch, out);
 }
 
-absl::Status GpuKdaLayer::Prefill(const float* x, int32_t tokens, const int32_t* slot,
-                                  float* out) {
+absl::Status GpuKdaLayer::Prefill(const float* x, int32_t tokens, const int32_t* slot, float* out) {
   if (tokens < 1) return absl::InvalidArgumentError("GpuKdaLayer::Prefill: no tokens");
   K3_ASSIGN_OR_RETURN(KdaDecodeLaunch launch, Project(x, tokens));
   launch.batch = 1;

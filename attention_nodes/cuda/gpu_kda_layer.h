@@ -30,9 +30,9 @@ class GpuKdaLayer {
   // states. InvalidArgument for another weight type or a config the kernels do not take (head_dim
   // other than 32, 64, 128; conv kernel above 8); Internal for a CUDA failure.
   static absl::StatusOr<std::unique_ptr<GpuKdaLayer>> Create(const ModelConfig& config,
-                                                            const KdaWeights& weights,
-                                                            int32_t slots,
-                                                            CublasProducts* products);
+                                                             const KdaWeights& weights,
+                                                             int32_t slots,
+                                                             CublasProducts* products);
 
   // A sequence's state and conv caches into or out of `slot` (synchronous copies).
   absl::Status UploadState(int32_t slot, const KdaState& state);
@@ -73,12 +73,12 @@ class GpuKdaLayer {
 
   // Scratch for up to reserved_rows_ rows.
   int32_t reserved_rows_ = 0;
-  DeviceBuffer<uint16_t> x16_;       // [rows, d]
-  DeviceBuffer<uint16_t> low16_;     // [rows, K]: f_a's or g_a's output as bf16
-  DeviceBuffer<float> low_;          // [rows, K]
+  DeviceBuffer<uint16_t> x16_;    // [rows, d]
+  DeviceBuffer<uint16_t> low16_;  // [rows, K]: f_a's or g_a's output as bf16
+  DeviceBuffer<float> low_;       // [rows, K]
   DeviceBuffer<float> q_, k_, v_, f_, gate_, kernel_out_;  // [rows, P]
-  DeviceBuffer<float> beta_;         // [rows, H]
-  DeviceBuffer<uint16_t> out16_;     // [rows, P]
+  DeviceBuffer<float> beta_;                               // [rows, H]
+  DeviceBuffer<uint16_t> out16_;                           // [rows, P]
 };
 
 }  // namespace k3

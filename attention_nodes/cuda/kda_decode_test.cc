@@ -235,7 +235,8 @@ void ExpectPrefillMatchesCpu(const ModelConfig& config, int history, int tokens,
   Scratch scratch;
   const std::vector<float> prompt = rnd.Normal(history * d, 0.0f, 1.0f);
   std::vector<float> warm_out(prompt.size());
-  ASSERT_TRUE(KdaForward(config, w, prompt.data(), history, &state, warm_out.data(), &scratch).ok());
+  ASSERT_TRUE(
+      KdaForward(config, w, prompt.data(), history, &state, warm_out.data(), &scratch).ok());
   // Slot 1 holds the sequence; slot 0 is random and must stay so.
   std::vector<float> state_pool = rnd.Normal(2 * state_floats, 0.0f, 1.0f);
   std::vector<float> conv_pool = rnd.Normal(2 * conv_floats, 0.0f, 1.0f);

@@ -13,15 +13,15 @@
 namespace k3 {
 
 struct MlaCacheWrite {
-  int32_t rows = 0;       // new tokens in this call, over all sequences
-  int32_t width = 0;      // c + r (K3: 576)
+  int32_t rows = 0;   // new tokens in this call, over all sequences
+  int32_t width = 0;  // c + r (K3: 576)
   int32_t page_size = 64;
-  int32_t max_pages = 0;  // the block table's row length
-  const float* new_rows = nullptr;      // [rows, width] fp32
-  const int32_t* sequence = nullptr;    // [rows]: each row's sequence (its block table row)
-  const int32_t* position = nullptr;    // [rows]: each row's token index in its sequence
-  const int32_t* block_table = nullptr; // [sequences, max_pages]
-  uint16_t* cache = nullptr;            // bf16 [pages, page_size, width]
+  int32_t max_pages = 0;                 // the block table's row length
+  const float* new_rows = nullptr;       // [rows, width] fp32
+  const int32_t* sequence = nullptr;     // [rows]: each row's sequence (its block table row)
+  const int32_t* position = nullptr;     // [rows]: each row's token index in its sequence
+  const int32_t* block_table = nullptr;  // [sequences, max_pages]
+  uint16_t* cache = nullptr;             // bf16 [pages, page_size, width]
 };
 
 // Enqueues one launch on `stream` (a cudaStream_t; nullptr for the legacy stream) and returns its

@@ -30,7 +30,8 @@ TEST(MlaCacheEmulationTest, WritesRowsWhereDecodeReadsThem) {
     write.block_table = c.block_table.data();
     std::vector<uint16_t> cache = c.cache_before;
     write.cache = cache.data();
-    simt::RunGrid({write.rows, 1, 1}, {kMlaCacheThreads, 1, 1}, [&] { MlaCacheWriteKernel(write); });
+    simt::RunGrid({write.rows, 1, 1}, {kMlaCacheThreads, 1, 1},
+                  [&] { MlaCacheWriteKernel(write); });
     EXPECT_EQ(cache, c.cache_after);
   }
 }

@@ -23,8 +23,7 @@ using gpu_test::DeviceArray;
 
 void ExpectWrites(int32_t width, int32_t page_size, int32_t chunk, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "width " << width << " page " << page_size);
-  const mla_cache_test::CacheCase c =
-      mla_cache_test::MakeCacheCase(width, page_size, chunk, seed);
+  const mla_cache_test::CacheCase c = mla_cache_test::MakeCacheCase(width, page_size, chunk, seed);
   DeviceArray<float> rows(c.new_rows);
   DeviceArray<int32_t> sequence(c.sequence), position(c.position), table(c.block_table);
   DeviceArray<uint16_t> cache(c.cache_before);

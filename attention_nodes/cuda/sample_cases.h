@@ -15,7 +15,7 @@
 namespace k3::sample_test {
 
 struct SampleCase {
-  std::vector<float> logits;              // [rows, stride]
+  std::vector<float> logits;  // [rows, stride]
   int64_t stride = 0;
   int32_t vocab = 0;
   std::vector<DeviceSamplingRow> params;  // [rows]
@@ -59,12 +59,12 @@ inline SampleCase MakeSampleCase(const SamplingOptions& options, int rows, int32
 // The sampling configurations both tests cover.
 inline std::vector<SamplingOptions> SampleOptionsToCover() {
   return {
-      {.temperature = 0.0f},                               // greedy
-      {.temperature = 1.0f, .seed = 7},                    // the whole vocabulary
-      {.temperature = 0.7f, .top_k = 20, .seed = 8},       // top-k
-      {.temperature = 1.3f, .top_p = 0.9f, .seed = 9},     // top-p
+      {.temperature = 0.0f},                            // greedy
+      {.temperature = 1.0f, .seed = 7},                 // the whole vocabulary
+      {.temperature = 0.7f, .top_k = 20, .seed = 8},    // top-k
+      {.temperature = 1.3f, .top_p = 0.9f, .seed = 9},  // top-p
       {.temperature = 0.5f, .top_p = 0.5f, .top_k = 50, .seed = 10},
-      {.temperature = 2.0f, .top_k = 1, .seed = 11},       // one kept token
+      {.temperature = 2.0f, .top_k = 1, .seed = 11},  // one kept token
   };
 }
 

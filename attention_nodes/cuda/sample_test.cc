@@ -43,8 +43,8 @@ TEST(SampleGpuTest, MatchesCpuSampler) {
   REQUIRE_GPU();
   uint32_t seed = 1;
   for (const SamplingOptions& options : sample_test::SampleOptionsToCover()) {
-    ExpectMatchesCpu(options, 33, 512, seed++);      // k3-tiny's vocabulary
-    ExpectMatchesCpu(options, 8, 163840, seed++);    // K3's
+    ExpectMatchesCpu(options, 33, 512, seed++);    // k3-tiny's vocabulary
+    ExpectMatchesCpu(options, 8, 163840, seed++);  // K3's
   }
 }
 

@@ -47,20 +47,19 @@ absl::Status CublasProducts::Run(const BatchedProduct& p) {
   // Row-major y_h = x_h op(W_h) is column-major y_hᵀ = op(W_h)ᵀ x_hᵀ: cuBLAS's A is W_h as
   // stored (column-major [k, n] when stored [n, k] row-major, so transposed back), B is x_h as
   // stored (column-major [k, m]), C is y_h as stored (column-major [n, m]).
-  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  const float beta = p.accumulate ? 1.0f : 0.0f;
   return CublasStatus(
       cublasGemmStridedBatchedEx(
           static_cast<cublasHandle_t>(handle_), p.w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
-          CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
-          p.w, CUDA_R_16BF, static_cast<int>(p.ldw), p.w_head_stride, p.x, CUDA_R_16BF,
-          static_cast<int>(p.ldx), p.x_head_stride, &beta, p.y, CUDA_R_32F,
-          static_cast<int>(p.ldy), p.y_head_stride, p.heads, CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT),
+          CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k),
+          &p.alpha, p.w, CUDA_R_16BF, static_cast<int>(p.ldw), p.w_head_stride, p.x, CUDA_R_16BF,
+          static_cast<int>(p.ldx), p.x_head_stride, &beta, p.y, CUDA_R_32F, static_cast<int>(p.ldy),
+          p.y_head_stride, p.heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmStridedBatchedEx");
 }
 
 absl::Status CublasProducts::Linear(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
-                                    int64_t m, float* y, bool accumulate) {
+                                    int64_t m, float* y, bool accumulate, float alpha) {
   BatchedProduct p;
   p.w = w;
   p.ldw = k;
@@ -71,6 +70,7 @@ absl::Status CublasProducts::Linear(const uint16_t* w, int64_t n, int64_t k, con
   p.m = m;
   p.n = n;
   p.k = k;
+  p.alpha = alpha;
   p.accumulate = accumulate;
   return Run(p);
 }

@@ -15,9 +15,9 @@
 
 namespace k3 {
 
-// One product per head (or one product: heads = 1): y_h[m, n] (+)= x_h[m, k] · op(W_h), where
-// op(W_h) = W_hᵀ for W_h stored [n, k] (w_transposed, as nn.Linear stores weights) or W_h for W_h
-// stored [k, n]. Element (i, j) of x_h is x[h * x_head_stride + i * ldx + j]; likewise for W_h
+// One product per head (or one product: heads = 1): y_h[m, n] (+)= alpha · x_h[m, k] · op(W_h),
+// where op(W_h) = W_hᵀ for W_h stored [n, k] (w_transposed, as nn.Linear stores weights) or W_h for
+// W_h stored [k, n]. Element (i, j) of x_h is x[h * x_head_stride + i * ldx + j]; likewise for W_h
 // (row stride ldw) and y_h (ldy). Every pointer is a device pointer.
 struct BatchedProduct {
   const uint16_t* w = nullptr;  // bf16
@@ -29,6 +29,7 @@ struct BatchedProduct {
   int64_t ldy = 0, y_head_stride = 0;
   int64_t m = 0, n = 0, k = 0;
   int32_t heads = 1;
+  float alpha = 1.0f;
   bool accumulate = false;
 };
 
@@ -45,9 +46,9 @@ class CublasProducts {
   // dimension smaller than its matrix's row; Internal with cuBLAS's reason when it fails.
   absl::Status Run(const BatchedProduct& p);
 
-  // y[m, n] (+)= x[m, k] · W[n, k]ᵀ, dense rows: MatMul's product.
+  // y[m, n] (+)= alpha · x[m, k] · W[n, k]ᵀ, dense rows: MatMul's product.
   absl::Status Linear(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m,
-                      float* y, bool accumulate);
+                      float* y, bool accumulate, float alpha = 1.0f);
 
   void* stream() const { return stream_; }
 

@@ -71,9 +71,9 @@ void ExpectLinearMatchesMatMul(int64_t n, int64_t k, int64_t m, uint32_t seed) {
 
 TEST(CublasProductsTest, LinearMatchesMatMul) {
   REQUIRE_GPU();
-  ExpectLinearMatchesMatMul(1536, 7168, 1, 1);   // K3's q_a_proj, one token
-  ExpectLinearMatchesMatMul(896, 7168, 32, 2);   // the router gate, 32 tokens
-  ExpectLinearMatchesMatMul(300, 100, 7, 3);     // odd sizes
+  ExpectLinearMatchesMatMul(1536, 7168, 1, 1);  // K3's q_a_proj, one token
+  ExpectLinearMatchesMatMul(896, 7168, 32, 2);  // the router gate, 32 tokens
+  ExpectLinearMatchesMatMul(300, 100, 7, 3);    // odd sizes
 }
 
 // MLA's absorbed query (W_K[h] stored [n, c] per head inside kv_b_proj, used untransposed) and
@@ -137,7 +137,8 @@ TEST(CublasProductsTest, PerHeadProductsMatchTheirDefinition) {
       const float* w_k = kv_b_f.data() + h * (kNope + kV) * kC;
       for (int64_t c = 0; c < kC; ++c) {
         double sum = 0;
-        for (int64_t j = 0; j < kNope; ++j) sum += q_f[(t * kHeads + h) * 192 + j] * w_k[j * kC + c];
+        for (int64_t j = 0; j < kNope; ++j)
+          sum += q_f[(t * kHeads + h) * 192 + j] * w_k[j * kC + c];
         q_abs_want.push_back(static_cast<float>(sum));
         q_abs_kept.push_back(q_abs_got[(t * kHeads + h) * (kC + 64) + c]);
       }

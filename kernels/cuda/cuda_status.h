@@ -24,12 +24,11 @@ inline absl::Status CudaStatus(int error, const char* what) {
 
 // Returns from the enclosing function (an absl::Status or StatusOr one) when `call`, a CUDA
 // runtime call or a kernel launcher, fails.
-#define K3_RETURN_IF_CUDA_ERROR(call, what)                               \
-  do {                                                                    \
-    if (absl::Status k3_cuda_status = ::k3::CudaStatus((call), what);     \
-        !k3_cuda_status.ok()) {                                           \
-      return k3_cuda_status;                                              \
-    }                                                                     \
+#define K3_RETURN_IF_CUDA_ERROR(call, what)                                                   \
+  do {                                                                                        \
+    if (absl::Status k3_cuda_status = ::k3::CudaStatus((call), what); !k3_cuda_status.ok()) { \
+      return k3_cuda_status;                                                                  \
+    }                                                                                         \
   } while (0)
 
 #endif  // K3SERVE_KERNELS_CUDA_CUDA_STATUS_H_

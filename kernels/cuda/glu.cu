@@ -40,4 +40,13 @@ int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const flo
   return static_cast<int>(cudaGetLastError());
 }
 
+int LaunchMulSigmoid(const float* gate, float* x, int64_t n, void* stream) {
+  if (n < 1 || (n + kGluThreads - 1) / kGluThreads > 0x7fffffff) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const auto blocks = static_cast<unsigned>((n + kGluThreads - 1) / kGluThreads);
+  MulSigmoidKernel<<<blocks, kGluThreads, 0, static_cast<cudaStream_t>(stream)>>>(gate, x, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace k3

@@ -1,5 +1,6 @@
 // glu.h's device code (glu_kernel.inc) run on the CPU under simt_emulation.h against its CPU twins,
-// kernels/gated_mlp.h's GluCombine and kernels/bf16.h's FloatToBf16, on every machine. On the CPU
+// kernels/gated_mlp.h's GluCombine, kernels/bf16.h's FloatToBf16 and MulSigmoid's formula, on
+// every machine. On the CPU
 // the kernel's tanhf and expf are the ones GluCombine calls, in the same order, so the bf16 results
 // must be equal bit for bit (glu_test.cc allows the GPU's math functions one bf16 step).
 #include "kernels/cuda/simt_emulation.h"
@@ -28,8 +29,8 @@ TEST(GluEmulationTest, MatchesGluCombineAndRounding) {
   std::vector<float> gate(kRows * kStride), up(kRows * kStride);
   for (float& x : gate) x = normal(rng);
   for (float& x : up) x = 5.0f * normal(rng);
-  for (const GluParams& params : {GluParams{true, 4.0f, 25.0f}, GluParams{true, 4.0f, 0.0f},
-                                  GluParams{false, 0.0f, 0.0f}}) {
+  for (const GluParams& params :
+       {GluParams{true, 4.0f, 25.0f}, GluParams{true, 4.0f, 0.0f}, GluParams{false, 0.0f, 0.0f}}) {
     SCOPED_TRACE(testing::Message() << "situ " << params.situ << " λ " << params.linear_beta);
     const DeviceGluParams device{params.situ, params.beta, params.linear_beta};
     std::vector<uint16_t> hidden(kRows * kStride, 0xffff), rounded(kRows * kStride, 0xffff);
@@ -52,6 +53,21 @@ TEST(GluEmulationTest, MatchesGluCombineAndRounding) {
       }
     }
   }
+}
+
+// MulSigmoid's formula, x / (1 + e^-gate), with the same expf: bit for bit.
+TEST(GluEmulationTest, MulSigmoidMatchesItsFormula) {
+  constexpr int kCount = 600;  // three blocks, the last partial
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> gate(kCount + 1), x(kCount + 1);
+  for (float& v : gate) v = normal(rng);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> got = x;
+  simt::RunGrid({3, 1, 1}, {kGluThreads, 1, 1},
+                [&] { MulSigmoidKernel(gate.data(), got.data(), kCount); });
+  for (int i = 0; i < kCount; ++i) ASSERT_EQ(got[i], x[i] / (1.0f + std::exp(-gate[i]))) << i;
+  EXPECT_EQ(got[kCount], x[kCount]);  // past n: untouched
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // glu.h's kernels on a GPU against their CPU twins: LaunchRoundToBf16 against kernels/bf16.h's
-// FloatToBf16 (bit for bit: both round to nearest even), LaunchGluCombine against
-// kernels/gated_mlp.h's GluCombine rounded the same way, at K3's shared-expert width (3072) and
-// an odd one, SiTU-GLU with and without the up branch's cap, and SwiGLU. The GPU's tanhf and expf
-// may differ from the CPU's in the last fp32 bit, which can move a bf16 rounding by one step: the
-// hidden values agree within one bf16 step (2^-7 relative). Without a GPU the GPU cases report
-// themselves skipped ("no GPU").
+// FloatToBf16 (bit for bit: both round to nearest even); LaunchGluCombine against
+// kernels/gated_mlp.h's GluCombine rounded the same way, at K3's shared-expert width (3072) and an
+// odd one, SiTU-GLU with and without the up branch's cap, and SwiGLU; LaunchMulSigmoid against
+// MulSigmoid's formula. The GPU's tanhf and expf may differ from the CPU's in the last fp32 bit,
+// which can move a bf16 rounding by one step: the hidden values agree within one bf16 step (2^-7
+// relative). Without a GPU the GPU cases report themselves skipped ("no GPU").
 #include "kernels/cuda/glu.h"
 
 #include <cmath>
@@ -42,9 +42,8 @@ void ExpectMatchesCpu(const GluParams& params, int rows, int width, uint32_t see
   ASSERT_EQ(LaunchGluCombine(device, gate_dev.get(), up_dev.get(), stride, rows, width,
                              hidden_dev.get(), width, nullptr),
             0);
-  ASSERT_EQ(LaunchRoundToBf16(gate_dev.get(), stride, rows, width, rounded_dev.get(), width,
-                              nullptr),
-            0);
+  ASSERT_EQ(
+      LaunchRoundToBf16(gate_dev.get(), stride, rows, width, rounded_dev.get(), width, nullptr), 0);
   gpu_test::ExpectDeviceOk();
   const std::vector<uint16_t> hidden = hidden_dev.Download(), rounded = rounded_dev.Download();
   for (int r = 0; r < rows; ++r) {
@@ -65,13 +64,33 @@ TEST(GluGpuTest, MatchesCpu) {
   ExpectMatchesCpu(GluParams{false, 0.0f, 0.0f}, 3, 513, 3);
 }
 
+// Against MulSigmoid's formula on the CPU: the GPU's expf may differ in the last bit (2e-7).
+TEST(GluGpuTest, MulSigmoidMatchesCpu) {
+  REQUIRE_GPU();
+  constexpr int64_t kCount = 96 * 128 * 3 + 17;  // K3's MLA gate, three tokens, and a tail
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> gate(kCount), x(kCount);
+  for (float& v : gate) v = normal(rng);
+  for (float& v : x) v = normal(rng);
+  DeviceArray<float> gate_dev(gate), x_dev(x);
+  ASSERT_EQ(LaunchMulSigmoid(gate_dev.get(), x_dev.get(), kCount, nullptr), 0);
+  gpu_test::ExpectDeviceOk();
+  const std::vector<float> got = x_dev.Download();
+  for (int64_t i = 0; i < kCount; ++i) {
+    const float want = x[i] / (1.0f + std::exp(-gate[i]));
+    ASSERT_NEAR(got[i], want, 2e-7f * std::fabs(want) + 1e-30f) << i;
+  }
+}
+
 TEST(GluGpuTest, RefusesBadShapes) {
+  EXPECT_NE(LaunchMulSigmoid(nullptr, nullptr, 0, nullptr), 0);
   EXPECT_NE(LaunchRoundToBf16(nullptr, 10, 1, 20, nullptr, 20, nullptr), 0);
   EXPECT_NE(LaunchGluCombine(DeviceGluParams{}, nullptr, nullptr, 20, 0, 20, nullptr, 20, nullptr),
             0);
-  EXPECT_NE(LaunchGluCombine(DeviceGluParams{}, nullptr, nullptr, 20, 70000, 20, nullptr, 20,
-                             nullptr),
-            0);
+  EXPECT_NE(
+      LaunchGluCombine(DeviceGluParams{}, nullptr, nullptr, 20, 70000, 20, nullptr, 20, nullptr),
+      0);
 }
 
 }  // namespace

@@ -21,8 +21,8 @@ void AppendRows(const WeightMatrix& m, std::vector<uint16_t>* out) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpMatrices& w,
-                                                                  const GluParams& params,
-                                                                  void* stream) {
+                                                                 const GluParams& params,
+                                                                 void* stream) {
   for (const WeightMatrix* m : {&w.gate, &w.up, &w.down}) {
     if (m->type != WeightType::kBf16 || m->empty()) {
       return absl::InvalidArgumentError("GpuGatedMlp: the gated MLP's weights must be BF16");
@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpM
 }
 
 GpuGatedMlp::~GpuGatedMlp() {
-  for (void* p : {static_cast<void*>(gate_up_), static_cast<void*>(down_),
-                  static_cast<void*>(x_bf16_), static_cast<void*>(gate_up_out_),
-                  static_cast<void*>(hidden_)}) {
+  for (void* p :
+       {static_cast<void*>(gate_up_), static_cast<void*>(down_), static_cast<void*>(x_bf16_),
+        static_cast<void*>(gate_up_out_), static_cast<void*>(hidden_)}) {
     cudaFree(p);
   }
 }
@@ -91,9 +91,9 @@ absl::Status GpuGatedMlp::Run(const float* x, int64_t tokens, float* y, bool acc
   if (tokens < 1) return absl::InvalidArgumentError("GpuGatedMlp::Run: no rows");
   if (absl::Status s = Reserve(tokens); !s.ok()) return s;
   const auto rows = static_cast<int32_t>(tokens);
-  K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(x, d_, rows, static_cast<int32_t>(d_), x_bf16_, d_,
-                                            stream_),
-                          "LaunchRoundToBf16");
+  K3_RETURN_IF_CUDA_ERROR(
+      LaunchRoundToBf16(x, d_, rows, static_cast<int32_t>(d_), x_bf16_, d_, stream_),
+      "LaunchRoundToBf16");
   if (absl::Status s = products_->Linear(gate_up_, 2 * f_, d_, x_bf16_, tokens, gate_up_out_,
                                          /*accumulate=*/false);
       !s.ok()) {

@@ -27,8 +27,7 @@ class GpuGatedMlp {
   // InvalidArgument for another weight type or mismatched shapes; Internal for a CUDA or cuBLAS
   // failure.
   static absl::StatusOr<std::unique_ptr<GpuGatedMlp>> Create(const GatedMlpMatrices& w,
-                                                            const GluParams& params,
-                                                            void* stream);
+                                                             const GluParams& params, void* stream);
   ~GpuGatedMlp();
   GpuGatedMlp(const GpuGatedMlp&) = delete;
   GpuGatedMlp& operator=(const GpuGatedMlp&) = delete;
@@ -54,9 +53,9 @@ class GpuGatedMlp {
   uint16_t* gate_up_ = nullptr;  // bf16 [2f, d]: gate's rows, then up's
   uint16_t* down_ = nullptr;     // bf16 [d_out, f]
   int64_t reserved_tokens_ = 0;
-  uint16_t* x_bf16_ = nullptr;     // [tokens, d]
-  float* gate_up_out_ = nullptr;   // [tokens, 2f]
-  uint16_t* hidden_ = nullptr;     // [tokens, f]
+  uint16_t* x_bf16_ = nullptr;    // [tokens, d]
+  float* gate_up_out_ = nullptr;  // [tokens, 2f]
+  uint16_t* hidden_ = nullptr;    // [tokens, f]
 };
 
 }  // namespace k3

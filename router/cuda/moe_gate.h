@@ -24,7 +24,7 @@ struct MoeGateArgs {
   int32_t num_experts = 0;
   int32_t top_k = 0;
   bool renormalize = true;
-  float scaling = 1.0f;  // routed_scaling_factor
+  float scaling = 1.0f;      // routed_scaling_factor
   float* scores = nullptr;   // out: [tokens, num_experts] sigmoid scores (QB statistics read them)
   int32_t* ids = nullptr;    // out: [tokens, top_k] in descending order of s + bias
   float* weights = nullptr;  // out: [tokens, top_k], matching ids

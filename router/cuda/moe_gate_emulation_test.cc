@@ -100,9 +100,7 @@ void CheckRandom(const GateCase& c, uint32_t seed) {
   ExpectMatchesReference(c, logits, stride, bias, RunEmulated(c, logits, stride, bias));
 }
 
-TEST(MoeGateEmulationTest, K3WidthWithBias) {
-  CheckRandom({2, 896, 16, true, true, 2.5f}, 1);
-}
+TEST(MoeGateEmulationTest, K3WidthWithBias) { CheckRandom({2, 896, 16, true, true, 2.5f}, 1); }
 
 TEST(MoeGateEmulationTest, TinyWidthsWithoutBiasOrRenormalization) {
   CheckRandom({3, 8, 2, false, false, 1.0f}, 2);

@@ -43,8 +43,8 @@ void ExpectMatchesCpu(int tokens, int num_experts, int top_k, bool with_bias, ui
   for (size_t i = 0; i < logits.size(); ++i) cpu_scores[i] = Sigmoid(logits[i]);
   for (int t = 0; t < tokens; ++t) {
     SelectExperts(cpu_scores.data() + t * num_experts, with_bias ? bias.data() : nullptr,
-                  num_experts, top_k, /*renormalize=*/true, kScaling,
-                  cpu_ids.data() + t * top_k, cpu_weights.data() + t * top_k);
+                  num_experts, top_k, /*renormalize=*/true, kScaling, cpu_ids.data() + t * top_k,
+                  cpu_weights.data() + t * top_k);
   }
 
   DeviceArray<float> logits_dev(logits), bias_dev(bias), scores_dev(logits.size()),
@@ -90,10 +90,10 @@ void ExpectMatchesCpu(int tokens, int num_experts, int top_k, bool with_bias, ui
 
 TEST(MoeGateGpuTest, MatchesCpu) {
   REQUIRE_GPU();
-  ExpectMatchesCpu(64, 896, 16, true, 1);   // K3
+  ExpectMatchesCpu(64, 896, 16, true, 1);  // K3
   ExpectMatchesCpu(5, 896, 16, false, 2);
-  ExpectMatchesCpu(33, 8, 2, true, 3);      // k3-tiny
-  ExpectMatchesCpu(3, 1024, 32, true, 4);   // the largest one launch takes
+  ExpectMatchesCpu(33, 8, 2, true, 3);     // k3-tiny
+  ExpectMatchesCpu(3, 1024, 32, true, 4);  // the largest one launch takes
 }
 
 TEST(MoeGateGpuTest, RefusesBadShapes) {
