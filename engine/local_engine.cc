@@ -71,17 +71,10 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
       if (absl::Status s = prefix_cache_->Record(tokens, *state); !s.ok()) return s;
     }
     if (fed < prompt_size) continue;  // the prompt's first piece, up to its last block boundary
-    if (absl::Status s = CheckLogitsFinite(logits.data(), config().vocab_size); !s.ok()) return s;
-    if (options.on_logits) options.on_logits(absl::MakeConstSpan(logits));
-    const int32_t next = sampler.Next(logits.data(), config().vocab_size);
-    generated.push_back(next);
-    if (options.on_token) options.on_token(next);
-    if ((next == config().eos_token_id && !options.ignore_eos) ||
-        std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
-            options.stop_token_ids.end()) {
-      break;
-    }
-    tokens.push_back(next);
+    absl::StatusOr<bool> ended = TakeNextToken(config(), options, logits, sampler, &generated);
+    if (!ended.ok()) return ended.status();
+    if (*ended) break;
+    tokens.push_back(generated.back());
   }
   return generated;
 }

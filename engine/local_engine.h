@@ -15,23 +15,11 @@
 #include "absl/types/span.h"
 #include "attention_nodes/model_runner.h"
 #include "attention_nodes/prefix_cache.h"
-#include "attention_nodes/sampler.h"
 #include "model/weights.h"
+#include "engine/generation.h"
 #include "engine/local_routed_moe.h"
 
 namespace k3 {
-
-struct GenerateOptions {
-  SamplingOptions sampling;
-  int max_new_tokens = 16;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;  // true: the model's eos_token_id does not end generation
-  // Sees each token as soon as it is sampled (an interactive front streaming the answer); null:
-  // none.
-  std::function<void(int32_t)> on_token;
-  // Sees the logits row each token is sampled from, before on_token; null: none.
-  std::function<void(absl::Span<const float>)> on_logits;
-};
 
 class LocalEngine {
  public:

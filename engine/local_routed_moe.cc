@@ -1,11 +1,13 @@
 #include "engine/local_routed_moe.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace k3 {
 
-LocalRoutedMoe::LocalRoutedMoe(const ModelWeights* weights)
-    : weights_(weights), glu_(GluParamsFor(weights->config)) {}
+LocalRoutedMoe::LocalRoutedMoe(const ModelWeights* weights, ExpertRunner experts)
+    : weights_(weights), experts_(std::move(experts)), glu_(GluParamsFor(weights->config)) {}
 
 absl::Status LocalRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   const ModelConfig& config = weights_->config;
@@ -14,14 +16,17 @@ absl::Status LocalRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   }
   layer_ = layer;
   const MoeWeights& moe = weights_->layers[layer].moe;
-  PrepareRouterStep(moe.router, config, x, tokens, /*num_workers=*/1,
-                    [](int32_t, int64_t) { return 0; }, &step_);
+  PrepareRouterStep(
+      moe.router, config, x, tokens, /*num_workers=*/1, [](int32_t, int64_t) { return 0; }, &step_);
   const int64_t rows = static_cast<int64_t>(step_.plan.workers[0].tokens.size());
   rows_.resize(static_cast<size_t>(rows * step_.width));
   GatherWorkerRows(step_, x, /*worker=*/0, rows_.data());
   partial_.resize(rows_.size());
-  status_ = RunExperts(moe.experts, glu_, rows_.data(), rows, step_.width,
-                       step_.plan.workers[0].assignments, partial_.data(), &scratch_);
+  const std::vector<ExpertAssignment>& assignments = step_.plan.workers[0].assignments;
+  status_ = experts_
+                ? experts_(layer, rows_.data(), rows, step_.width, assignments, partial_.data())
+                : RunExperts(moe.experts, glu_, rows_.data(), rows, step_.width, assignments,
+                             partial_.data(), &scratch_);
   return status_;
 }
 

@@ -1,8 +1,11 @@
 // LocalRoutedMoe: RoutedMoe computed in this process (router math and every routed expert), for the
-// single-process engine and the reference tests. Runs synchronously in Begin.
+// single-process engines and the reference tests. Runs synchronously in Begin. The experts run on
+// the CPU (RunExperts), or through an ExpertRunner the caller gives (GpuEngine: on a GPU).
 #ifndef K3SERVE_ENGINE_LOCAL_ROUTED_MOE_H_
 #define K3SERVE_ENGINE_LOCAL_ROUTED_MOE_H_
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "expert_nodes/expert_compute.h"
@@ -12,10 +15,16 @@
 
 namespace k3 {
 
+// RunExperts' contract for MoE layer `layer`: rows z [rows, width], out [rows, width] overwritten.
+using ExpertRunner =
+    std::function<absl::Status(int layer, const float* z, int64_t rows, int64_t width,
+                               const std::vector<ExpertAssignment>& assignments, float* out)>;
+
 class LocalRoutedMoe : public RoutedMoe {
  public:
-  // `weights` must hold the router and all expert tensors, and outlive this object.
-  explicit LocalRoutedMoe(const ModelWeights* weights);
+  // `weights` must hold the router and all expert tensors, and outlive this object. A null
+  // `experts` runs them on the CPU.
+  explicit LocalRoutedMoe(const ModelWeights* weights, ExpertRunner experts = nullptr);
 
   absl::Status Begin(int layer, const float* x, int64_t tokens) override;
   absl::Status Wait(float* out) override;
@@ -26,11 +35,12 @@ class LocalRoutedMoe : public RoutedMoe {
 
  private:
   const ModelWeights* weights_;
+  ExpertRunner experts_;
   GluParams glu_;
   int layer_ = -1;
   absl::Status status_;
   RouterStep step_;
-  std::vector<float> rows_;     // the step's rows, gathered for the one worker
+  std::vector<float> rows_;  // the step's rows, gathered for the one worker
   std::vector<float> partial_;
   ExpertScratch scratch_;
 };

@@ -82,6 +82,19 @@ absl::Status GpuKdaLayer::Upload(const KdaWeights& w, int32_t slots) {
   return absl::OkStatus();
 }
 
+absl::Status GpuKdaLayer::ResetSlot(int32_t slot) {
+  if (slot < 0 || slot >= slots_) return absl::InvalidArgumentError("GpuKdaLayer: bad slot");
+  auto stream = static_cast<cudaStream_t>(products_->stream());
+  const size_t state_floats = h_ * kd_ * kd_, conv_floats = 3 * window_ * p_;
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(state_.get() + slot * state_floats, 0, state_floats * sizeof(float), stream),
+      "cudaMemsetAsync(state)");
+  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(conv_cache_.get() + slot * conv_floats, 0,
+                                          conv_floats * sizeof(float), stream),
+                          "cudaMemsetAsync(conv cache)");
+  return absl::OkStatus();
+}
+
 absl::Status GpuKdaLayer::UploadState(int32_t slot, const KdaState& state) {
   if (slot < 0 || slot >= slots_ || state.s.size() != static_cast<size_t>(h_ * kd_ * kd_)) {
     return absl::InvalidArgumentError("GpuKdaLayer::UploadState: bad slot or state size");

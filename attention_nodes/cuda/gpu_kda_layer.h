@@ -34,6 +34,9 @@ class GpuKdaLayer {
                                                              int32_t slots,
                                                              CublasProducts* products);
 
+  // Zeroes `slot`'s state and conv caches (a new sequence), enqueued on the products' stream.
+  absl::Status ResetSlot(int32_t slot);
+
   // A sequence's state and conv caches into or out of `slot` (synchronous copies).
   absl::Status UploadState(int32_t slot, const KdaState& state);
   absl::Status DownloadState(int32_t slot, KdaState* state) const;

@@ -75,4 +75,12 @@ absl::Status CublasProducts::Linear(const uint16_t* w, int64_t n, int64_t k, con
   return Run(p);
 }
 
+absl::Status CublasProducts::Add(const float* x, float* y, int64_t n) {
+  if (!FitsInt(n)) return absl::InvalidArgumentError(absl::StrCat("CublasProducts::Add: n ", n));
+  const float one = 1.0f;
+  return CublasStatus(
+      cublasSaxpy(static_cast<cublasHandle_t>(handle_), static_cast<int>(n), &one, x, 1, y, 1),
+      "cublasSaxpy");
+}
+
 }  // namespace k3

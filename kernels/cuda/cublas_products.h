@@ -50,6 +50,9 @@ class CublasProducts {
   absl::Status Linear(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m,
                       float* y, bool accumulate, float alpha = 1.0f);
 
+  // y[i] += x[i] for i < n (fp32, dense): a residual add.
+  absl::Status Add(const float* x, float* y, int64_t n);
+
   void* stream() const { return stream_; }
 
  private:

@@ -155,6 +155,22 @@ TEST(CublasProductsTest, PerHeadProductsMatchTheirDefinition) {
   ExpectRowsClose(o_got, o_want, kV, 1e-5);
 }
 
+TEST(CublasProductsTest, AddsRows) {
+  REQUIRE_GPU();
+  std::vector<float> x(1000), y(1000), want(1000);
+  for (int i = 0; i < 1000; ++i) {
+    x[i] = 0.5f * i;
+    y[i] = 3.0f - i;
+    want[i] = y[i] + x[i];
+  }
+  auto products = CublasProducts::Create(nullptr);
+  ASSERT_TRUE(products.ok()) << products.status();
+  DeviceArray<float> x_dev(x), y_dev(y);
+  ASSERT_TRUE((*products)->Add(x_dev.get(), y_dev.get(), 1000).ok());
+  gpu_test::ExpectDeviceOk();
+  EXPECT_EQ(y_dev.Download(), want);  // exact: sums of small multiples of 0.5
+}
+
 TEST(CublasProductsTest, RefusesBadShapes) {
   REQUIRE_GPU();  // creating a cuBLAS handle needs a device
   auto products = CublasProducts::Create(nullptr);

@@ -1,0 +1,130 @@
+// GpuModelRunner: the attention worker's forward pass (ModelRunner, spec §4) on one GPU for BF16
+// weights: embedding rows (looked up on the host), per layer Block AttnRes (attn_res.h) or the
+// plain residual, RMSNorm, the KDA or MLA mixer (GpuKdaLayer, GpuMlaLayer), the dense MLP or the
+// shared experts (GpuGatedMlp), the latent up projection, the final norm and the LM head, all in
+// device memory on one stream. The routed experts are reached through a RoutedMoe, as ModelRunner
+// reaches them (in process, on the CPU or a GPU, or across the router tier): the normed rows go to
+// the host for Begin, the shared experts run on the GPU meanwhile, and the answer comes back for
+// the up projection. It agrees with ModelRunner within the bf16 rounding of the rows entering its
+// products and of the MLA cache (GpuKdaLayer, GpuMlaLayer say how much).
+//
+// Sequences live in device memory: a KDA state slot (the same slot index in every KDA layer's
+// pool) and MLA cache pages (the same page ids in every MLA layer's pool), taken from free lists
+// by NewSequence and Step and given back by Release.
+//
+// Thread-safety: not thread-safe; one owner thread calls everything. The weights and the
+// RoutedMoe are borrowed and must outlive the runner.
+#ifndef K3SERVE_ATTENTION_NODES_CUDA_GPU_MODEL_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_CUDA_GPU_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention_nodes/cuda/gpu_kda_layer.h"
+#include "attention_nodes/cuda/gpu_mla_layer.h"
+#include "kernels/cuda/cublas_products.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gpu_gated_mlp.h"
+#include "model/weights.h"
+#include "moe/routed_moe.h"
+
+namespace k3 {
+
+// How much device state the runner keeps for sequences.
+struct GpuRunnerCapacity {
+  int32_t sequences = 8;      // KDA state slots
+  int32_t cache_pages = 256;  // MLA cache pages, shared by all sequences
+  int32_t page_size = 64;     // tokens per page
+};
+
+// A sequence's device state (owned by the runner's pools; the handle by the caller).
+struct GpuSequence {
+  int32_t slot = -1;
+  std::vector<int32_t> pages;
+  int64_t length = 0;  // tokens consumed so far
+};
+
+struct GpuBatchEntry {
+  GpuSequence* sequence = nullptr;
+  absl::Span<const int32_t> tokens;  // tokens to append; at least one
+  bool all_logits = false;           // logits for every new token, or only for the last
+};
+
+class GpuModelRunner {
+ public:
+  // Uploads every non-routed weight (BF16 matrices) to the current device and sizes the pools.
+  // InvalidArgument for other weight types or dims the kernels do not take; Internal for CUDA.
+  static absl::StatusOr<std::unique_ptr<GpuModelRunner>> Create(const ModelWeights* weights,
+                                                                RoutedMoe* routed_moe,
+                                                                const GpuRunnerCapacity& capacity);
+  ~GpuModelRunner();
+  GpuModelRunner(const GpuModelRunner&) = delete;
+  GpuModelRunner& operator=(const GpuModelRunner&) = delete;
+
+  // A fresh sequence (zeroed state); ResourceExhausted when every slot is taken.
+  absl::StatusOr<std::unique_ptr<GpuSequence>> NewSequence();
+  // Gives the sequence's slot and pages back.
+  void Release(GpuSequence* sequence);
+
+  // ModelRunner::Step's contract: appends each entry's tokens and writes logits rows (per entry in
+  // order, every new token's row or only the last) to `logits` [rows, vocab] on the host.
+  // InvalidArgument for a token outside the vocabulary or an empty entry; ResourceExhausted when
+  // the cache pages run out (nothing is appended then).
+  absl::Status Step(absl::Span<const GpuBatchEntry> batch, std::vector<float>* logits);
+
+  const ModelConfig& config() const { return weights_->config; }
+
+ private:
+  struct Layer {
+    std::unique_ptr<GpuKdaLayer> kda;
+    std::unique_ptr<GpuMlaLayer> mla;
+    std::unique_ptr<GpuGatedMlp> mlp;  // the dense MLP or the shared experts
+    DeviceBuffer<uint16_t> latent_up;  // [d, h] bf16; empty without LatentMoE
+    DeviceBuffer<float> input_norm, post_norm, attn_res_proj, attn_res_norm, mlp_res_proj,
+        mlp_res_norm;
+  };
+
+  GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
+  absl::Status Build(const GpuRunnerCapacity& capacity);
+  // Pages for every entry's new length, the embedded rows, the MLA and KDA row arrays.
+  absl::Status Prepare(absl::Span<const GpuBatchEntry> batch, int64_t rows);
+  absl::Status RunLayer(absl::Span<const GpuBatchEntry> batch, int layer);
+  absl::Status Mix(absl::Span<const GpuBatchEntry> batch, const Layer& layer);
+  absl::Status Ffn(const Layer& layer, int index);
+  absl::Status Output(absl::Span<const GpuBatchEntry> batch, std::vector<float>* logits);
+  // Depth attention over the completed blocks and the current prefix into `out`.
+  absl::Status DepthRead(const DeviceBuffer<float>& proj, const DeviceBuffer<float>& norm,
+                         float* out);
+  absl::Status Norm(const float* x, const DeviceBuffer<float>& gamma, int64_t rows, float* out);
+  absl::Status Sync();
+
+  const ModelWeights* const weights_;
+  RoutedMoe* const routed_moe_;
+  void* stream_ = nullptr;  // cudaStream_t, owned
+  std::unique_ptr<CublasProducts> products_;
+  std::vector<Layer> layers_;
+  DeviceBuffer<uint16_t> lm_head_;  // [V, d]
+  DeviceBuffer<float> final_norm_, output_res_proj_, output_res_norm_;
+  int32_t page_size_ = 0;
+  std::vector<int32_t> free_slots_, free_pages_;
+
+  // Per-step state (device buffers grow to the largest step).
+  int64_t rows_ = 0;
+  int32_t max_pages_ = 0;
+  std::vector<DeviceBuffer<float>> blocks_;  // completed AttnRes blocks, [rows, d] each
+  int32_t block_count_ = 0;
+  DeviceBuffer<float> prefix_, hidden_, normed_, mixed_, ffn_, routed_, selected_, logits_;
+  DeviceBuffer<uint16_t> routed16_, selected16_;
+  DeviceBuffer<const float*> sources_;
+  DeviceBuffer<int32_t> positions_, lengths_, row_tables_, slots_;
+  std::vector<float> host_rows_;  // embedded rows up, normed rows down, routed rows up
+  std::vector<float> host_routed_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_CUDA_GPU_MODEL_RUNNER_H_

@@ -1,0 +1,126 @@
+#include "engine/gpu_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
+#include "model/glu_params.h"
+#include "model/status_macros.h"
+
+namespace k3 {
+namespace {
+
+// Whether every routed expert of the model is MXFP4 (what GpuExpertCompute takes).
+bool ExpertsAreMxfp4(const ModelWeights& weights) {
+  for (const LayerWeights& layer : weights.layers) {
+    if (!layer.is_moe) continue;
+    for (const GatedMlpWeights& expert : layer.moe.experts) {
+      if (!expert.gate.empty() && expert.gate.type != WeightType::kMxfp4) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+GpuEngine::~GpuEngine() {
+  runner_.reset();  // before the routed experts it calls
+  moe_.reset();
+  experts_.clear();
+}
+
+absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
+    const std::string& model_dir, int device, const GpuRunnerCapacity& capacity,
+    const std::function<void(size_t, size_t)>& progress) {
+  K3_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+  if (device < 0 || device >= devices) {
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device ", device, " (this machine has ", devices, ")"));
+  }
+  if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(error)));
+  }
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
+  std::unique_ptr<GpuEngine> engine(new GpuEngine);
+  K3_ASSIGN_OR_RETURN(engine->weights_,
+                      LoadWeights(std::shared_ptr<const Checkpoint>(std::move(checkpoint)),
+                                  WeightSelection::All(), progress));
+  const ModelWeights& weights = *engine->weights_;
+  ExpertRunner on_gpu;
+  if (ExpertsAreMxfp4(weights)) {
+    const GluParams glu = GluParamsFor(weights.config);
+    engine->experts_.resize(weights.layers.size());
+    for (size_t l = 0; l < weights.layers.size(); ++l) {
+      if (!weights.layers[l].is_moe) continue;
+      K3_ASSIGN_OR_RETURN(engine->experts_[l],
+                          GpuExpertCompute::Create(weights.layers[l].moe.experts, glu, device));
+    }
+    on_gpu = [experts = &engine->experts_](int layer, const float* z, int64_t rows, int64_t width,
+                                           const std::vector<ExpertAssignment>& assignments,
+                                           float* out) {
+      return (*experts)[layer]->Run(z, rows, width, assignments, out);
+    };
+  }
+  engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get(), std::move(on_gpu));
+  K3_ASSIGN_OR_RETURN(engine->runner_,
+                      GpuModelRunner::Create(engine->weights_.get(), engine->moe_.get(), capacity));
+  return engine;
+}
+
+absl::Status GpuEngine::StepInto(GpuSequence* sequence, absl::Span<const int32_t> tokens,
+                                 bool all_logits, std::vector<float>* logits) {
+  std::vector<float> step;
+  const GpuBatchEntry entry{sequence, tokens, all_logits};
+  K3_RETURN_IF_ERROR(runner_->Step({entry}, &step));
+  logits->insert(logits->end(), step.begin(), step.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> GpuEngine::Logits(const std::vector<int32_t>& tokens,
+                                                     bool decode) {
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens");
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuSequence> sequence, runner_->NewSequence());
+  std::vector<float> logits;
+  absl::Status status;
+  if (!decode) {
+    status = StepInto(sequence.get(), tokens, /*all_logits=*/true, &logits);
+  } else {
+    for (size_t t = 0; t < tokens.size() && status.ok(); ++t) {
+      status = StepInto(sequence.get(), absl::MakeConstSpan(&tokens[t], 1), true, &logits);
+    }
+  }
+  runner_->Release(sequence.get());
+  if (!status.ok()) return status;
+  return logits;
+}
+
+absl::StatusOr<std::vector<int32_t>> GpuEngine::Generate(const std::vector<int32_t>& prompt,
+                                                         const GenerateOptions& options) {
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  K3_RETURN_IF_ERROR(ValidateSamplingOptions(options.sampling));
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuSequence> sequence, runner_->NewSequence());
+  Sampler sampler(options.sampling);
+  // Every token fed or to feed: the prompt, then each generated token but the last.
+  std::vector<int32_t> tokens = prompt;
+  size_t fed = 0;
+  std::vector<int32_t> generated;
+  absl::Status status;
+  while (static_cast<int>(generated.size()) < options.max_new_tokens) {
+    std::vector<float> logits;
+    status = StepInto(sequence.get(), absl::MakeConstSpan(tokens).subspan(fed), false, &logits);
+    if (!status.ok()) break;
+    fed = tokens.size();
+    absl::StatusOr<bool> ended = TakeNextToken(config(), options, logits, sampler, &generated);
+    if (!ended.ok()) status = ended.status();
+    if (!ended.ok() || *ended) break;
+    tokens.push_back(generated.back());
+  }
+  runner_->Release(sequence.get());
+  if (!status.ok()) return status;
+  return generated;
+}
+
+}  // namespace k3

@@ -1,0 +1,57 @@
+// GpuEngine: the whole model in one process on one GPU (`k3serve generate --device cuda:N`):
+// weights, a GpuModelRunner for everything but the routed experts, and a LocalRoutedMoe whose
+// router math runs on the host and whose experts run on the same GPU (GpuExpertCompute, one per
+// MoE layer; MXFP4 experts) or, for BF16 experts, on the CPU. Logits and Generate keep
+// LocalEngine's contracts (no prefix cache yet), so the two engines can be compared token for
+// token. Not thread-safe.
+#ifndef K3SERVE_ENGINE_GPU_ENGINE_H_
+#define K3SERVE_ENGINE_GPU_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attention_nodes/cuda/gpu_model_runner.h"
+#include "engine/generation.h"
+#include "engine/local_routed_moe.h"
+#include "expert_nodes/gpu_expert_compute.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+class GpuEngine {
+ public:
+  // Loads the checkpoint and uploads it to CUDA device `device`. Unavailable without a usable
+  // device; InvalidArgument for weights the GPU path does not take (BF16 non-expert matrices are
+  // required). `progress` (optional) sees (done, total) tensor counts while the checkpoint loads.
+  static absl::StatusOr<std::unique_ptr<GpuEngine>> Open(
+      const std::string& model_dir, int device, const GpuRunnerCapacity& capacity = {},
+      const std::function<void(size_t, size_t)>& progress = nullptr);
+  ~GpuEngine();
+
+  const ModelConfig& config() const { return weights_->config; }
+
+  // LocalEngine::Logits: [tokens, vocab], one prefill or (decode) one token per step.
+  absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
+
+  // LocalEngine::Generate: new tokens after `prompt`, up to max_new_tokens or a stop token.
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
+                                                const GenerateOptions& options);
+
+ private:
+  GpuEngine() = default;
+  // One step for `sequence` with all_logits, appended to `logits`.
+  absl::Status StepInto(GpuSequence* sequence, absl::Span<const int32_t> tokens, bool all_logits,
+                        std::vector<float>* logits);
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::vector<std::unique_ptr<GpuExpertCompute>> experts_;  // per layer; null where not MoE
+  std::unique_ptr<LocalRoutedMoe> moe_;
+  std::unique_ptr<GpuModelRunner> runner_;
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ENGINE_GPU_ENGINE_H_
