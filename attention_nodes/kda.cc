@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/fp32_products.h"
 #include "kernels/rms_norm.h"
 #include "kernels/simd.h"
 #include "kernels/thread_pool.h"
