@@ -6,6 +6,7 @@
 
 #include "attention_nodes/layer_math.h"
 #include "glog/logging.h"
+#include "kernels/fp32_products.h"
 #include "kernels/simd.h"
 #include "kernels/thread_pool.h"
 

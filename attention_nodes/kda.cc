@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/fp32_products.h"
 #include "kernels/rms_norm.h"
 #include "kernels/simd.h"
 #include "kernels/thread_pool.h"
@@ -128,55 +129,58 @@ void LowerBoundGate(float* f, const float* dt_bias, float a, float lower_bound, 
   for (; i < n; ++i) f[i] = lower_bound * Sigmoid(a * (f[i] + dt_bias[i]));
 }
 
-// One recurrence step, first half: S_j *= a_j for every key row j, then pred = Sᵀ k.
-K3_VECTOR_CLONES
-void DecayAndPredict(float* s, const float* a, const float* k, float* pred, int64_t kdim,
-                     int64_t vdim) {
+// The values of x[0..] shaped as `like`: a vector's lanes or one float (the scalar tail).
+K3_SIMD_INLINE Vec16 LoadLike(const float* x, Vec16) { return Load(x); }
+K3_SIMD_INLINE float LoadLike(const float* x, float) { return *x; }
+
+// One pass of a recurrence step over S [kdim, vdim], block of columns by block: every row j of S
+// becomes update(old, j, v) (old: its values at columns v.., a Vec16 or, in the tail, a float),
+// and out = Sᵀ read of the updated S. Forced inline, and so are the callers' `update`s: compiled
+// inside each caller's clones. REQUIRES: s overlaps neither `read`, `out` nor what `update` reads
+// (__restrict lets the compiler keep update's loads of a column block in registers across rows).
+template <typename Update>
+K3_SIMD_INLINE void UpdateAndRead(float* __restrict s, const float* read, float* out, int64_t kdim,
+                                  int64_t vdim, const Update& update) {
   int64_t v0 = 0;
   for (; v0 + kWidth <= vdim; v0 += kWidth) {
     Vec16 acc{};
     for (int64_t j = 0; j < kdim; ++j) {
       float* row = s + j * vdim + v0;
-      const Vec16 decayed = Load(row) * a[j];
-      Store(row, decayed);
-      acc += k[j] * decayed;
+      const Vec16 updated = update(Load(row), j, v0);
+      Store(row, updated);
+      acc += read[j] * updated;
     }
-    Store(pred + v0, acc);
+    Store(out + v0, acc);
   }
   for (; v0 < vdim; ++v0) {
     float acc = 0.0f;
     for (int64_t j = 0; j < kdim; ++j) {
-      s[j * vdim + v0] *= a[j];
-      acc += k[j] * s[j * vdim + v0];
+      float& cell = s[j * vdim + v0];
+      cell = update(cell, j, v0);
+      acc += read[j] * cell;
     }
-    pred[v0] = acc;
+    out[v0] = acc;
   }
+}
+
+// One recurrence step, first half: S_j *= a_j for every key row j, then pred = Sᵀ k.
+K3_VECTOR_CLONES
+void DecayAndPredict(float* s, const float* a, const float* k, float* pred, int64_t kdim,
+                     int64_t vdim) {
+  const auto decay = [&](auto old, int64_t j, int64_t) __attribute__((always_inline)) {
+    return old * a[j];
+  };
+  UpdateAndRead(s, k, pred, kdim, vdim, decay);
 }
 
 // Second half: S += k wᵀ, then o = Sᵀ q.
 K3_VECTOR_CLONES
 void WriteAndRead(float* s, const float* k, const float* w, const float* q, float* o, int64_t kdim,
                   int64_t vdim) {
-  int64_t v0 = 0;
-  for (; v0 + kWidth <= vdim; v0 += kWidth) {
-    const Vec16 wv = Load(w + v0);
-    Vec16 acc{};
-    for (int64_t j = 0; j < kdim; ++j) {
-      float* row = s + j * vdim + v0;
-      const Vec16 updated = Load(row) + k[j] * wv;
-      Store(row, updated);
-      acc += q[j] * updated;
-    }
-    Store(o + v0, acc);
-  }
-  for (; v0 < vdim; ++v0) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < kdim; ++j) {
-      s[j * vdim + v0] += k[j] * w[v0];
-      acc += q[j] * s[j * vdim + v0];
-    }
-    o[v0] = acc;
-  }
+  const auto write = [&](auto old, int64_t j, int64_t v) __attribute__((always_inline)) {
+    return old + k[j] * LoadLike(w + v, old);
+  };
+  UpdateAndRead(s, q, o, kdim, vdim, write);
 }
 
 // ke *= a, then returns k·ke and q·ke through dk and dq.

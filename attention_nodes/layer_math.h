@@ -1,6 +1,7 @@
-// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: the KDA L2 norm,
-// scalar activations, vector loops, a transposed weight product, and a reusable scratch area so
-// that decode steps do not allocate. RMSNorm is kernels/rms_norm.h.
+// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: weight and
+// segment checks, the KDA L2 norm, scalar activations, vector loops, and a reusable scratch area
+// so that decode steps do not allocate. Products (Dot, DotRows, Gemm, Axpy, MatMulTransposed) are
+// kernels/fp32_products.h and kernels/matmul.h; RMSNorm is kernels/rms_norm.h.
 //
 // The vector loops are compiled for several x86-64 levels and picked at load time
 // (kernels/simd.h), so one binary uses AVX-512 where the CPU has it and still runs on a baseline
@@ -81,14 +82,6 @@ absl::StatusOr<int64_t> CheckSegments(const char* mixer, const char* state_name,
 // x = scale · x / sqrt(Σ x² + 1e-6) (spec §3.3; the ε sits inside the root, on the sum).
 void L2NormalizeInPlace(float* x, int64_t dim, float scale);
 
-float Dot(const float* a, const float* b, int64_t n);
-// out[i * out_ld + j] = Dot(a + i * a_ld, b + j * b_ld, n) for i < m, j < k: every row of a with
-// every row of b (the scores of m heads against k keys). Four rows of a share each load of a b
-// row and one combined horizontal reduction, several times faster than m·k Dot calls.
-void DotRows(const float* a, int64_t a_ld, int64_t m, const float* b, int64_t b_ld, int64_t k,
-             int64_t n, float* out, int64_t out_ld);
-// y += alpha · x.
-void Axpy(float alpha, const float* x, float* y, int64_t n);
 // x *= alpha.
 void Scale(float alpha, float* x, int64_t n);
 // y += a ⊙ b.
@@ -103,18 +96,6 @@ float ExpShiftedSum(float* x, int64_t n, float shift);
 float MaxOf(const float* x, int64_t n);
 void SiluInPlace(float* x, int64_t n);                    // x = x σ(x)
 void MulSigmoid(const float* gate, float* x, int64_t n);  // x *= σ(gate)
-
-// C[m, n] = A[m, k] · B[k, n] (or C += A · B when `accumulate`), fp32, every matrix row-major
-// with its own row stride. For the small dense products inside the mixers (chunk-sized blocks);
-// single-threaded, so callers parallelize around it. REQUIRES: C overlaps neither A nor B.
-void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-          float* c, int64_t ldc, bool accumulate);
-
-// The transposed product y[t, :] = Wᵀ x[t, :], i.e. y[t, c] = Σ_r W[r, c] · x[t, r], for a weight
-// W [rows, cols]: x is [tokens, W.rows] (stride x_stride), y is [tokens, W.cols] (stride
-// y_stride). It reads W once, row by row, whatever `tokens` is. REQUIRES: x and y do not overlap.
-void MatMulTransposed(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
-                      float* y, int64_t y_stride);
 
 }  // namespace k3
 

@@ -7,6 +7,7 @@
 
 #include "glog/logging.h"
 #include "kernels/bf16.h"
+#include "kernels/fp32_products.h"
 #include "kernels/kernel_isa.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
@@ -37,19 +38,6 @@ constexpr int64_t kMinWakeBytes = int64_t{1} << 20;
 constexpr int64_t kUnitBytes = int64_t{32} << 10;
 // Inputs per block in the portable kernel: a widened block of one weight row stays in L1.
 constexpr int64_t kPortableBlock = 512;
-
-// Sum of a[i] * b[i], in 16 independent partial sums so that the compiler can vectorize it.
-float Dot(const float* a, const float* b, int64_t n) {
-  float lanes[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * b[i + j];
-  }
-  for (int j = 0; i < n; ++i, ++j) lanes[j] += a[i] * b[i];
-  float sum = 0;
-  for (float lane : lanes) sum += lane;
-  return sum;
-}
 
 }  // namespace
 

@@ -6,7 +6,8 @@
 // in registers, MXFP4 weights (kernels/mxfp4.h) decoded there through a 16-entry table scaled by
 // their group's power of two (AVX-512 where the CPU has it, chosen at run time; a portable loop
 // elsewhere). Accumulation is fp32. Products are split across the kernel thread pool
-// (kernels/thread_pool.h).
+// (kernels/thread_pool.h). The transposed product Wᵀ x is kernels/matmul_transposed.h; products of
+// activations with activations are kernels/fp32_products.h.
 #ifndef K3SERVE_KERNELS_MATMUL_H_
 #define K3SERVE_KERNELS_MATMUL_H_
 

@@ -169,24 +169,45 @@ __device__ __forceinline__ void ForEachOutput(const MoeChunk& chunk, int mt, con
   }
 }
 
+// A warp's work in GateUpKernel or DownKernel: chunk blockIdx.x's tokens through row tile `mt`
+// of one matrix of the chunk's expert; first_tile is the tile's first input tile in the GPU
+// layout (input_tiles per row tile), the offset of its codes and scales in every matrix.
+struct WarpWork {
+  MoeChunk chunk;
+  Mxfp4DeviceExpert expert;
+  int mt;
+  int input_tiles;
+  int64_t first_tile;
+};
+
+// This warp's work on a matrix of `rows` rows of `inputs` inputs; false for the warps past its
+// last row tile (the grid counts whole blocks of warps).
+__device__ __forceinline__ bool WarpWorkOf(const MoeMxfp4Launch& p, int rows, int inputs,
+                                           WarpWork* w) {
+  w->chunk = p.chunks[blockIdx.x];
+  w->mt = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;
+  if (w->mt >= rows / kGpuTileRows) return false;
+  w->expert = p.experts[w->chunk.expert];
+  w->input_tiles = inputs / kGpuTileInputs;
+  w->first_tile = static_cast<int64_t>(w->mt) * w->input_tiles;
+  return true;
+}
+
 // 32 tokens' two sets of accumulators take more than 128 registers: 2 blocks per multiprocessor.
 template <int kTiles>
 __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 2 : 4) GateUpKernel(MoeMxfp4Launch p) {
-  const MoeChunk chunk = p.chunks[blockIdx.x];
-  const int mt = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;
-  if (mt >= p.hidden / kGpuTileRows) return;
-  const Mxfp4DeviceExpert e = p.experts[chunk.expert];
-  const int input_tiles = p.width / kGpuTileInputs;
-  const int64_t first_tile = static_cast<int64_t>(mt) * input_tiles;
-  const uint8_t* const codes[2] = {e.gate_codes + first_tile * kGpuTileCodeBytes,
-                                   e.up_codes + first_tile * kGpuTileCodeBytes};
-  const uint8_t* const scales[2] = {e.gate_scales + first_tile * kGpuTileScaleBytes,
-                                    e.up_scales + first_tile * kGpuTileScaleBytes};
+  WarpWork w;
+  if (!WarpWorkOf(p, p.hidden, p.width, &w)) return;
+  const MoeChunk& chunk = w.chunk;
+  const uint8_t* const codes[2] = {w.expert.gate_codes + w.first_tile * kGpuTileCodeBytes,
+                                   w.expert.up_codes + w.first_tile * kGpuTileCodeBytes};
+  const uint8_t* const scales[2] = {w.expert.gate_scales + w.first_tile * kGpuTileScaleBytes,
+                                    w.expert.up_scales + w.first_tile * kGpuTileScaleBytes};
   float acc[2][kTiles][4] = {};
   WarpProduct<2, kTiles, RingDepth<2, kTiles>()>(
-      codes, scales, input_tiles, p.x + static_cast<int64_t>(chunk.first_slot) * p.width, p.width,
-      chunk.tokens, acc);
-  ForEachOutput<kTiles>(chunk, mt, [&](int nt, int i, int token, int row) {
+      codes, scales, w.input_tiles, p.x + static_cast<int64_t>(chunk.first_slot) * p.width,
+      p.width, chunk.tokens, acc);
+  ForEachOutput<kTiles>(chunk, w.mt, [&](int nt, int i, int token, int row) {
     const float value = GpuGluCombine(p.glu, acc[0][nt][i], acc[1][nt][i]);
     p.h[static_cast<int64_t>(chunk.first_slot + token) * p.hidden + row] =
         __bfloat16_as_ushort(__float2bfloat16_rn(value));
@@ -195,19 +216,16 @@ __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 2 : 4) GateUpKernel(Mo
 
 template <int kTiles>
 __global__ void __launch_bounds__(kThreads, 4) DownKernel(MoeMxfp4Launch p) {
-  const MoeChunk chunk = p.chunks[blockIdx.x];
-  const int mt = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;
-  if (mt >= p.width / kGpuTileRows) return;
-  const Mxfp4DeviceExpert e = p.experts[chunk.expert];
-  const int input_tiles = p.hidden / kGpuTileInputs;
-  const int64_t first_tile = static_cast<int64_t>(mt) * input_tiles;
-  const uint8_t* const codes[1] = {e.down_codes + first_tile * kGpuTileCodeBytes};
-  const uint8_t* const scales[1] = {e.down_scales + first_tile * kGpuTileScaleBytes};
+  WarpWork w;
+  if (!WarpWorkOf(p, p.width, p.hidden, &w)) return;
+  const MoeChunk& chunk = w.chunk;
+  const uint8_t* const codes[1] = {w.expert.down_codes + w.first_tile * kGpuTileCodeBytes};
+  const uint8_t* const scales[1] = {w.expert.down_scales + w.first_tile * kGpuTileScaleBytes};
   float acc[1][kTiles][4] = {};
   WarpProduct<1, kTiles, RingDepth<1, kTiles>()>(
-      codes, scales, input_tiles, p.h + static_cast<int64_t>(chunk.first_slot) * p.hidden,
+      codes, scales, w.input_tiles, p.h + static_cast<int64_t>(chunk.first_slot) * p.hidden,
       p.hidden, chunk.tokens, acc);
-  ForEachOutput<kTiles>(chunk, mt, [&](int nt, int i, int token, int row) {
+  ForEachOutput<kTiles>(chunk, w.mt, [&](int nt, int i, int token, int row) {
     const int slot = chunk.first_slot + token;
     atomicAdd(p.out + static_cast<int64_t>(p.slot_row[slot]) * p.width + row,
               p.slot_weight[slot] * acc[0][nt][i]);
