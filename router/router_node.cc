@@ -202,10 +202,7 @@ void RouterNode::Shutdown() {
     actor_->Call(fail_all, absl::Now() + absl::Seconds(2)).IgnoreError();
     actor_->Stop();
   }
-  if (endpoints_) endpoints_->Leave();
-  if (links_) links_->Stop();
-  if (transport_) transport_->Close();
-  if (endpoints_) endpoints_->Stop();
+  StopDataPlane(endpoints_.get(), links_.get(), transport_.get());
 }
 
 }  // namespace
@@ -224,10 +221,6 @@ void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options) {
                 "bins of the QB load histograms (0: token counts only)");
   app->add_flag("--per-expert-metrics", options->per_expert_metrics,
                 "export k3_router_expert_routed_tokens_total{expert} (one series per expert id)");
-}
-
-absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args) {
-  return ParseFlags<RouterNodeOptions>(AddRouterNodeFlags, args);
 }
 
 int RunRouterNode(const RouterNodeOptions& options) {
