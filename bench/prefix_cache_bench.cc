@@ -34,7 +34,6 @@
 #include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
-#include "model/checkpoint.h"
 #include "model/weights.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -171,10 +170,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   // The scheduler's weights: the engine's are its own.
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
-  if (!checkpoint.ok()) return 1;
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
-      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
   if (!weights.ok()) return 1;
   ScheduledWorker cached_worker(weights->get(), SchedulerOptions().prefix_cache_bytes);
   ScheduledWorker plain_worker(weights->get(), 0);

@@ -14,7 +14,6 @@
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
-#include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
 #include "cluster/peer_links.h"
@@ -100,11 +99,9 @@ class RouterNode final : public RoleHooks {
 };
 
 absl::Status RouterNode::Start() {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.node.model);
-  if (!checkpoint.ok()) return checkpoint.status();
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::move(*checkpoint), WeightSelection::RouterOnly());
+      LoadWeights(options_.node.model, WeightSelection::RouterOnly());
   if (!weights.ok()) return weights.status();
   weights_ = *std::move(weights);
   LOG(INFO) << "router weights of " << options_.node.model << ": " << weights_->selected_bytes
