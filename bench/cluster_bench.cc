@@ -37,7 +37,6 @@
 #include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
-#include "model/checkpoint.h"
 #include "model/weights.h"
 #include "launcher/local_cluster.h"
 #include "model/config.h"
@@ -110,10 +109,7 @@ class CountingSink : public GenerationSink {
 // batching scheduler over the in-process routed experts (what one attention worker of the cluster
 // runs, with the experts at home), all tokens over the best wall time, prefill included.
 absl::StatusOr<double> SingleProcessAggregate(const BenchOptions& o, const std::string& dir) {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
-      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
   if (!weights.ok()) return weights.status();
   LocalRoutedMoe moe(weights->get());
   GenerationScheduler scheduler(weights->get(), &moe, SchedulerOptions(), nullptr);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -51,10 +52,7 @@ LocalClusterOptions ClusterBenchOptions(const ClusterBenchFlags& flags, const st
 int RunClusterBench(CLI::App* app, const std::vector<std::string>& args,
                     std::string_view work_dir_prefix, ClusterBenchFlags* flags,
                     const std::function<absl::Status()>& bench) {
-  if (absl::Status s = ParseArgs(app, args); !s.ok()) {
-    std::cerr << s.message() << "\n";
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
-  }
+  if (std::optional<int> exit_status = ParseToolArgs(app, args)) return *exit_status;
   flags->k3serve = std::filesystem::absolute(flags->k3serve).string();
   const bool own_work_dir = flags->work_dir.empty();
   if (own_work_dir) {

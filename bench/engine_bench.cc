@@ -48,11 +48,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
                 std::numeric_limits<int>::max(), "single-token steps timed after the prefill");
   AddBoundedInt(&app, "--prompt-tokens", &options->prompt_tokens, 1,
                 std::numeric_limits<int>::max(), "tokens of the prefill timed");
-  if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
-  }
-  return std::nullopt;
+  return ParseToolArgs(&app, {argv + 1, argv + argc});
 }
 
 std::vector<int32_t> Prompt(int count, int64_t vocab) {

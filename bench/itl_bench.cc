@@ -64,11 +64,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
                  "SchedulerOptions::step_target_factor")
       ->check(CLI::Range(1.0, 1e6))
       ->capture_default_str();
-  if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
-  }
-  return std::nullopt;
+  return ParseToolArgs(&app, {argv + 1, argv + argc});
 }
 
 // Token times of every stream's requests and of the long prompt. Written on the scheduler thread;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,9 +73,8 @@ int Main(int argc, char** argv) {
   app.add_option("--configs", configs, "comma-separated named configs");
   app.add_option("--contexts", contexts, "comma-separated cached token counts");
   AddBoundedInt(&app, "--steps", &steps, 1, 1 << 20, "decode tokens timed per context (median)");
-  if (absl::Status s = ParseArgs(&app, std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 2;
+  if (std::optional<int> exit_status = ParseToolArgs(&app, {argv + 1, argv + argc})) {
+    return *exit_status;
   }
   if (!HasLimitLoops()) {
     std::printf("mla_bench: needs AVX-512 with avx512_bf16 for the read-bandwidth loop; skipped\n");

@@ -19,20 +19,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "cluster/process_tuning.h"
 #include "absl/synchronization/notification.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "cluster/command_line.h"
+#include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
-#include "model/checkpoint.h"
 #include "model/weights.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -48,21 +49,19 @@ struct Options {
   int scheduler = 0;  // 1: through GenerationScheduler
 };
 
-bool ParseArgs(int argc, char** argv, Options* options) {
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    int* target = flag == "--prompt-tokens"   ? &options->prompt_tokens
-                  : flag == "--added-tokens"  ? &options->added_tokens
-                  : flag == "--answer-tokens" ? &options->answer_tokens
-                  : flag == "--rounds"        ? &options->rounds
-                  : flag == "--scheduler"     ? &options->scheduler
-                                              : nullptr;
-    if (target == nullptr || !absl::SimpleAtoi(value, target) || *target < 0) {
-      std::fprintf(stderr, "prefix_cache_bench: bad flag %s %s\n", flag.c_str(), value.c_str());
-      return false;
-    }
-  }
-  return argc % 2 == 1;
+// Parses the command line into `options`; the exit status when the bench should not run.
+std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
+  constexpr int kMost = std::numeric_limits<int>::max();
+  CLI::App app{"prefix_cache_bench: a second turn's first token with the prefix cache"};
+  AddBoundedInt(&app, "--prompt-tokens", &options->prompt_tokens, 1, kMost, "turn 1's prompt");
+  AddBoundedInt(&app, "--added-tokens", &options->added_tokens, 0, kMost,
+                "new tokens of turn 2 after turn 1 and its answer");
+  AddBoundedInt(&app, "--answer-tokens", &options->answer_tokens, 0, kMost,
+                "tokens of turn 1's answer");
+  AddBoundedInt(&app, "--rounds", &options->rounds, 1, kMost, "conversations timed");
+  AddBoundedInt(&app, "--scheduler", &options->scheduler, 0, 1,
+                "1: through GenerationScheduler instead of the single-process engine");
+  return ParseToolArgs(&app, {argv + 1, argv + argc});
 }
 
 struct Timed {
@@ -154,7 +153,7 @@ void Report(const char* what, std::vector<double> values) {
 
 int Main(int argc, char** argv) {
   Options options;
-  if (!ParseArgs(argc, argv, &options)) return 2;
+  if (std::optional<int> exit_status = ParseOptions(argc, argv, &options)) return *exit_status;
   TuneServingProcess();
   absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
   const char* tmp = std::getenv("TMPDIR");
@@ -171,10 +170,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   // The scheduler's weights: the engine's are its own.
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
-  if (!checkpoint.ok()) return 1;
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(
-      std::shared_ptr<const Checkpoint>(std::move(*checkpoint)), WeightSelection::All());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
   if (!weights.ok()) return 1;
   ScheduledWorker cached_worker(weights->get(), SchedulerOptions().prefix_cache_bytes);
   ScheduledWorker plain_worker(weights->get(), 0);

@@ -3,7 +3,6 @@
 #include <filesystem>
 #include <utility>
 
-#include "model/checkpoint.h"
 #include "model/config.h"
 #include "tools/random_model_folder.h"
 
@@ -18,10 +17,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> CachedRandomWeights(
   if (!std::filesystem::exists(dir / "config.json")) {
     if (absl::Status s = WriteRandomModelFolder(*config, 1, dir.string()); !s.ok()) return s;
   }
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
-  if (!checkpoint.ok()) return checkpoint.status();
-  return LoadWeights(std::shared_ptr<const Checkpoint>(std::move(*checkpoint)),
-                     WeightSelection::All());
+  return LoadWeights(dir.string(), WeightSelection::All());
 }
 
 }  // namespace k3

@@ -61,12 +61,12 @@ perftest() {
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
 
 echo "# UCX_TLS=$UCX_TLS UCX_NET_DEVICES=${UCX_NET_DEVICES:-<default>} hidden=$HIDDEN x ${VALUE_BYTES}B busy_poll_us=$BUSY_POLL_US UCX_RNDV_THRESH=$UCX_RNDV_THRESH"
-one=$("$BENCH" --experts=1 --tokens="$TOKENS" --hidden="$HIDDEN" --value_bytes="$VALUE_BYTES" \
-        --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" --net_devices="$NET_DEVICES" \
-        --busy_poll_us="$BUSY_POLL_US")
+one=$("$BENCH" --experts=1 --tokens="$TOKENS" --hidden="$HIDDEN" --value-bytes="$VALUE_BYTES" \
+        --seconds="$SECONDS_PER_SHAPE" --tls "$TLS" --net-devices "$NET_DEVICES" \
+        --busy-poll-us="$BUSY_POLL_US")
 many=$("$BENCH" --experts="$EXPERTS" --tokens="$TOKENS" --hidden="$HIDDEN" \
-         --value_bytes="$VALUE_BYTES" --seconds="$SECONDS_PER_SHAPE" --tls="$TLS" \
-         --net_devices="$NET_DEVICES" --busy_poll_us="$BUSY_POLL_US")
+         --value-bytes="$VALUE_BYTES" --seconds="$SECONDS_PER_SHAPE" --tls "$TLS" \
+         --net-devices "$NET_DEVICES" --busy-poll-us="$BUSY_POLL_US")
 echo "$many" | grep -v '^#' | sed "s/^/E=$EXPERTS /"
 
 printf '%-8s %-9s | %-26s | %-26s | %-8s | %-24s | %-16s | %-16s | %s\n' tokens bytes \

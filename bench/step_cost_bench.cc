@@ -11,16 +11,18 @@
 //                                   [--only-decode N --only-prefill M: that shape and one token]
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
 #include "bench/random_weights.h"
+#include "cluster/command_line.h"
 #include "engine/local_routed_moe.h"
 #include "model/weights.h"
 
@@ -34,6 +36,21 @@ struct Options {
   int only_decode = -1;  // with only_prefill: time just this shape (for a profiler)
   int only_prefill = -1;
 };
+
+// Parses the command line into `options`; the exit status when the bench should not run.
+std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
+  constexpr int kMost = std::numeric_limits<int>::max();
+  CLI::App app{"step_cost_bench: one attention-worker step's time against what it carries"};
+  app.add_option("--config", options->config, "named model config")->capture_default_str();
+  AddBoundedInt(&app, "--context", &options->context, 1, kMost, "history tokens per sequence");
+  AddBoundedInt(&app, "--repeats", &options->repeats, 1, kMost, "timed rounds per shape");
+  // The histories are made for at most 32 decode sequences.
+  AddBoundedInt(&app, "--only-decode", &options->only_decode, 0, 32,
+                "with --only-prefill: time just this shape and one token (for a profiler)");
+  AddBoundedInt(&app, "--only-prefill", &options->only_prefill, 0, kMost,
+                "the prefill chunk of --only-decode's shape");
+  return ParseToolArgs(&app, {argv + 1, argv + argc});
+}
 
 struct Shape {
   int decode = 0;   // sequences appending one token
@@ -157,26 +174,8 @@ int Run(const Options& options) {
 
 int main(int argc, char** argv) {
   k3::bench::Options options;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--config") {
-      options.config = value;
-    } else if (flag == "--context" && absl::SimpleAtoi(value, &options.context) &&
-               options.context >= 1) {
-    } else if (flag == "--repeats" && absl::SimpleAtoi(value, &options.repeats) &&
-               options.repeats >= 1) {
-    } else if (flag == "--only-decode" && absl::SimpleAtoi(value, &options.only_decode) &&
-               options.only_decode >= 0 && options.only_decode <= 32) {
-    } else if (flag == "--only-prefill" && absl::SimpleAtoi(value, &options.only_prefill) &&
-               options.only_prefill >= 0) {
-    } else {
-      std::fprintf(stderr, "usage: step_cost_bench [--config NAME] [--context N] [--repeats N] [--only-decode N] [--only-prefill M]\n");
-      return 2;
-    }
-  }
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "usage: step_cost_bench [--config NAME] [--context N] [--repeats N] [--only-decode N] [--only-prefill M]\n");
-    return 2;
+  if (std::optional<int> exit_status = k3::bench::ParseOptions(argc, argv, &options)) {
+    return *exit_status;
   }
   return k3::bench::Run(options);
 }

@@ -3,60 +3,89 @@
 // it), the data movement of one MoE layer with expert parallelism. The router starts the experts
 // as copies of this binary.
 //
-//   transport_bench --experts=3 --tokens=1,16,128 --hidden=512 --tls=sm,self
+//   transport_bench --experts 3 --tokens 1,16,128 --hidden 512 --tls sm,self
 //
 // Prints one line per shape: bytes per peer, rounds, p50/p99/mean round time, and the bytes moved
 // per second (2 * E * bytes per peer / mean round time).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cluster/child_process.h"
+#include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
 #include "cluster/ucx_transport.h"
-
-ABSL_FLAG(int, experts, 3, "expert processes (E)");
-ABSL_FLAG(std::string, tokens, "1,16,128", "token rows per expert, one shape each");
-ABSL_FLAG(int, hidden, 512, "values per token row");
-ABSL_FLAG(int, value_bytes, 4, "bytes per value (4: float32, 2: bf16)");
-ABSL_FLAG(double, seconds, 1.0, "measuring time per shape");
-ABSL_FLAG(int, warmup, 20, "unmeasured rounds per shape");
-ABSL_FLAG(std::string, tls, "", "UCX_TLS for every process (empty: UCX's own setting)");
-ABSL_FLAG(std::string, net_devices, "", "UCX_NET_DEVICES for every process");
-ABSL_FLAG(int, busy_poll_us, 100,
-          "UcxTransportOptions::busy_poll for every process (100: the nodes' --busy-poll-us)");
-ABSL_FLAG(std::string, eager_limit, "1m",
-          "UcxTransportOptions::eager_limit for every process (1m: the nodes' --ucx-eager-limit)");
-ABSL_FLAG(std::string, role, "router", "internal: router, or expert (a started child)");
 
 namespace k3 {
 namespace {
 
 constexpr PeerId kRouter = 0;
 
-k3::UcxTransportOptions Options() {
+struct Flags {
+  int experts = 3;
+  std::vector<int32_t> tokens = {1, 16, 128};
+  int hidden = 512;
+  int value_bytes = 4;
+  double seconds = 1.0;
+  int warmup = 20;
+  std::string tls;
+  std::string net_devices;
+  int busy_poll_us = 100;
+  std::string eager_limit = "1m";
+  std::string role = "router";
+};
+
+// Parses the command line into `flags`; the exit status when the bench should not run.
+std::optional<int> ParseBenchFlags(int argc, char** argv, Flags* flags) {
+  constexpr int kMost = std::numeric_limits<int>::max();
+  CLI::App app{"transport_bench: dispatch+combine round trips over UcxTransport"};
+  AddBoundedInt(&app, "--experts", &flags->experts, 1, 1024, "expert processes (E)");
+  AddIntList(&app, "--tokens", &flags->tokens, 1, kMost, "token rows per expert, one shape each")
+      ->default_str("1,16,128");
+  AddBoundedInt(&app, "--hidden", &flags->hidden, 1, kMost, "values per token row");
+  AddBoundedInt(&app, "--value-bytes", &flags->value_bytes, 1, 8,
+                "bytes per value (4: float32, 2: bf16)");
+  app.add_option("--seconds", flags->seconds, "measuring time per shape")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  AddBoundedInt(&app, "--warmup", &flags->warmup, 0, kMost, "unmeasured rounds per shape");
+  app.add_option("--tls", flags->tls, "UCX_TLS for every process (empty: UCX's own setting)");
+  app.add_option("--net-devices", flags->net_devices, "UCX_NET_DEVICES for every process");
+  AddBoundedInt(&app, "--busy-poll-us", &flags->busy_poll_us, 0, 1000 * 1000,
+                "UcxTransportOptions::busy_poll for every process (100: the nodes' --busy-poll-us)");
+  app.add_option("--eager-limit", flags->eager_limit,
+                 "UcxTransportOptions::eager_limit for every process (1m: the nodes' "
+                 "--ucx-eager-limit)")
+      ->capture_default_str();
+  app.add_option("--role", flags->role, "internal: router, or expert (a started child)")
+      ->check(CLI::IsMember({"router", "expert"}))
+      ->capture_default_str();
+  return ParseToolArgs(&app, {argv + 1, argv + argc});
+}
+
+UcxTransportOptions TransportOptions(const Flags& flags) {
   UcxTransportOptions options;
-  options.tls = absl::GetFlag(FLAGS_tls);
-  options.net_devices = absl::GetFlag(FLAGS_net_devices);
-  options.busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_busy_poll_us));
-  options.eager_limit = absl::GetFlag(FLAGS_eager_limit);
+  options.tls = flags.tls;
+  options.net_devices = flags.net_devices;
+  options.busy_poll = absl::Microseconds(flags.busy_poll_us);
+  options.eager_limit = flags.eager_limit;
   return options;
 }
 
 // Stdout: own address. Stdin: the router's address. Echoes until an empty message arrives.
-int RunExpert() {
+int RunExpert(const Flags& flags) {
   DieWithParent();
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(Options());
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport =
+      UcxTransport::Create(TransportOptions(flags));
   if (!transport.ok()) {
     std::cerr << "expert: " << transport.status() << "\n";
     return 1;
@@ -84,17 +113,18 @@ int RunExpert() {
   return status.ok() ? 0 : 1;
 }
 
-// Starts `experts` copies of this binary as experts (peers 1..experts) and connects `transport`
+// Starts --experts copies of this binary as experts (peers 1..experts) and connects `transport`
 // to each; every child started lands in `children`, also when a later one fails.
-absl::Status StartExperts(int experts, UcxTransport& transport,
+absl::Status StartExperts(const Flags& flags, UcxTransport& transport,
                           std::vector<std::unique_ptr<ChildProcess>>* children) {
-  const std::vector<std::string> args = {
-      "--role=expert", "--tls=" + absl::GetFlag(FLAGS_tls),
-      "--net_devices=" + absl::GetFlag(FLAGS_net_devices),
-      absl::StrCat("--busy_poll_us=", absl::GetFlag(FLAGS_busy_poll_us)),
-      "--eager_limit=" + absl::GetFlag(FLAGS_eager_limit)};
+  // Values as arguments of their own: CLI11 reads "--tls=" as a flag waiting for its value.
+  const std::vector<std::string> args = {"--role",         "expert",
+                                         "--tls",          flags.tls,
+                                         "--net-devices",  flags.net_devices,
+                                         "--busy-poll-us", absl::StrCat(flags.busy_poll_us),
+                                         "--eager-limit",  flags.eager_limit};
   const std::string router = absl::BytesToHexString(transport.LocalAddress());
-  for (int e = 0; e < experts; ++e) {
+  for (int e = 0; e < flags.experts; ++e) {
     std::unique_ptr<ChildProcess> child = ChildProcess::Spawn({}, {}, args);
     if (child == nullptr) return absl::InternalError("cannot start an expert process");
     children->push_back(std::move(child));
@@ -140,17 +170,17 @@ absl::Status RoundTrip(UcxTransport& transport, int experts, const std::string& 
 
 // Times round trips of `tokens` rows per expert (--warmup unmeasured rounds, then at least 10
 // and at least --seconds) and prints the shape's line.
-absl::Status MeasureShape(UcxTransport& transport, int experts, int64_t tokens) {
-  const size_t bytes = tokens * absl::GetFlag(FLAGS_hidden) * absl::GetFlag(FLAGS_value_bytes);
+absl::Status MeasureShape(const Flags& flags, UcxTransport& transport, int64_t tokens) {
+  const int experts = flags.experts;
+  const size_t bytes = tokens * flags.hidden * flags.value_bytes;
   const std::string payload(bytes, '\x5a');
   std::vector<double> rounds_us;
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const absl::Time stop_at = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  const absl::Time stop_at = absl::Now() + absl::Seconds(flags.seconds);
   for (int round = 0;; ++round) {
-    if (round >= warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
+    if (round >= flags.warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
     const absl::Time start = absl::Now();
     if (absl::Status status = RoundTrip(transport, experts, payload); !status.ok()) return status;
-    if (round >= warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    if (round >= flags.warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
   }
   double mean = 0;
   for (double us : rounds_us) mean += us;
@@ -164,39 +194,21 @@ absl::Status MeasureShape(UcxTransport& transport, int experts, int64_t tokens) 
   return absl::OkStatus();
 }
 
-// --tokens as a list of positive row counts.
-absl::StatusOr<std::vector<int64_t>> TokenShapes() {
-  std::vector<int64_t> shapes;
-  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
-    int64_t tokens = 0;
-    if (!absl::SimpleAtoi(text, &tokens) || tokens <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad --tokens entry '", text, "'"));
-    }
-    shapes.push_back(tokens);
-  }
-  return shapes;
-}
-
-absl::Status RunRouter() {
-  const int experts = absl::GetFlag(FLAGS_experts);
-  absl::StatusOr<std::vector<int64_t>> shapes = TokenShapes();
-  if (!shapes.ok()) return shapes.status();
-  if (experts < 1) return absl::InvalidArgumentError("--experts must be at least 1");
-
-  absl::StatusOr<std::unique_ptr<UcxTransport>> created = UcxTransport::Create(Options());
+absl::Status RunRouter(const Flags& flags) {
+  absl::StatusOr<std::unique_ptr<UcxTransport>> created =
+      UcxTransport::Create(TransportOptions(flags));
   if (!created.ok()) return created.status();
   UcxTransport& transport = **created;
   std::vector<std::unique_ptr<ChildProcess>> children;
-  absl::Status status = StartExperts(experts, transport, &children);
+  absl::Status status = StartExperts(flags, transport, &children);
 
   printf("# experts=%d hidden=%d value_bytes=%d tls=%s net_devices=%s busy_poll_us=%d "
          "eager_limit=%s\n",
-         experts, absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_value_bytes),
-         absl::GetFlag(FLAGS_tls).c_str(), absl::GetFlag(FLAGS_net_devices).c_str(),
-         absl::GetFlag(FLAGS_busy_poll_us), absl::GetFlag(FLAGS_eager_limit).c_str());
-  for (int64_t tokens : *shapes) {
+         flags.experts, flags.hidden, flags.value_bytes, flags.tls.c_str(),
+         flags.net_devices.c_str(), flags.busy_poll_us, flags.eager_limit.c_str());
+  for (int64_t tokens : flags.tokens) {
     if (!status.ok()) break;
-    status = MeasureShape(transport, experts, tokens);
+    status = MeasureShape(flags, transport, tokens);
   }
   StopExperts(transport, children);
   transport.Close();
@@ -207,10 +219,11 @@ absl::Status RunRouter() {
 }  // namespace k3
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  k3::Flags flags;
+  if (std::optional<int> exit_status = k3::ParseBenchFlags(argc, argv, &flags)) return *exit_status;
   k3::TuneServingProcess();
-  if (absl::GetFlag(FLAGS_role) == "expert") return k3::RunExpert();
-  absl::Status status = k3::RunRouter();
+  if (flags.role == "expert") return k3::RunExpert(flags);
+  absl::Status status = k3::RunRouter(flags);
   if (!status.ok()) {
     fprintf(stderr, "transport_bench: %s\n", status.ToString().c_str());
     return 1;

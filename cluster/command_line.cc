@@ -179,6 +179,17 @@ absl::Status ParseArgs(CLI::App* app, const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+std::optional<int> ParseToolArgs(CLI::App* app, const std::vector<std::string>& args) {
+  absl::Status status = ParseArgs(app, args);
+  if (status.ok()) return std::nullopt;
+  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    std::cout << status.message();
+    return 0;
+  }
+  std::cerr << status.message() << "\n";
+  return 2;
+}
+
 int ReportParseError(const CLI::App& app, const CLI::ParseError& error) {
   if (dynamic_cast<const CLI::CallForHelp*>(&error) != nullptr ||
       dynamic_cast<const CLI::CallForAllHelp*>(&error) != nullptr) {

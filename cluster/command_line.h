@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,11 @@ absl::StatusOr<Options> ParseFlags(const std::function<void(CLI::App*, Options*)
   if (absl::Status s = ParseArgs(&app, args); !s.ok()) return s;
   return options;
 }
+
+// For a standalone tool's main (the benchmarks): ParseArgs of `args` (argv without the program
+// name). When the tool should not run, prints the help (stdout) or the error (stderr) and returns
+// the exit status: 0 for --help, 2 for a bad flag. nullopt: parsed, run.
+std::optional<int> ParseToolArgs(CLI::App* app, const std::vector<std::string>& args);
 
 // For the binary: prints the outcome of a failed parse of `app` (help to stdout, errors to stderr
 // with a suggestion for an unknown flag or subcommand) and returns the exit status (0 for --help,

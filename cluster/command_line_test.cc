@@ -83,6 +83,21 @@ TEST(CommandLineTest, HelpListsEveryFlag) {
   }
 }
 
+// A tool's main runs only on a good parse; --help exits 0 and a bad flag 2 (not run either way).
+TEST(CommandLineTest, ToolExitStatus) {
+  int count = 3;
+  auto parse = [&count](const std::vector<std::string>& args) {
+    CLI::App app;
+    AddBoundedInt(&app, "--count", &count, 1, 100, "count");
+    return ParseToolArgs(&app, args);
+  };
+  EXPECT_EQ(parse({"--count", "7"}), std::nullopt);
+  EXPECT_EQ(count, 7);
+  EXPECT_EQ(parse({"--help"}), 0);
+  EXPECT_EQ(parse({"--count", "0"}), 2);
+  EXPECT_EQ(parse({"--cuont", "5"}), 2);
+}
+
 struct ClientOptions {
   std::string server;
   TlsFlags tls;

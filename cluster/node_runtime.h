@@ -55,16 +55,20 @@ class RoleHooks {
 int RunNode(const std::string& name, std::unique_ptr<RoleHooks> role);
 
 // RunNode for a role whose whole process is one object: `Process::Start(options)` returns it
-// (StatusOr<unique_ptr<Process>>) and `Shutdown()` drains and stops it.
+// (StatusOr<unique_ptr<Process>>) and `Shutdown()` drains and stops it. `started`, when given,
+// is called once with it after a successful start (e.g. to print the address a launcher reads).
 template <typename Process, typename Options>
-int RunProcessNode(const std::string& name, const Options& options) {
+int RunProcessNode(const std::string& name, const Options& options,
+                   std::function<void(Process&)> started = nullptr) {
   class Hooks final : public RoleHooks {
    public:
-    explicit Hooks(const Options& options) : options_(options) {}
+    Hooks(const Options& options, std::function<void(Process&)> started)
+        : options_(options), started_(std::move(started)) {}
     absl::Status Start() override {
       absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(options_);
       if (!process.ok()) return process.status();
       process_ = *std::move(process);
+      if (started_) started_(*process_);
       return absl::OkStatus();
     }
     void Shutdown() override {
@@ -73,9 +77,10 @@ int RunProcessNode(const std::string& name, const Options& options) {
 
    private:
     const Options options_;
+    const std::function<void(Process&)> started_;
     std::unique_ptr<Process> process_;
   };
-  return RunNode(name, std::make_unique<Hooks>(options));
+  return RunNode(name, std::make_unique<Hooks>(options, std::move(started)));
 }
 
 struct NodeEndpointsOptions {

@@ -15,4 +15,11 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> CreateNodeTransport(const NodeFlag
   return UcxTransport::Create(NodeTransportOptions(flags));
 }
 
+void StopDataPlane(NodeEndpoints* endpoints, PeerLinks* links, Transport* transport) {
+  if (endpoints != nullptr) endpoints->Leave();
+  if (links != nullptr) links->Stop();
+  if (transport != nullptr) transport->Close();
+  if (endpoints != nullptr) endpoints->Stop();
+}
+
 }  // namespace k3

@@ -615,10 +615,7 @@ void ExpertNode::Shutdown() {
         .IgnoreError();
     actor_->Stop();  // later LoadExperts / Status calls get UNAVAILABLE
   }
-  if (endpoints_) endpoints_->Leave();  // routers stop sending here
-  if (links_) links_->Stop();
-  if (transport_) transport_->Close();
-  if (endpoints_) endpoints_->Stop();
+  StopDataPlane(endpoints_.get(), links_.get(), transport_.get());
 }
 
 }  // namespace
@@ -641,10 +638,6 @@ void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
       },
       "where to compute the experts: cpu (default), cuda or cuda:N (MXFP4 experts on that GPU; "
       "docs/GPU.md)");
-}
-
-absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args) {
-  return ParseFlags<ExpertNodeOptions>(AddExpertNodeFlags, args);
 }
 
 int RunExpertNode(const ExpertNodeOptions& options) {

@@ -44,10 +44,6 @@
 #ifndef K3SERVE_EXPERT_NODES_EXPERT_NODE_H_
 #define K3SERVE_EXPERT_NODES_EXPERT_NODE_H_
 
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/command_line.h"
 #include "expert_nodes/device_experts.h"
@@ -63,9 +59,6 @@ struct ExpertNodeOptions {
 
 // Declares the expert node's flags on `app`; parsing fills `options`.
 void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options);
-
-// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
-absl::StatusOr<ExpertNodeOptions> ParseExpertNodeArgs(const std::vector<std::string>& args);
 
 // Runs the expert node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
 int RunExpertNode(const ExpertNodeOptions& options);

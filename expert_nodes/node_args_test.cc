@@ -1,12 +1,21 @@
 // Flag parsing of the expert node process.
-#include "expert_nodes/expert_node.h"
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "expert_nodes/expert_node.h"
 
 namespace k3 {
 namespace {
 
+// What the binary parses (tools/k3serve_main.cc declares the same flags).
+absl::StatusOr<ExpertNodeOptions> Parse(const std::vector<std::string>& args) {
+  return ParseFlags<ExpertNodeOptions>(AddExpertNodeFlags, args);
+}
+
 TEST(NodeArgsTest, ExpertNodeFlags) {
-  absl::StatusOr<ExpertNodeOptions> options = ParseExpertNodeArgs(
+  absl::StatusOr<ExpertNodeOptions> options = Parse(
       {"--coordinator", "c:1", "--model=/m", "--slots", "12", "--port", "7000", "--metrics-port",
        "0", "--host", "127.0.0.1"});
   ASSERT_TRUE(options.ok()) << options.status();
@@ -18,14 +27,14 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
   EXPECT_EQ(options->node.host, "127.0.0.1");
 
   absl::StatusOr<ExpertNodeOptions> defaults =
-      ParseExpertNodeArgs({"--coordinator", "c:1", "--model", "/m", "--slots", "1"});
+      Parse({"--coordinator", "c:1", "--model", "/m", "--slots", "1"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();
   EXPECT_EQ(defaults->node.port, 0);
   EXPECT_EQ(defaults->node.metrics_port, -1);
   EXPECT_EQ(defaults->node.host, "0.0.0.0");
   EXPECT_EQ(defaults->device, ExpertDevice{});
 
-  absl::StatusOr<ExpertNodeOptions> gpu = ParseExpertNodeArgs(
+  absl::StatusOr<ExpertNodeOptions> gpu = Parse(
       {"--coordinator", "c:1", "--model", "/m", "--slots", "1", "--device", "cuda:2"});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ(gpu->device, ExpertDevice{2});
@@ -48,7 +57,7 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
       {{"--coordinator", "c:1", "--model", "/m", "--slots", "2", "--device", "gpu"}, "--device"},
   };
   for (const Bad& b : bad) {
-    absl::StatusOr<ExpertNodeOptions> parsed = ParseExpertNodeArgs(b.args);
+    absl::StatusOr<ExpertNodeOptions> parsed = Parse(b.args);
     ASSERT_FALSE(parsed.ok()) << b.names;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(parsed.status().message().find(b.names), absl::string_view::npos)

@@ -203,24 +203,27 @@ grpc::ServerUnaryReactor* K3ServeProxy::Abort(grpc::CallbackServerContext* conte
   });
 }
 
-grpc::ServerUnaryReactor* K3ServeProxy::GetModelInfo(grpc::CallbackServerContext* context,
-                                                     const v1::GetModelInfoRequest* request,
-                                                     v1::ModelInfo* response) {
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* K3ServeProxy::ForwardToAnyWorker(
+    grpc::CallbackServerContext* context, const Request* request, Response* response,
+    void (Async::*method)(grpc::ClientContext*, const Request*, Response*, Done)) {
   if (absl::Status s = Authorize(*context); !s.ok()) return Finished(context, s);
   return Forward(context, pool_->LeastLoaded(),
                  [&](Async* async, grpc::ClientContext* client, Done done) {
-                   async->GetModelInfo(client, request, response, std::move(done));
+                   (async->*method)(client, request, response, std::move(done));
                  });
+}
+
+grpc::ServerUnaryReactor* K3ServeProxy::GetModelInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetModelInfoRequest* request,
+                                                     v1::ModelInfo* response) {
+  return ForwardToAnyWorker(context, request, response, &Async::GetModelInfo);
 }
 
 grpc::ServerUnaryReactor* K3ServeProxy::GetServerInfo(grpc::CallbackServerContext* context,
                                                       const v1::GetServerInfoRequest* request,
                                                       v1::ServerInfo* response) {
-  if (absl::Status s = Authorize(*context); !s.ok()) return Finished(context, s);
-  return Forward(context, pool_->LeastLoaded(),
-                 [&](Async* async, grpc::ClientContext* client, Done done) {
-                   async->GetServerInfo(client, request, response, std::move(done));
-                 });
+  return ForwardToAnyWorker(context, request, response, &Async::GetServerInfo);
 }
 
 }  // namespace k3

@@ -65,6 +65,12 @@ class K3ServeProxy final : public k3serve::v1::K3Serve::CallbackService {
   // and finishes the client's call with the worker's answer.
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, int worker,
                                     const Send& send);
+  // A call any worker answers alike (the model's and server's info): authorized, then forwarded
+  // to the least loaded worker with `method`, the worker's stub method of the same name.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* ForwardToAnyWorker(
+      grpc::CallbackServerContext* context, const Request* request, Response* response,
+      void (Async::*method)(grpc::ClientContext*, const Request*, Response*, Done));
   // The client's call finished at once with `status`.
   static grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
                                             const absl::Status& status);

@@ -552,7 +552,7 @@ absl::Status HttpFront::Impl::Serve() {
 
 HttpFront::HttpFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-HttpFront::~HttpFront() { Stop(); }
+HttpFront::~HttpFront() { Shutdown(); }
 
 int HttpFront::port() const { return impl_->port; }
 
@@ -636,7 +636,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   return std::unique_ptr<HttpFront>(new HttpFront(std::move(impl)));
 }
 
-void HttpFront::Stop() {
+void HttpFront::Shutdown() {
   Impl& f = *impl_;
   if (f.stopping.exchange(true)) return;
   {

@@ -45,7 +45,7 @@
 // gRPC (--grpc-port): k3serve.v1.K3Serve itself, forwarded to the same workers with the same
 // balancing and prefix hints (K3ServeProxy, grpc_proxy.h), for clients of proto/generate.proto.
 //
-// Thread-safety: HttpFront's methods may be called from any thread; Stop from one.
+// Thread-safety: HttpFront's methods may be called from any thread; Shutdown from one.
 #ifndef K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
 #define K3SERVE_HTTP_FRONT_HTTP_FRONT_H_
 
@@ -97,11 +97,11 @@ class HttpFront {
   // Loads the tokenizer and the API key, binds and starts serving. FAILED_PRECONDITION without a
   // tokenizer, INVALID_ARGUMENT for bad options, UNAVAILABLE when the port is taken.
   static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontOptions& options);
-  ~HttpFront();  // Stop()
+  ~HttpFront();  // Shutdown()
 
   int port() const;
   // Stops accepting, cancels the streams in flight and joins the threads. Idempotent.
-  void Stop();
+  void Shutdown();
 
  private:
   struct Impl;

@@ -175,10 +175,6 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   });
 }
 
-absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args) {
-  return ParseFlags<LocalCommandOptions>(AddLocalFlags, args);
-}
-
 int LocalClusterCommand(LocalCommandOptions options) {
   // Before any thread exists, so that every thread inherits the mask.
   BlockedStopSignals signals;

@@ -29,10 +29,9 @@
 #ifndef K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 #define K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_
 
-#include <string>
+#include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "cluster/command_line.h"
 #include "launcher/local_cluster.h"
 #include "launcher/restart_supervisor.h"
@@ -48,10 +47,6 @@ struct LocalCommandOptions {
 
 // Declares `local`'s flags on `app`; parsing fills `options`.
 void AddLocalFlags(CLI::App* app, LocalCommandOptions* options);
-
-// Parses the arguments after `local`. INVALID_ARGUMENT naming the flag for unknown flags, missing
-// or malformed values. `cluster.binary` stays /proc/self/exe.
-absl::StatusOr<LocalCommandOptions> ParseLocalArgs(const std::vector<std::string>& args);
 
 // Runs `k3serve local`; returns the exit status (0 after a clean stop or a successful --prompt
 // run, 1 when the cluster failed to start, the generation failed or a process failed too often

@@ -495,4 +495,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
   return weights;
 }
 
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
+    const std::string& folder, const WeightSelection& selection,
+    const std::function<void(size_t, size_t)>& progress) {
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(folder);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return LoadWeights(std::shared_ptr<const Checkpoint>(*std::move(checkpoint)), selection,
+                     progress);
+}
+
 }  // namespace k3

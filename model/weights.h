@@ -128,6 +128,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     std::shared_ptr<const Checkpoint> checkpoint, const WeightSelection& selection,
     const std::function<void(size_t, size_t)>& progress = nullptr);
 
+// The same from the checkpoint in `folder` (Checkpoint::Open's errors, then LoadWeights's); the
+// weights keep the checkpoint open.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
+    const std::string& folder, const WeightSelection& selection,
+    const std::function<void(size_t, size_t)>& progress = nullptr);
+
 }  // namespace k3
 
 #endif  // K3SERVE_MODEL_WEIGHTS_H_

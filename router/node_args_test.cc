@@ -1,12 +1,21 @@
 // Flag parsing of the router process.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "router/router_node.h"
 
 namespace k3 {
 namespace {
 
+// What the binary parses (tools/k3serve_main.cc declares the same flags).
+absl::StatusOr<RouterNodeOptions> Parse(const std::vector<std::string>& args) {
+  return ParseFlags<RouterNodeOptions>(AddRouterNodeFlags, args);
+}
+
 TEST(NodeArgsTest, RouterNodeFlags) {
-  absl::StatusOr<RouterNodeOptions> options = ParseRouterNodeArgs(
+  absl::StatusOr<RouterNodeOptions> options = Parse(
       {"--coordinator", "c:1", "--model", "/m", "--step-timeout-ms", "250", "--qb-bins", "0",
        "--metrics-port", "9100"});
   ASSERT_TRUE(options.ok()) << options.status();
@@ -16,7 +25,7 @@ TEST(NodeArgsTest, RouterNodeFlags) {
   EXPECT_EQ(options->node.port, 0);
 
   absl::StatusOr<RouterNodeOptions> defaults =
-      ParseRouterNodeArgs({"--coordinator", "c:1", "--model", "/m"});
+      Parse({"--coordinator", "c:1", "--model", "/m"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();
   EXPECT_EQ(defaults->step_timeout, absl::Seconds(5));
   EXPECT_EQ(defaults->qb_bins, 100);
@@ -29,7 +38,7 @@ TEST(NodeArgsTest, RouterNodeFlags) {
       {"--coordinator", "c:1", "--model", "/m", "stray"},
   };
   for (const std::vector<std::string>& args : bad) {
-    absl::StatusOr<RouterNodeOptions> parsed = ParseRouterNodeArgs(args);
+    absl::StatusOr<RouterNodeOptions> parsed = Parse(args);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << args.back();
   }
 }

@@ -14,7 +14,6 @@
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
-#include "model/checkpoint.h"
 #include "model/weights.h"
 #include "proto/cluster.grpc.pb.h"
 #include "cluster/peer_links.h"
@@ -100,11 +99,9 @@ class RouterNode final : public RoleHooks {
 };
 
 absl::Status RouterNode::Start() {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.node.model);
-  if (!checkpoint.ok()) return checkpoint.status();
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::move(*checkpoint), WeightSelection::RouterOnly());
+      LoadWeights(options_.node.model, WeightSelection::RouterOnly());
   if (!weights.ok()) return weights.status();
   weights_ = *std::move(weights);
   LOG(INFO) << "router weights of " << options_.node.model << ": " << weights_->selected_bytes
@@ -202,10 +199,7 @@ void RouterNode::Shutdown() {
     actor_->Call(fail_all, absl::Now() + absl::Seconds(2)).IgnoreError();
     actor_->Stop();
   }
-  if (endpoints_) endpoints_->Leave();
-  if (links_) links_->Stop();
-  if (transport_) transport_->Close();
-  if (endpoints_) endpoints_->Stop();
+  StopDataPlane(endpoints_.get(), links_.get(), transport_.get());
 }
 
 }  // namespace
@@ -224,10 +218,6 @@ void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options) {
                 "bins of the QB load histograms (0: token counts only)");
   app->add_flag("--per-expert-metrics", options->per_expert_metrics,
                 "export k3_router_expert_routed_tokens_total{expert} (one series per expert id)");
-}
-
-absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args) {
-  return ParseFlags<RouterNodeOptions>(AddRouterNodeFlags, args);
 }
 
 int RunRouterNode(const RouterNodeOptions& options) {

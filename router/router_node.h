@@ -25,10 +25,6 @@
 #ifndef K3SERVE_ROUTER_ROUTER_NODE_H_
 #define K3SERVE_ROUTER_ROUTER_NODE_H_
 
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/command_line.h"
 
@@ -46,11 +42,6 @@ struct RouterNodeOptions {
 // Declares the router's flags on `app`; parsing fills `options`.
 void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options);
 
-// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
-absl::StatusOr<RouterNodeOptions> ParseRouterNodeArgs(const std::vector<std::string>& args);
-
-// Parses `args` (after the subcommand) and runs the router until SIGINT/SIGTERM. Returns the exit
-// status: 0 after a clean shutdown, 2 for bad flags, 1 when it could not start.
 // Runs the router node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
 int RunRouterNode(const RouterNodeOptions& options);
 

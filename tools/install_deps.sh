@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   bazel-bootstrap g++ pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   libucx-dev ucx-utils libdnnl-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3-regex
   python3-jsonschema  # checks constrained decoding (tokenizer:json_grammar_test, tests:http_front_test)

@@ -115,6 +115,21 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
   return 1;
 }
 
+// --name X, a number in [min, max] stored in *value; *given records that the command line set
+// it (with --server, only what was given overrides the server's defaults).
+CLI::Option* AddGivenFloat(CLI::App* app, const std::string& name, float* value, bool* given,
+                           double min, double max, const std::string& help) {
+  return app
+      ->add_option_function<double>(
+          name,
+          [value, given](double v) {
+            *value = static_cast<float>(v);
+            *given = true;
+          },
+          help)
+      ->check(CLI::Range(min, max));
+}
+
 }  // namespace
 
 void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* options) {
@@ -180,22 +195,10 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
       ->needs(prompt);
   AddBoundedInt(app, "--max-new-tokens", &g.max_new_tokens, 1, 1 << 24, "new tokens at most")
       ->each([options](const std::string&) { options->has_max_new_tokens = true; });
-  app->add_option_function<double>(
-         "--temperature",
-         [options](double t) {
-           options->generate.sampling.temperature = static_cast<float>(t);
-           options->has_temperature = true;
-         },
-         "0 is greedy")
-      ->check(CLI::Range(0.0, 100.0));
-  app->add_option_function<double>(
-         "--top-p",
-         [options](double p) {
-           options->generate.sampling.top_p = static_cast<float>(p);
-           options->has_top_p = true;
-         },
-         "nucleus sampling mass")
-      ->check(CLI::Range(0.0, 1.0));
+  AddGivenFloat(app, "--temperature", &g.sampling.temperature, &options->has_temperature, 0.0,
+                100.0, "0 is greedy");
+  AddGivenFloat(app, "--top-p", &g.sampling.top_p, &options->has_top_p, 0.0, 1.0,
+                "nucleus sampling mass");
   AddBoundedInt(app, "--top-k", &g.sampling.top_k, 0, 1 << 24, "0: no top-k cut")
       ->each([options](const std::string&) { options->has_top_k = true; });
   app->add_option_function<uint64_t>(
