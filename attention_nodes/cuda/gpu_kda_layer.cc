@@ -11,18 +11,6 @@
 #include "model/status_macros.h"
 
 namespace k3 {
-namespace {
-
-// A BF16 matrix's bytes into `out`; InvalidArgument for another type or a missing matrix.
-absl::Status UploadMatrix(const WeightMatrix& m, const char* name, DeviceBuffer<uint16_t>* out) {
-  if (m.empty() || m.type != WeightType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GpuKdaLayer: ", name, " must be a BF16 matrix"));
-  }
-  return out->Upload(static_cast<const uint16_t*>(m.data), static_cast<size_t>(m.rows * m.cols));
-}
-
-}  // namespace
 
 GpuKdaLayer::GpuKdaLayer(const ModelConfig& config, CublasProducts* products)
     : config_(config), products_(products) {
@@ -57,13 +45,13 @@ absl::Status GpuKdaLayer::Upload(const KdaWeights& w, int32_t slots) {
       {&w.f_a_proj, &f_a_proj_}, {&w.f_b_proj, &f_b_proj_}, {&w.b_proj, &b_proj_},
       {&w.o_proj, &o_proj_}};
   for (const auto& [matrix, buffer] : matrices) {
-    K3_RETURN_IF_ERROR(UploadMatrix(*matrix, "a KDA projection", buffer));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(*matrix, "a KDA projection", buffer));
   }
   if (config_.linear_attn.use_full_rank_gate) {
-    K3_RETURN_IF_ERROR(UploadMatrix(w.g_proj, "g_proj", &g_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.g_proj, "g_proj", &g_proj_));
   } else {
-    K3_RETURN_IF_ERROR(UploadMatrix(w.g_a_proj, "g_a_proj", &g_a_proj_));
-    K3_RETURN_IF_ERROR(UploadMatrix(w.g_b_proj, "g_b_proj", &g_b_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.g_a_proj, "g_a_proj", &g_a_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.g_b_proj, "g_b_proj", &g_b_proj_));
   }
   for (const auto& [vector, buffer] :
        {std::pair{&w.q_conv, &q_conv_}, std::pair{&w.k_conv, &k_conv_},

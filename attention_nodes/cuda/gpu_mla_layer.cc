@@ -16,17 +16,6 @@
 #include "model/status_macros.h"
 
 namespace k3 {
-namespace {
-
-absl::Status UploadMatrix(const WeightMatrix& m, const char* name, DeviceBuffer<uint16_t>* out) {
-  if (m.empty() || m.type != WeightType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GpuMlaLayer: ", name, " must be a BF16 matrix"));
-  }
-  return out->Upload(static_cast<const uint16_t*>(m.data), static_cast<size_t>(m.rows * m.cols));
-}
-
-}  // namespace
 
 GpuMlaLayer::GpuMlaLayer(const ModelConfig& config, CublasProducts* products)
     : config_(config), products_(products) {
@@ -62,17 +51,17 @@ absl::StatusOr<std::unique_ptr<GpuMlaLayer>> GpuMlaLayer::Create(const ModelConf
 
 absl::Status GpuMlaLayer::Upload(const MlaWeights& w, int32_t pages) {
   if (config_.q_lora_rank.has_value()) {
-    K3_RETURN_IF_ERROR(UploadMatrix(w.q_a_proj, "q_a_proj", &q_a_proj_));
-    K3_RETURN_IF_ERROR(UploadMatrix(w.q_b_proj, "q_b_proj", &q_b_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.q_a_proj, "q_a_proj", &q_a_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.q_b_proj, "q_b_proj", &q_b_proj_));
     K3_RETURN_IF_ERROR(q_a_norm_.Upload(w.q_a_layernorm));
   } else {
-    K3_RETURN_IF_ERROR(UploadMatrix(w.q_proj, "q_proj", &q_proj_));
+    K3_RETURN_IF_ERROR(UploadBf16Matrix(w.q_proj, "q_proj", &q_proj_));
   }
-  K3_RETURN_IF_ERROR(UploadMatrix(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa", &kv_a_proj_));
-  K3_RETURN_IF_ERROR(UploadMatrix(w.kv_b_proj, "kv_b_proj", &kv_b_proj_));
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa", &kv_a_proj_));
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(w.kv_b_proj, "kv_b_proj", &kv_b_proj_));
   K3_RETURN_IF_ERROR(kv_a_norm_.Upload(w.kv_a_layernorm));
-  if (config_.mla_use_output_gate) K3_RETURN_IF_ERROR(UploadMatrix(w.g_proj, "g_proj", &g_proj_));
-  K3_RETURN_IF_ERROR(UploadMatrix(w.o_proj, "o_proj", &o_proj_));
+  if (config_.mla_use_output_gate) K3_RETURN_IF_ERROR(UploadBf16Matrix(w.g_proj, "g_proj", &g_proj_));
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(w.o_proj, "o_proj", &o_proj_));
   const size_t cache_values = static_cast<size_t>(pages) * page_size_ * width_;
   K3_RETURN_IF_ERROR(cache_.Reserve(cache_values));
   K3_RETURN_IF_CUDA_ERROR(cudaMemset(cache_.get(), 0, cache_values * sizeof(uint16_t)),

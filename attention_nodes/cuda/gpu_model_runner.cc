@@ -16,14 +16,6 @@
 namespace k3 {
 namespace {
 
-absl::Status UploadBf16(const WeightMatrix& m, const char* name, DeviceBuffer<uint16_t>* out) {
-  if (m.empty() || m.type != WeightType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GpuModelRunner: ", name, " must be a BF16 matrix"));
-  }
-  return out->Upload(static_cast<const uint16_t*>(m.data), static_cast<size_t>(m.rows * m.cols));
-}
-
 absl::StatusOr<std::unique_ptr<GpuGatedMlp>> UploadMlp(const GatedMlpWeights& w,
                                                        const GluParams& glu, void* stream) {
   return GpuGatedMlp::Create(GatedMlpMatrices{w.gate, w.up, w.down}, glu, stream);
@@ -85,11 +77,11 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
     } else {
       K3_ASSIGN_OR_RETURN(layer.mlp, UploadMlp(lw.moe.shared, glu, stream_));
       if (config.IsLatentMoe()) {
-        K3_RETURN_IF_ERROR(UploadBf16(lw.moe.latent_up, "latent_up", &layer.latent_up));
+        K3_RETURN_IF_ERROR(UploadBf16Matrix(lw.moe.latent_up, "latent_up", &layer.latent_up));
       }
     }
   }
-  K3_RETURN_IF_ERROR(UploadBf16(weights_->lm_head, "lm_head", &lm_head_));
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(weights_->lm_head, "lm_head", &lm_head_));
   K3_RETURN_IF_ERROR(final_norm_.Upload(weights_->final_norm));
   if (config.HasAttnRes()) {
     K3_RETURN_IF_ERROR(output_res_proj_.Upload(weights_->output_attn_res_proj));

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/matmul.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace k3 {
@@ -54,6 +56,16 @@ class DeviceBuffer {
   T* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// A BF16 weight matrix's bytes, as stored, into `out` (the GPU layers' products read them so).
+// InvalidArgument naming `name` for another type or a missing matrix.
+inline absl::Status UploadBf16Matrix(const WeightMatrix& m, const char* name,
+                                     DeviceBuffer<uint16_t>* out) {
+  if (m.empty() || m.type != WeightType::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be a BF16 matrix on the GPU"));
+  }
+  return out->Upload(static_cast<const uint16_t*>(m.data), static_cast<size_t>(m.rows * m.cols));
+}
 
 }  // namespace k3
 
