@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "attention_nodes/generate_client.h"
 #include "cluster/security.h"
-#include "engine/local_engine.h"
+#include "engine/process_engine.h"
 #include "model/config.h"
 #include "proto/generate.pb.h"
 #include "router/qb_tool.h"
@@ -160,16 +160,29 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
   return 0;
 }
 
+// --device cpu|cuda|cuda:N into `device`.
+CLI::Option* AddDeviceFlag(CLI::App* app, ExpertDevice* device) {
+  return app->add_option_function<std::string>(
+      "--device",
+      [device](const std::string& text) {
+        absl::StatusOr<ExpertDevice> parsed = ParseExpertDevice(text);
+        if (!parsed.ok()) throw CLI::ValidationError(std::string(parsed.status().message()));
+        *device = *parsed;
+      },
+      "where the model runs: cpu (default), cuda or cuda:N (the whole model on that GPU)");
+}
+
 void AddLogitsFlags(CLI::App* app, LogitsOptions* options) {
   app->add_option("--model", options->model, "checkpoint folder")->required();
+  AddDeviceFlag(app, &options->device);
   AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX, "prompt token ids")->required();
   app->add_option("--out", options->out, "raw little-endian float32 [tokens, vocab]")->required();
   app->add_flag("--decode", options->decode, "one token at a time (the decode path)");
 }
 
 int LogitsCommand(const LogitsOptions& options) {
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-      LocalEngine::Open(options.model, ShowProgress);
+  absl::StatusOr<std::unique_ptr<ProcessEngine>> engine =
+      OpenProcessEngine(options.model, options.device, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
   absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(options.tokens, options.decode);
   if (!logits.ok()) return Fail(logits.status());
@@ -186,6 +199,7 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   CLI::Option* model = app->add_option("--model", options->model, "checkpoint folder (in process)");
   CLI::Option* server = app->add_option("--server", options->server, "HOST:PORT of a cluster");
   model->excludes(server);
+  AddDeviceFlag(app, &options->device)->excludes(server);
   CLI::Option* tokens = AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX,
                                    "prompt token ids");
   CLI::Option* prompt = app->add_option("--prompt", options->prompt,
@@ -229,8 +243,8 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
 
 int GenerateCommand(const GenerateCommandOptions& options) {
   if (!options.server.empty()) return RemoteGenerate(options);
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-      LocalEngine::Open(options.model, ShowProgress);
+  absl::StatusOr<std::unique_ptr<ProcessEngine>> engine =
+      OpenProcessEngine(options.model, options.device, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
   if (options.prompt.empty()) {
     absl::StatusOr<std::vector<int32_t>> generated =

@@ -11,6 +11,7 @@
 
 #include "cluster/command_line.h"
 #include "engine/local_engine.h"
+#include "expert_nodes/device_experts.h"
 #include "router/qb_tool.h"
 #include "tools/memory_plan.h"
 
@@ -29,6 +30,7 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options);
 
 struct LogitsOptions {
   std::string model;
+  ExpertDevice device;  // --device: cpu, cuda or cuda:N (engine/process_engine.h)
   std::vector<int32_t> tokens;
   std::string out;
   bool decode = false;
@@ -38,6 +40,7 @@ int LogitsCommand(const LogitsOptions& options);
 
 struct GenerateCommandOptions {
   std::string model;   // in process
+  ExpertDevice device;  // in process: cpu, cuda or cuda:N (engine/process_engine.h)
   std::string server;  // or through a server (HOST:PORT)
   std::vector<int32_t> tokens;
   // Or the prompt as text (the model's tokenizer encodes it; the answer prints as text), as one
