@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_nodes/kda.h"
+#include "attention_nodes/cuda/kda_test_inputs.h"
 #include "attention_nodes/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gpu_test_util.h"
@@ -32,49 +33,11 @@ namespace {
 using gpu_test::DeviceArray;
 using mixer_test::AllClose;
 using mixer_test::RandomWeights;
+using kda_test::MakeWeights;
+using kda_test::Named;
+using kda_test::SliceWidths;
 
 constexpr double kBound = 2e-2;
-
-KdaWeights MakeWeights(const ModelConfig& config, RandomWeights* rnd) {
-  const LinearAttnConfig& la = config.linear_attn;
-  const int64_t h = la.num_heads, k = la.head_dim, p = h * k, d = config.hidden_size;
-  const int kernel = la.short_conv_kernel_size;
-  constexpr float kStd = 0.05f;
-  KdaWeights w;
-  w.q_proj = rnd->Matrix(p, d, kStd);
-  w.k_proj = rnd->Matrix(p, d, kStd);
-  w.v_proj = rnd->Matrix(p, d, kStd);
-  w.q_conv = rnd->Uniform(p * kernel, -0.5f, 0.5f);
-  w.k_conv = rnd->Uniform(p * kernel, -0.5f, 0.5f);
-  w.v_conv = rnd->Uniform(p * kernel, -0.5f, 0.5f);
-  w.f_a_proj = rnd->Matrix(k, d, kStd);
-  w.f_b_proj = rnd->Matrix(p, k, kStd);
-  w.dt_bias = rnd->Normal(p, 0.0f, 0.5f);
-  for (float u : rnd->Uniform(h, 1.0f, 16.0f)) w.a_log.push_back(std::log(u));
-  w.b_proj = rnd->Matrix(h, d, kStd);
-  if (la.use_full_rank_gate) {
-    w.g_proj = rnd->Matrix(p, d, kStd);
-  } else {
-    w.g_a_proj = rnd->Matrix(k, d, kStd);
-    w.g_b_proj = rnd->Matrix(p, k, kStd);
-  }
-  w.o_norm = rnd->Normal(k, 1.0f, 0.1f);
-  w.o_proj = rnd->Matrix(d, p, kStd);
-  return w;
-}
-
-ModelConfig Named(const char* name) {
-  absl::StatusOr<ModelConfig> config = NamedConfig(name);
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
-}
-
-ModelConfig SliceWidths() {
-  ModelConfig config = Named("k3-tiny");
-  config.linear_attn.num_heads = 96;
-  config.linear_attn.head_dim = 128;
-  return config;
-}
 
 void ExpectStatesClose(GpuKdaLayer& layer, int32_t slot, const KdaState& want) {
   KdaState got;
