@@ -456,6 +456,8 @@ TEST_F(BalancerTest, LoadsTheNewExpertsBeforePublishingAndRetiresTheOldOnesAfter
     EXPECT_EQ(calls[0].request.worker(), w);
     EXPECT_EQ(calls[0].request.retire_below_version(), 0);
     EXPECT_EQ(calls[0].published, 1) << "worker " << w << " was asked to load after publishing";
+    // The node keeps version 1 even if its cluster state has not named it yet.
+    EXPECT_EQ(calls[0].request.committed_version(), 1);
     ASSERT_EQ(calls[0].request.experts_size(), kLayers);
     for (int l = 0; l < kLayers; ++l) {
       EXPECT_EQ(calls[0].request.experts(l).layer(), l);
@@ -508,6 +510,7 @@ TEST_F(BalancerTest, AWorkerThatCannotLoadAbandonsTheRollout) {
   EXPECT_EQ(calls[0].request.retire_below_version(), 0);
   EXPECT_EQ(calls[1].request.placement_version(), 3);
   EXPECT_EQ(calls[1].request.retire_below_version(), 0);
+  EXPECT_EQ(calls[1].request.committed_version(), 1);  // version 2 was given up
   EXPECT_EQ(calls[2].request.placement_version(), 3);
   EXPECT_EQ(calls[2].request.retire_below_version(), 3);
 }

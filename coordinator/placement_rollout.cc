@@ -40,11 +40,12 @@ std::vector<absl::StatusOr<pb::LoadExpertsResponse>> LoadAll(
 }  // namespace
 
 pb::LoadExpertsRequest LoadExpertsRequestFor(const ClusterPlacement& placement, int worker,
-                                             int64_t retire_below) {
+                                             int64_t retire_below, int64_t committed) {
   pb::LoadExpertsRequest request;
   request.set_placement_version(placement.version());
   request.set_worker(worker);
   request.set_retire_below_version(retire_below);
+  request.set_committed_version(committed);
   for (int l = 0; l < placement.experts.num_layers(); ++l) {
     pb::LayerExperts* layer = request.add_experts();
     layer->set_layer(l);
@@ -69,7 +70,7 @@ absl::Status PlacementRollout::RollOut(const ClusterPlacement& next, int64_t bas
                                              next.worker_nodes[w], " is not a member"));
     }
     workers.push_back(it->second);
-    requests.push_back(LoadExpertsRequestFor(next, w, 0));
+    requests.push_back(LoadExpertsRequestFor(next, w, 0, base_version));
   }
   std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded =
       LoadAll(*calls_, workers, requests, timeouts_.load_timeout);
@@ -150,7 +151,8 @@ void PlacementRollout::Retire(int attempts_left) {
     auto it = addresses.find(placement->worker_nodes[w]);
     if (it == addresses.end()) continue;
     workers.push_back(it->second);
-    requests.push_back(LoadExpertsRequestFor(*placement, w, placement->version()));
+    requests.push_back(
+        LoadExpertsRequestFor(*placement, w, placement->version(), placement->version()));
   }
   std::vector<absl::StatusOr<pb::LoadExpertsResponse>> retired =
       LoadAll(*calls_, workers, requests, timeouts_.load_timeout);

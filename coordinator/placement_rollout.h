@@ -40,9 +40,11 @@ struct RolloutTimeouts {
 };
 
 // The LoadExperts request that gives `worker` its experts of `placement` (every layer, in
-// order), dropping those of versions below `retire_below` (0: drops nothing).
+// order), dropping those of versions below `retire_below` (0: drops nothing); `committed` is the
+// version in force, which the node keeps even if its cluster state has not named it yet.
 k3serve::cluster::v1::LoadExpertsRequest LoadExpertsRequestFor(const ClusterPlacement& placement,
-                                                               int worker, int64_t retire_below);
+                                                               int worker, int64_t retire_below,
+                                                               int64_t committed);
 
 class PlacementRollout {
  public:

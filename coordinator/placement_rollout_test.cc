@@ -37,16 +37,17 @@ TEST(LoadExpertsRequestForTest, ListsTheWorkersExpertsOfEveryLayer) {
   // Layer 0: expert 2 on both workers; layer 1: worker 1 holds experts 0 and 2.
   placement.experts.hosts = {{{0}, {1}, {0, 1}}, {{1}, {0}, {1}}};
   placement.worker_nodes = {5, 8};
-  const pb::LoadExpertsRequest zero = LoadExpertsRequestFor(placement, 0, 0);
+  const pb::LoadExpertsRequest zero = LoadExpertsRequestFor(placement, 0, 0, 5);
   EXPECT_EQ(zero.placement_version(), 6);
   EXPECT_EQ(zero.worker(), 0);
   EXPECT_EQ(zero.retire_below_version(), 0);
+  EXPECT_EQ(zero.committed_version(), 5);
   ASSERT_EQ(zero.experts_size(), 2);
   EXPECT_EQ(zero.experts(0).layer(), 0);
   EXPECT_EQ(Ids(zero.experts(0)), (std::vector<int>{0, 2}));
   EXPECT_EQ(zero.experts(1).layer(), 1);
   EXPECT_EQ(Ids(zero.experts(1)), (std::vector<int>{1}));
-  const pb::LoadExpertsRequest one = LoadExpertsRequestFor(placement, 1, 6);
+  const pb::LoadExpertsRequest one = LoadExpertsRequestFor(placement, 1, 6, 6);
   EXPECT_EQ(one.worker(), 1);
   EXPECT_EQ(one.retire_below_version(), 6);
   ASSERT_EQ(one.experts_size(), 2);

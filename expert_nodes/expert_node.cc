@@ -450,8 +450,11 @@ absl::Status ExpertNode::LoadExperts(const pb::LoadExpertsRequest& request) {
         "placement version ", version, " is older than version ", newest, " ", name_,
         " holds"));
   } else {
-    // Versions loaded for a rollout that was given up (never published) go.
-    worker_->DropVersions([this](int64_t v) { return v <= published_; });
+    // Versions loaded for a rollout that was given up (never published) go. The version the
+    // coordinator had in force stays although this node's cluster state may not name it yet:
+    // a rollout can start right after the last one committed, and routers use that version.
+    const int64_t committed = std::max(published_, request.committed_version());
+    worker_->DropVersions([committed](int64_t v) { return v <= committed; });
     if (absl::Status loaded = Load(std::move(hosting)); !loaded.ok()) return loaded;
   }
   retire_floor_ = std::max(retire_floor_, request.retire_below_version());
