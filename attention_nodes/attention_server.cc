@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "attention_nodes/attention_service.h"
+#include "attention_nodes/device_step_runner.h"
 #include "attention_nodes/remote_routed_moe.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
@@ -84,7 +85,16 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
     p.spans = *std::move(spans);
     scheduler_options.spans = p.spans.get();
   }
-  p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, scheduler_options,
+  DeviceStateLimits state_limits;
+  state_limits.sequences = scheduler_options.max_sequences;
+  state_limits.context_tokens =
+      int64_t{scheduler_options.max_prompt_tokens} + scheduler_options.max_new_tokens_limit;
+  state_limits.cache_pages = p.options.gpu_cache_pages;
+  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
+      MakeStepRunner(p.options.device, weights, routed_moe, state_limits);
+  if (!runner.ok()) return runner.status();
+  LOG(INFO) << "the forward pass runs on " << ComputeDeviceName(p.options.device);
+  p.scheduler = std::make_unique<GenerationScheduler>(*std::move(runner), scheduler_options,
                                                       &DefaultMetrics());
   // The model folder's tokenizer, if it has one: text prompts and text deltas.
   std::shared_ptr<const Tokenizer> tokenizer;
@@ -357,6 +367,12 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
                   "(authorization: Bearer <token>); health checks stay open");
   AddBoundedInt(app, "--max-request-bytes", &options->max_request_bytes, 1024, 1 << 30,
                 "the largest request message accepted (RESOURCE_EXHAUSTED beyond)");
+  AddDeviceFlag(app, &options->device,
+                "where the forward pass runs: cpu (default), cuda or cuda:N (BF16 non-expert "
+                "weights and every sequence's state on that GPU; docs/GPU.md)");
+  AddBoundedInt(app, "--gpu-cache-pages", &options->gpu_cache_pages, 0, INT32_MAX,
+                "with --device cuda: MLA cache pages of 64 tokens (0: --max-sequences x "
+                "(--max-prompt-tokens + --max-new-tokens-limit))");
   AddBoundedInt(app, "--max-streams-per-client", &options->max_streams_per_client, 0, 1 << 20,
                 "Generate streams in flight per client address (RESOURCE_EXHAUSTED beyond; "
                 "0: no limit)");

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "base/compute_device.h"
 #include "cluster/command_line.h"
 #include "model/weights.h"
 #include "proto/cluster.pb.h"
@@ -59,6 +60,11 @@ struct AttentionServerOptions {
   std::string auth_token_file;               // empty: no token required
   int max_request_bytes = 4 << 20;           // gRPC max receive message size
   int max_streams_per_client = 128;          // 0: no limit
+  // Where the forward pass runs (--device): the CPU, or a CUDA device with the sequences' states
+  // in its memory (attention_nodes/device_step_runner.h).
+  ComputeDevice device;
+  int64_t gpu_cache_pages = 0;  // MLA cache pages of 64 tokens on the GPU; 0: the most requests
+                                // could use (--max-sequences x their longest context)
 };
 
 // INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.

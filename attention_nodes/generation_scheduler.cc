@@ -121,20 +121,24 @@ GenerationResult ErrorResult(absl::Status status) {
 }  // namespace
 
 GenerationScheduler::GenerationScheduler(const ModelWeights* weights, RoutedMoe* routed_moe,
-                                         const SchedulerOptions& options,
-                                         MetricsRegistry* metrics)
-    : weights_(weights),
-      options_(options),
+                                         const SchedulerOptions& options, MetricsRegistry* metrics)
+    : GenerationScheduler(std::make_unique<ModelRunner>(weights, routed_moe), options, metrics) {}
+
+GenerationScheduler::GenerationScheduler(std::unique_ptr<StepRunner> runner,
+                                         const SchedulerOptions& options, MetricsRegistry* metrics)
+    : options_(options),
       metrics_(metrics != nullptr ? std::make_unique<SchedulerMetrics>(*metrics) : nullptr),
-      runner_(weights, routed_moe),
+      runner_(std::move(runner)),
       step_budget_(BudgetOptions(options)),
       actor_("scheduler") {
   const absl::Status valid = options_.Validate();
   CHECK(valid.ok()) << valid;
-  runner_.set_ping_pong(options_.ping_pong);
-  if (options_.prefix_cache_bytes > 0) {
+  runner_->set_ping_pong(options_.ping_pong);
+  if (options_.prefix_cache_bytes > 0 && !runner_->host_state()) {
+    LOG(INFO) << "the prefix cache is off: this runner keeps sequence states off the host";
+  } else if (options_.prefix_cache_bytes > 0) {
     prefix_cache_ = std::make_unique<PrefixCache>(
-        weights->config,
+        runner_->config(),
         PrefixCacheOptions{options_.prefix_block_tokens, options_.prefix_cache_bytes});
     if (metrics != nullptr) prefix_metrics_ = std::make_unique<PrefixCacheMetrics>(*metrics);
   }
@@ -400,7 +404,13 @@ void GenerationScheduler::DropCancelled() {
 void GenerationScheduler::AdmitWaiting() {
   while (!waiting_.empty() && running_.size() < static_cast<size_t>(options_.max_sequences)) {
     Sequence& sequence = *waiting_.front();
-    sequence.state = runner_.NewSequence();
+    absl::StatusOr<std::unique_ptr<SequenceState>> state = runner_->NewState();
+    if (!state.ok()) {  // no room on the device: the request ends, the others go on
+      Finish(sequence, ErrorResult(state.status()));
+      waiting_.pop_front();
+      continue;
+    }
+    sequence.state = *std::move(state);
     if (prefix_cache_) {
       const int64_t restored =
           prefix_cache_->Restore(sequence.request.prompt, sequence.state.get());
@@ -474,7 +484,7 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
     traced.push_back(sequence);
   }
   const absl::Time start = absl::Now();
-  const absl::Status status = runner_.Step(batch, &logits_);
+  const absl::Status status = runner_->Step(batch, &logits_);
   const absl::Duration step_time = absl::Now() - start;
   RecordStep(pack, traced, start, step_time, status);
   if (!status.ok()) {
@@ -522,7 +532,7 @@ void GenerationScheduler::RecordPrefix(const Sequence& sequence) {
 void GenerationScheduler::RecordStep(const StepPack& pack, const std::vector<Sequence*>& traced,
                                      absl::Time start, absl::Duration step_time,
                                      const absl::Status& status) {
-  const StepProfile& profile = runner_.last_profile();
+  const StepProfile& profile = runner_->last_profile();
   for (Sequence* sequence : traced) {
     Span span;
     span.name = "k3.step";

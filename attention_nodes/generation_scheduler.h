@@ -67,6 +67,7 @@
 #include "attention_nodes/scheduler_metrics.h"
 #include "attention_nodes/step_budget.h"
 #include "attention_nodes/step_packer.h"
+#include "attention_nodes/step_runner.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/span_log.h"
@@ -183,17 +184,22 @@ struct SchedulerInfo {
 
 class GenerationScheduler {
  public:
-  // `weights` and `routed_moe` must outlive the scheduler; the scheduler thread is their only
-  // user. `metrics` may be null. REQUIRES: options.Validate() is OK (CHECK-fails otherwise).
+  // Steps on a ModelRunner (the CPU). `weights` and `routed_moe` must outlive the scheduler; the
+  // scheduler thread is their only user. `metrics` may be null. REQUIRES: options.Validate() is
+  // OK (CHECK-fails otherwise).
   GenerationScheduler(const ModelWeights* weights, RoutedMoe* routed_moe,
                       const SchedulerOptions& options, MetricsRegistry* metrics);
+  // Steps on `runner` (e.g. a GpuStepRunner), which the scheduler thread then owns. The prefix
+  // cache is on only where the runner keeps states on the host.
+  GenerationScheduler(std::unique_ptr<StepRunner> runner, const SchedulerOptions& options,
+                      MetricsRegistry* metrics);
   // Shutdown().
   ~GenerationScheduler();
 
   GenerationScheduler(const GenerationScheduler&) = delete;
   GenerationScheduler& operator=(const GenerationScheduler&) = delete;
 
-  const ModelConfig& config() const { return weights_->config; }
+  const ModelConfig& config() const { return runner_->config(); }  // immutable
   const SchedulerOptions& options() const { return options_; }
 
   // INVALID_ARGUMENT naming what is wrong: an id longer than kMaxRequestIdBytes, empty or too
@@ -256,7 +262,6 @@ class GenerationScheduler {
   void RemoveFinished();
   void UpdateCounts();
 
-  const ModelWeights* const weights_;
   const SchedulerOptions options_;
   std::unique_ptr<SchedulerMetrics> metrics_;
 
@@ -269,8 +274,8 @@ class GenerationScheduler {
   std::atomic<int> cached_sequences_{0};
   std::atomic<int64_t> state_bytes_{0};
 
-  // Scheduler thread only.
-  ModelRunner runner_;
+  // Scheduler thread only (config() aside).
+  const std::unique_ptr<StepRunner> runner_;
   StepBudget step_budget_;
   StepPacker packer_;
   std::unique_ptr<PrefixCache> prefix_cache_;  // null: off

@@ -29,13 +29,6 @@ void FillSegments(absl::Span<const BatchEntry> entries, std::vector<State> Seque
 
 }  // namespace
 
-size_t SequenceState::ByteSize() const {
-  size_t bytes = 0;
-  for (const KdaState& s : kda) bytes += s.ByteSize();
-  for (const MlaCache& c : mla) bytes += c.ByteSize();
-  return bytes;
-}
-
 ModelRunner::ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe)
     : weights_(weights), routed_moe_(routed_moe), glu_(GluParamsFor(weights->config)) {}
 

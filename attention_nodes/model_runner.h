@@ -29,6 +29,7 @@
 #include "attention_nodes/kda.h"
 #include "attention_nodes/mla.h"
 #include "attention_nodes/ping_pong_chooser.h"
+#include "attention_nodes/step_runner.h"
 #include "base/trace_context.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
@@ -36,63 +37,29 @@
 
 namespace k3 {
 
-// Everything a request carries between steps.
-struct SequenceState {
-  std::vector<KdaState> kda;  // per layer; unused entries for MLA layers stay empty
-  std::vector<MlaCache> mla;  // per layer; unused entries for KDA layers stay empty
-  int64_t length = 0;         // tokens consumed so far
-
-  size_t ByteSize() const;
-};
-
-struct BatchEntry {
-  SequenceState* state = nullptr;
-  absl::Span<const int32_t> tokens;  // tokens to append; at least one
-  bool all_logits = false;           // logits for every new token, or only for the last
-  // The sequence's trace context for this step (under its step span), when its request is
-  // traced: it goes with the MoE rows of the micro-batch holding this entry (RoutedMoe::SetTraces).
-  const TraceContext* trace = nullptr;
-};
-
-// Where one Step's time went. The MoE wait is the time spent inside RoutedMoe::Begin and
-// RoutedMoe::Wait (sending the rows, then waiting for the routed answer: the router tier across
-// the wire, or the routed experts themselves in process); the shared experts computed while the
-// answer is in flight count as compute.
-struct StepProfile {
-  absl::Duration total = absl::ZeroDuration();     // the whole Step
-  bool ping_pong = false;                          // ran as two micro-batches
-  absl::Duration moe_wait = absl::ZeroDuration();  // over every MoE layer
-  std::vector<absl::Duration> layer_moe_wait;      // one per MoE layer the step ran, in order
-  // Attention, Block AttnRes, the dense layer, shared experts, up projection and LM head.
-  absl::Duration compute() const { return total - moe_wait; }
-};
-
-enum class PingPong {
-  kOff,       // always one batch
-  kAlways,    // two micro-batches whenever the step has two sequences (tests, benchmarks)
-  kMeasured,  // whichever of the two PingPongChooser measures faster
-};
-
-class ModelRunner {
+class ModelRunner final : public StepRunner {
  public:
   ModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
 
   // When steps run as two ping-pong micro-batches (kMeasured by default); only where the
   // RoutedMoe's Concurrency() is 2 or more and the step has two or more sequences.
-  void set_ping_pong(PingPong mode) { ping_pong_ = mode; }
+  void set_ping_pong(PingPong mode) override { ping_pong_ = mode; }
 
+  // A fresh state on the host; NewState's form that cannot fail.
   std::unique_ptr<SequenceState> NewSequence() const;
+  absl::StatusOr<std::unique_ptr<SequenceState>> NewState() override { return NewSequence(); }
+  bool host_state() const override { return true; }
 
   // Appends each entry's tokens to its sequence and writes logits rows: per entry in order, every
   // new token's row (all_logits) or only the last one; [rows, vocab] in total. Token ids are
   // checked against the vocabulary. On error the sequences of this batch are left in an
   // unspecified state and must be dropped.
-  absl::Status Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits);
+  absl::Status Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) override;
 
-  const ModelConfig& config() const { return weights_->config; }
+  const ModelConfig& config() const override { return weights_->config; }
 
   // The last Step's profile (a failed Step's up to its failure; empty before any Step).
-  const StepProfile& last_profile() const { return profile_; }
+  const StepProfile& last_profile() const override { return profile_; }
 
  private:
   // Part of a step's batch, with the buffers of its residual stream.

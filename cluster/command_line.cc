@@ -166,6 +166,21 @@ CLI::Option* AddIntList(CLI::App* app, const std::string& name, std::vector<int3
   return option;
 }
 
+CLI::Option* AddDeviceFlag(CLI::App* app, ComputeDevice* device, const std::string& help) {
+  CLI::Option* option = app->add_option_function<std::string>(
+      "--device",
+      [device](const std::string& text) {
+        absl::StatusOr<ComputeDevice> parsed = ParseComputeDevice(text);
+        if (!parsed.ok()) {
+          throw CLI::ValidationError("--device", std::string(parsed.status().message()));
+        }
+        *device = *parsed;
+      },
+      help);
+  option->type_name("DEVICE")->default_str(ComputeDeviceName(*device));
+  return option;
+}
+
 absl::Status ParseArgs(CLI::App* app, const std::vector<std::string>& args) {
   // CLI11 takes the arguments last-first.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

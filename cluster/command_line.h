@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/compute_device.h"
 
 namespace k3 {
 
@@ -85,6 +86,9 @@ CLI::Option* AddMilliseconds(CLI::App* app, const std::string& name, absl::Durat
 // a sign on its own or a value out of range is an error.
 CLI::Option* AddIntList(CLI::App* app, const std::string& name, std::vector<int32_t>* values,
                         int64_t min, int64_t max, const std::string& help);
+
+// --device cpu|cuda|cuda:N (base/compute_device.h) into *device; the default shown is *device's.
+CLI::Option* AddDeviceFlag(CLI::App* app, ComputeDevice* device, const std::string& help);
 
 // Strict parse of "1,2,3" as AddIntList does; INVALID_ARGUMENT naming `what`.
 absl::StatusOr<std::vector<int32_t>> ParseIntList(const std::string& text, const std::string& what,

@@ -10,6 +10,7 @@ struct Options {
   int count = 3;
   absl::Duration timeout = absl::Seconds(5);
   std::vector<int32_t> tokens;
+  ComputeDevice device;
 };
 
 void AddOptions(CLI::App* app, Options* o) {
@@ -17,6 +18,7 @@ void AddOptions(CLI::App* app, Options* o) {
   AddBoundedInt(app, "--count", &o->count, 1, 100, "count");
   AddMilliseconds(app, "--timeout-ms", &o->timeout, 1, 60000, "timeout");
   AddIntList(app, "--tokens", &o->tokens, 0, 1000, "tokens");
+  AddDeviceFlag(app, &o->device, "device");
 }
 
 absl::StatusOr<Options> Parse(const std::vector<std::string>& args) {
@@ -40,6 +42,19 @@ TEST(CommandLineTest, ParsesValuesAndKeepsDefaults) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->timeout, absl::Milliseconds(250));
   EXPECT_EQ(o->count, 3);
+}
+
+TEST(CommandLineTest, DeviceFlag) {
+  absl::StatusOr<Options> o = Parse({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, ComputeDevice{});
+  o = Parse({"--device", "cuda:2"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, ComputeDevice{2});
+  o = Parse({"--device", "gpu"});
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("is not cpu, cuda or cuda:N"), std::string::npos)
+      << o.status();
 }
 
 TEST(CommandLineTest, RejectsWhatWouldWrapOrPassSilently) {

@@ -38,7 +38,7 @@ std::unique_ptr<ProcessEngine> Wrap(std::unique_ptr<Engine> engine) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessEngine>> OpenProcessEngine(
-    const std::string& model_dir, const ExpertDevice& device,
+    const std::string& model_dir, const ComputeDevice& device,
     const std::function<void(size_t, size_t)>& progress) {
   if (device.cuda < 0) {
     K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine,

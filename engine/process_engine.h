@@ -31,7 +31,7 @@ class ProcessEngine {
 // Loads `model_dir` for `device`. Unavailable for a CUDA device in a build without the CUDA
 // Toolkit or on a machine without that device; otherwise the engine's own errors.
 absl::StatusOr<std::unique_ptr<ProcessEngine>> OpenProcessEngine(
-    const std::string& model_dir, const ExpertDevice& device,
+    const std::string& model_dir, const ComputeDevice& device,
     const std::function<void(size_t, size_t)>& progress = nullptr);
 
 }  // namespace k3

@@ -25,7 +25,7 @@ std::string Checkpoint() {
 
 TEST(ProcessEngineTest, CpuIsTheLocalEngine) {
   const std::string dir = Checkpoint();
-  auto engine = OpenProcessEngine(dir, ExpertDevice{});
+  auto engine = OpenProcessEngine(dir, ComputeDevice{});
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto local = LocalEngine::Open(dir);
   ASSERT_TRUE(local.ok());
@@ -38,7 +38,7 @@ TEST(ProcessEngineTest, CpuIsTheLocalEngine) {
 
 TEST(ProcessEngineTest, RefusesACudaDeviceThatIsNotThere) {
   // Device 1000 exists on no machine, with or without the toolkit.
-  auto engine = OpenProcessEngine(Checkpoint(), ExpertDevice{1000});
+  auto engine = OpenProcessEngine(Checkpoint(), ComputeDevice{1000});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kUnavailable) << engine.status();
 }
 

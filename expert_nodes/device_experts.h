@@ -16,20 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/compute_device.h"
 #include "model/weights.h"
 #include "moe/expert_assignment.h"
 
 namespace k3 {
-
-// Where an expert node computes.
-struct ExpertDevice {
-  int cuda = -1;  // the CUDA device index; -1: the CPU
-  bool operator==(const ExpertDevice&) const = default;
-};
-
-// "cpu", "cuda" (device 0) or "cuda:N"; InvalidArgument for anything else.
-absl::StatusOr<ExpertDevice> ParseExpertDevice(const std::string& text);
-std::string ExpertDeviceName(const ExpertDevice& device);
 
 class DeviceExperts {
  public:
@@ -51,7 +42,7 @@ class DeviceExperts {
 
 // The DeviceExperts for `device` (null for the CPU). Unavailable when this build has no CUDA or
 // the device is not there.
-absl::StatusOr<std::unique_ptr<DeviceExperts>> MakeDeviceExperts(const ExpertDevice& device);
+absl::StatusOr<std::unique_ptr<DeviceExperts>> MakeDeviceExperts(const ComputeDevice& device);
 
 }  // namespace k3
 

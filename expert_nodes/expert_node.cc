@@ -196,7 +196,7 @@ absl::Status ExpertNode::Start() {
   absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(options_.device);
   if (!device.ok()) return device.status();
   if (*device != nullptr) {
-    LOG(INFO) << name_ << " computes its experts on " << ExpertDeviceName(options_.device);
+    LOG(INFO) << name_ << " computes its experts on " << ComputeDeviceName(options_.device);
     if (absl::Status s = worker_->UseDevice(*std::move(device)); !s.ok()) return s;
   }
   if (!options_.node.trace_file.empty()) {
@@ -398,7 +398,7 @@ absl::Status ExpertNode::Load(ExpertHosting hosting) {
     worker_->DropVersions([version](int64_t v) { return v != version; });
     return absl::Status(on_device.code(),
                         absl::StrCat("copying the experts of placement version ", version, " to ",
-                                     ExpertDeviceName(options_.device), ": ",
+                                     ComputeDeviceName(options_.device), ": ",
                                      on_device.message()));
   }
   Retain();
@@ -630,17 +630,9 @@ void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
       ->required();
   AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, 24 * 3600 * 1000,
                   "on SIGTERM, how long to wait for the coordinator to move this node's experts");
-  app->add_option_function<std::string>(
-      "--device",
-      [options](const std::string& text) {
-        absl::StatusOr<ExpertDevice> device = ParseExpertDevice(text);
-        if (!device.ok()) {
-          throw CLI::ValidationError("--device", std::string(device.status().message()));
-        }
-        options->device = *device;
-      },
-      "where to compute the experts: cpu (default), cuda or cuda:N (MXFP4 experts on that GPU; "
-      "docs/GPU.md)");
+  AddDeviceFlag(app, &options->device,
+                "where to compute the experts: cpu (default), cuda or cuda:N (MXFP4 experts on "
+                "that GPU; docs/GPU.md)");
 }
 
 int RunExpertNode(const ExpertNodeOptions& options) {

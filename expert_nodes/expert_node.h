@@ -54,7 +54,7 @@ struct ExpertNodeOptions {
   NodeFlags node;
   int slots = 0;  // experts per MoE layer it can host, >= 1
   absl::Duration drain_timeout = absl::Seconds(60);  // on SIGTERM, for its experts to move
-  ExpertDevice device;  // --device: where the experts are computed (CPU by default)
+  ComputeDevice device;  // --device: where the experts are computed (CPU by default)
 };
 
 // Declares the expert node's flags on `app`; parsing fills `options`.

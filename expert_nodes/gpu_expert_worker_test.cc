@@ -109,7 +109,7 @@ TEST(GpuExpertWorkerTest, AnswersAsTheCpuWorkerThroughARollout) {
   std::shared_ptr<const ModelWeights> weights = Load(f, hosting);
   ExpertWorker cpu(weights, hosting, "cpu worker");
   ExpertWorker gpu(weights, hosting, "gpu worker");
-  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(ExpertDevice{0});
+  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(ComputeDevice{0});
   ASSERT_TRUE(device.ok()) << device.status();
   ASSERT_TRUE(gpu.UseDevice(*std::move(device)).ok());
   const int64_t one_copy = gpu.device_weight_bytes();
@@ -154,7 +154,7 @@ TEST(GpuExpertWorkerTest, Bf16ExpertsAreRefusedWithTheReason) {
   hosting.worker = 0;
   hosting.experts.assign(config->NumMoeLayers(), {0, 1});
   ExpertWorker gpu(std::shared_ptr<const ModelWeights>(*std::move(weights)), hosting, "gpu");
-  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(ExpertDevice{0});
+  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(ComputeDevice{0});
   ASSERT_TRUE(device.ok()) << device.status();
   const absl::Status refused = gpu.UseDevice(*std::move(device));
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);

@@ -32,12 +32,12 @@ TEST(NodeArgsTest, ExpertNodeFlags) {
   EXPECT_EQ(defaults->node.port, 0);
   EXPECT_EQ(defaults->node.metrics_port, -1);
   EXPECT_EQ(defaults->node.host, "0.0.0.0");
-  EXPECT_EQ(defaults->device, ExpertDevice{});
+  EXPECT_EQ(defaults->device, ComputeDevice{});
 
   absl::StatusOr<ExpertNodeOptions> gpu = Parse(
       {"--coordinator", "c:1", "--model", "/m", "--slots", "1", "--device", "cuda:2"});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_EQ(gpu->device, ExpertDevice{2});
+  EXPECT_EQ(gpu->device, ComputeDevice{2});
 
   struct Bad {
     std::vector<std::string> args;

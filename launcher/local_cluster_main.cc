@@ -109,18 +109,27 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                 "spare slots per MoE layer of each expert worker, holding replicas so that a "
                 "killed or drained expert worker costs no request (-1: each worker's share when "
                 "there are two or more, so every expert lives on two workers; 0: none)");
-  app->add_option_function<std::string>(
-      "--expert-device",
-      [&c](const std::string& text) {
-        absl::StatusOr<ExpertDevice> device = ParseExpertDevice(text);
-        if (!device.ok()) {
-          throw CLI::ValidationError("--expert-device", std::string(device.status().message()));
-        }
-        std::vector<std::string>& args = c.extra_args[NodeRole::kExpert];
-        args.insert(args.end(), {"--device", ExpertDeviceName(*device)});
-      },
-      "where the expert workers compute: cpu (default), cuda or cuda:N (every expert worker on "
-      "that GPU, MXFP4 experts only; docs/GPU.md)");
+  // --attention-device and --expert-device go to every node of their role as --device.
+  const auto add_role_device = [&c, app](const std::string& flag, NodeRole role,
+                                         const std::string& help) {
+    app->add_option_function<std::string>(
+        flag,
+        [&c, flag, role](const std::string& text) {
+          absl::StatusOr<ComputeDevice> device = ParseComputeDevice(text);
+          if (!device.ok()) {
+            throw CLI::ValidationError(flag, std::string(device.status().message()));
+          }
+          std::vector<std::string>& args = c.extra_args[role];
+          args.insert(args.end(), {"--device", ComputeDeviceName(*device)});
+        },
+        help);
+  };
+  add_role_device("--attention-device", NodeRole::kAttention,
+                  "where the attention workers run the forward pass: cpu (default), cuda or "
+                  "cuda:N (every attention worker on that GPU; docs/GPU.md)");
+  add_role_device("--expert-device", NodeRole::kExpert,
+                  "where the expert workers compute: cpu (default), cuda or cuda:N (every expert "
+                  "worker on that GPU, MXFP4 experts only; docs/GPU.md)");
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");

@@ -24,26 +24,32 @@ if [ ${#targets[@]} -eq 0 ]; then
   echo "gpu_bundle: no targets tagged gpu" >&2
   exit 1
 fi
-bazel build --jobs="${K3_BUILD_JOBS:-2}" "${targets[@]}"
+# //:k3serve goes beside bin/: the process-level GPU tests start clusters of it.
+bazel build --jobs="${K3_BUILD_JOBS:-2}" "${targets[@]}" //:k3serve
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 bin_dir=$(bazel info bazel-bin 2>/dev/null)
-for target in "${targets[@]}"; do
-  path="${target#//}"
-  path="$bin_dir/${path/://}"
-  cp "$path" "$out/bin/"
-  chmod u+w "$out/bin/$(basename "$path")"
-  strip --strip-debug "$out/bin/$(basename "$path")"
-  # name => /path (address): keep resolved paths of libraries the GPU machine lacks.
-  ldd "$path" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name lib; do
+# Copies a built binary to folder $2, stripped of every symbol (the bundle must stay under
+# 64 MiB), and the libraries it needs that the GPU machine lacks to lib/ (name => /path (address):
+# resolved paths only).
+carry() {
+  cp "$1" "$2/"
+  chmod u+w "$2/$(basename "$1")"
+  strip --strip-all "$2/$(basename "$1")"
+  ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name lib; do
     case "$name" in
       libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libresolv.so*|ld-linux*|\
       libstdc++.so*|libgcc_s.so*|libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
       *) cp -L "$lib" "$out/lib/$name" ;;
     esac
   done
+}
+for target in "${targets[@]}"; do
+  path="${target#//}"
+  carry "$bin_dir/${path/://}" "$out/bin"
 done
+carry "$bin_dir/k3serve" "$out"
 cp tools/gpu_check.sh "$out/"
 size=$(du -sb "$out" | cut -f1)
 echo "gpu_bundle: ${#targets[@]} binaries, $(ls "$out/lib" | wc -l) libraries, $((size / 1024 / 1024)) MiB in $out"

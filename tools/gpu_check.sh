@@ -57,10 +57,11 @@ for binary in "$here"/bin/*; do
   echo
   echo "== $name (limit ${limit}s)"
   t0=$SECONDS
+  # From the bundle's folder: the cluster tests start ./k3serve.
   if [[ $name == *_test ]]; then
-    timeout "$limit" "$binary" --gtest_color=no 2>&1 | tee "$scratch/$name.log"
+    (cd "$here" && timeout "$limit" "$binary" --gtest_color=no) 2>&1 | tee "$scratch/$name.log"
   else
-    timeout "$limit" "$binary" 2>&1 | tee "$scratch/$name.log"
+    (cd "$here" && timeout "$limit" "$binary") 2>&1 | tee "$scratch/$name.log"
   fi
   status=${PIPESTATUS[0]}
   seconds=$((SECONDS - t0))

@@ -160,21 +160,12 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
   return 0;
 }
 
-// --device cpu|cuda|cuda:N into `device`.
-CLI::Option* AddDeviceFlag(CLI::App* app, ExpertDevice* device) {
-  return app->add_option_function<std::string>(
-      "--device",
-      [device](const std::string& text) {
-        absl::StatusOr<ExpertDevice> parsed = ParseExpertDevice(text);
-        if (!parsed.ok()) throw CLI::ValidationError(std::string(parsed.status().message()));
-        *device = *parsed;
-      },
-      "where the model runs: cpu (default), cuda or cuda:N (the whole model on that GPU)");
-}
+constexpr char kModelDeviceHelp[] =
+    "where the model runs: cpu (default), cuda or cuda:N (the whole model on that GPU)";
 
 void AddLogitsFlags(CLI::App* app, LogitsOptions* options) {
   app->add_option("--model", options->model, "checkpoint folder")->required();
-  AddDeviceFlag(app, &options->device);
+  AddDeviceFlag(app, &options->device, kModelDeviceHelp);
   AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX, "prompt token ids")->required();
   app->add_option("--out", options->out, "raw little-endian float32 [tokens, vocab]")->required();
   app->add_flag("--decode", options->decode, "one token at a time (the decode path)");
@@ -199,7 +190,7 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
   CLI::Option* model = app->add_option("--model", options->model, "checkpoint folder (in process)");
   CLI::Option* server = app->add_option("--server", options->server, "HOST:PORT of a cluster");
   model->excludes(server);
-  AddDeviceFlag(app, &options->device)->excludes(server);
+  AddDeviceFlag(app, &options->device, kModelDeviceHelp)->excludes(server);
   CLI::Option* tokens = AddIntList(app, "--tokens", &options->tokens, 0, INT32_MAX,
                                    "prompt token ids");
   CLI::Option* prompt = app->add_option("--prompt", options->prompt,

@@ -30,7 +30,7 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options);
 
 struct LogitsOptions {
   std::string model;
-  ExpertDevice device;  // --device: cpu, cuda or cuda:N (engine/process_engine.h)
+  ComputeDevice device;  // --device: cpu, cuda or cuda:N (engine/process_engine.h)
   std::vector<int32_t> tokens;
   std::string out;
   bool decode = false;
@@ -40,7 +40,7 @@ int LogitsCommand(const LogitsOptions& options);
 
 struct GenerateCommandOptions {
   std::string model;   // in process
-  ExpertDevice device;  // in process: cpu, cuda or cuda:N (engine/process_engine.h)
+  ComputeDevice device;  // in process: cpu, cuda or cuda:N (engine/process_engine.h)
   std::string server;  // or through a server (HOST:PORT)
   std::vector<int32_t> tokens;
   // Or the prompt as text (the model's tokenizer encodes it; the answer prints as text), as one

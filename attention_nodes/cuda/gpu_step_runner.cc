@@ -1,0 +1,75 @@
+#include "attention_nodes/cuda/gpu_step_runner.h"
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "model/status_macros.h"
+
+namespace k3 {
+
+absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
+    const ModelWeights* weights, RoutedMoe* routed_moe, int device,
+    const GpuRunnerCapacity& capacity) {
+  int devices = 0;
+  if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("no GPU: cudaGetDeviceCount: ", cudaGetErrorString(error)));
+  }
+  if (device < 0 || device >= devices) {
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device ", device, " (this machine has ", devices, ")"));
+  }
+  if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(error)));
+  }
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuModelRunner> runner,
+                      GpuModelRunner::Create(weights, routed_moe, capacity));
+  return std::unique_ptr<GpuStepRunner>(
+      new GpuStepRunner(device, std::shared_ptr<GpuModelRunner>(std::move(runner))));
+}
+
+absl::Status GpuStepRunner::MakeCurrent() const {
+  if (cudaError_t error = cudaSetDevice(device_); error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaSetDevice(", device_, "): ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SequenceState>> GpuStepRunner::NewState() {
+  K3_RETURN_IF_ERROR(MakeCurrent());
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuSequence> sequence, runner_->NewSequence());
+  auto state = std::make_unique<SequenceState>();
+  std::weak_ptr<GpuModelRunner> owner = runner_;
+  state->device =
+      std::shared_ptr<GpuSequence>(sequence.release(), [owner = std::move(owner)](GpuSequence* s) {
+        if (std::shared_ptr<GpuModelRunner> runner = owner.lock()) runner->Release(s);
+        delete s;
+      });
+  return state;
+}
+
+absl::Status GpuStepRunner::Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) {
+  const absl::Time start = absl::Now();
+  profile_ = StepProfile();
+  K3_RETURN_IF_ERROR(MakeCurrent());
+  entries_.clear();
+  for (const BatchEntry& entry : batch) {
+    auto* sequence = static_cast<GpuSequence*>(entry.state->device.get());
+    if (sequence == nullptr) {
+      return absl::InvalidArgumentError("a sequence state that GpuStepRunner did not make");
+    }
+    entries_.push_back({sequence, entry.tokens, entry.all_logits});
+  }
+  const absl::Status status = runner_->Step(entries_, logits);
+  for (const BatchEntry& entry : batch) {
+    entry.state->length = static_cast<const GpuSequence*>(entry.state->device.get())->length;
+  }
+  profile_.total = absl::Now() - start;
+  return status;
+}
+
+}  // namespace k3

@@ -1,0 +1,59 @@
+// GpuStepRunner: the StepRunner of an attention worker on a CUDA device (`k3serve attention
+// --device cuda:N`): a GpuModelRunner, whose sequence states (KDA slots, MLA cache pages) live in
+// device memory, behind the interface the GenerationScheduler batches over. A SequenceState it
+// makes holds only its length and, in `device`, the GpuSequence; the slot and pages go back to the
+// runner when the state is let go. The routed experts are reached through the RoutedMoe it is
+// given (the router tier, for a worker).
+//
+// Steps always run as one batch (no ping-pong micro-batches) and record only their total time.
+//
+// Thread-safety: not thread-safe; the scheduler's actor is the one caller. Each call first makes
+// the runner's device current on the calling thread, so the thread that creates the runner need
+// not be the one that steps it. `weights` and `routed_moe` are borrowed and must outlive it.
+#ifndef K3SERVE_ATTENTION_NODES_CUDA_GPU_STEP_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_CUDA_GPU_STEP_RUNNER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention_nodes/cuda/gpu_model_runner.h"
+#include "attention_nodes/step_runner.h"
+#include "model/weights.h"
+#include "moe/routed_moe.h"
+
+namespace k3 {
+
+class GpuStepRunner final : public StepRunner {
+ public:
+  // Uploads the non-routed weights to CUDA device `device` (BF16 matrices) and sizes the state
+  // pools by `capacity`. Unavailable without that device; GpuModelRunner::Create's errors.
+  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(const ModelWeights* weights,
+                                                               RoutedMoe* routed_moe, int device,
+                                                               const GpuRunnerCapacity& capacity);
+
+  const ModelConfig& config() const override { return runner_->config(); }
+  absl::StatusOr<std::unique_ptr<SequenceState>> NewState() override;
+  absl::Status Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) override;
+  const StepProfile& last_profile() const override { return profile_; }
+  void set_ping_pong(PingPong) override {}  // one batch per step
+  bool host_state() const override { return false; }
+
+ private:
+  GpuStepRunner(int device, std::shared_ptr<GpuModelRunner> runner)
+      : device_(device), runner_(std::move(runner)) {}
+  absl::Status MakeCurrent() const;
+
+  const int device_;
+  // Shared with the states' handles, which hold it weakly: a state let go after the runner is
+  // gone has nothing to give back.
+  const std::shared_ptr<GpuModelRunner> runner_;
+  StepProfile profile_;
+  std::vector<GpuBatchEntry> entries_;  // per step, kept to avoid allocating
+};
+
+}  // namespace k3
+
+#endif  // K3SERVE_ATTENTION_NODES_CUDA_GPU_STEP_RUNNER_H_
