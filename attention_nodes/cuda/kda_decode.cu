@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "attention_nodes/cuda/kda_decode_kernel.inc"
 
 namespace k3 {
@@ -14,14 +16,20 @@ using kda_kernel::kRowsPerThread;
 template <int kDim>
 int Launch(const KdaDecodeLaunch& p, cudaStream_t stream) {
   const dim3 grid(p.heads, p.batch);
-  kda_kernel::KdaDecodeKernel<kDim><<<grid, kDim * (kDim / kRowsPerThread), 0, stream>>>(p);
+  constexpr int kThreads = kDim * (kDim / kRowsPerThread);
+  if (p.tokens == 1) {
+    kda_kernel::KdaDecodeKernel<kDim><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    kda_kernel::KdaChunkKernel<kDim><<<grid, kThreads, 0, stream>>>(p);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
 int LaunchKdaDecode(const KdaDecodeLaunch& p, void* stream) {
-  if (p.batch < 1 || p.batch > 65535 || p.heads < 1 || p.conv_kernel < 1 ||
+  if (p.batch < 1 || p.batch > 65535 || p.tokens < 1 ||
+      int64_t{p.batch} * p.tokens > INT32_MAX || p.heads < 1 || p.conv_kernel < 1 ||
       p.conv_kernel > kMaxConvKernel) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

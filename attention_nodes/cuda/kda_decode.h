@@ -21,14 +21,14 @@
 namespace k3 {
 
 struct KdaDecodeLaunch {
-  int32_t batch = 0;        // sequences, each one new token
+  int32_t batch = 0;        // sequences
   int32_t heads = 0;        // H
   int32_t head_dim = 0;     // K = V: 32, 64 or 128
   int32_t conv_kernel = 0;  // short_conv_kernel_size, 1..8
   const int32_t* slots = nullptr;  // [batch]: each sequence's slot in state / conv_cache
   float* state = nullptr;          // [slots, H, K, V], read and advanced
   float* conv_cache = nullptr;     // [slots, 3, window, P], read and advanced
-  // The new token's projections, [batch, P] each (before the convolutions).
+  // The new tokens' projections, [batch x tokens, P] each (before the convolutions).
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
@@ -37,22 +37,27 @@ struct KdaDecodeLaunch {
   const float* q_conv = nullptr;
   const float* k_conv = nullptr;
   const float* v_conv = nullptr;
-  const float* decay = nullptr;       // [batch, P]: f_b_proj's output f
+  const float* decay = nullptr;       // [batch x tokens, P]: f_b_proj's output f
   const float* dt_bias = nullptr;     // [P]
   const float* a_log = nullptr;       // [H]
   int32_t has_lower_bound = 1;        // 1: §5.3 option A, g = lb · σ(e^A (f + dt_bias));
   float lower_bound = -5.0f;          // 0: option B, g = −e^A softplus(f + dt_bias)
-  const float* beta_logit = nullptr;  // [batch, H]: b_proj's output
-  const float* gate = nullptr;        // [batch, P]: the output gate's logits
+  const float* beta_logit = nullptr;  // [batch x tokens, H]: b_proj's output
+  const float* gate = nullptr;        // [batch x tokens, P]: the output gate's logits
   const float* o_norm = nullptr;      // [K]: the per-head RMSNorm weight
   float eps = 1e-5f;                  // rms_norm_eps
-  float* out = nullptr;               // [batch, P]: RMSNorm(o) ⊙ o_norm ⊙ σ(gate), for o_proj
+  // New tokens per sequence, in order (1: a decode step; more: a prefill chunk, whose tokens run
+  // one after another in the same launch with the state held in registers, so the state is read
+  // and written once per chunk). Every per-token array holds batch x tokens rows,
+  // sequence-major (row b * tokens + t); batch x tokens < 2^31.
+  int32_t tokens = 1;
+  float* out = nullptr;  // [batch x tokens, P]: RMSNorm(o) ⊙ o_norm ⊙ σ(gate), for o_proj
 };
 
 // Enqueues the step on `stream` (a cudaStream_t; nullptr for the legacy stream). Returns the
 // cudaError_t of the launch (0: enqueued); a shape it does not handle (head_dim other than 32, 64
-// or 128, conv_kernel outside 1..8, batch or heads < 1) returns cudaErrorInvalidValue (1) with
-// nothing enqueued. REQUIRES: the slots of a batch are distinct.
+// or 128, conv_kernel outside 1..8, batch, tokens or heads < 1) returns cudaErrorInvalidValue (1)
+// with nothing enqueued. REQUIRES: the slots of a batch are distinct.
 int LaunchKdaDecode(const KdaDecodeLaunch& launch, void* stream);
 
 }  // namespace k3

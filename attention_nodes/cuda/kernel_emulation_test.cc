@@ -13,6 +13,7 @@
 #include "attention_nodes/cuda/kda_decode_kernel.inc"
 #include "attention_nodes/cuda/mla_decode_kernels.inc"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -187,6 +188,93 @@ TEST(KernelEmulationTest, KdaDecode) {
   ExpectKdaKernelMatches<32>(4, 2, false, 2);
   ExpectKdaKernelMatches<64>(3, 2, true, 3);
   ExpectKdaKernelMatches<128>(2, 2, true, 4);
+}
+
+// A prefill chunk in one launch (KdaDecodeLaunch::tokens > 1): each sequence's tokens one after
+// another, against the fp64 step applied token by token, the conv caches shifted between tokens
+// as decode shifts them (the state carried between tokens in fp32, as the kernel keeps it).
+template <int kDim>
+void ExpectKdaChunkMatches(int heads, int batch, int tokens, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "K " << kDim << ", " << heads << " heads, batch " << batch
+                                  << ", " << tokens << " tokens");
+  KdaInputs in = RandomKdaInputs(kDim, heads, batch * tokens, seed);  // rows b * tokens + t
+  in.batch = batch;
+  in.slots.resize(batch);  // distinct slots, as in decode
+  const int p = heads * kDim, window = 3;
+
+  // The reference, token by token.
+  std::vector<double> expected(static_cast<size_t>(batch) * tokens * p);
+  KdaInputs step = in;
+  for (int t = 0; t < tokens; ++t) {
+    auto rows_of = [&](const std::vector<float>& all, int width) {
+      std::vector<float> picked;
+      for (int b = 0; b < batch; ++b) {
+        const auto first = all.begin() + (static_cast<int64_t>(b) * tokens + t) * width;
+        picked.insert(picked.end(), first, first + width);
+      }
+      return picked;
+    };
+    step.q = rows_of(in.q, p);
+    step.k = rows_of(in.k, p);
+    step.v = rows_of(in.v, p);
+    step.f = rows_of(in.f, p);
+    step.gate = rows_of(in.gate, p);
+    step.beta = rows_of(in.beta, heads);
+    std::vector<double> state;
+    const std::vector<double> out = KdaReference(step, kDim, true, &state);
+    for (int b = 0; b < batch; ++b) {
+      std::copy(out.begin() + static_cast<int64_t>(b) * p, out.begin() + (b + 1) * int64_t{p},
+                expected.begin() + (static_cast<int64_t>(b) * tokens + t) * p);
+    }
+    step.state.assign(state.begin(), state.end());
+    const std::vector<float>* raw[3] = {&step.q, &step.k, &step.v};
+    for (int b = 0; b < batch; ++b) {
+      const int64_t slot = in.slots[b];
+      for (int m = 0; m < 3; ++m) {
+        float* cache = step.conv.data() + (slot * 3 + m) * window * p;
+        for (int c = 0; c < p; ++c) {
+          for (int w = 0; w + 1 < window; ++w) cache[w * p + c] = cache[(w + 1) * p + c];
+          cache[(window - 1) * p + c] = (*raw[m])[static_cast<int64_t>(b) * p + c];
+        }
+      }
+    }
+  }
+
+  std::vector<float> out(static_cast<size_t>(batch) * tokens * p, NAN);
+  KdaDecodeLaunch l;
+  l.batch = batch;
+  l.tokens = tokens;
+  l.heads = heads;
+  l.head_dim = kDim;
+  l.conv_kernel = 4;
+  l.slots = in.slots.data();
+  l.state = in.state.data();
+  l.conv_cache = in.conv.data();
+  l.q = in.q.data();
+  l.k = in.k.data();
+  l.v = in.v.data();
+  l.q_conv = in.q_conv.data();
+  l.k_conv = in.k_conv.data();
+  l.v_conv = in.v_conv.data();
+  l.decay = in.f.data();
+  l.dt_bias = in.dt_bias.data();
+  l.a_log = in.a_log.data();
+  l.beta_logit = in.beta.data();
+  l.gate = in.gate.data();
+  l.o_norm = in.o_norm.data();
+  l.out = out.data();
+  simt::RunGrid({heads, batch, 1}, {kDim * (kDim / kda_kernel::kRowsPerThread), 1, 1},
+                [&] { kda_kernel::KdaChunkKernel<kDim>(l); });
+  EXPECT_LT(RelativeError(out, expected), 1e-4);
+  const std::vector<double> expected_state(step.state.begin(), step.state.end());
+  EXPECT_LT(RelativeError(in.state, expected_state), 1e-4);
+  EXPECT_EQ(in.conv, step.conv);  // raw inputs moved, never computed on
+}
+
+TEST(KernelEmulationTest, KdaPrefillChunkInOneLaunch) {
+  ExpectKdaChunkMatches<32>(3, 2, 5, 11);
+  ExpectKdaChunkMatches<64>(2, 1, 4, 12);
+  ExpectKdaChunkMatches<128>(1, 2, 3, 13);
 }
 
 // MLA: random bf16 pages (each sequence's pages interleaved with the others'), random queries;

@@ -25,6 +25,7 @@
 #define K3_SIMT_EMULATION 1
 #define __global__
 #define __device__ inline
+#define __forceinline__
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
