@@ -96,10 +96,6 @@ absl::Status GpuMlaLayer::Reserve(int32_t rows) {
 
 absl::Status GpuMlaLayer::RoundRows(const float* x, int64_t x_stride, int64_t rows, int64_t width,
                                     uint16_t* out) {
-  if (rows > 65535) {  // the rounding kernel's grid limit: split
-    K3_RETURN_IF_ERROR(RoundRows(x, x_stride, 65535, width, out));
-    return RoundRows(x + 65535 * x_stride, x_stride, rows - 65535, width, out + 65535 * width);
-  }
   return CudaStatus(LaunchRoundToBf16(x, x_stride, static_cast<int32_t>(rows),
                                       static_cast<int32_t>(width), out, width, products_->stream()),
                     "LaunchRoundToBf16");

@@ -253,7 +253,6 @@ absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
   K3_RETURN_IF_ERROR(routed_moe_->Wait(host_routed_.data()));
   K3_RETURN_IF_ERROR(routed_.Upload(host_routed_));
   if (!config.IsLatentMoe()) return products_->Add(routed_.get(), ffn_.get(), rows_ * d);
-  if (rows_ > 65535) return absl::InvalidArgumentError("GpuModelRunner: over 65,535 rows");
   K3_RETURN_IF_CUDA_ERROR(
       LaunchRoundToBf16(routed_.get(), width, static_cast<int32_t>(rows_),
                         static_cast<int32_t>(width), routed16_.get(), width, stream_),
@@ -321,7 +320,6 @@ absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
   for (const GpuBatchEntry& entry : batch) {
     logit_rows += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
   }
-  if (logit_rows > 65535) return absl::InvalidArgumentError("GpuModelRunner: over 65,535 logits");
   K3_RETURN_IF_ERROR(selected_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(selected16_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(logits_.Reserve(logit_rows * config.vocab_size));

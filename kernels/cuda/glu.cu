@@ -12,11 +12,12 @@ namespace k3 {
 namespace {
 
 bool BadShape(int64_t in_stride, int32_t rows, int32_t width, int64_t out_stride) {
-  return rows < 1 || width < 1 || in_stride < width || out_stride < width || rows > 65535;
+  return rows < 1 || width < 1 || in_stride < width || out_stride < width;
 }
 
+// Rows beyond the grid's y limit loop in the kernels.
 dim3 GluGrid(int32_t rows, int32_t width) {
-  return dim3((width + kGluThreads - 1) / kGluThreads, rows);
+  return dim3((width + kGluThreads - 1) / kGluThreads, rows < 65535 ? rows : 65535);
 }
 
 }  // namespace
@@ -25,7 +26,7 @@ int LaunchRoundToBf16(const float* x, int64_t x_stride, int32_t rows, int32_t wi
                       int64_t out_stride, void* stream) {
   if (BadShape(x_stride, rows, width, out_stride)) return static_cast<int>(cudaErrorInvalidValue);
   RoundToBf16Kernel<<<GluGrid(rows, width), kGluThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, x_stride, width, out, out_stride);
+      x, x_stride, rows, width, out, out_stride);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -36,7 +37,7 @@ int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const flo
     return static_cast<int>(cudaErrorInvalidValue);
   }
   GluCombineKernel<<<GluGrid(rows, width), kGluThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      params, gate, up, in_stride, width, hidden, hidden_stride);
+      params, gate, up, in_stride, rows, width, hidden, hidden_stride);
   return static_cast<int>(cudaGetLastError());
 }
 

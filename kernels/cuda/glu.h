@@ -5,8 +5,8 @@
 //
 // Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned. Each function
 // enqueues one launch on `stream` (a cudaStream_t; nullptr for the legacy stream) and returns its
-// cudaError_t (0: enqueued); for the row functions, rows < 1 or above 65,535 (the grid's y limit),
-// width < 1 or a stride below the width returns cudaErrorInvalidValue (1) with nothing enqueued.
+// cudaError_t (0: enqueued); for the row functions (any number of rows), rows < 1, width < 1 or a
+// stride below the width returns cudaErrorInvalidValue (1) with nothing enqueued.
 #ifndef K3SERVE_KERNELS_CUDA_GLU_H_
 #define K3SERVE_KERNELS_CUDA_GLU_H_
 

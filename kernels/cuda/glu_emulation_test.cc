@@ -34,11 +34,13 @@ TEST(GluEmulationTest, MatchesGluCombineAndRounding) {
     SCOPED_TRACE(testing::Message() << "situ " << params.situ << " λ " << params.linear_beta);
     const DeviceGluParams device{params.situ, params.beta, params.linear_beta};
     std::vector<uint16_t> hidden(kRows * kStride, 0xffff), rounded(kRows * kStride, 0xffff);
-    simt::RunGrid({2, kRows, 1}, {kGluThreads, 1, 1}, [&] {
-      GluCombineKernel(device, gate.data(), up.data(), kStride, kWidth, hidden.data(), kStride);
+    // Two blocks along y for three rows: rows past the grid loop, as they do past 65,535.
+    simt::RunGrid({2, 2, 1}, {kGluThreads, 1, 1}, [&] {
+      GluCombineKernel(device, gate.data(), up.data(), kStride, kRows, kWidth, hidden.data(),
+                       kStride);
     });
-    simt::RunGrid({2, kRows, 1}, {kGluThreads, 1, 1}, [&] {
-      RoundToBf16Kernel(gate.data(), kStride, kWidth, rounded.data(), kStride);
+    simt::RunGrid({2, 2, 1}, {kGluThreads, 1, 1}, [&] {
+      RoundToBf16Kernel(gate.data(), kStride, kRows, kWidth, rounded.data(), kStride);
     });
     for (int r = 0; r < kRows; ++r) {
       for (int c = 0; c < kStride; ++c) {
