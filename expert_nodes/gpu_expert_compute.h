@@ -46,7 +46,7 @@ class GpuExpertCompute {
 
   // The same with everything in device memory, enqueued on the caller's `stream` (a
   // cudaStream_t on this object's device), for a step whose router runs on the GPU
-  // (router/cuda/moe_gate.h): z [rows, width] fp32, the routing ids and weights [rows, top_k]
+  // (kernels/cuda/moe_gate.h): z [rows, width] fp32, the routing ids and weights [rows, top_k]
   // (every row's top_k distinct global expert ids), out [rows, width] fp32, overwritten. The
   // routing is grouped on the device (kernels/cuda/moe_group.h), so nothing passes through the host
   // and the call can be captured in a CUDA graph once a call of the same rows and top_k has grown

@@ -12,6 +12,7 @@
 #include "kernels/cuda/glu.h"
 #include "model/glu_params.h"
 #include "model/status_macros.h"
+#include "kernels/cuda/moe_gate.h"
 
 namespace k3 {
 namespace {
@@ -23,8 +24,9 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> UploadMlp(const GatedMlpWeights& w,
 
 }  // namespace
 
-GpuModelRunner::GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe)
-    : weights_(weights), routed_moe_(routed_moe) {}
+GpuModelRunner::GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe,
+                               DeviceExpertRunner device_experts)
+    : weights_(weights), routed_moe_(routed_moe), device_experts_(std::move(device_experts)) {}
 
 GpuModelRunner::~GpuModelRunner() {
   // Everything that enqueues on the stream or holds its cuBLAS handle goes before the stream.
@@ -35,11 +37,23 @@ GpuModelRunner::~GpuModelRunner() {
 }
 
 absl::StatusOr<std::unique_ptr<GpuModelRunner>> GpuModelRunner::Create(
-    const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity) {
+    const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity,
+    DeviceExpertRunner device_experts) {
   if (capacity.sequences < 1 || capacity.cache_pages < 1 || capacity.page_size < 1) {
     return absl::InvalidArgumentError("GpuModelRunner: capacity needs sequences and pages");
   }
-  std::unique_ptr<GpuModelRunner> runner(new GpuModelRunner(weights, routed_moe));
+  if (device_experts == nullptr && routed_moe == nullptr) {
+    return absl::InvalidArgumentError("GpuModelRunner: no way to the routed experts");
+  }
+  const ModelConfig& config = weights->config;
+  if (device_experts != nullptr &&
+      (config.num_experts > kMoeGateMaxExperts || config.num_experts_per_token > kMoeGateMaxTopK)) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModelRunner: the device gate takes at most ",
+                                                   kMoeGateMaxExperts, " experts and top ",
+                                                   kMoeGateMaxTopK));
+  }
+  std::unique_ptr<GpuModelRunner> runner(
+      new GpuModelRunner(weights, routed_moe, std::move(device_experts)));
   K3_RETURN_IF_ERROR(runner->Build(capacity));
   return runner;
 }
@@ -79,6 +93,7 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
       if (config.IsLatentMoe()) {
         K3_RETURN_IF_ERROR(UploadBf16Matrix(lw.moe.latent_up, "latent_up", &layer.latent_up));
       }
+      if (device_experts_ != nullptr) K3_RETURN_IF_ERROR(UploadRouter(lw.moe, &layer));
     }
   }
   K3_RETURN_IF_ERROR(UploadBf16Matrix(weights_->lm_head, "lm_head", &lm_head_));
@@ -89,6 +104,21 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
   }
   for (int32_t s = capacity.sequences - 1; s >= 0; --s) free_slots_.push_back(s);
   for (int32_t p = capacity.cache_pages - 1; p >= 0; --p) free_pages_.push_back(p);
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::UploadRouter(const MoeWeights& moe, Layer* layer) {
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(moe.router.gate, "router gate", &layer->router_gate));
+  if (!moe.router.score_bias.empty()) {
+    K3_RETURN_IF_ERROR(layer->score_bias.Upload(moe.router.score_bias));
+  }
+  if (weights_->config.IsLatentMoe()) {
+    K3_RETURN_IF_ERROR(
+        UploadBf16Matrix(moe.router.latent_down, "latent_down", &layer->latent_down));
+    if (!moe.router.latent_norm.empty()) {
+      K3_RETURN_IF_ERROR(layer->latent_norm.Upload(moe.router.latent_norm));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -233,12 +263,9 @@ absl::Status GpuModelRunner::Mix(absl::Span<const GpuBatchEntry> batch, const La
   return absl::OkStatus();
 }
 
-absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
+absl::Status GpuModelRunner::RoutedOnHost(const Layer& layer, int index) {
   const ModelConfig& config = weights_->config;
   const int64_t d = config.hidden_size;
-  if (!weights_->layers[index].is_moe) {
-    return layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false);
-  }
   // The normed rows go to the routed experts; the shared experts run here meanwhile.
   host_rows_.resize(static_cast<size_t>(rows_ * d));
   K3_RETURN_IF_CUDA_ERROR(
@@ -248,10 +275,66 @@ absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
   K3_RETURN_IF_ERROR(Sync());
   K3_RETURN_IF_ERROR(routed_moe_->Begin(index, host_rows_.data(), rows_));
   K3_RETURN_IF_ERROR(layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false));
-  const int64_t width = config.ExpertWidth();
-  host_routed_.resize(static_cast<size_t>(rows_ * width));
+  host_routed_.resize(static_cast<size_t>(rows_ * config.ExpertWidth()));
   K3_RETURN_IF_ERROR(routed_moe_->Wait(host_routed_.data()));
-  K3_RETURN_IF_ERROR(routed_.Upload(host_routed_));
+  return routed_.Upload(host_routed_);
+}
+
+absl::Status GpuModelRunner::RoutedOnDevice(const Layer& layer, int index) {
+  const ModelConfig& config = weights_->config;
+  const int64_t d = config.hidden_size, width = config.ExpertWidth();
+  const int32_t experts = config.num_experts, top_k = config.num_experts_per_token;
+  const auto rows = static_cast<int32_t>(rows_);
+  K3_RETURN_IF_ERROR(layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false));
+  K3_RETURN_IF_ERROR(normed16_.Reserve(rows_ * d));
+  K3_RETURN_IF_ERROR(gate_logits_.Reserve(rows_ * experts));
+  K3_RETURN_IF_ERROR(gate_scores_.Reserve(rows_ * experts));
+  K3_RETURN_IF_ERROR(gate_ids_.Reserve(rows_ * top_k));
+  K3_RETURN_IF_ERROR(gate_weights_.Reserve(rows_ * top_k));
+  // The router's products, as every product here, on rows rounded to bf16.
+  K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(normed_.get(), d, rows, static_cast<int32_t>(d),
+                                            normed16_.get(), d, stream_),
+                          "LaunchRoundToBf16(router rows)");
+  K3_RETURN_IF_ERROR(products_->Linear(layer.router_gate.get(), experts, d, normed16_.get(), rows_,
+                                       gate_logits_.get(), /*accumulate=*/false));
+  MoeGateArgs gate;
+  gate.logits = gate_logits_.get();
+  gate.logits_stride = experts;
+  gate.bias = layer.score_bias.size() > 0 ? layer.score_bias.get() : nullptr;
+  gate.tokens = rows;
+  gate.num_experts = experts;
+  gate.top_k = top_k;
+  gate.renormalize = config.moe_renormalize;
+  gate.scaling = config.routed_scaling_factor;
+  gate.scores = gate_scores_.get();
+  gate.ids = gate_ids_.get();
+  gate.weights = gate_weights_.get();
+  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGate(gate, stream_)), "LaunchMoeGate");
+  const float* z = normed_.get();
+  if (config.IsLatentMoe()) {
+    K3_RETURN_IF_ERROR(latent_.Reserve(rows_ * width));
+    K3_RETURN_IF_ERROR(products_->Linear(layer.latent_down.get(), width, d, normed16_.get(), rows_,
+                                         latent_.get(), /*accumulate=*/false));
+    z = latent_.get();
+  }
+  K3_RETURN_IF_ERROR(device_experts_(index, z, rows_, width, gate_ids_.get(), gate_weights_.get(),
+                                     top_k, routed_.get(), stream_));
+  if (!config.IsLatentMoe() || layer.latent_norm.size() == 0) return absl::OkStatus();
+  return CudaStatus(
+      LaunchRmsNorm(routed_.get(), width, rows, static_cast<int32_t>(width),
+                    layer.latent_norm.get(), config.rms_norm_eps, routed_.get(), width, stream_),
+      "LaunchRmsNorm(latent)");
+}
+
+absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
+  const ModelConfig& config = weights_->config;
+  const int64_t d = config.hidden_size;
+  if (!weights_->layers[index].is_moe) {
+    return layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false);
+  }
+  K3_RETURN_IF_ERROR(device_experts_ != nullptr ? RoutedOnDevice(layer, index)
+                                                : RoutedOnHost(layer, index));
+  const int64_t width = config.ExpertWidth();
   if (!config.IsLatentMoe()) return products_->Add(routed_.get(), ffn_.get(), rows_ * d);
   if (rows_ > 65535) return absl::InvalidArgumentError("GpuModelRunner: over 65,535 rows");
   K3_RETURN_IF_CUDA_ERROR(
@@ -368,7 +451,7 @@ absl::Status GpuModelRunner::Step(absl::Span<const GpuBatchEntry> batch,
   K3_RETURN_IF_ERROR(Prepare(batch, rows));
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     if (absl::Status s = RunLayer(batch, l); !s.ok()) {
-      routed_moe_->Abandon();
+      if (routed_moe_ != nullptr) routed_moe_->Abandon();
       return s;
     }
   }

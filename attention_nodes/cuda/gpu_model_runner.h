@@ -2,10 +2,16 @@
 // weights: embedding rows (looked up on the host), per layer Block AttnRes (attn_res.h) or the
 // plain residual, RMSNorm, the KDA or MLA mixer (GpuKdaLayer, GpuMlaLayer), the dense MLP or the
 // shared experts (GpuGatedMlp), the latent up projection, the final norm and the LM head, all in
-// device memory on one stream. The routed experts are reached through a RoutedMoe, as ModelRunner
-// reaches them (in process, on the CPU or a GPU, or across the router tier): the normed rows go to
-// the host for Begin, the shared experts run on the GPU meanwhile, and the answer comes back for
-// the up projection. It agrees with ModelRunner within the bf16 rounding of the rows entering its
+// device memory on one stream. The routed experts are reached in one of two ways:
+//  - through a RoutedMoe, as ModelRunner reaches them (in process, on the CPU or a GPU, or across
+//    the router tier): the normed rows go to the host for Begin, the shared experts run on the GPU
+//    meanwhile, and the answer comes back for the up projection;
+//  - on the device (a DeviceExpertRunner given): the router's gate product, the gate
+//    (kernels/cuda/moe_gate.h), the latent down projection and, after the experts, the latent norm
+//    run here on the runner's stream, and the experts take device rows and routing on that stream
+//    (GpuExpertCompute::RunOnDevice), so a step touches the host only for the embedded rows going
+//    in and the logits coming out. It agrees with ModelRunner within the bf16 rounding of the rows
+//    entering its
 // products and of the MLA cache (GpuKdaLayer, GpuMlaLayer say how much).
 //
 // Sequences live in device memory: a KDA state slot (the same slot index in every KDA layer's
@@ -18,6 +24,7 @@
 #define K3SERVE_ATTENTION_NODES_CUDA_GPU_MODEL_RUNNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,13 +61,23 @@ struct GpuBatchEntry {
   bool all_logits = false;           // logits for every new token, or only for the last
 };
 
+// The routed experts of MoE layer `layer` on the runner's device: z [rows, width] fp32, the
+// gate's ids and weights [rows, top_k], out [rows, width] fp32 overwritten, all device memory;
+// the work is enqueued on `stream` (the runner's cudaStream_t) and not waited for.
+using DeviceExpertRunner = std::function<absl::Status(
+    int layer, const float* z, int64_t rows, int64_t width, const int32_t* ids,
+    const float* weights, int32_t top_k, float* out, void* stream)>;
+
 class GpuModelRunner {
  public:
   // Uploads every non-routed weight (BF16 matrices) to the current device and sizes the pools.
-  // InvalidArgument for other weight types or dims the kernels do not take; Internal for CUDA.
-  static absl::StatusOr<std::unique_ptr<GpuModelRunner>> Create(const ModelWeights* weights,
-                                                                RoutedMoe* routed_moe,
-                                                                const GpuRunnerCapacity& capacity);
+  // With `device_experts`, the routed experts run on the device (the router's BF16 gate and latent
+  // projection are uploaded too) and `routed_moe` may be null; without it they go through
+  // `routed_moe`. InvalidArgument for other weight types or dims the kernels do not take (the
+  // device gate takes at most 1,024 experts and top 32); Internal for CUDA.
+  static absl::StatusOr<std::unique_ptr<GpuModelRunner>> Create(
+      const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity,
+      DeviceExpertRunner device_experts = nullptr);
   ~GpuModelRunner();
   GpuModelRunner(const GpuModelRunner&) = delete;
   GpuModelRunner& operator=(const GpuModelRunner&) = delete;
@@ -84,17 +101,25 @@ class GpuModelRunner {
     std::unique_ptr<GpuMlaLayer> mla;
     std::unique_ptr<GpuGatedMlp> mlp;  // the dense MLP or the shared experts
     DeviceBuffer<uint16_t> latent_up;  // [d, h] bf16; empty without LatentMoE
+    // The router's share, uploaded for device routing only.
+    DeviceBuffer<uint16_t> router_gate, latent_down;  // [E, d], [h, d] bf16
+    DeviceBuffer<float> score_bias, latent_norm;      // [E], [h]; empty if the model has none
     DeviceBuffer<float> input_norm, post_norm, attn_res_proj, attn_res_norm, mlp_res_proj,
         mlp_res_norm;
   };
 
-  GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe);
+  GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe,
+                 DeviceExpertRunner device_experts);
   absl::Status Build(const GpuRunnerCapacity& capacity);
+  absl::Status UploadRouter(const MoeWeights& moe, Layer* layer);
   // Pages for every entry's new length, the embedded rows, the MLA and KDA row arrays.
   absl::Status Prepare(absl::Span<const GpuBatchEntry> batch, int64_t rows);
   absl::Status RunLayer(absl::Span<const GpuBatchEntry> batch, int layer);
   absl::Status Mix(absl::Span<const GpuBatchEntry> batch, const Layer& layer);
   absl::Status Ffn(const Layer& layer, int index);
+  // The shared experts into ffn_ and the routed experts' rows into routed_ ([rows, width]).
+  absl::Status RoutedOnHost(const Layer& layer, int index);
+  absl::Status RoutedOnDevice(const Layer& layer, int index);
   absl::Status Output(absl::Span<const GpuBatchEntry> batch, std::vector<float>* logits);
   // Depth attention over the completed blocks and the current prefix into `out`.
   absl::Status DepthRead(const DeviceBuffer<float>& proj, const DeviceBuffer<float>& norm,
@@ -104,6 +129,7 @@ class GpuModelRunner {
 
   const ModelWeights* const weights_;
   RoutedMoe* const routed_moe_;
+  const DeviceExpertRunner device_experts_;
   void* stream_ = nullptr;  // cudaStream_t, owned
   std::unique_ptr<CublasProducts> products_;
   std::vector<Layer> layers_;
@@ -121,6 +147,11 @@ class GpuModelRunner {
   DeviceBuffer<uint16_t> routed16_, selected16_;
   DeviceBuffer<const float*> sources_;
   DeviceBuffer<int32_t> positions_, lengths_, row_tables_, slots_;
+  // Device routing: bf16 normed rows, gate logits and scores [rows, E], ids and weights
+  // [rows, top_k], latent rows [rows, h].
+  DeviceBuffer<uint16_t> normed16_;
+  DeviceBuffer<float> gate_logits_, gate_scores_, gate_weights_, latent_;
+  DeviceBuffer<int32_t> gate_ids_;
   std::vector<float> host_rows_;  // embedded rows up, normed rows down, routed rows up
   std::vector<float> host_routed_;
 };

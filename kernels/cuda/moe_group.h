@@ -1,5 +1,5 @@
 // Grouping an MoE layer's routing by expert on the device, so that a step whose router runs on the
-// GPU (router/cuda/moe_gate.h) feeds the expert launches (kernels/cuda/moe_mxfp4.h) without the
+// GPU (kernels/cuda/moe_gate.h) feeds the expert launches (kernels/cuda/moe_mxfp4.h) without the
 // host: from the gate's ids and weights [rows, top_k], the slots (row, weight) in the order
 // GroupSlotsByExpert (kernels/cuda/moe_grouping.h) gives them for the same assignments in (row,
 // slot) order, the chunks of at most chunk_tokens slots of one expert, and the slots' rows as bf16.
