@@ -1,16 +1,18 @@
 // gpu_step_bench: the whole k3-slice model (spec §12.7: K3's real widths, 4 layers, 64 MXFP4
 // routed experts, top-16) on one GPU, wired as GpuEngine wires it (GpuModelRunner for everything
-// but the routed experts; a LocalRoutedMoe whose router runs on the host and whose experts run on
-// GpuExpertCompute, one per MoE layer), against what the same device can do in the same run:
+// but the routed experts; GpuExpertCompute, one per MoE layer, shared by two runners: one routing
+// on the host through a LocalRoutedMoe, one on the device, GpuEngine's default), against what the
+// same device can do in the same run:
 //  - copy: a device-to-device cudaMemcpy of 2 GiB, bytes read plus written per second;
 //  - peak: a bf16 x bf16 cuBLAS product of 8192^3 (fp32 out), FLOP per second;
-//  - decode at batch 1, 8, 32 (sequences with 32 prefilled tokens, one new token each per step):
-//    the step's median time and range over interleaved rounds, the bandwidth floor (the bytes the
-//    step must move, bench/step_bytes.h, with the distinct experts the routing touched counted in
-//    the run, over the copy rate), the ratio step/floor and the batch-32/batch-1 ratio;
-//  - prefill: one 2048-token prompt (the better of two runs), tokens per second and its FLOP rate
-//  (2 x active parameters
-//    per token; attention's own products left out) as a fraction of the peak.
+//  - decode at batch 1, 8, 32 each way of routing (sequences with 32 prefilled tokens, one new
+//    token each per step): the step's median time and range over interleaved rounds, the
+//    bandwidth floor (the bytes the step must move, bench/step_bytes.h, with the distinct experts
+//    the routing touched counted in the run, over the copy rate), the ratio step/floor and the
+//    batch-32/batch-1 ratio;
+//  - prefill: one 2048-token prompt each way (the better of two runs), tokens per second and its
+//    FLOP rate (2 x active parameters per token; attention's own products left out) as a
+//    fraction of the peak.
 // It ends with a verdict against issue 21's targets (batch-1 step <= 1.5x its floor, batch 32 <=
 // 3x batch 1); a miss does not change the exit status, which is 1 only on an error.
 //
@@ -28,7 +30,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,13 +77,14 @@ double Seconds(const std::function<void()>& run) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The model on the GPU, as GpuEngine::Open wires it, plus a count of the distinct experts each
-// MoE layer's call touches. Members are destroyed in reverse order: the runner before the
-// routed experts it calls.
+// The model on the GPU, wired both ways GpuEngine::Open wires MXFP4 experts (routed on the host
+// through a LocalRoutedMoe, and on the device), sharing the experts, plus a count of the distinct
+// experts each host-routed MoE call touches. Members are destroyed in reverse order: the runners
+// before the routed experts they call.
 struct Model {
   std::vector<std::unique_ptr<GpuExpertCompute>> experts;  // per layer; null where not MoE
   std::unique_ptr<LocalRoutedMoe> moe;
-  std::unique_ptr<GpuModelRunner> runner;
+  std::unique_ptr<GpuModelRunner> host_routed, device_routed;
   double touched = 0;  // distinct (layer, expert) pairs since the last reset
 };
 
@@ -106,8 +112,16 @@ void Wire(const ModelWeights& weights, int capacity_sequences, int pages, Model*
   capacity.sequences = capacity_sequences;
   capacity.cache_pages = pages;
   capacity.page_size = 64;
-  model->runner = CheckOk(GpuModelRunner::Create(&weights, model->moe.get(), capacity),
-                          "GpuModelRunner::Create");
+  model->host_routed = CheckOk(GpuModelRunner::Create(&weights, model->moe.get(), capacity),
+                               "GpuModelRunner::Create");
+  DeviceExpertRunner on_device = [model](int layer, const float* z, int64_t rows, int64_t width,
+                                         const int32_t* ids, const float* weights, int32_t top_k,
+                                         float* out, void* stream) {
+    return model->experts[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out, stream);
+  };
+  model->device_routed =
+      CheckOk(GpuModelRunner::Create(&weights, nullptr, capacity, std::move(on_device)),
+              "GpuModelRunner::Create (device routing)");
 }
 
 // Device-to-device copy rate, bytes read plus written per second.
@@ -147,6 +161,8 @@ double Bf16Peak(const uint16_t* values, cudaStream_t stream) {
 }
 
 struct DecodeCase {
+  const char* routing = "";
+  GpuModelRunner* runner = nullptr;
   int batch = 0;
   std::vector<std::unique_ptr<GpuSequence>> sequences;
   std::vector<double> round_seconds;  // mean step time of each round
@@ -163,19 +179,19 @@ double DecodeStep(Model& model, DecodeCase& c, int vocab) {
     entries[b] = GpuBatchEntry{c.sequences[b].get(), absl::MakeConstSpan(&tokens[b], 1), false};
   }
   std::vector<float> logits;
-  return Seconds([&] { CheckOk(model.runner->Step(entries, &logits), "decode step"); });
+  return Seconds([&] { CheckOk(c.runner->Step(entries, &logits), "decode step"); });
 }
 
 void StartCase(Model& model, DecodeCase& c, int vocab) {
   std::vector<std::vector<int32_t>> prompts(c.batch);
   std::vector<GpuBatchEntry> entries;
   for (int b = 0; b < c.batch; ++b) {
-    c.sequences.push_back(CheckOk(model.runner->NewSequence(), "NewSequence"));
+    c.sequences.push_back(CheckOk(c.runner->NewSequence(), "NewSequence"));
     for (int t = 0; t < kPrefilled; ++t) prompts[b].push_back((b * 977 + t * 31 + 5) % vocab);
     entries.push_back(GpuBatchEntry{c.sequences[b].get(), prompts[b], false});
   }
   std::vector<float> logits;
-  CheckOk(model.runner->Step(entries, &logits), "prefill of the decode sequences");
+  CheckOk(c.runner->Step(entries, &logits), "prefill of the decode sequences");
   for (int warm = 0; warm < 2; ++warm) DecodeStep(model, c, vocab);
 }
 
@@ -193,20 +209,53 @@ void TimeRound(Model& model, DecodeCase& c, int vocab) {
 
 // Seconds of one kPrefillTokens prompt (a fresh sequence each time), the better of two after a
 // warm-up (the router's host products at 2048 rows take a while; more runs would not fit 90 s).
-double PrefillSeconds(Model& model, int vocab) {
+double PrefillSeconds(GpuModelRunner& runner, int vocab) {
   std::vector<int32_t> prompt(kPrefillTokens);
   for (int t = 0; t < kPrefillTokens; ++t) prompt[t] = (t * 7919 + 11) % vocab;
   std::vector<double> seconds;
   for (int run = 0; run < 3; ++run) {
-    auto sequence = CheckOk(model.runner->NewSequence(), "NewSequence");
+    auto sequence = CheckOk(runner.NewSequence(), "NewSequence");
     const GpuBatchEntry entry{sequence.get(), prompt, false};
     std::vector<float> logits;
-    const double s =
-        Seconds([&] { CheckOk(model.runner->Step({entry}, &logits), "prefill step"); });
+    const double s = Seconds([&] { CheckOk(runner.Step({entry}, &logits), "prefill step"); });
     if (run > 0) seconds.push_back(s);  // the first one warms up
-    model.runner->Release(sequence.get());
+    runner.Release(sequence.get());
   }
   return *std::min_element(seconds.begin(), seconds.end());
+}
+
+// The decode table and the verdict; device-routed rows use the host-routed rows' expert counts
+// (the same routing up to the bf16 rounding of the gate's input).
+void Report(const ModelConfig& config, const std::vector<DecodeCase>& cases, double copy_rate) {
+  printf("%-7s %6s %10s %18s %8s %9s %9s %10s %8s\n", "routing", "batch", "ms/step", "ms range",
+         "experts", "GB/step", "floor ms", "step/floor", "x b1");
+  std::string verdict;
+  const size_t per_routing = std::size(kBatches);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const DecodeCase& c = cases[i];
+    const DecodeCase& counted = cases[i % per_routing];    // the host-routed case
+    const DecodeCase& first = cases[i - i % per_routing];  // this routing's batch 1
+    const double step = Median(c.round_seconds), step_b1 = Median(first.round_seconds);
+    const auto [lo, hi] = std::minmax_element(c.round_seconds.begin(), c.round_seconds.end());
+    const double touched = counted.touched / counted.steps;
+    const DecodeStepBytes bytes = DecodeStepBytesFor(config, c.batch, c.context / c.steps, touched);
+    const double floor = bytes.total() / copy_rate;
+    printf("%-7s %6d %10.2f %8.2f-%-9.2f %8.1f %9.2f %9.2f %10.2f %8.2f\n", c.routing, c.batch,
+           step * 1e3, *lo * 1e3, *hi * 1e3, touched, bytes.total() / 1e9, floor * 1e3,
+           step / floor, step / step_b1);
+    char line[200];
+    if (c.batch == 1) {
+      snprintf(line, sizeof(line), "%s routing: batch-1 step %.2fx its floor (target <= 1.5: %s)",
+               c.routing, step / floor, step / floor <= 1.5 ? "met" : "MISSED");
+      verdict += line;
+    }
+    if (c.batch == 32) {
+      snprintf(line, sizeof(line), ", batch 32 %.2fx batch 1 (target <= 3: %s); ", step / step_b1,
+               step / step_b1 <= 3 ? "met" : "MISSED");
+      verdict += line;
+    }
+  }
+  printf("verdict: %s\n", verdict.c_str());
 }
 
 int Main(int rounds) {
@@ -218,15 +267,19 @@ int Main(int rounds) {
   int sequences = 1;
   for (int batch : kBatches) sequences += batch;
   const double upload = Seconds([&] { Wire(*synthetic.weights, sequences, 512, &model); });
-  printf("k3-slice: weights built in %.1f s, uploaded in %.1f s\n", build, upload);
+  printf("k3-slice: weights built in %.1f s, uploaded (two runners) in %.1f s\n", build, upload);
 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int vocab = config.vocab_size;
   std::vector<DecodeCase> cases;
-  for (int batch : kBatches) {
-    cases.emplace_back();
-    cases.back().batch = batch;
+  for (GpuModelRunner* runner : {model.host_routed.get(), model.device_routed.get()}) {
+    for (int batch : kBatches) {
+      cases.emplace_back();
+      cases.back().routing = runner == model.host_routed.get() ? "host" : "device";
+      cases.back().runner = runner;
+      cases.back().batch = batch;
+    }
   }
   for (DecodeCase& c : cases) StartCase(model, c, vocab);
   for (int round = 0; round < rounds; ++round) {
@@ -234,36 +287,24 @@ int Main(int rounds) {
   }
   const double copy_rate = CopyRate(stream);
   const double peak = Bf16Peak(synthetic.linear_pool.data(), stream);
-  const double prefill = PrefillSeconds(model, vocab);
+  const double prefill_host = PrefillSeconds(*model.host_routed, vocab);
+  const double prefill_device = PrefillSeconds(*model.device_routed, vocab);
   CHECK_CUDA(cudaStreamDestroy(stream));
 
   printf("copy: %.0f GB/s (read + write); bf16 peak (cuBLAS 8192^3): %.0f TFLOP/s\n",
          copy_rate / 1e9, peak / 1e12);
   printf("\nk3-slice decode step (%d prefilled tokens per sequence; %d rounds of %d steps)\n",
          kPrefilled, rounds, kStepsPerRound);
-  printf("%6s %10s %18s %8s %9s %9s %10s %8s\n", "batch", "ms/step", "ms range", "experts",
-         "GB/step", "floor ms", "step/floor", "x b1");
-  double step_b1 = 0, ratio_b1 = 0, ratio_32 = 0;
-  for (const DecodeCase& c : cases) {
-    const double step = Median(c.round_seconds);
-    const auto [lo, hi] = std::minmax_element(c.round_seconds.begin(), c.round_seconds.end());
-    const double touched = c.touched / c.steps;
-    const DecodeStepBytes bytes = DecodeStepBytesFor(config, c.batch, c.context / c.steps, touched);
-    const double floor = bytes.total() / copy_rate;
-    if (c.batch == 1) step_b1 = step, ratio_b1 = step / floor;
-    if (c.batch == 32) ratio_32 = step / step_b1;
-    printf("%6d %10.2f %8.2f-%-9.2f %8.1f %9.2f %9.2f %10.2f %8.2f\n", c.batch, step * 1e3,
-           *lo * 1e3, *hi * 1e3, touched, bytes.total() / 1e9, floor * 1e3, step / floor,
-           step / step_b1);
-  }
+  Report(config, cases, copy_rate);
   const double flops = 2.0 * static_cast<double>(ActiveParameters(config)) * kPrefillTokens;
-  printf("\nprefill: %d tokens in %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.3f of the bf16 peak\n",
-         kPrefillTokens, prefill * 1e3, kPrefillTokens / prefill, flops / prefill / 1e12,
-         flops / prefill / peak);
-  printf(
-      "verdict: batch-1 step %.2fx its floor (target <= 1.5: %s); batch 32 %.2fx batch 1 "
-      "(target <= 3: %s)\n",
-      ratio_b1, ratio_b1 <= 1.5 ? "met" : "MISSED", ratio_32, ratio_32 <= 3 ? "met" : "MISSED");
+  for (const auto& [routing, seconds] :
+       {std::pair{"host", prefill_host}, std::pair{"device", prefill_device}}) {
+    printf(
+        "prefill (%s routing): %d tokens in %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.3f of "
+        "the bf16 peak\n",
+        routing, kPrefillTokens, seconds * 1e3, kPrefillTokens / seconds, flops / seconds / 1e12,
+        flops / seconds / peak);
+  }
   return 0;
 }
 
