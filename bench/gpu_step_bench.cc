@@ -5,11 +5,12 @@
 // same device can do in the same run:
 //  - copy: a device-to-device cudaMemcpy of 2 GiB, bytes read plus written per second;
 //  - peak: a bf16 x bf16 cuBLAS product of 8192^3 (fp32 out), FLOP per second;
-//  - decode at batch 1, 8, 32 each way of routing (sequences with 32 prefilled tokens, one new
-//    token each per step): the step's median time and range over interleaved rounds, the
-//    bandwidth floor (the bytes the step must move, bench/step_bytes.h, with the distinct experts
-//    the routing touched counted in the run, over the copy rate), the ratio step/floor and the
-//    batch-32/batch-1 ratio;
+//  - decode at batch 1, 8, 32 each way of routing, and with device routing as CUDA graphs
+//    ("dev+graph": per batch size one plain step, one captured, then replays), sequences with 32
+//    prefilled tokens and one new token each per step: the step's median time and range over
+//    interleaved rounds, the bandwidth floor (the bytes the step must move, bench/step_bytes.h,
+//    with the distinct experts the host routing touched counted in the run, over the copy rate),
+//    the ratio step/floor and the batch-32/batch-1 ratio;
 //  - prefill: one 2048-token prompt each way (the better of two runs), tokens per second and its
 //    FLOP rate (2 x active parameters per token; attention's own products left out) as a
 //    fraction of the peak.
@@ -163,6 +164,7 @@ double Bf16Peak(const uint16_t* values, cudaStream_t stream) {
 struct DecodeCase {
   const char* routing = "";
   GpuModelRunner* runner = nullptr;
+  bool graphs = false;  // decode steps as CUDA graphs (device routing only)
   int batch = 0;
   std::vector<std::unique_ptr<GpuSequence>> sequences;
   std::vector<double> round_seconds;  // mean step time of each round
@@ -183,6 +185,7 @@ double DecodeStep(Model& model, DecodeCase& c, int vocab) {
 }
 
 void StartCase(Model& model, DecodeCase& c, int vocab) {
+  CheckOk(c.runner->SetCudaGraphs(c.graphs), "SetCudaGraphs");
   std::vector<std::vector<int32_t>> prompts(c.batch);
   std::vector<GpuBatchEntry> entries;
   for (int b = 0; b < c.batch; ++b) {
@@ -196,6 +199,7 @@ void StartCase(Model& model, DecodeCase& c, int vocab) {
 }
 
 void TimeRound(Model& model, DecodeCase& c, int vocab) {
+  CheckOk(c.runner->SetCudaGraphs(c.graphs), "SetCudaGraphs");
   double seconds = 0;
   for (int s = 0; s < kStepsPerRound; ++s) {
     model.touched = 0;
@@ -227,7 +231,7 @@ double PrefillSeconds(GpuModelRunner& runner, int vocab) {
 // The decode table and the verdict; device-routed rows use the host-routed rows' expert counts
 // (the same routing up to the bf16 rounding of the gate's input).
 void Report(const ModelConfig& config, const std::vector<DecodeCase>& cases, double copy_rate) {
-  printf("%-7s %6s %10s %18s %8s %9s %9s %10s %8s\n", "routing", "batch", "ms/step", "ms range",
+  printf("%-9s %6s %10s %18s %8s %9s %9s %10s %8s\n", "routing", "batch", "ms/step", "ms range",
          "experts", "GB/step", "floor ms", "step/floor", "x b1");
   std::string verdict;
   const size_t per_routing = std::size(kBatches);
@@ -240,7 +244,7 @@ void Report(const ModelConfig& config, const std::vector<DecodeCase>& cases, dou
     const double touched = counted.touched / counted.steps;
     const DecodeStepBytes bytes = DecodeStepBytesFor(config, c.batch, c.context / c.steps, touched);
     const double floor = bytes.total() / copy_rate;
-    printf("%-7s %6d %10.2f %8.2f-%-9.2f %8.1f %9.2f %9.2f %10.2f %8.2f\n", c.routing, c.batch,
+    printf("%-9s %6d %10.2f %8.2f-%-9.2f %8.1f %9.2f %9.2f %10.2f %8.2f\n", c.routing, c.batch,
            step * 1e3, *lo * 1e3, *hi * 1e3, touched, bytes.total() / 1e9, floor * 1e3,
            step / floor, step / step_b1);
     char line[200];
@@ -273,11 +277,19 @@ int Main(int rounds) {
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int vocab = config.vocab_size;
   std::vector<DecodeCase> cases;
-  for (GpuModelRunner* runner : {model.host_routed.get(), model.device_routed.get()}) {
+  const struct {
+    const char* name;
+    GpuModelRunner* runner;
+    bool graphs;
+  } routings[] = {{"host", model.host_routed.get(), false},
+                  {"device", model.device_routed.get(), false},
+                  {"dev+graph", model.device_routed.get(), true}};
+  for (const auto& routing : routings) {
     for (int batch : kBatches) {
       cases.emplace_back();
-      cases.back().routing = runner == model.host_routed.get() ? "host" : "device";
-      cases.back().runner = runner;
+      cases.back().routing = routing.name;
+      cases.back().runner = routing.runner;
+      cases.back().graphs = routing.graphs;
       cases.back().batch = batch;
     }
   }
@@ -288,6 +300,7 @@ int Main(int rounds) {
   const double copy_rate = CopyRate(stream);
   const double peak = Bf16Peak(synthetic.linear_pool.data(), stream);
   const double prefill_host = PrefillSeconds(*model.host_routed, vocab);
+  CheckOk(model.device_routed->SetCudaGraphs(false), "SetCudaGraphs");
   const double prefill_device = PrefillSeconds(*model.device_routed, vocab);
   CHECK_CUDA(cudaStreamDestroy(stream));
 
@@ -296,6 +309,10 @@ int Main(int rounds) {
   printf("\nk3-slice decode step (%d prefilled tokens per sequence; %d rounds of %d steps)\n",
          kPrefilled, rounds, kStepsPerRound);
   Report(config, cases, copy_rate);
+  printf(
+      "dev+graph: %lld steps launched as CUDA graphs (the timed steps and one capture per batch "
+      "size, if capture worked)\n",
+      static_cast<long long>(model.device_routed->graph_launches()));
   const double flops = 2.0 * static_cast<double>(ActiveParameters(config)) * kPrefillTokens;
   for (const auto& [routing, seconds] :
        {std::pair{"host", prefill_host}, std::pair{"device", prefill_device}}) {

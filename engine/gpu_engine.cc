@@ -81,6 +81,13 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
   return engine;
 }
 
+absl::Status GpuEngine::EnableCudaGraphs() {
+  if (absl::Status s = runner_->SetCudaGraphs(true); !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuEngine::StepInto(GpuSequence* sequence, absl::Span<const int32_t> tokens,
                                  bool all_logits, std::vector<float>* logits) {
   std::vector<float> step;

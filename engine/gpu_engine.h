@@ -38,6 +38,12 @@ class GpuEngine {
 
   const ModelConfig& config() const { return weights_->config; }
 
+  // Decode steps as CUDA graphs (GpuModelRunner::SetCudaGraphs); FailedPrecondition unless the
+  // experts are routed on the device.
+  absl::Status EnableCudaGraphs();
+  // Decode steps that ran as a graph so far.
+  int64_t graph_launches() const { return runner_->graph_launches(); }
+
   // LocalEngine::Logits: [tokens, vocab], one prefill or (decode) one token per step.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
 

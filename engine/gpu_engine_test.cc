@@ -127,6 +127,51 @@ TEST(GpuEngineTest, Mxfp4ExpertsRoutedOnTheDeviceMatchTheCpuEngine) {
   ExpectMatchesCpu(/*mxfp4=*/true, GpuRouting::kDevice);
 }
 
+// A decode step replayed from a CUDA graph computes what the same step computes launch by launch:
+// the same kernels on the same inputs, but for MLA decode's split of the keys (graphs bound the
+// longest length by the page count) and the expert kernels' atomic sums, both fp32 reorderings
+// (about 1e-6 of the largest logit; bound 1e-4), so every position's top-1 token is the same.
+TEST(GpuEngineTest, CudaGraphReplayGivesTheUncapturedLogits) {
+  REQUIRE_GPU();
+  const std::string dir = WriteCheckpoint(/*mxfp4=*/true);
+  auto plain = GpuEngine::Open(dir, 0);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto graphed = GpuEngine::Open(dir, 0);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ASSERT_TRUE((*graphed)->EnableCudaGraphs().ok());
+  const int64_t vocab = (*plain)->config().vocab_size;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  std::vector<int32_t> tokens(130);  // past two page boundaries (64 tokens a page)
+  for (int32_t& t : tokens) t = token(rng);
+  auto want = (*plain)->Logits(tokens, /*decode=*/true);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto got = (*graphed)->Logits(tokens, /*decode=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Per page count: one step runs, one is captured, the rest replay.
+  EXPECT_GE((*graphed)->graph_launches(), static_cast<int64_t>(tokens.size()) - 6);
+  EXPECT_EQ((*plain)->graph_launches(), 0);
+  for (size_t p = 0; p < tokens.size(); ++p) {
+    const float* a = want->data() + p * vocab;
+    const float* b = got->data() + p * vocab;
+    double scale = 0, worst = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      scale = std::fmax(scale, std::fabs(a[v]));
+      worst = std::fmax(worst, std::fabs(a[v] - b[v]));
+    }
+    EXPECT_LE(worst, 1e-4 * scale) << "position " << p;
+    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b)
+        << "position " << p;
+  }
+}
+
+TEST(GpuEngineTest, CudaGraphsNeedDeviceRouting) {
+  REQUIRE_GPU();
+  auto engine = GpuEngine::Open(WriteCheckpoint(/*mxfp4=*/false), 0);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->EnableCudaGraphs().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(GpuEngineTest, RefusesAMissingDevice) {
   if (have_gpu) GTEST_SKIP() << "this machine has a GPU";
   EXPECT_EQ(GpuEngine::Open("/nonexistent", 0).status().code(), absl::StatusCode::kUnavailable);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/moe_group.h"
 #include "kernels/cuda/moe_grouping.h"
 #include "kernels/cuda/mxfp4_gpu_layout.h"
@@ -150,6 +151,7 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
 
 absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
   if (bytes <= buffer.bytes) return absl::OkStatus();
+  DeviceAllocationEpoch().fetch_add(1);  // CUDA graphs holding the old address are stale
   K3_RETURN_IF_CUDA_ERROR(cudaFree(buffer.data), "cudaFree");
   buffer = DeviceBuffer{};
   K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer.data, bytes), "cudaMalloc");

@@ -31,6 +31,10 @@ GpuModelRunner::GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_mo
 GpuModelRunner::~GpuModelRunner() {
   // Everything that enqueues on the stream or holds its cuBLAS handle goes before the stream.
   if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  for (auto& [key, graph] : graphs_) {
+    if (graph.exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph.exec));
+  }
+  cudaFreeHost(pinned_sources_);
   layers_.clear();
   products_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -102,6 +106,15 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
     K3_RETURN_IF_ERROR(output_res_proj_.Upload(weights_->output_attn_res_proj));
     K3_RETURN_IF_ERROR(output_res_norm_.Upload(weights_->output_attn_res_norm));
   }
+  // At most two depth reads per layer and one for the output, of at most every layer's block
+  // and the prefix each.
+  source_slices_ = 2 * config.num_hidden_layers + 1;
+  source_width_ = config.num_hidden_layers + 2;
+  const size_t sources = static_cast<size_t>(source_slices_) * source_width_;
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&pinned_sources_), sources * sizeof(const float*)),
+      "cudaMallocHost(depth sources)");
+  K3_RETURN_IF_ERROR(sources_.Reserve(sources));
   for (int32_t s = capacity.sequences - 1; s >= 0; --s) free_slots_.push_back(s);
   for (int32_t p = capacity.cache_pages - 1; p >= 0; --p) free_pages_.push_back(p);
   return absl::OkStatus();
@@ -158,19 +171,24 @@ absl::Status GpuModelRunner::Norm(const float* x, const DeviceBuffer<float>& gam
 
 absl::Status GpuModelRunner::DepthRead(const DeviceBuffer<float>& proj,
                                        const DeviceBuffer<float>& norm, float* out) {
-  std::vector<const float*> sources;
-  for (int32_t b = 0; b < block_count_; ++b) sources.push_back(blocks_[b].get());
-  sources.push_back(prefix_.get());
-  K3_RETURN_IF_ERROR(sources_.Reserve(sources.size()));
-  // From pageable memory: the call returns once the pointers are staged.
+  if (depth_read_ >= source_slices_ || block_count_ + 1 > source_width_) {
+    return absl::InternalError("GpuModelRunner: more depth reads than planned");
+  }
+  // This read's own slice, host and device: earlier reads' copies may still be queued, and a
+  // graph's copy node reads the host slice when it is replayed.
+  const float** host = pinned_sources_ + depth_read_ * source_width_;
+  const float** device = sources_.get() + depth_read_ * source_width_;
+  ++depth_read_;
+  int32_t count = 0;
+  for (int32_t b = 0; b < block_count_; ++b) host[count++] = blocks_[b].get();
+  host[count++] = prefix_.get();
   K3_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(sources_.get(), sources.data(), sources.size() * sizeof(const float*),
-                      cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
+      cudaMemcpyAsync(device, host, count * sizeof(const float*), cudaMemcpyHostToDevice,
+                      static_cast<cudaStream_t>(stream_)),
       "cudaMemcpyAsync(depth sources)");
   const ModelConfig& config = weights_->config;
-  return CudaStatus(LaunchAttnRes(sources_.get(), static_cast<int32_t>(sources.size()),
-                                  static_cast<int32_t>(rows_), config.hidden_size, proj.get(),
-                                  norm.get(), config.rms_norm_eps, out, stream_),
+  return CudaStatus(LaunchAttnRes(device, count, static_cast<int32_t>(rows_), config.hidden_size,
+                                  proj.get(), norm.get(), config.rms_norm_eps, out, stream_),
                     "LaunchAttnRes");
 }
 
@@ -241,7 +259,8 @@ absl::Status GpuModelRunner::Mix(absl::Span<const GpuBatchEntry> batch, const La
       max_length =
           std::max(max_length, static_cast<int32_t>(entry.sequence->length + entry.tokens.size()));
     }
-    rows.max_length = max_length;
+    // With graphs, a bound that holds for the key's whole page count (see the header).
+    rows.max_length = graph_lengths_ ? max_pages_ * page_size_ : max_length;
     rows.position = positions_.get();
     rows.lengths = lengths_.get();
     rows.row_tables = row_tables_.get();
@@ -388,8 +407,7 @@ absl::Status GpuModelRunner::RunLayer(absl::Span<const GpuBatchEntry> batch, int
   return products_->Add(ffn_.get(), prefix_.get(), values);
 }
 
-absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
-                                    std::vector<float>* logits) {
+absl::Status GpuModelRunner::OutputRows(absl::Span<const GpuBatchEntry> batch) {
   const ModelConfig& config = weights_->config;
   const int64_t d = config.hidden_size;
   auto stream = static_cast<cudaStream_t>(stream_);
@@ -400,11 +418,7 @@ absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
                                             cudaMemcpyDeviceToDevice, stream),
                             "cudaMemcpyAsync(hidden)");
   }
-  int64_t logit_rows = 0;
-  for (const GpuBatchEntry& entry : batch) {
-    logit_rows += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
-  }
-  if (logit_rows > 65535) return absl::InvalidArgumentError("GpuModelRunner: over 65,535 logits");
+  const int64_t logit_rows = logit_rows_;
   K3_RETURN_IF_ERROR(selected_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(selected16_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(logits_.Reserve(logit_rows * config.vocab_size));
@@ -420,14 +434,71 @@ absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
   K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(selected_.get(), d, static_cast<int32_t>(logit_rows),
                                             static_cast<int32_t>(d), selected16_.get(), d, stream_),
                           "LaunchRoundToBf16(selected)");
-  K3_RETURN_IF_ERROR(products_->Linear(lm_head_.get(), config.vocab_size, d, selected16_.get(),
-                                       logit_rows, logits_.get(), /*accumulate=*/false));
-  logits->resize(static_cast<size_t>(logit_rows * config.vocab_size));
-  K3_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(logits->data(), logits_.get(), logits->size() * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync(logits)");
-  return Sync();
+  return products_->Linear(lm_head_.get(), config.vocab_size, d, selected16_.get(), logit_rows,
+                           logits_.get(), /*accumulate=*/false);
+}
+
+absl::Status GpuModelRunner::Forward(absl::Span<const GpuBatchEntry> batch) {
+  block_count_ = 0;
+  depth_read_ = 0;
+  float* const prefix = prefix_.get();
+  absl::Status status;
+  for (int l = 0; l < weights_->config.num_hidden_layers && status.ok(); ++l) {
+    status = RunLayer(batch, l);
+  }
+  if (status.ok()) status = OutputRows(batch);
+  // Every step starts with the same buffer as prefix_, so that a graph's addresses hold.
+  if (prefix_.get() != prefix) std::swap(prefix_, mixed_);
+  return status;
+}
+
+absl::Status GpuModelRunner::SetCudaGraphs(bool on) {
+  if (on && device_experts_ == nullptr) {
+    return absl::InvalidArgumentError("GpuModelRunner: CUDA graphs need device routing");
+  }
+  cuda_graphs_ = on;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::GraphedForward(absl::Span<const GpuBatchEntry> batch) {
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const uint64_t epoch = DeviceAllocationEpoch().load();
+  StepGraph& graph = graphs_[{static_cast<int32_t>(batch.size()), max_pages_}];
+  if (graph.exec != nullptr && graph.captured_epoch != epoch) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph.exec));
+    graph.exec = nullptr;
+  }
+  if (graph.exec == nullptr && graph.warmed_epoch != epoch) {
+    // First of its key since buffers last changed: grow them in an ordinary run.
+    K3_RETURN_IF_ERROR(Forward(batch));
+    graph.warmed_epoch = DeviceAllocationEpoch().load();
+    return absl::OkStatus();
+  }
+  if (graph.exec == nullptr) {
+    K3_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed),
+                            "cudaStreamBeginCapture");
+    const absl::Status status = Forward(batch);
+    cudaGraph_t captured = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+    cudaGraphExec_t exec = nullptr;
+    const bool usable = status.ok() && ended == cudaSuccess &&
+                        DeviceAllocationEpoch().load() == epoch &&
+                        cudaGraphInstantiate(&exec, captured, 0) == cudaSuccess;
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    if (!usable) {
+      // Nothing of the step ran: run it without a graph and try again at the next step.
+      cudaGetLastError();
+      graph.warmed_epoch = ~uint64_t{0};
+      K3_RETURN_IF_ERROR(Forward(batch));
+      graph.warmed_epoch = DeviceAllocationEpoch().load();
+      return absl::OkStatus();
+    }
+    graph.exec = exec;
+    graph.captured_epoch = epoch;
+  }
+  ++graph_launches_;
+  return CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec), stream),
+                    "cudaGraphLaunch");
 }
 
 absl::Status GpuModelRunner::Step(absl::Span<const GpuBatchEntry> batch,
@@ -448,14 +519,24 @@ absl::Status GpuModelRunner::Step(absl::Span<const GpuBatchEntry> batch,
     rows += static_cast<int64_t>(entry.tokens.size());
   }
   if (batch.empty()) return absl::InvalidArgumentError("an empty batch");
-  K3_RETURN_IF_ERROR(Prepare(batch, rows));
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    if (absl::Status s = RunLayer(batch, l); !s.ok()) {
-      if (routed_moe_ != nullptr) routed_moe_->Abandon();
-      return s;
-    }
+  logit_rows_ = 0;
+  for (const GpuBatchEntry& entry : batch) {
+    logit_rows_ += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
   }
-  K3_RETURN_IF_ERROR(Output(batch, logits));
+  if (logit_rows_ > 65535) return absl::InvalidArgumentError("GpuModelRunner: over 65,535 logits");
+  K3_RETURN_IF_ERROR(Prepare(batch, rows));
+  const bool graphed = cuda_graphs_ && rows == static_cast<int64_t>(batch.size());
+  graph_lengths_ = graphed;
+  if (absl::Status s = graphed ? GraphedForward(batch) : Forward(batch); !s.ok()) {
+    if (routed_moe_ != nullptr) routed_moe_->Abandon();
+    return s;
+  }
+  logits->resize(static_cast<size_t>(logit_rows_ * config.vocab_size));
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(logits->data(), logits_.get(), logits->size() * sizeof(float),
+                      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream_)),
+      "cudaMemcpyAsync(logits)");
+  K3_RETURN_IF_ERROR(Sync());
   for (const GpuBatchEntry& entry : batch) entry.sequence->length += entry.tokens.size();
   return absl::OkStatus();
 }

@@ -18,6 +18,16 @@
 // pool) and MLA cache pages (the same page ids in every MLA layer's pool), taken from free lists
 // by NewSequence and Step and given back by Release.
 //
+// CUDA graphs (SetCudaGraphs, device routing only): a decode step (one token per entry) is
+// keyed by (batch size, the longest sequence's page count); the first step of a key runs as
+// usual, the next is captured into a graph and launched, later ones replay it. Between the
+// uploads of the step's inputs (embedded rows, positions, lengths, page tables, slots, all at
+// fixed addresses) and the logits' copy back, a step is then one graph launch. A graph is
+// dropped and captured again when any GPU layer buffer was reallocated since its capture
+// (DeviceAllocationEpoch). With graphs on, MLA decode takes the page count times the page size as
+// its longest length (the kernels take each sequence's own length from device memory), so that a
+// key's launches do not change as sequences grow within their pages.
+//
 // Thread-safety: not thread-safe; one owner thread calls everything. The weights and the
 // RoutedMoe are borrowed and must outlive the runner.
 #ifndef K3SERVE_ATTENTION_NODES_CUDA_GPU_MODEL_RUNNER_H_
@@ -25,7 +35,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -95,7 +107,18 @@ class GpuModelRunner {
 
   const ModelConfig& config() const { return weights_->config; }
 
+  // Turns CUDA graphs for decode steps on or off (see above). InvalidArgument without device
+  // routing (a host round trip cannot be captured).
+  absl::Status SetCudaGraphs(bool on);
+  // Decode steps served by replaying (or launching right after capturing) a graph.
+  int64_t graph_launches() const { return graph_launches_; }
+
  private:
+  struct StepGraph {
+    void* exec = nullptr;  // cudaGraphExec_t, owned
+    uint64_t captured_epoch = ~uint64_t{0};
+    uint64_t warmed_epoch = ~uint64_t{0};  // after the last uncaptured run of this key
+  };
   struct Layer {
     std::unique_ptr<GpuKdaLayer> kda;
     std::unique_ptr<GpuMlaLayer> mla;
@@ -120,7 +143,11 @@ class GpuModelRunner {
   // The shared experts into ffn_ and the routed experts' rows into routed_ ([rows, width]).
   absl::Status RoutedOnHost(const Layer& layer, int index);
   absl::Status RoutedOnDevice(const Layer& layer, int index);
-  absl::Status Output(absl::Span<const GpuBatchEntry> batch, std::vector<float>* logits);
+  // Every layer and the LM head on the stream: what a graph captures.
+  absl::Status Forward(absl::Span<const GpuBatchEntry> batch);
+  // Forward through the key's graph (running, capturing or replaying, as the header says).
+  absl::Status GraphedForward(absl::Span<const GpuBatchEntry> batch);
+  absl::Status OutputRows(absl::Span<const GpuBatchEntry> batch);
   // Depth attention over the completed blocks and the current prefix into `out`.
   absl::Status DepthRead(const DeviceBuffer<float>& proj, const DeviceBuffer<float>& norm,
                          float* out);
@@ -143,6 +170,14 @@ class GpuModelRunner {
   int32_t max_pages_ = 0;
   std::vector<DeviceBuffer<float>> blocks_;  // completed AttnRes blocks, [rows, d] each
   int32_t block_count_ = 0;
+  // Depth reads' source pointers: one slice per read of a step, in pinned host memory (a graph's
+  // copy node reads it at replay) and in device memory.
+  const float** pinned_sources_ = nullptr;
+  int32_t source_slices_ = 0, source_width_ = 0, depth_read_ = 0;
+  int64_t logit_rows_ = 0;
+  bool cuda_graphs_ = false, graph_lengths_ = false;
+  std::map<std::pair<int32_t, int32_t>, StepGraph> graphs_;
+  int64_t graph_launches_ = 0;
   DeviceBuffer<float> prefix_, hidden_, normed_, mixed_, ffn_, routed_, selected_, logits_;
   DeviceBuffer<uint16_t> routed16_, selected16_;
   DeviceBuffer<const float*> sources_;
