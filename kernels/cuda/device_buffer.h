@@ -52,11 +52,19 @@ class DeviceBuffer {
     return absl::OkStatus();
   }
 
-  // Exactly the host array's contents (synchronous copy).
+  // Exactly the host array's contents (synchronous copy). cudaMemcpy from pageable memory may
+  // return before its DMA from the staging buffer has landed (CUDA runtime API, "API
+  // synchronization behavior"), and the GPU layers' own streams are non-blocking, so the copy's
+  // stream is waited for: work queued after Upload sees the new contents.
   absl::Status Upload(const T* host, size_t size) {
     if (absl::Status s = Reserve(size); !s.ok()) return s;
-    return CudaStatus(cudaMemcpy(data_, host, size * sizeof(T), cudaMemcpyHostToDevice),
-                      "cudaMemcpy to the device");
+    if (absl::Status s =
+            CudaStatus(cudaMemcpy(data_, host, size * sizeof(T), cudaMemcpyHostToDevice),
+                       "cudaMemcpy to the device");
+        !s.ok()) {
+      return s;
+    }
+    return CudaStatus(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)");
   }
   absl::Status Upload(const std::vector<T>& host) { return Upload(host.data(), host.size()); }
 
