@@ -1,13 +1,15 @@
 // MakeSyntheticWeights gives every tensor LoadWeights gives for the same config, with the same
 // shape and dtype (compared field by field with a random MXFP4 checkpoint of k3-tiny loaded by
-// LoadWeights), and values of the intended scale.
+// LoadWeights), values of the intended scale, and at k3-slice every parameter the spec counts.
 #include "bench/synthetic_weights.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "bench/step_bytes.h"
 #include "kernels/bf16.h"
 #include "model/random_checkpoint.h"
 
@@ -133,6 +135,54 @@ TEST(SyntheticWeightsTest, ValuesHaveTheIntendedScale) {
   EXPECT_NEAR(std::sqrt(sum2 / (e.rows * e.cols)), 0.025, 0.008);
   // Two matrices of the same shape start at different places of the pool.
   EXPECT_NE(w.data, model.weights->layers[0].kda.k_proj.data);
+}
+
+int64_t Count(const WeightMatrix& m) { return m.empty() ? 0 : m.rows * m.cols; }
+int64_t Count(const GatedMlpWeights& w) { return Count(w.gate) + Count(w.up) + Count(w.down); }
+
+// k3-slice, as gpu_step_bench builds it: quickly, in about 1 GB of host memory, and with every
+// non-expert parameter the spec counts (step_bytes.h's NonExpertParameters, from the checkpoint
+// layout) present once.
+TEST(SyntheticWeightsTest, K3SliceHasTheSpecsParameters) {
+  auto config = NamedConfig("k3-slice");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const auto start = std::chrono::steady_clock::now();
+  const SyntheticModel model = MakeSyntheticWeights(*config, 1);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0);
+  const size_t host_bytes = 2 * (model.linear_pool.size() + model.embedding_pool.size()) +
+                            model.codes_pool.size() + model.scales_pool.size();
+  EXPECT_LT(host_bytes, size_t{1} << 30);
+  const ModelWeights& w = *model.weights;
+  int64_t params = Count(w.embed_tokens) + Count(w.lm_head) + w.final_norm.size() +
+                   w.output_attn_res_norm.size() + w.output_attn_res_proj.size();
+  int64_t expert_values = 0;
+  for (const LayerWeights& l : w.layers) {
+    params += l.input_layernorm.size() + l.post_attention_layernorm.size() +
+              l.attn_res_norm.size() + l.attn_res_proj.size() + l.mlp_res_norm.size() +
+              l.mlp_res_proj.size();
+    const KdaWeights& k = l.kda;
+    for (const WeightMatrix* m : {&k.q_proj, &k.k_proj, &k.v_proj, &k.f_a_proj, &k.f_b_proj,
+                                  &k.b_proj, &k.g_proj, &k.g_a_proj, &k.g_b_proj, &k.o_proj}) {
+      params += Count(*m);
+    }
+    params += k.q_conv.size() + k.k_conv.size() + k.v_conv.size() + k.dt_bias.size() +
+              k.a_log.size() + k.o_norm.size();
+    const MlaWeights& m = l.mla;
+    for (const WeightMatrix* x : {&m.q_a_proj, &m.q_b_proj, &m.q_proj, &m.kv_a_proj_with_mqa,
+                                  &m.kv_b_proj, &m.g_proj, &m.o_proj}) {
+      params += Count(*x);
+    }
+    params += m.q_a_layernorm.size() + m.kv_a_layernorm.size();
+    params += Count(l.dense_mlp) + Count(l.moe.shared) + Count(l.moe.latent_up) +
+              Count(l.moe.router.gate) + Count(l.moe.router.latent_down) +
+              l.moe.router.score_bias.size() + l.moe.router.latent_norm.size();
+    for (const GatedMlpWeights& e : l.moe.experts) expert_values += Count(e);
+  }
+  EXPECT_EQ(params, NonExpertParameters(*config));
+  // 64 experts x 3 MoE layers of 3 x 3072 x 3584 (spec §12.7: 6.3B routed-expert params).
+  EXPECT_EQ(expert_values, int64_t{64} * 3 * 3 * 3072 * 3584);
 }
 
 }  // namespace
