@@ -100,6 +100,33 @@ TEST(MoeGroupEmulationTest, LargeGroupsSplitIntoChunks) {
   ExpectGroupingMatchesHost(70, 16, 64, 32, false);
 }
 
+// The host grouping itself on a case worked by hand: assignments to experts 3, 1, 3, 1, 1 (the
+// kernels' indices 30 and 10): expert 1's slots first, each expert's in assignment order.
+TEST(MoeGroupEmulationTest, HostGroupingOnAHandCase) {
+  std::vector<int32_t> table_index(4, -1);
+  table_index[1] = 10;
+  table_index[3] = 30;
+  const MoeSlots slots = GroupSlotsByExpert({3, 1, 3, 1, 1}, table_index, 0);
+  EXPECT_EQ(slots.order, (std::vector<int32_t>{1, 3, 4, 0, 2}));
+  EXPECT_EQ(slots.chunk_tokens, 8);  // the largest group has 3 slots
+  ASSERT_EQ(slots.chunks.size(), 2u);
+  EXPECT_EQ(slots.chunks[0].expert, 10);
+  EXPECT_EQ(slots.chunks[0].first_slot, 0);
+  EXPECT_EQ(slots.chunks[0].tokens, 3);
+  EXPECT_EQ(slots.chunks[1].expert, 30);
+  EXPECT_EQ(slots.chunks[1].first_slot, 3);
+  EXPECT_EQ(slots.chunks[1].tokens, 2);
+  // Chunks of 8 cut a group of 17 into 8 + 8 + 1; sizes up to 8, 16, 32 and beyond pick 8..32.
+  const MoeSlots long_group = GroupSlotsByExpert(std::vector<int32_t>(17, 1), table_index, 8);
+  ASSERT_EQ(long_group.chunks.size(), 3u);
+  EXPECT_EQ(long_group.chunks[2].first_slot, 16);
+  EXPECT_EQ(long_group.chunks[2].tokens, 1);
+  EXPECT_EQ(MoeChunkTokensFor(8), 8);
+  EXPECT_EQ(MoeChunkTokensFor(9), 16);
+  EXPECT_EQ(MoeChunkTokensFor(17), 32);
+  EXPECT_EQ(MoeChunkTokensFor(500), 32);
+}
+
 TEST(MoeGroupEmulationTest, TheChunkBoundHoldsForTheWorstRouting) {
   // Every expert with a group one past a chunk: the most chunks a routing can need.
   const int top_k = 1, experts = 4, chunk_tokens = 8;
