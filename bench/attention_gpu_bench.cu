@@ -27,7 +27,7 @@
 
 #include "attention_nodes/cuda/kda_decode.h"
 #include "attention_nodes/cuda/mla_decode.h"
-#include "bench/gpu_timing.cuh"
+#include "bench/gpu_timing.h"
 
 namespace k3 {
 namespace {

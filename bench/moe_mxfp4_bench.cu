@@ -18,7 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "bench/gpu_timing.cuh"
+#include "bench/gpu_timing.h"
 #include "kernels/cuda/moe_mxfp4.h"
 
 namespace k3 {

@@ -34,7 +34,7 @@ GpuEngine::~GpuEngine() {
 
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
     const std::string& model_dir, int device, const GpuRunnerCapacity& capacity,
-    const std::function<void(size_t, size_t)>& progress) {
+    const std::function<void(size_t, size_t)>& progress, GpuRouting routing) {
   K3_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
   if (device < 0 || device >= devices) {
     return absl::UnavailableError(
@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
                                   WeightSelection::All(), progress));
   const ModelWeights& weights = *engine->weights_;
   ExpertRunner on_gpu;
+  DeviceExpertRunner on_device;
   if (ExpertsAreMxfp4(weights)) {
     const GluParams glu = GluParamsFor(weights.config);
     engine->experts_.resize(weights.layers.size());
@@ -63,11 +64,28 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
                                            float* out) {
       return (*experts)[layer]->Run(z, rows, width, assignments, out);
     };
+    if (routing == GpuRouting::kDevice) {
+      on_device = [experts = &engine->experts_](
+                      int layer, const float* z, int64_t rows, int64_t width, const int32_t* ids,
+                      const float* weights, int32_t top_k, float* out, void* stream) {
+        return (*experts)[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out, stream);
+      };
+    }
   }
-  engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get(), std::move(on_gpu));
+  if (on_device == nullptr) {
+    engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get(), std::move(on_gpu));
+  }
   K3_ASSIGN_OR_RETURN(engine->runner_,
-                      GpuModelRunner::Create(engine->weights_.get(), engine->moe_.get(), capacity));
+                      GpuModelRunner::Create(engine->weights_.get(), engine->moe_.get(), capacity,
+                                             std::move(on_device)));
   return engine;
+}
+
+absl::Status GpuEngine::EnableCudaGraphs() {
+  if (absl::Status s = runner_->SetCudaGraphs(true); !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuEngine::StepInto(GpuSequence* sequence, absl::Span<const int32_t> tokens,

@@ -1,8 +1,9 @@
 // GpuEngine: the whole model in one process on one GPU (`k3serve generate --device cuda:N`):
-// weights, a GpuModelRunner for everything but the routed experts, and a LocalRoutedMoe whose
-// router math runs on the host and whose experts run on the same GPU (GpuExpertCompute, one per
-// MoE layer; MXFP4 experts) or, for BF16 experts, on the CPU. Logits and Generate keep
-// LocalEngine's contracts (no prefix cache yet), so the two engines can be compared token for
+// weights, a GpuModelRunner for everything but the routed experts, and the routed experts: MXFP4
+// ones on the same GPU (GpuExpertCompute, one per MoE layer), routed on the device by default
+// (the runner's device path: no host round trip inside a step) or, on request, by a
+// LocalRoutedMoe on the host; BF16 ones on the CPU through a LocalRoutedMoe. Logits and Generate
+// keep LocalEngine's contracts (no prefix cache yet), so the two engines can be compared token for
 // token. Not thread-safe.
 #ifndef K3SERVE_ENGINE_GPU_ENGINE_H_
 #define K3SERVE_ENGINE_GPU_ENGINE_H_
@@ -21,6 +22,9 @@
 
 namespace k3 {
 
+// Where the router of MXFP4 experts runs (BF16 experts are always routed on the host).
+enum class GpuRouting { kDevice, kHost };
+
 class GpuEngine {
  public:
   // Loads the checkpoint and uploads it to CUDA device `device`. Unavailable without a usable
@@ -28,10 +32,17 @@ class GpuEngine {
   // required). `progress` (optional) sees (done, total) tensor counts while the checkpoint loads.
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Open(
       const std::string& model_dir, int device, const GpuRunnerCapacity& capacity = {},
-      const std::function<void(size_t, size_t)>& progress = nullptr);
+      const std::function<void(size_t, size_t)>& progress = nullptr,
+      GpuRouting routing = GpuRouting::kDevice);
   ~GpuEngine();
 
   const ModelConfig& config() const { return weights_->config; }
+
+  // Decode steps as CUDA graphs (GpuModelRunner::SetCudaGraphs); FailedPrecondition unless the
+  // experts are routed on the device.
+  absl::Status EnableCudaGraphs();
+  // Decode steps that ran as a graph so far.
+  int64_t graph_launches() const { return runner_->graph_launches(); }
 
   // LocalEngine::Logits: [tokens, vocab], one prefill or (decode) one token per step.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);

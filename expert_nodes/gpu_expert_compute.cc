@@ -3,11 +3,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/moe_group.h"
+#include "kernels/cuda/moe_grouping.h"
 #include "kernels/cuda/mxfp4_gpu_layout.h"
 
 namespace k3 {
@@ -24,11 +27,18 @@ absl::Status CheckMatrix(const WeightMatrix& m, int64_t rows, int64_t cols, int6
         absl::StrCat("expert ", expert, " ", name, ": the GPU experts take MXFP4 weights only"));
   }
   if (m.rows != rows || m.cols != cols || !GpuMxfp4ShapeOk(rows, cols)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert ", expert, " ", name, " is [", m.rows, ", ", m.cols, "]; expected [", rows, ", ",
-        cols, "] with both multiples of 64"));
+    return absl::InvalidArgumentError(absl::StrCat("expert ", expert, " ", name, " is [", m.rows,
+                                                   ", ", m.cols, "]; expected [", rows, ", ", cols,
+                                                   "] with both multiples of 64"));
   }
   return absl::OkStatus();
+}
+
+bool SameHostBytes(const GatedMlpWeights& a, const GatedMlpWeights& b) {
+  auto same = [](const WeightMatrix& x, const WeightMatrix& y) {
+    return x.data == y.data && x.scales == y.scales && x.rows == y.rows && x.cols == y.cols;
+  };
+  return same(a.gate, b.gate) && same(a.up, b.up) && same(a.down, b.down);
 }
 
 }  // namespace
@@ -65,7 +75,8 @@ absl::StatusOr<std::unique_ptr<GpuExpertCompute>> GpuExpertCompute::Create(
 
 GpuExpertCompute::~GpuExpertCompute() {
   cudaSetDevice(device_);
-  for (DeviceBuffer* b : {&table_, &x_, &h_, &slot_row_, &slot_weight_, &chunks_, &out_}) {
+  for (DeviceBuffer* b :
+       {&table_, &x_, &h_, &slot_row_, &slot_weight_, &chunks_, &out_, &table_index_device_}) {
     cudaFree(b->data);
   }
   cudaFree(weights_);
@@ -98,16 +109,23 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
   K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&weights_, weight_bytes_), "cudaMalloc(expert weights)");
   std::vector<uint8_t> packed(expert_bytes);
   std::vector<Mxfp4DeviceExpert> table(hosted);
+  const GatedMlpWeights* packed_from = nullptr;  // the host matrices `packed` holds
   for (size_t e = 0; e < experts.size(); ++e) {
     if (table_index_[e] < 0) continue;
     uint8_t* device = static_cast<uint8_t*>(weights_) + table_index_[e] * expert_bytes;
     const WeightMatrix* matrices[3] = {&experts[e].gate, &experts[e].up, &experts[e].down};
+    // Experts that view the same host bytes as the last one repacked (benchmarks' synthetic
+    // weights) reuse its packed bytes: the repack is a pure function of those bytes.
+    const bool repack = packed_from == nullptr || !SameHostBytes(*packed_from, experts[e]);
+    packed_from = &experts[e];
     const uint8_t* codes[3];
     const uint8_t* scales[3];
     for (int m = 0; m < 3; ++m) {
       const int64_t offset = m * (code_bytes + scale_bytes);
-      RepackMxfp4ForGpu(HostView(*matrices[m]), packed.data() + offset,
-                        packed.data() + offset + code_bytes);
+      if (repack) {
+        RepackMxfp4ForGpu(HostView(*matrices[m]), packed.data() + offset,
+                          packed.data() + offset + code_bytes);
+      }
       codes[m] = device + offset;
       scales[m] = device + offset + code_bytes;
     }
@@ -116,6 +134,14 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
     K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(device, packed.data(), expert_bytes, cudaMemcpyHostToDevice),
                             "cudaMemcpy(expert weights)");
   }
+  hosts_all_ = hosted == static_cast<int32_t>(experts.size());
+  if (absl::Status s = Reserve(table_index_device_, sizeof(int32_t) * table_index_.size());
+      !s.ok()) {
+    return s;
+  }
+  K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(table_index_device_.data, table_index_.data(),
+                                     sizeof(int32_t) * table_index_.size(), cudaMemcpyHostToDevice),
+                          "cudaMemcpy(expert index)");
   if (absl::Status s = Reserve(table_, table.size() * sizeof(table[0])); !s.ok()) return s;
   K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(table_.data, table.data(), table.size() * sizeof(table[0]),
                                      cudaMemcpyHostToDevice),
@@ -125,6 +151,7 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
 
 absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
   if (bytes <= buffer.bytes) return absl::OkStatus();
+  DeviceAllocationEpoch().fetch_add(1);  // CUDA graphs holding the old address are stale
   K3_RETURN_IF_CUDA_ERROR(cudaFree(buffer.data), "cudaFree");
   buffer = DeviceBuffer{};
   K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer.data, bytes), "cudaMalloc");
@@ -134,40 +161,22 @@ absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
 
 int32_t GpuExpertCompute::Stage(const float* z, const std::vector<ExpertAssignment>& assignments) {
   // Slots in RunExperts' order: by expert, stable.
-  order_.resize(assignments.size());
-  std::iota(order_.begin(), order_.end(), 0);
-  std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-    return assignments[a].expert < assignments[b].expert;
-  });
-  const size_t slots = order_.size();
+  std::vector<int32_t> experts(assignments.size());
+  for (size_t i = 0; i < assignments.size(); ++i) experts[i] = assignments[i].expert;
+  MoeSlots grouped = GroupSlotsByExpert(experts, table_index_, /*chunk_tokens=*/0);
+  const size_t slots = grouped.order.size();
   x_host_.resize(slots * width_);
   slot_row_host_.resize(slots);
   slot_weight_host_.resize(slots);
-  int32_t largest = 0;
-  for (size_t begin = 0; begin < slots;) {
-    size_t end = begin;
-    while (end < slots && assignments[order_[end]].expert == assignments[order_[begin]].expert) {
-      ++end;
-    }
-    largest = std::max(largest, static_cast<int32_t>(end - begin));
-    begin = end;
-  }
-  const int32_t chunk_tokens = largest <= 8 ? 8 : largest <= 16 ? 16 : 32;
-  chunks_host_.clear();
   for (size_t slot = 0; slot < slots; ++slot) {
-    const ExpertAssignment& a = assignments[order_[slot]];
+    const ExpertAssignment& a = assignments[grouped.order[slot]];
     const float* row = z + static_cast<int64_t>(a.row) * width_;
     for (int64_t c = 0; c < width_; ++c) x_host_[slot * width_ + c] = FloatToBf16(row[c]);
     slot_row_host_[slot] = a.row;
     slot_weight_host_[slot] = a.weight;
-    const int32_t expert = table_index_[a.expert];
-    if (chunks_host_.empty() || chunks_host_.back().expert != expert ||
-        chunks_host_.back().tokens == chunk_tokens) {
-      chunks_host_.push_back(MoeChunk{expert, static_cast<int32_t>(slot), 0});
-    }
-    ++chunks_host_.back().tokens;
   }
-  return chunk_tokens;
+  chunks_host_ = std::move(grouped.chunks);
+  return grouped.chunk_tokens;
 }
 
 absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
@@ -195,12 +204,11 @@ absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
   const size_t slots = assignments.size();
   const size_t out_bytes = sizeof(float) * rows * width_;
   K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
-  for (absl::Status s : {Reserve(x_, sizeof(uint16_t) * slots * width_),
-                         Reserve(h_, sizeof(uint16_t) * slots * hidden_),
-                         Reserve(slot_row_, sizeof(int32_t) * slots),
-                         Reserve(slot_weight_, sizeof(float) * slots),
-                         Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()),
-                         Reserve(out_, out_bytes)}) {
+  for (absl::Status s :
+       {Reserve(x_, sizeof(uint16_t) * slots * width_),
+        Reserve(h_, sizeof(uint16_t) * slots * hidden_),
+        Reserve(slot_row_, sizeof(int32_t) * slots), Reserve(slot_weight_, sizeof(float) * slots),
+        Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()), Reserve(out_, out_bytes)}) {
     if (!s.ok()) return s;
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
@@ -237,6 +245,70 @@ absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
       cudaMemcpyAsync(out, out_.data, out_bytes, cudaMemcpyDeviceToHost, stream),
       "cudaMemcpyAsync(answer from the GPU)");
   K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "expert kernels (at synchronize)");
+  return absl::OkStatus();
+}
+
+absl::Status GpuExpertCompute::RunOnDevice(const float* z, int64_t rows, int64_t width,
+                                           const int32_t* ids, const float* weights, int32_t top_k,
+                                           float* out, void* stream) {
+  if (width != width_ || rows < 1 || top_k < 1 || rows * top_k > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("RunOnDevice: ", rows, " rows of width ", width,
+                                                   ", top ", top_k, ", for experts of width ",
+                                                   width_));
+  }
+  if (!hosts_all_) {
+    return absl::InvalidArgumentError("RunOnDevice: this layer does not host every expert");
+  }
+  const auto slots = static_cast<int32_t>(rows * top_k);
+  const auto num_experts = static_cast<int32_t>(table_index_.size());
+  // A row picks an expert at most once, so no group is larger than `rows`.
+  const int32_t chunk_tokens = MoeChunkTokensFor(rows);
+  const int32_t max_chunks =
+      MoeGroupMaxChunks(static_cast<int32_t>(rows), top_k, num_experts, chunk_tokens);
+  K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  for (absl::Status s :
+       {Reserve(x_, sizeof(uint16_t) * slots * width_),
+        Reserve(h_, sizeof(uint16_t) * slots * hidden_),
+        Reserve(slot_row_, sizeof(int32_t) * slots), Reserve(slot_weight_, sizeof(float) * slots),
+        Reserve(chunks_, sizeof(MoeChunk) * max_chunks)}) {
+    if (!s.ok()) return s;
+  }
+  MoeGroupArgs group;
+  group.ids = ids;
+  group.weights = weights;
+  group.rows = static_cast<int32_t>(rows);
+  group.top_k = top_k;
+  group.table_index = static_cast<const int32_t*>(table_index_device_.data);
+  group.num_experts = num_experts;
+  group.chunk_tokens = chunk_tokens;
+  group.max_chunks = max_chunks;
+  group.slot_row = static_cast<int32_t*>(slot_row_.data);
+  group.slot_weight = static_cast<float*>(slot_weight_.data);
+  group.chunks = static_cast<MoeChunk*>(chunks_.data);
+  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGroup(group, stream)),
+                          "LaunchMoeGroup");
+  K3_RETURN_IF_CUDA_ERROR(
+      static_cast<cudaError_t>(LaunchMoeGatherRows(z, static_cast<int32_t>(width_), group.slot_row,
+                                                   slots, static_cast<uint16_t*>(x_.data), stream)),
+      "LaunchMoeGatherRows");
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(out, 0, sizeof(float) * rows * width_, static_cast<cudaStream_t>(stream)),
+      "cudaMemsetAsync(expert output)");
+  MoeMxfp4Launch launch;
+  launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
+  launch.chunks = group.chunks;
+  launch.chunk_count = max_chunks;  // the unused ones are empty
+  launch.chunk_tokens = chunk_tokens;
+  launch.width = static_cast<int32_t>(width_);
+  launch.hidden = static_cast<int32_t>(hidden_);
+  launch.x = static_cast<const uint16_t*>(x_.data);
+  launch.h = static_cast<uint16_t*>(h_.data);
+  launch.slot_row = group.slot_row;
+  launch.slot_weight = group.slot_weight;
+  launch.out = out;
+  launch.glu = glu_;
+  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeMxfp4(launch, stream)),
+                          "expert kernels");
   return absl::OkStatus();
 }
 

@@ -44,6 +44,18 @@ class GpuExpertCompute {
   absl::Status Run(const float* z, int64_t rows, int64_t width,
                    const std::vector<ExpertAssignment>& assignments, float* out);
 
+  // The same with everything in device memory, enqueued on the caller's `stream` (a
+  // cudaStream_t on this object's device), for a step whose router runs on the GPU
+  // (kernels/cuda/moe_gate.h): z [rows, width] fp32, the routing ids and weights [rows, top_k]
+  // (every row's top_k distinct global expert ids), out [rows, width] fp32, overwritten. The
+  // routing is grouped on the device (kernels/cuda/moe_group.h), so nothing passes through the host
+  // and the call can be captured in a CUDA graph once a call of the same rows and top_k has grown
+  // the scratch (the first call may allocate). InvalidArgument for a width other than the
+  // experts' d, sizes below 1, or a layer that does not host every expert of the model (ids are
+  // not checked on the host; ids outside [0, num_experts) are dropped on the device).
+  absl::Status RunOnDevice(const float* z, int64_t rows, int64_t width, const int32_t* ids,
+                           const float* weights, int32_t top_k, float* out, void* stream);
+
   // Device bytes of the packed weights.
   int64_t weight_bytes() const { return weight_bytes_; }
 
@@ -66,8 +78,9 @@ class GpuExpertCompute {
   std::vector<int32_t> table_index_;  // global expert id -> index into table_, -1 if not hosted
   void* weights_ = nullptr;           // every hosted expert's packed bytes, one allocation
   DeviceBuffer table_, x_, h_, slot_row_, slot_weight_, chunks_, out_;
+  DeviceBuffer table_index_device_;  // table_index_ on the device (RunOnDevice)
+  bool hosts_all_ = false;           // every expert id has weights here
   // Host staging for a call.
-  std::vector<int32_t> order_;
   std::vector<uint16_t> x_host_;
   std::vector<int32_t> slot_row_host_;
   std::vector<float> slot_weight_host_;

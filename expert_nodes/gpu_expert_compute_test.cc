@@ -9,12 +9,18 @@
 //  - fp64 sums of the same bf16-rounded inputs, the GLU in fp32 and its output rounded to bf16 as
 //    the kernel does: only the fp32 accumulation order and an occasional hidden value rounding
 //    the other way (one bf16 ulp, 2^-8 of one element) differ, so the bound is 2e-3.
-// Without a GPU each case reports itself skipped ("no GPU").
+// RunOnDevice (rows, routing and answer in device memory, grouped on the device) is held to the
+// first bound against RunExperts on the same assignments. Without a GPU each case reports itself
+// skipped ("no GPU").
 #include "expert_nodes/gpu_expert_compute.h"
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -159,9 +165,8 @@ void CheckShape(int experts, int64_t width, int64_t hidden, int per_expert, int 
   ASSERT_TRUE((*gpu)->Run(z.data(), rows, width, assignments, got.data()).ok());
   std::vector<float> cpu(rows * width);
   ExpertScratch scratch;
-  ASSERT_TRUE(RunExperts(e.weights, params, z.data(), rows, width, assignments, cpu.data(),
-                         &scratch)
-                  .ok());
+  ASSERT_TRUE(
+      RunExperts(e.weights, params, z.data(), rows, width, assignments, cpu.data(), &scratch).ok());
   double worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const double error = RelativeError(got.data() + r * width, cpu.data() + r * width, width);
@@ -176,8 +181,8 @@ void CheckShape(int experts, int64_t width, int64_t hidden, int per_expert, int 
     worst_emulated = std::max(worst_emulated, error);
   }
   printf("d %lld f %lld, %d experts x %d rows: worst row vs CPU %.3g, vs fp64 emulation %.3g\n",
-         static_cast<long long>(width), static_cast<long long>(hidden), experts, per_expert,
-         worst, worst_emulated);
+         static_cast<long long>(width), static_cast<long long>(hidden), experts, per_expert, worst,
+         worst_emulated);
 }
 
 TEST(GpuExpertComputeTest, K3TinyExpertsMatchTheCpu) {
@@ -188,6 +193,83 @@ TEST(GpuExpertComputeTest, K3TinyExpertsMatchTheCpu) {
 TEST(GpuExpertComputeTest, K3ExpertsMatchTheCpu) {
   REQUIRE_GPU();
   for (int per_expert : {1, 4, 16, 64}) CheckShape(16, 3584, 3072, per_expert, 64, 3);
+}
+
+// RunOnDevice with rows, routing and output in device memory: every row picks top_k distinct
+// random experts, as the GPU gate does; the answer is RunExperts' on the same assignments.
+void CheckDeviceRouting(int experts, int64_t width, int64_t hidden, int rows, int top_k) {
+  SCOPED_TRACE(testing::Message() << "d " << width << ", " << rows << " rows x top " << top_k
+                                  << " of " << experts);
+  const Experts e = RandomExperts(experts, width, hidden, 31 * rows + top_k);
+  const GluParams params{true, 4.0f, 25.0f};
+  auto gpu = GpuExpertCompute::Create(e.weights, params, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::mt19937 rng(rows + 100 * top_k);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> z(rows * width);
+  for (float& v : z) v = normal(rng);
+  std::vector<int32_t> ids, order(experts);
+  std::vector<float> weights;
+  std::vector<ExpertAssignment> assignments;
+  for (int32_t r = 0; r < rows; ++r) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int k = 0; k < top_k; ++k) {
+      ids.push_back(order[k]);
+      weights.push_back(0.05f + (rng() % 1000) / 1000.f);
+      assignments.push_back({r, order[k], weights.back()});
+    }
+  }
+  float *z_dev = nullptr, *weights_dev = nullptr, *out_dev = nullptr;
+  int32_t* ids_dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&z_dev, z.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out_dev, z.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&weights_dev, weights.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ids_dev, ids.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(z_dev, z.data(), z.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(weights_dev, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<float> got(z.size(), std::numeric_limits<float>::quiet_NaN());
+  for (int call = 0; call < 2; ++call) {  // the second call reuses the scratch
+    ASSERT_EQ(cudaMemset(out_dev, 0xff, z.size() * 4), cudaSuccess);  // NaNs: overwritten?
+    const absl::Status status = (*gpu)->RunOnDevice(z_dev, rows, width, ids_dev, weights_dev, top_k,
+                                                    out_dev, /*stream=*/nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_EQ(cudaMemcpy(got.data(), out_dev, z.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  for (void* p : {static_cast<void*>(z_dev), static_cast<void*>(out_dev),
+                  static_cast<void*>(weights_dev), static_cast<void*>(ids_dev)}) {
+    cudaFree(p);
+  }
+  std::vector<float> cpu(z.size());
+  ExpertScratch scratch;
+  ASSERT_TRUE(
+      RunExperts(e.weights, params, z.data(), rows, width, assignments, cpu.data(), &scratch).ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_LE(RelativeError(got.data() + r * width, cpu.data() + r * width, width), kCpuBound)
+        << "row " << r;
+  }
+}
+
+TEST(GpuExpertComputeTest, DeviceRoutingMatchesTheCpu) {
+  REQUIRE_GPU();
+  // k3-tiny's experts at chunk sizes 8, 16 and 32 (from the row count), then K3's.
+  for (int rows : {1, 5, 12, 40}) CheckDeviceRouting(32, 128, 64, rows, 4);
+  for (int rows : {1, 8}) CheckDeviceRouting(16, 3584, 3072, rows, 16);
+}
+
+TEST(GpuExpertComputeTest, DeviceRoutingNeedsEveryExpert) {
+  REQUIRE_GPU();
+  Experts e = RandomExperts(2, 128, 64, 17);
+  std::vector<GatedMlpWeights> hosted = e.weights;
+  hosted[1] = GatedMlpWeights{};
+  auto gpu = GpuExpertCompute::Create(hosted, GluParams{}, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const absl::Status status =
+      (*gpu)->RunOnDevice(nullptr, 1, 128, nullptr, nullptr, 1, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("every expert"), std::string::npos) << status;
 }
 
 TEST(GpuExpertComputeTest, RepeatedCallsGiveTheSameRowsWithinAtomicOrder) {

@@ -217,7 +217,7 @@ TEST(ConfigTest, K3DefaultsAreTheSpecTable) {
 }
 
 TEST(ConfigTest, RoundTripsThroughJson) {
-  for (const char* name : {"k3-tiny", "k3-tiny-8", "kimi-linear-tiny", "k3-perf"}) {
+  for (const char* name : {"k3-tiny", "k3-tiny-8", "kimi-linear-tiny", "k3-perf", "k3-slice"}) {
     auto c = NamedConfig(name);
     ASSERT_TRUE(c.ok()) << c.status();
     std::string text = ModelConfigToJson(*c);

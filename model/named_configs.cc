@@ -149,11 +149,65 @@ constexpr std::string_view kK3Perf = R"json({
  }
 })json";
 
+// k3-slice (spec §12.7): every matrix at K3's real shape, 4 layers, 64 routed experts and a
+// 32768-token vocabulary; the GPU step benchmark's model (bench/gpu_step_bench).
+constexpr std::string_view kK3Slice = R"json({
+ "model_type": "kimi_k3",
+ "text_config": {
+  "model_type": "kimi_linear",
+  "vocab_size": 32768,
+  "hidden_size": 7168,
+  "num_hidden_layers": 4,
+  "intermediate_size": 33792,
+  "hidden_act": "situ",
+  "activation_situ_beta": 4.0,
+  "activation_situ_linear_beta": 25.0,
+  "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": false,
+  "num_attention_heads": 96,
+  "num_key_value_heads": 96,
+  "q_lora_rank": 1536,
+  "kv_lora_rank": 512,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "v_head_dim": 128,
+  "mla_use_nope": true,
+  "mla_use_output_gate": true,
+  "linear_attn_config": {
+   "num_heads": 96,
+   "head_dim": 128,
+   "short_conv_kernel_size": 4,
+   "gate_lower_bound": -5.0,
+   "use_full_rank_gate": true,
+   "kda_layers": [1, 2, 3],
+   "full_attn_layers": [4]
+  },
+  "num_experts": 64,
+  "num_experts_per_token": 16,
+  "num_shared_experts": 2,
+  "moe_intermediate_size": 3072,
+  "routed_expert_hidden_size": 3584,
+  "latent_moe_use_norm": true,
+  "moe_router_activation_func": "sigmoid",
+  "moe_renormalize": true,
+  "routed_scaling_factor": 1.0,
+  "use_grouped_topk": true,
+  "num_expert_group": 1,
+  "topk_group": 1,
+  "topk_method": "noaux_tc",
+  "first_k_dense_replace": 1,
+  "moe_layer_freq": 1,
+  "attn_res_block_size": 2,
+  "num_nextn_predict_layers": 0
+ }
+})json";
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
   if (name == "k3-tiny") return ParseModelConfig(kK3Tiny);
   if (name == "k3-perf") return ParseModelConfig(kK3Perf);
+  if (name == "k3-slice") return ParseModelConfig(kK3Slice);
   if (name == "kimi-linear-tiny") return ParseModelConfig(kKimiLinearTiny);
   if (name == "k3-tiny-8") {
     auto config = ParseModelConfig(kK3Tiny);
@@ -165,7 +219,7 @@ absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
   }
   return absl::NotFoundError(absl::StrCat("no named config \"", Sv(name),
                                           "\" (known: k3-tiny, k3-tiny-8, kimi-linear-tiny, "
-                                          "k3-perf)"));
+                                          "k3-perf, k3-slice)"));
 }
 
 }  // namespace k3

@@ -12,6 +12,7 @@
 #include "kernels/cuda/glu.h"
 #include "model/glu_params.h"
 #include "model/status_macros.h"
+#include "kernels/cuda/moe_gate.h"
 
 namespace k3 {
 namespace {
@@ -23,23 +24,40 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> UploadMlp(const GatedMlpWeights& w,
 
 }  // namespace
 
-GpuModelRunner::GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe)
-    : weights_(weights), routed_moe_(routed_moe) {}
+GpuModelRunner::GpuModelRunner(const ModelWeights* weights, RoutedMoe* routed_moe,
+                               DeviceExpertRunner device_experts)
+    : weights_(weights), routed_moe_(routed_moe), device_experts_(std::move(device_experts)) {}
 
 GpuModelRunner::~GpuModelRunner() {
   // Everything that enqueues on the stream or holds its cuBLAS handle goes before the stream.
   if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  for (auto& [key, graph] : graphs_) {
+    if (graph.exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph.exec));
+  }
+  cudaFreeHost(pinned_sources_);
   layers_.clear();
   products_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 absl::StatusOr<std::unique_ptr<GpuModelRunner>> GpuModelRunner::Create(
-    const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity) {
+    const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity,
+    DeviceExpertRunner device_experts) {
   if (capacity.sequences < 1 || capacity.cache_pages < 1 || capacity.page_size < 1) {
     return absl::InvalidArgumentError("GpuModelRunner: capacity needs sequences and pages");
   }
-  std::unique_ptr<GpuModelRunner> runner(new GpuModelRunner(weights, routed_moe));
+  if (device_experts == nullptr && routed_moe == nullptr) {
+    return absl::InvalidArgumentError("GpuModelRunner: no way to the routed experts");
+  }
+  const ModelConfig& config = weights->config;
+  if (device_experts != nullptr &&
+      (config.num_experts > kMoeGateMaxExperts || config.num_experts_per_token > kMoeGateMaxTopK)) {
+    return absl::InvalidArgumentError(absl::StrCat("GpuModelRunner: the device gate takes at most ",
+                                                   kMoeGateMaxExperts, " experts and top ",
+                                                   kMoeGateMaxTopK));
+  }
+  std::unique_ptr<GpuModelRunner> runner(
+      new GpuModelRunner(weights, routed_moe, std::move(device_experts)));
   K3_RETURN_IF_ERROR(runner->Build(capacity));
   return runner;
 }
@@ -79,6 +97,7 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
       if (config.IsLatentMoe()) {
         K3_RETURN_IF_ERROR(UploadBf16Matrix(lw.moe.latent_up, "latent_up", &layer.latent_up));
       }
+      if (device_experts_ != nullptr) K3_RETURN_IF_ERROR(UploadRouter(lw.moe, &layer));
     }
   }
   K3_RETURN_IF_ERROR(UploadBf16Matrix(weights_->lm_head, "lm_head", &lm_head_));
@@ -87,8 +106,32 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
     K3_RETURN_IF_ERROR(output_res_proj_.Upload(weights_->output_attn_res_proj));
     K3_RETURN_IF_ERROR(output_res_norm_.Upload(weights_->output_attn_res_norm));
   }
+  // At most two depth reads per layer and one for the output, of at most every layer's block
+  // and the prefix each.
+  source_slices_ = 2 * config.num_hidden_layers + 1;
+  source_width_ = config.num_hidden_layers + 2;
+  const size_t sources = static_cast<size_t>(source_slices_) * source_width_;
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&pinned_sources_), sources * sizeof(const float*)),
+      "cudaMallocHost(depth sources)");
+  K3_RETURN_IF_ERROR(sources_.Reserve(sources));
   for (int32_t s = capacity.sequences - 1; s >= 0; --s) free_slots_.push_back(s);
   for (int32_t p = capacity.cache_pages - 1; p >= 0; --p) free_pages_.push_back(p);
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::UploadRouter(const MoeWeights& moe, Layer* layer) {
+  K3_RETURN_IF_ERROR(UploadBf16Matrix(moe.router.gate, "router gate", &layer->router_gate));
+  if (!moe.router.score_bias.empty()) {
+    K3_RETURN_IF_ERROR(layer->score_bias.Upload(moe.router.score_bias));
+  }
+  if (weights_->config.IsLatentMoe()) {
+    K3_RETURN_IF_ERROR(
+        UploadBf16Matrix(moe.router.latent_down, "latent_down", &layer->latent_down));
+    if (!moe.router.latent_norm.empty()) {
+      K3_RETURN_IF_ERROR(layer->latent_norm.Upload(moe.router.latent_norm));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -128,19 +171,24 @@ absl::Status GpuModelRunner::Norm(const float* x, const DeviceBuffer<float>& gam
 
 absl::Status GpuModelRunner::DepthRead(const DeviceBuffer<float>& proj,
                                        const DeviceBuffer<float>& norm, float* out) {
-  std::vector<const float*> sources;
-  for (int32_t b = 0; b < block_count_; ++b) sources.push_back(blocks_[b].get());
-  sources.push_back(prefix_.get());
-  K3_RETURN_IF_ERROR(sources_.Reserve(sources.size()));
-  // From pageable memory: the call returns once the pointers are staged.
+  if (depth_read_ >= source_slices_ || block_count_ + 1 > source_width_) {
+    return absl::InternalError("GpuModelRunner: more depth reads than planned");
+  }
+  // This read's own slice, host and device: earlier reads' copies may still be queued, and a
+  // graph's copy node reads the host slice when it is replayed.
+  const float** host = pinned_sources_ + depth_read_ * source_width_;
+  const float** device = sources_.get() + depth_read_ * source_width_;
+  ++depth_read_;
+  int32_t count = 0;
+  for (int32_t b = 0; b < block_count_; ++b) host[count++] = blocks_[b].get();
+  host[count++] = prefix_.get();
   K3_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(sources_.get(), sources.data(), sources.size() * sizeof(const float*),
-                      cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
+      cudaMemcpyAsync(device, host, count * sizeof(const float*), cudaMemcpyHostToDevice,
+                      static_cast<cudaStream_t>(stream_)),
       "cudaMemcpyAsync(depth sources)");
   const ModelConfig& config = weights_->config;
-  return CudaStatus(LaunchAttnRes(sources_.get(), static_cast<int32_t>(sources.size()),
-                                  static_cast<int32_t>(rows_), config.hidden_size, proj.get(),
-                                  norm.get(), config.rms_norm_eps, out, stream_),
+  return CudaStatus(LaunchAttnRes(device, count, static_cast<int32_t>(rows_), config.hidden_size,
+                                  proj.get(), norm.get(), config.rms_norm_eps, out, stream_),
                     "LaunchAttnRes");
 }
 
@@ -211,7 +259,8 @@ absl::Status GpuModelRunner::Mix(absl::Span<const GpuBatchEntry> batch, const La
       max_length =
           std::max(max_length, static_cast<int32_t>(entry.sequence->length + entry.tokens.size()));
     }
-    rows.max_length = max_length;
+    // With graphs, a bound that holds for the key's whole page count (see the header).
+    rows.max_length = graph_lengths_ ? max_pages_ * page_size_ : max_length;
     rows.position = positions_.get();
     rows.lengths = lengths_.get();
     rows.row_tables = row_tables_.get();
@@ -233,12 +282,9 @@ absl::Status GpuModelRunner::Mix(absl::Span<const GpuBatchEntry> batch, const La
   return absl::OkStatus();
 }
 
-absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
+absl::Status GpuModelRunner::RoutedOnHost(const Layer& layer, int index) {
   const ModelConfig& config = weights_->config;
   const int64_t d = config.hidden_size;
-  if (!weights_->layers[index].is_moe) {
-    return layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false);
-  }
   // The normed rows go to the routed experts; the shared experts run here meanwhile.
   host_rows_.resize(static_cast<size_t>(rows_ * d));
   K3_RETURN_IF_CUDA_ERROR(
@@ -248,10 +294,66 @@ absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
   K3_RETURN_IF_ERROR(Sync());
   K3_RETURN_IF_ERROR(routed_moe_->Begin(index, host_rows_.data(), rows_));
   K3_RETURN_IF_ERROR(layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false));
-  const int64_t width = config.ExpertWidth();
-  host_routed_.resize(static_cast<size_t>(rows_ * width));
+  host_routed_.resize(static_cast<size_t>(rows_ * config.ExpertWidth()));
   K3_RETURN_IF_ERROR(routed_moe_->Wait(host_routed_.data()));
-  K3_RETURN_IF_ERROR(routed_.Upload(host_routed_));
+  return routed_.Upload(host_routed_);
+}
+
+absl::Status GpuModelRunner::RoutedOnDevice(const Layer& layer, int index) {
+  const ModelConfig& config = weights_->config;
+  const int64_t d = config.hidden_size, width = config.ExpertWidth();
+  const int32_t experts = config.num_experts, top_k = config.num_experts_per_token;
+  const auto rows = static_cast<int32_t>(rows_);
+  K3_RETURN_IF_ERROR(layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false));
+  K3_RETURN_IF_ERROR(normed16_.Reserve(rows_ * d));
+  K3_RETURN_IF_ERROR(gate_logits_.Reserve(rows_ * experts));
+  K3_RETURN_IF_ERROR(gate_scores_.Reserve(rows_ * experts));
+  K3_RETURN_IF_ERROR(gate_ids_.Reserve(rows_ * top_k));
+  K3_RETURN_IF_ERROR(gate_weights_.Reserve(rows_ * top_k));
+  // The router's products, as every product here, on rows rounded to bf16.
+  K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(normed_.get(), d, rows, static_cast<int32_t>(d),
+                                            normed16_.get(), d, stream_),
+                          "LaunchRoundToBf16(router rows)");
+  K3_RETURN_IF_ERROR(products_->Linear(layer.router_gate.get(), experts, d, normed16_.get(), rows_,
+                                       gate_logits_.get(), /*accumulate=*/false));
+  MoeGateArgs gate;
+  gate.logits = gate_logits_.get();
+  gate.logits_stride = experts;
+  gate.bias = layer.score_bias.size() > 0 ? layer.score_bias.get() : nullptr;
+  gate.tokens = rows;
+  gate.num_experts = experts;
+  gate.top_k = top_k;
+  gate.renormalize = config.moe_renormalize;
+  gate.scaling = config.routed_scaling_factor;
+  gate.scores = gate_scores_.get();
+  gate.ids = gate_ids_.get();
+  gate.weights = gate_weights_.get();
+  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGate(gate, stream_)), "LaunchMoeGate");
+  const float* z = normed_.get();
+  if (config.IsLatentMoe()) {
+    K3_RETURN_IF_ERROR(latent_.Reserve(rows_ * width));
+    K3_RETURN_IF_ERROR(products_->Linear(layer.latent_down.get(), width, d, normed16_.get(), rows_,
+                                         latent_.get(), /*accumulate=*/false));
+    z = latent_.get();
+  }
+  K3_RETURN_IF_ERROR(device_experts_(index, z, rows_, width, gate_ids_.get(), gate_weights_.get(),
+                                     top_k, routed_.get(), stream_));
+  if (!config.IsLatentMoe() || layer.latent_norm.size() == 0) return absl::OkStatus();
+  return CudaStatus(
+      LaunchRmsNorm(routed_.get(), width, rows, static_cast<int32_t>(width),
+                    layer.latent_norm.get(), config.rms_norm_eps, routed_.get(), width, stream_),
+      "LaunchRmsNorm(latent)");
+}
+
+absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
+  const ModelConfig& config = weights_->config;
+  const int64_t d = config.hidden_size;
+  if (!weights_->layers[index].is_moe) {
+    return layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false);
+  }
+  K3_RETURN_IF_ERROR(device_experts_ != nullptr ? RoutedOnDevice(layer, index)
+                                                : RoutedOnHost(layer, index));
+  const int64_t width = config.ExpertWidth();
   if (!config.IsLatentMoe()) return products_->Add(routed_.get(), ffn_.get(), rows_ * d);
   K3_RETURN_IF_CUDA_ERROR(
       LaunchRoundToBf16(routed_.get(), width, static_cast<int32_t>(rows_),
@@ -304,8 +406,7 @@ absl::Status GpuModelRunner::RunLayer(absl::Span<const GpuBatchEntry> batch, int
   return products_->Add(ffn_.get(), prefix_.get(), values);
 }
 
-absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
-                                    std::vector<float>* logits) {
+absl::Status GpuModelRunner::OutputRows(absl::Span<const GpuBatchEntry> batch) {
   const ModelConfig& config = weights_->config;
   const int64_t d = config.hidden_size;
   auto stream = static_cast<cudaStream_t>(stream_);
@@ -316,10 +417,7 @@ absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
                                             cudaMemcpyDeviceToDevice, stream),
                             "cudaMemcpyAsync(hidden)");
   }
-  int64_t logit_rows = 0;
-  for (const GpuBatchEntry& entry : batch) {
-    logit_rows += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
-  }
+  const int64_t logit_rows = logit_rows_;
   K3_RETURN_IF_ERROR(selected_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(selected16_.Reserve(logit_rows * d));
   K3_RETURN_IF_ERROR(logits_.Reserve(logit_rows * config.vocab_size));
@@ -335,14 +433,71 @@ absl::Status GpuModelRunner::Output(absl::Span<const GpuBatchEntry> batch,
   K3_RETURN_IF_CUDA_ERROR(LaunchRoundToBf16(selected_.get(), d, static_cast<int32_t>(logit_rows),
                                             static_cast<int32_t>(d), selected16_.get(), d, stream_),
                           "LaunchRoundToBf16(selected)");
-  K3_RETURN_IF_ERROR(products_->Linear(lm_head_.get(), config.vocab_size, d, selected16_.get(),
-                                       logit_rows, logits_.get(), /*accumulate=*/false));
-  logits->resize(static_cast<size_t>(logit_rows * config.vocab_size));
-  K3_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(logits->data(), logits_.get(), logits->size() * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync(logits)");
-  return Sync();
+  return products_->Linear(lm_head_.get(), config.vocab_size, d, selected16_.get(), logit_rows,
+                           logits_.get(), /*accumulate=*/false);
+}
+
+absl::Status GpuModelRunner::Forward(absl::Span<const GpuBatchEntry> batch) {
+  block_count_ = 0;
+  depth_read_ = 0;
+  float* const prefix = prefix_.get();
+  absl::Status status;
+  for (int l = 0; l < weights_->config.num_hidden_layers && status.ok(); ++l) {
+    status = RunLayer(batch, l);
+  }
+  if (status.ok()) status = OutputRows(batch);
+  // Every step starts with the same buffer as prefix_, so that a graph's addresses hold.
+  if (prefix_.get() != prefix) std::swap(prefix_, mixed_);
+  return status;
+}
+
+absl::Status GpuModelRunner::SetCudaGraphs(bool on) {
+  if (on && device_experts_ == nullptr) {
+    return absl::InvalidArgumentError("GpuModelRunner: CUDA graphs need device routing");
+  }
+  cuda_graphs_ = on;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::GraphedForward(absl::Span<const GpuBatchEntry> batch) {
+  auto stream = static_cast<cudaStream_t>(stream_);
+  const uint64_t epoch = DeviceAllocationEpoch().load();
+  StepGraph& graph = graphs_[{static_cast<int32_t>(batch.size()), max_pages_}];
+  if (graph.exec != nullptr && graph.captured_epoch != epoch) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph.exec));
+    graph.exec = nullptr;
+  }
+  if (graph.exec == nullptr && graph.warmed_epoch != epoch) {
+    // First of its key since buffers last changed: grow them in an ordinary run.
+    K3_RETURN_IF_ERROR(Forward(batch));
+    graph.warmed_epoch = DeviceAllocationEpoch().load();
+    return absl::OkStatus();
+  }
+  if (graph.exec == nullptr) {
+    K3_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed),
+                            "cudaStreamBeginCapture");
+    const absl::Status status = Forward(batch);
+    cudaGraph_t captured = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+    cudaGraphExec_t exec = nullptr;
+    const bool usable = status.ok() && ended == cudaSuccess &&
+                        DeviceAllocationEpoch().load() == epoch &&
+                        cudaGraphInstantiate(&exec, captured, 0) == cudaSuccess;
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    if (!usable) {
+      // Nothing of the step ran: run it without a graph and try again at the next step.
+      cudaGetLastError();
+      graph.warmed_epoch = ~uint64_t{0};
+      K3_RETURN_IF_ERROR(Forward(batch));
+      graph.warmed_epoch = DeviceAllocationEpoch().load();
+      return absl::OkStatus();
+    }
+    graph.exec = exec;
+    graph.captured_epoch = epoch;
+  }
+  ++graph_launches_;
+  return CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec), stream),
+                    "cudaGraphLaunch");
 }
 
 absl::Status GpuModelRunner::Step(absl::Span<const GpuBatchEntry> batch,
@@ -363,14 +518,23 @@ absl::Status GpuModelRunner::Step(absl::Span<const GpuBatchEntry> batch,
     rows += static_cast<int64_t>(entry.tokens.size());
   }
   if (batch.empty()) return absl::InvalidArgumentError("an empty batch");
-  K3_RETURN_IF_ERROR(Prepare(batch, rows));
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    if (absl::Status s = RunLayer(batch, l); !s.ok()) {
-      routed_moe_->Abandon();
-      return s;
-    }
+  logit_rows_ = 0;
+  for (const GpuBatchEntry& entry : batch) {
+    logit_rows_ += entry.all_logits ? static_cast<int64_t>(entry.tokens.size()) : 1;
   }
-  K3_RETURN_IF_ERROR(Output(batch, logits));
+  K3_RETURN_IF_ERROR(Prepare(batch, rows));
+  const bool graphed = cuda_graphs_ && rows == static_cast<int64_t>(batch.size());
+  graph_lengths_ = graphed;
+  if (absl::Status s = graphed ? GraphedForward(batch) : Forward(batch); !s.ok()) {
+    if (routed_moe_ != nullptr) routed_moe_->Abandon();
+    return s;
+  }
+  logits->resize(static_cast<size_t>(logit_rows_ * config.vocab_size));
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(logits->data(), logits_.get(), logits->size() * sizeof(float),
+                      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream_)),
+      "cudaMemcpyAsync(logits)");
+  K3_RETURN_IF_ERROR(Sync());
   for (const GpuBatchEntry& entry : batch) entry.sequence->length += entry.tokens.size();
   return absl::OkStatus();
 }

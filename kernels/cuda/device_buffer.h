@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -15,6 +17,14 @@
 #include "kernels/cuda/cuda_status.h"
 
 namespace k3 {
+
+// Counts reallocations of the GPU layers' device buffers (every DeviceBuffer, the scratch of
+// GpuGatedMlp and GpuExpertCompute). A CUDA graph captured before a change may hold freed
+// addresses, so GpuModelRunner replays one only while the count is what it was at capture.
+inline std::atomic<uint64_t>& DeviceAllocationEpoch() {
+  static std::atomic<uint64_t> epoch{0};
+  return epoch;
+}
 
 template <typename T>
 class DeviceBuffer {
@@ -33,6 +43,7 @@ class DeviceBuffer {
   // work still uses the old memory (cudaFree waits for the device only on the legacy stream).
   absl::Status Reserve(size_t size) {
     if (size <= size_) return absl::OkStatus();
+    DeviceAllocationEpoch().fetch_add(1);
     cudaFree(data_);
     data_ = nullptr;
     size_ = 0;
@@ -41,11 +52,19 @@ class DeviceBuffer {
     return absl::OkStatus();
   }
 
-  // Exactly the host array's contents (synchronous copy).
+  // Exactly the host array's contents (synchronous copy). cudaMemcpy from pageable memory may
+  // return before its DMA from the staging buffer has landed (CUDA runtime API, "API
+  // synchronization behavior"), and the GPU layers' own streams are non-blocking, so the copy's
+  // stream is waited for: work queued after Upload sees the new contents.
   absl::Status Upload(const T* host, size_t size) {
     if (absl::Status s = Reserve(size); !s.ok()) return s;
-    return CudaStatus(cudaMemcpy(data_, host, size * sizeof(T), cudaMemcpyHostToDevice),
-                      "cudaMemcpy to the device");
+    if (absl::Status s =
+            CudaStatus(cudaMemcpy(data_, host, size * sizeof(T), cudaMemcpyHostToDevice),
+                       "cudaMemcpy to the device");
+        !s.ok()) {
+      return s;
+    }
+    return CudaStatus(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)");
   }
   absl::Status Upload(const std::vector<T>& host) { return Upload(host.data(), host.size()); }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cublas_products.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/glu.h"
 
 namespace k3 {
@@ -69,6 +70,7 @@ GpuGatedMlp::~GpuGatedMlp() {
 
 absl::Status GpuGatedMlp::Reserve(int64_t tokens) {
   if (tokens <= reserved_tokens_) return absl::OkStatus();
+  DeviceAllocationEpoch().fetch_add(1);  // CUDA graphs holding the old addresses are stale
   // Frees what the stream may still read: wait for it first.
   K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
                           "cudaStreamSynchronize");

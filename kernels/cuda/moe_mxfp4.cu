@@ -186,7 +186,8 @@ __device__ __forceinline__ bool WarpWorkOf(const MoeMxfp4Launch& p, int rows, in
                                            WarpWork* w) {
   w->chunk = p.chunks[blockIdx.x];
   w->mt = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;
-  if (w->mt >= rows / kGpuTileRows) return false;
+  // Empty chunks pad a device-grouped call to its host-known bound (moe_group.h).
+  if (w->mt >= rows / kGpuTileRows || w->chunk.tokens == 0) return false;
   w->expert = p.experts[w->chunk.expert];
   w->input_tiles = inputs / kGpuTileInputs;
   w->first_tile = static_cast<int64_t>(w->mt) * w->input_tiles;

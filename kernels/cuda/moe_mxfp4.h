@@ -37,7 +37,7 @@ struct Mxfp4DeviceExpert {
 struct MoeChunk {
   int32_t expert = 0;      // index into MoeMxfp4Launch::experts
   int32_t first_slot = 0;  // the chunk's slots are [first_slot, first_slot + tokens)
-  int32_t tokens = 0;      // 1..chunk_tokens
+  int32_t tokens = 0;      // 1..chunk_tokens; 0: an empty chunk, skipped
 };
 
 struct MoeMxfp4Launch {

@@ -5,7 +5,7 @@
 // 16-term sums of them, to 1e-6; where the two pick different experts for a slot, the choices
 // (s + bias) of the two must be within 1e-6 of each other (a tie within rounding). Without a GPU
 // the GPU cases report themselves skipped ("no GPU").
-#include "router/cuda/moe_gate.h"
+#include "kernels/cuda/moe_gate.h"
 
 #include <cmath>
 #include <random>

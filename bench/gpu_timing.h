@@ -1,7 +1,8 @@
-// What the standalone CUDA benches (attention_gpu_bench, moe_mxfp4_bench) share: CHECK_CUDA, the
-// device line, and timing calls on a stream with CUDA events. Header-only, for nvcc (cudart only).
-#ifndef K3SERVE_BENCH_GPU_TIMING_CUH_
-#define K3SERVE_BENCH_GPU_TIMING_CUH_
+// What the CUDA benches (attention_gpu_bench, moe_mxfp4_bench, gpu_step_bench) share: CHECK_CUDA,
+// the device line, and timing calls on a stream with CUDA events. Header-only host code (cudart
+// only), for nvcc and the host compiler alike.
+#ifndef K3SERVE_BENCH_GPU_TIMING_H_
+#define K3SERVE_BENCH_GPU_TIMING_H_
 
 #include <cuda_runtime.h>
 
@@ -11,14 +12,13 @@
 #include <vector>
 
 // Exits with status 1, naming the call and CUDA's error, when `call` does not return cudaSuccess.
-#define CHECK_CUDA(call)                                                            \
-  do {                                                                              \
-    cudaError_t e = (call);                                                         \
-    if (e != cudaSuccess) {                                                         \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-              cudaGetErrorString(e));                                               \
-      exit(1);                                                                      \
-    }                                                                               \
+#define CHECK_CUDA(call)                                                                   \
+  do {                                                                                     \
+    cudaError_t e = (call);                                                                \
+    if (e != cudaSuccess) {                                                                \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
+      exit(1);                                                                             \
+    }                                                                                      \
   } while (0)
 
 namespace k3 {
@@ -57,4 +57,4 @@ double TimeOnStream(F run, int calls, cudaStream_t stream) {
 
 }  // namespace k3
 
-#endif  // K3SERVE_BENCH_GPU_TIMING_CUH_
+#endif  // K3SERVE_BENCH_GPU_TIMING_H_

@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "router/cuda/moe_gate.h"
-#include "router/cuda/moe_gate_kernel.inc"
+#include "kernels/cuda/moe_gate.h"
+#include "kernels/cuda/moe_gate_kernel.inc"
 
 #include <algorithm>
 #include <numeric>

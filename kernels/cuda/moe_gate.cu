@@ -1,13 +1,13 @@
 // The MoE gate (moe_gate.h): the launch and its shape checks; the device code is
 // moe_gate_kernel.inc.
-#include "router/cuda/moe_gate.h"
+#include "kernels/cuda/moe_gate.h"
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
-#include "router/cuda/moe_gate_kernel.inc"
+#include "kernels/cuda/moe_gate_kernel.inc"
 
 namespace k3 {
 

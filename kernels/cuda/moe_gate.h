@@ -5,8 +5,8 @@
 // asked, times the routed scaling factor.
 //
 // Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned.
-#ifndef K3SERVE_ROUTER_CUDA_MOE_GATE_H_
-#define K3SERVE_ROUTER_CUDA_MOE_GATE_H_
+#ifndef K3SERVE_KERNELS_CUDA_MOE_GATE_H_
+#define K3SERVE_KERNELS_CUDA_MOE_GATE_H_
 
 #include <cstdint>
 
@@ -38,4 +38,4 @@ int LaunchMoeGate(const MoeGateArgs& args, void* stream);
 
 }  // namespace k3
 
-#endif  // K3SERVE_ROUTER_CUDA_MOE_GATE_H_
+#endif  // K3SERVE_KERNELS_CUDA_MOE_GATE_H_
