@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "model/json_value.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

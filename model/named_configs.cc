@@ -4,8 +4,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/config.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/bf16.h"
 #include "kernels/mxfp4.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

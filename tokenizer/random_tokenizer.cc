@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "model/text_file.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/special_tokens.h"
