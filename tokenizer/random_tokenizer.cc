@@ -10,7 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/text_file.h"
+#include "base/text_file.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/special_tokens.h"
 #include "tokenizer/tokenizer.h"
