@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/remote_routed_moe.h"
+#include "base/status_macros.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
@@ -78,10 +79,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   Parts& p = *parts_;
   SchedulerOptions scheduler_options = p.options.scheduler;
   if (!p.options.node.trace_file.empty()) {
-    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
-        SpanLog::Open(p.options.node.trace_file, "attention");
-    if (!spans.ok()) return spans.status();
-    p.spans = *std::move(spans);
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<SpanLog> spans,
+                        SpanLog::Open(p.options.node.trace_file, "attention"));
+    p.spans = std::move(spans);
     scheduler_options.spans = p.spans.get();
   }
   p.scheduler = std::make_unique<GenerationScheduler>(weights, routed_moe, scheduler_options,
@@ -91,9 +91,8 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   const std::string& model = p.options.node.model;
   if (!model.empty() &&
       std::filesystem::exists(std::filesystem::path(model) / Tokenizer::kRanksFile)) {
-    absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(model);
-    if (!loaded.ok()) return loaded.status();
-    tokenizer = std::make_shared<const Tokenizer>(*std::move(loaded));
+    K3_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::Load(model));
+    tokenizer = std::make_shared<const Tokenizer>(std::move(loaded));
   } else {
     LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
               << "': serving token ids only";
@@ -101,10 +100,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   K3ServeLimits limits;
   limits.max_streams_per_client = p.options.max_streams_per_client;
   if (!p.options.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        ReadTokenFile("--auth-token-file", p.options.auth_token_file);
-    if (!token.ok()) return token.status();
-    limits.auth_token = *std::move(token);
+    K3_ASSIGN_OR_RETURN(std::string token,
+                        ReadTokenFile("--auth-token-file", p.options.auth_token_file));
+    limits.auth_token = std::move(token);
   }
   p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer),
                                         &DefaultMetrics(), std::move(limits));
@@ -118,10 +116,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   endpoint_options.readiness_service = kK3ServeServiceName;
   endpoint_options.services = {p.k3serve_service.get(), p.control_service.get()};
   endpoint_options.max_receive_message_bytes = p.options.max_request_bytes;
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  p.endpoints = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  p.endpoints = std::move(endpoints);
   p.ready_gauge =
       DefaultMetrics()
           .AddGauge("k3_attention_ready", "1 while the node admits Generate calls, else 0.")
@@ -135,7 +132,7 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalone(
     const AttentionServerOptions& options, const ModelWeights* weights, RoutedMoe* routed_moe) {
-  if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.scheduler.Validate());
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   if (absl::Status s = node->StartServing(weights, routed_moe, pb::ROLE_UNSPECIFIED); !s.ok()) {
     return s;
@@ -149,23 +146,20 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalon
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     const AttentionServerOptions& options) {
-  if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.scheduler.Validate());
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   Parts& p = *node->parts_;
 
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.node.model);
-  if (!checkpoint.ok()) return checkpoint.status();
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(options.node.model));
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::move(*checkpoint), WeightSelection::AttentionOnly());
-  if (!weights.ok()) return weights.status();
-  p.weights = *std::move(weights);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                      LoadWeights(std::move(checkpoint), WeightSelection::AttentionOnly()));
+  p.weights = std::move(weights);
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options.node);
-  if (!transport.ok()) return transport.status();
-  p.transport = *std::move(transport);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<UcxTransport> transport, CreateNodeTransport(options.node));
+  p.transport = std::move(transport);
   p.links = std::make_unique<PeerLinks>(p.transport.get());
   RemoteRoutedMoeOptions moe_options;
   moe_options.timeout = options.moe_timeout;

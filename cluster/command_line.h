@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
@@ -102,7 +103,7 @@ absl::StatusOr<Options> ParseFlags(const std::function<void(CLI::App*, Options*)
   CLI::App app;
   Options options;
   add(&app, &options);
-  if (absl::Status s = ParseArgs(&app, args); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(ParseArgs(&app, args));
   return options;
 }
 

@@ -156,11 +156,10 @@ absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
   if (name == "k3-perf") return ParseModelConfig(kK3Perf);
   if (name == "kimi-linear-tiny") return ParseModelConfig(kKimiLinearTiny);
   if (name == "k3-tiny-8") {
-    auto config = ParseModelConfig(kK3Tiny);
-    if (!config.ok()) return config.status();
-    config->num_hidden_layers = 8;
-    config->linear_attn.full_attn_layers = {4, 8};
-    if (auto s = ValidateModelConfig(*config); !s.ok()) return s;
+    K3_ASSIGN_OR_RETURN(auto config, ParseModelConfig(kK3Tiny));
+    config.num_hidden_layers = 8;
+    config.linear_attn.full_attn_layers = {4, 8};
+    if (auto s = ValidateModelConfig(config); !s.ok()) return s;
     return config;
   }
   return absl::NotFoundError(absl::StrCat("no named config \"", Sv(name),
