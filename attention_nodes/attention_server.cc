@@ -20,7 +20,6 @@
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
-#include "model/checkpoint.h"
 #include "proto/cluster.pb.h"
 #include "cluster/node_process.h"
 #include "cluster/peer_links.h"
@@ -150,11 +149,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   Parts& p = *node->parts_;
 
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(options.node.model));
   const absl::Time load_start = absl::Now();
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
-                      LoadWeights(std::move(checkpoint), WeightSelection::AttentionOnly()));
-  p.weights = std::move(weights);
+  K3_ASSIGN_OR_RETURN(p.weights, LoadWeights(options.node.model, WeightSelection::AttentionOnly()));
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
@@ -293,10 +289,7 @@ void AttentionServer::Shutdown() {
   // The watcher first: it uses everything below.
   if (p.watcher) p.watcher->Stop();
   if (p.scheduler) p.scheduler->Shutdown();
-  if (p.endpoints) p.endpoints->Leave();
-  if (p.links) p.links->Stop();
-  if (p.transport) p.transport->Close();
-  if (p.endpoints) p.endpoints->Stop();
+  StopDataPlane(p.endpoints.get(), p.links.get(), p.transport.get());
 }
 
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
@@ -354,10 +347,6 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   AddBoundedInt(app, "--max-streams-per-client", &options->max_streams_per_client, 0, 1 << 20,
                 "Generate streams in flight per client address (RESOURCE_EXHAUSTED beyond; "
                 "0: no limit)");
-}
-
-absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {
-  return ParseFlags<AttentionServerOptions>(AddAttentionFlags, args);
 }
 
 int RunAttentionNode(const AttentionServerOptions& options) {

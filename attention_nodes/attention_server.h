@@ -61,9 +61,6 @@ struct AttentionServerOptions {
   int max_streams_per_client = 128;          // 0: no limit
 };
 
-// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
-absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args);
-
 // Declares the attention node's flags on `app`; parsing fills `options`.
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options);
 

@@ -4,18 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/checkpoint.h"
 
 namespace k3 {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(
     const std::string& model_dir, const std::function<void(size_t, size_t)>& progress) {
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
-                      LoadWeights(std::shared_ptr<const Checkpoint>(std::move(checkpoint)),
-                                  WeightSelection::All(), progress));
   std::unique_ptr<LocalEngine> engine(new LocalEngine);
-  engine->weights_ = std::move(weights);
+  K3_ASSIGN_OR_RETURN(engine->weights_, LoadWeights(model_dir, WeightSelection::All(), progress));
   engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get());
   engine->runner_ = std::make_unique<ModelRunner>(engine->weights_.get(), engine->moe_.get());
   return engine;
