@@ -12,6 +12,7 @@
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/device_step_runner.h"
 #include "attention_nodes/remote_routed_moe.h"
+#include "base/status_macros.h"
 #include "cluster/actor.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
@@ -20,7 +21,6 @@
 #include "cluster/node_transport.h"
 #include "cluster/ucx_transport.h"
 #include "glog/logging.h"
-#include "model/checkpoint.h"
 #include "proto/cluster.pb.h"
 #include "cluster/node_process.h"
 #include "cluster/peer_links.h"
@@ -79,10 +79,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   Parts& p = *parts_;
   SchedulerOptions scheduler_options = p.options.scheduler;
   if (!p.options.node.trace_file.empty()) {
-    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
-        SpanLog::Open(p.options.node.trace_file, "attention");
-    if (!spans.ok()) return spans.status();
-    p.spans = *std::move(spans);
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<SpanLog> spans,
+                        SpanLog::Open(p.options.node.trace_file, "attention"));
+    p.spans = std::move(spans);
     scheduler_options.spans = p.spans.get();
   }
   DeviceStateLimits state_limits;
@@ -101,9 +100,8 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   const std::string& model = p.options.node.model;
   if (!model.empty() &&
       std::filesystem::exists(std::filesystem::path(model) / Tokenizer::kRanksFile)) {
-    absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(model);
-    if (!loaded.ok()) return loaded.status();
-    tokenizer = std::make_shared<const Tokenizer>(*std::move(loaded));
+    K3_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::Load(model));
+    tokenizer = std::make_shared<const Tokenizer>(std::move(loaded));
   } else {
     LOG(INFO) << "no " << Tokenizer::kRanksFile << " in the model folder '" << model
               << "': serving token ids only";
@@ -111,10 +109,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   K3ServeLimits limits;
   limits.max_streams_per_client = p.options.max_streams_per_client;
   if (!p.options.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        ReadTokenFile("--auth-token-file", p.options.auth_token_file);
-    if (!token.ok()) return token.status();
-    limits.auth_token = *std::move(token);
+    K3_ASSIGN_OR_RETURN(std::string token,
+                        ReadTokenFile("--auth-token-file", p.options.auth_token_file));
+    limits.auth_token = std::move(token);
   }
   p.k3serve_service = NewK3ServeService(p.scheduler.get(), std::move(tokenizer),
                                         &DefaultMetrics(), std::move(limits));
@@ -128,10 +125,9 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   endpoint_options.readiness_service = kK3ServeServiceName;
   endpoint_options.services = {p.k3serve_service.get(), p.control_service.get()};
   endpoint_options.max_receive_message_bytes = p.options.max_request_bytes;
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  p.endpoints = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  p.endpoints = std::move(endpoints);
   p.ready_gauge =
       DefaultMetrics()
           .AddGauge("k3_attention_ready", "1 while the node admits Generate calls, else 0.")
@@ -145,7 +141,7 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalone(
     const AttentionServerOptions& options, const ModelWeights* weights, RoutedMoe* routed_moe) {
-  if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.scheduler.Validate());
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   if (absl::Status s = node->StartServing(weights, routed_moe, pb::ROLE_UNSPECIFIED); !s.ok()) {
     return s;
@@ -159,23 +155,17 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::StartStandalon
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     const AttentionServerOptions& options) {
-  if (absl::Status s = options.scheduler.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.scheduler.Validate());
   std::unique_ptr<AttentionServer> node(new AttentionServer(std::make_unique<Parts>(options)));
   Parts& p = *node->parts_;
 
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.node.model);
-  if (!checkpoint.ok()) return checkpoint.status();
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::move(*checkpoint), WeightSelection::AttentionOnly());
-  if (!weights.ok()) return weights.status();
-  p.weights = *std::move(weights);
+  K3_ASSIGN_OR_RETURN(p.weights, LoadWeights(options.node.model, WeightSelection::AttentionOnly()));
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options.node);
-  if (!transport.ok()) return transport.status();
-  p.transport = *std::move(transport);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<UcxTransport> transport, CreateNodeTransport(options.node));
+  p.transport = std::move(transport);
   p.links = std::make_unique<PeerLinks>(p.transport.get());
   RemoteRoutedMoeOptions moe_options;
   moe_options.timeout = options.moe_timeout;
@@ -309,10 +299,7 @@ void AttentionServer::Shutdown() {
   // The watcher first: it uses everything below.
   if (p.watcher) p.watcher->Stop();
   if (p.scheduler) p.scheduler->Shutdown();
-  if (p.endpoints) p.endpoints->Leave();
-  if (p.links) p.links->Stop();
-  if (p.transport) p.transport->Close();
-  if (p.endpoints) p.endpoints->Stop();
+  StopDataPlane(p.endpoints.get(), p.links.get(), p.transport.get());
 }
 
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
@@ -376,10 +363,6 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   AddBoundedInt(app, "--max-streams-per-client", &options->max_streams_per_client, 0, 1 << 20,
                 "Generate streams in flight per client address (RESOURCE_EXHAUSTED beyond; "
                 "0: no limit)");
-}
-
-absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {
-  return ParseFlags<AttentionServerOptions>(AddAttentionFlags, args);
 }
 
 int RunAttentionNode(const AttentionServerOptions& options) {

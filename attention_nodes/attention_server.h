@@ -67,9 +67,6 @@ struct AttentionServerOptions {
                                 // could use (--max-sequences x their longest context)
 };
 
-// INVALID_ARGUMENT naming the flag for unknown flags, missing or malformed values.
-absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args);
-
 // Declares the attention node's flags on `app`; parsing fills `options`.
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options);
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics.h"
 #include "cluster/security.h"
@@ -147,10 +148,9 @@ absl::StatusOr<std::shared_ptr<const ConstraintShape>> ConstraintShapeFromProto(
           if (schema.is_discarded()) {
             return absl::InvalidArgumentError("a constraint's json_schema is not JSON");
           }
-          absl::StatusOr<std::shared_ptr<const JsonGrammar>> grammar =
-              JsonGrammar::FromSchema(schema);
-          if (!grammar.ok()) return grammar.status();
-          pieces.push_back({.kind = Kind::kJson, .json = *std::move(grammar)});
+          K3_ASSIGN_OR_RETURN(std::shared_ptr<const JsonGrammar> grammar,
+                              JsonGrammar::FromSchema(schema));
+          pieces.push_back({.kind = Kind::kJson, .json = std::move(grammar)});
           break;
         }
         default:
@@ -518,22 +518,19 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
           "prompt_token_ids");
     }
     if (!request.prompt_text().empty()) {
-      absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request.prompt_text());
-      if (!ids.ok()) return ids.status();
-      generation->prompt = *std::move(ids);
+      K3_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->Encode(request.prompt_text()));
+      generation->prompt = std::move(ids);
       return absl::OkStatus();
     }
     std::vector<ChatMessage> messages;
     for (const v1::ChatMessage& m : request.messages()) {
       messages.push_back({.role = m.role(), .content = m.content()});
     }
-    absl::StatusOr<std::vector<int32_t>> ids =
-        RenderChat(*tokenizer_, messages, {.thinking = request.thinking()});
-    if (!ids.ok()) return ids.status();
-    absl::StatusOr<int32_t> turn_end = TurnEndId(*tokenizer_);
-    if (!turn_end.ok()) return turn_end.status();
-    generation->prompt = *std::move(ids);
-    generation->stop_token_ids.push_back(*turn_end);
+    K3_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                        RenderChat(*tokenizer_, messages, {.thinking = request.thinking()}));
+    K3_ASSIGN_OR_RETURN(int32_t turn_end, TurnEndId(*tokenizer_));
+    generation->prompt = std::move(ids);
+    generation->stop_token_ids.push_back(turn_end);
     return absl::OkStatus();
   }
 
@@ -543,16 +540,15 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     if (tokenizer_ == nullptr) {
       return absl::InvalidArgumentError("constrained decoding needs the node's tokenizer");
     }
-    absl::StatusOr<std::shared_ptr<const ConstraintShape>> shape =
-        ConstraintShapeFromProto(sampling.constraint());
-    if (!shape.ok()) return shape.status();
+    K3_ASSIGN_OR_RETURN(std::shared_ptr<const ConstraintShape> shape,
+                        ConstraintShapeFromProto(sampling.constraint()));
     absl::MutexLock lock(&mu_);
     if (vocabulary_ == nullptr) {
       vocabulary_ = std::make_shared<const TokenVocabulary>(*tokenizer_,
                                                             scheduler_->config().vocab_size);
     }
     generation->sampling.vocabulary = vocabulary_;
-    generation->sampling.constraint = *std::move(shape);
+    generation->sampling.constraint = std::move(shape);
     return absl::OkStatus();
   }
 

@@ -6,11 +6,11 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/fp32_products.h"
 #include "kernels/rms_norm.h"
 #include "kernels/simd.h"
 #include "kernels/thread_pool.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

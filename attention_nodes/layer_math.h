@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
 
@@ -72,8 +73,7 @@ absl::StatusOr<int64_t> CheckSegments(const char* mixer, const char* state_name,
       return absl::InvalidArgumentError(
           absl::StrCat(mixer, " segment tokens ", segment.tokens, " < 0"));
     }
-    absl::Status status = check_state(*(segment.*state));
-    if (!status.ok()) return status;
+    K3_RETURN_IF_ERROR(check_state(*(segment.*state)));
     rows += segment.tokens;
   }
   return rows;

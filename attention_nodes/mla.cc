@@ -5,11 +5,11 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/fp32_products.h"
 #include "kernels/matmul_transposed.h"
 #include "kernels/rms_norm.h"
 #include "kernels/thread_pool.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/attn_res.h"
+#include "base/status_macros.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
 #include "kernels/rms_norm.h"
@@ -127,20 +128,20 @@ absl::Status ModelRunner::StepLayers(absl::Span<const BatchEntry> batch,
   if (count == 1) {
     MicroBatch& mb = micro_batches_[0];
     for (int l = 0; l < layers; ++l) {
-      if (absl::Status s = StartLayer(mb, l); !s.ok()) return s;
-      if (absl::Status s = FinishLayer(mb, l); !s.ok()) return s;
+      K3_RETURN_IF_ERROR(StartLayer(mb, l));
+      K3_RETURN_IF_ERROR(FinishLayer(mb, l));
     }
   } else {
     // While one micro-batch's routed answer is in flight, the other's layer runs here:
     // start A0, start B0, finish A0, start A1, finish B0, start B1, ...
     for (MicroBatch& mb : micro_batches_) {
-      if (absl::Status s = StartLayer(mb, 0); !s.ok()) return s;
+      K3_RETURN_IF_ERROR(StartLayer(mb, 0));
     }
     for (int l = 0; l < layers; ++l) {
       for (MicroBatch& mb : micro_batches_) {
-        if (absl::Status s = FinishLayer(mb, l); !s.ok()) return s;
+        K3_RETURN_IF_ERROR(FinishLayer(mb, l));
         if (l + 1 == layers) continue;
-        if (absl::Status s = StartLayer(mb, l + 1); !s.ok()) return s;
+        K3_RETURN_IF_ERROR(StartLayer(mb, l + 1));
       }
     }
   }

@@ -1,9 +1,15 @@
 // Flag parsing of the attention node process.
 #include "attention_nodes/attention_server.h"
+#include "cluster/command_line.h"
 #include "gtest/gtest.h"
 
 namespace k3 {
 namespace {
+
+// What `k3serve attention` parses: the node's flags (ParseFlags' INVALID_ARGUMENT naming the flag).
+absl::StatusOr<AttentionServerOptions> ParseAttentionArgs(const std::vector<std::string>& args) {
+  return ParseFlags<AttentionServerOptions>(AddAttentionFlags, args);
+}
 
 TEST(NodeArgsTest, PingPongFlag) {
   const std::vector<std::string> base = {"--coordinator", "c:1", "--model", "/m"};

@@ -34,6 +34,7 @@
 #include "bench/cluster_bench_setup.h"
 #include "bench/step_breakdown.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "base/status_macros.h"
 #include "cluster/process_tuning.h"
 #include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
@@ -73,7 +74,7 @@ absl::StatusOr<absl::Duration> Best(int repeats, int n, Run run) {
   absl::Duration best = absl::InfiniteDuration();
   for (int r = 0; r < repeats; ++r) {
     const absl::Time start = absl::Now();
-    if (absl::Status s = run(n); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(run(n));
     best = std::min(best, absl::Now() - start);
   }
   return best;
@@ -83,11 +84,9 @@ absl::StatusOr<absl::Duration> Best(int repeats, int n, Run run) {
 template <typename Run>
 absl::StatusOr<double> DecodeTokensPerSecond(const BenchOptions& o, Run run) {
   if (absl::Status s = run(2); !s.ok()) return s;  // warm-up: page in weights, connect
-  absl::StatusOr<absl::Duration> one = Best(o.repeats, 1, run);
-  if (!one.ok()) return one.status();
-  absl::StatusOr<absl::Duration> many = Best(o.repeats, o.tokens, run);
-  if (!many.ok()) return many.status();
-  const double seconds = absl::ToDoubleSeconds(*many - *one);
+  K3_ASSIGN_OR_RETURN(absl::Duration one, Best(o.repeats, 1, run));
+  K3_ASSIGN_OR_RETURN(absl::Duration many, Best(o.repeats, o.tokens, run));
+  const double seconds = absl::ToDoubleSeconds(many - one);
   if (seconds <= 0) return absl::InternalError("decode took no measurable time; raise --tokens");
   return (o.tokens - 1) / seconds;
 }
@@ -109,10 +108,10 @@ class CountingSink : public GenerationSink {
 // batching scheduler over the in-process routed experts (what one attention worker of the cluster
 // runs, with the experts at home), all tokens over the best wall time, prefill included.
 absl::StatusOr<double> SingleProcessAggregate(const BenchOptions& o, const std::string& dir) {
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
-  if (!weights.ok()) return weights.status();
-  LocalRoutedMoe moe(weights->get());
-  GenerationScheduler scheduler(weights->get(), &moe, SchedulerOptions(), nullptr);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                      LoadWeights(dir, WeightSelection::All()));
+  LocalRoutedMoe moe(weights.get());
+  GenerationScheduler scheduler(weights.get(), &moe, SchedulerOptions(), nullptr);
   double best = 0;
   for (int r = 0; r < o.repeats; ++r) {
     absl::BlockingCounter done(o.streams);
@@ -123,9 +122,8 @@ absl::StatusOr<double> SingleProcessAggregate(const BenchOptions& o, const std::
       request.prompt = kPrompt;
       request.max_new_tokens = o.tokens;
       sinks.push_back(std::make_shared<CountingSink>(&done));
-      absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
-          scheduler.Submit(std::move(request), sinks.back());
-      if (!handle.ok()) return handle.status();
+      K3_ASSIGN_OR_RETURN(std::shared_ptr<RequestHandle> handle,
+                          scheduler.Submit(std::move(request), sinks.back()));
     }
     done.Wait();
     int64_t tokens = 0;
@@ -137,46 +135,42 @@ absl::StatusOr<double> SingleProcessAggregate(const BenchOptions& o, const std::
 }
 
 absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
-  absl::StatusOr<ModelConfig> config = NamedConfig(name);
-  if (!config.ok()) return config.status();
+  K3_ASSIGN_OR_RETURN(ModelConfig config, NamedConfig(name));
   const std::string dir = absl::StrCat(o.cluster.work_dir, "/", name);
   std::cerr << "writing a random " << name << " checkpoint to " << dir << "\n";
-  if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(WriteRandomCheckpoint(config, 1, dir));
 
   double single = 0;
   {
-    absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir);
-    if (!engine.ok()) return engine.status();
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Open(dir));
     absl::StatusOr<double> rate = DecodeTokensPerSecond(o, [&](int n) -> absl::Status {
       GenerateOptions options;
       options.max_new_tokens = n;
-      return (*engine)->Generate(kPrompt, options).status();
+      return (engine)->Generate(kPrompt, options).status();
     });
     if (!rate.ok()) return rate.status();
     single = *rate;
   }  // frees the engine's memory before the cluster maps the checkpoint
-  absl::StatusOr<double> single_streams = SingleProcessAggregate(o, dir);
-  if (!single_streams.ok()) return single_streams.status();
+  K3_ASSIGN_OR_RETURN(double single_streams, SingleProcessAggregate(o, dir));
 
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(
-      ClusterBenchOptions(o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs-", name),
-                          {"--ping-pong=" + o.ping_pong}));
-  if (!cluster.ok()) return cluster.status();
-  const std::string address = (*cluster)->generate_addresses()[0];
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
+                      LocalCluster::Start(ClusterBenchOptions(
+                          o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs-", name),
+                          {"--ping-pong=" + o.ping_pong})));
+  const std::string address = cluster->generate_addresses()[0];
   int request = 0;
   auto generate = [&](int n) -> absl::Status {
-    absl::StatusOr<GenerateOutcome> outcome =
-        GenerateOverGrpc(address, Request(absl::StrCat("bench-", request++), n), absl::Minutes(5));
-    if (!outcome.ok()) return outcome.status();
-    if (static_cast<int>(outcome->tokens.size()) != n) {
+    K3_ASSIGN_OR_RETURN(
+        GenerateOutcome outcome,
+        GenerateOverGrpc(address, Request(absl::StrCat("bench-", request++), n), absl::Minutes(5)));
+    if (static_cast<int>(outcome.tokens.size()) != n) {
       return absl::InternalError(absl::StrCat("asked for ", n, " tokens, got ",
-                                              outcome->tokens.size(), ": ",
-                                              outcome->complete.message()));
+                                              outcome.tokens.size(), ": ",
+                                              outcome.complete.message()));
     }
     return absl::OkStatus();
   };
-  absl::StatusOr<double> clustered = DecodeTokensPerSecond(o, generate);
-  if (!clustered.ok()) return clustered.status();
+  K3_ASSIGN_OR_RETURN(double clustered, DecodeTokensPerSecond(o, generate));
 
   // Aggregate over concurrent streams: all tokens of all streams over the wall time.
   absl::Duration best = absl::InfiniteDuration();
@@ -198,15 +192,15 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
     }
   }
   const double aggregate = o.streams * o.tokens / absl::ToDoubleSeconds(best);
-  PrintStepBreakdown(name, ScrapeStepBreakdown(**cluster));
-  if (absl::Status s = (*cluster)->Stop(); !s.ok()) std::cerr << s.message() << "\n";
+  PrintStepBreakdown(name, ScrapeStepBreakdown(*cluster));
+  if (absl::Status s = cluster->Stop(); !s.ok()) std::cerr << s.message() << "\n";
 
   std::cout << absl::StrFormat(
       "%-10s single-process %8.1f tok/s | cluster A=%d,R=%d,E=%d %8.1f tok/s | ratio %.3f | "
       "%d streams (incl. prefill): single-process %8.1f tok/s, cluster %8.1f tok/s, ratio "
       "%.3f\n",
-      name, single, o.cluster.attention, o.cluster.routers, o.cluster.experts, *clustered, *clustered / single, o.streams,
-      *single_streams, aggregate, aggregate / *single_streams);
+      name, single, o.cluster.attention, o.cluster.routers, o.cluster.experts, clustered,
+      clustered / single, o.streams, single_streams, aggregate, aggregate / single_streams);
   return absl::OkStatus();
 }
 

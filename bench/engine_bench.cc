@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "cluster/command_line.h"
 #include "engine/local_engine.h"
 #include "bench/machine_limits.h"
@@ -67,13 +68,13 @@ absl::Status TimeEngine(LocalEngine& engine, const std::vector<int32_t>& prompt,
     std::unique_ptr<SequenceState> state = runner.NewSequence();
     double start = NowSeconds();
     BatchEntry entry{state.get(), absl::MakeConstSpan(prompt), false};
-    if (absl::Status s = runner.Step({entry}, &logits); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(runner.Step({entry}, &logits));
     *prefill_seconds = std::min(*prefill_seconds, NowSeconds() - start);
     int32_t next = 1;
     start = NowSeconds();
     for (int t = 0; t < decode_tokens; ++t) {
       BatchEntry step{state.get(), absl::MakeConstSpan(&next, 1), false};
-      if (absl::Status s = runner.Step({step}, &logits); !s.ok()) return s;
+      K3_RETURN_IF_ERROR(runner.Step({step}, &logits));
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     *decode_seconds = std::min(*decode_seconds, NowSeconds() - start);
@@ -83,8 +84,7 @@ absl::Status TimeEngine(LocalEngine& engine, const std::vector<int32_t>& prompt,
 
 // The random k3-perf checkpoint under $TMPDIR (BF16, or with MXFP4 routed experts), written once.
 absl::StatusOr<std::string> PerfCheckpoint(bool mxfp4) {
-  absl::StatusOr<ModelConfig> perf = NamedConfig("k3-perf");
-  if (!perf.ok()) return perf.status();
+  K3_ASSIGN_OR_RETURN(ModelConfig perf, NamedConfig("k3-perf"));
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir =
       std::string(tmp ? tmp : "/tmp") + "/k3serve-k3-perf" + (mxfp4 ? "-mxfp4" : "");
@@ -92,7 +92,7 @@ absl::StatusOr<std::string> PerfCheckpoint(bool mxfp4) {
     std::printf("writing a random k3-perf checkpoint to %s\n", dir.c_str());
     RandomCheckpointOptions options;
     options.mxfp4 = mxfp4;
-    if (absl::Status s = WriteRandomCheckpoint(*perf, 1, dir, options); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(WriteRandomCheckpoint(perf, 1, dir, options));
   }
   return dir;
 }
@@ -104,20 +104,18 @@ struct Measured {
 };
 
 absl::StatusOr<Measured> Measure(const std::string& model, const Options& options) {
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(model);
-  if (!engine.ok()) return engine.status();
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Open(model));
   // Weight bytes a decoded token reads, from the files (MXFP4 experts: codes + scales).
-  absl::StatusOr<MemoryPlan> plan = PlanMemory(model, {});
-  if (!plan.ok()) return plan.status();
-  const ModelConfig& config = (*engine)->config();
+  K3_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(model, {}));
+  const ModelConfig& config = engine->config();
   Measured m{model, static_cast<double>(ActiveParameters(config)),
-             static_cast<double>(plan->attention_token_bytes + plan->router_token_bytes +
-                                 plan->expert_token_bytes)};
+             static_cast<double>(plan.attention_token_bytes + plan.router_token_bytes +
+                                 plan.expert_token_bytes)};
   std::printf("%s: %d layers, %.1fM active parameters, %.0f MB of weights read per decoded token\n",
               model.c_str(), config.num_hidden_layers, m.active_params / 1e6, m.active_bytes / 1e6);
   const std::vector<int32_t> prompt = Prompt(options.prompt_tokens, config.vocab_size);
-  if (absl::Status s = TimeEngine(**engine, prompt, options.decode_tokens, &m.prefill_seconds,
-                                  &m.decode_seconds);
+  if (absl::Status s =
+          TimeEngine(*engine, prompt, options.decode_tokens, &m.prefill_seconds, &m.decode_seconds);
       !s.ok()) {
     return s;
   }

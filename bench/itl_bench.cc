@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generation_scheduler.h"
+#include "base/status_macros.h"
 #include "bench/random_weights.h"
 #include "cluster/command_line.h"
 #include "engine/local_routed_moe.h"
@@ -258,14 +259,14 @@ absl::StatusOr<Result> Run(const ModelWeights& weights, const Options& options, 
     request.ignore_eos = true;
     ++submitted;
     recorder.StartRequest(s);
-    absl::StatusOr<std::shared_ptr<RequestHandle>> handle =
-        scheduler.Submit(std::move(request), std::make_shared<Recorder::Sink>(&recorder, s));
-    if (!handle.ok()) return handle.status();
-    handles.push_back(*handle);
+    K3_ASSIGN_OR_RETURN(
+        std::shared_ptr<RequestHandle> handle,
+        scheduler.Submit(std::move(request), std::make_shared<Recorder::Sink>(&recorder, s)));
+    handles.push_back(handle);
     return absl::OkStatus();
   };
   for (int s = 0; s < options.streams; ++s) {
-    if (absl::Status status = submit(s); !status.ok()) return status;
+    K3_RETURN_IF_ERROR(submit(s));
   }
   absl::Status driver_status;
   std::thread driver([&] {

@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/generate_client.h"
+#include "base/status_macros.h"
 #include "bench/cluster_bench_setup.h"
 #include "bench/step_breakdown.h"
 #include "cluster/command_line.h"
@@ -144,14 +145,14 @@ void PrintRatios(const char* what, std::vector<double> ratios, const char* goal)
 }
 
 absl::Status Bench(const BenchOptions& o) {
-  absl::StatusOr<ModelConfig> config = NamedConfig(o.config);
-  if (!config.ok()) return config.status();
+  K3_ASSIGN_OR_RETURN(ModelConfig config, NamedConfig(o.config));
   const std::string dir = absl::StrCat(o.cluster.work_dir, "/", o.config);
-  if (absl::Status s = WriteRandomCheckpoint(*config, 1, dir); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(ClusterBenchOptions(
-      o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs"), o.attention_args));
-  if (!cluster.ok()) return cluster.status();
-  LoadRunner runner(o, (*cluster)->generate_addresses()[0], config->vocab_size);
+  K3_RETURN_IF_ERROR(WriteRandomCheckpoint(config, 1, dir));
+  K3_ASSIGN_OR_RETURN(
+      std::unique_ptr<LocalCluster> cluster,
+      LocalCluster::Start(ClusterBenchOptions(
+          o.cluster, dir, absl::StrCat(o.cluster.work_dir, "/logs"), o.attention_args)));
+  LoadRunner runner(o, cluster->generate_addresses()[0], config.vocab_size);
   runner.Run(2, 1);  // warm-up: page in weights, connect, fit the step cost
   std::vector<double> speedups, latency_ratios;
   StepBreakdown breakdown[2];
@@ -159,11 +160,11 @@ absl::Status Bench(const BenchOptions& o) {
     double rate[2], p99[2];
     for (int side = 0; side < 2; ++side) {
       const int streams = side == 0 ? 1 : o.streams;
-      const StepBreakdown before = ScrapeStepBreakdown(**cluster);
+      const StepBreakdown before = ScrapeStepBreakdown(*cluster);
       const absl::Time start = absl::Now();
       const Measured m = runner.Run(streams * o.requests_per_stream, streams);
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      breakdown[side] = Minus(ScrapeStepBreakdown(**cluster), before);
+      breakdown[side] = Minus(ScrapeStepBreakdown(*cluster), before);
       if (m.failures > 0) return absl::InternalError(m.first_failure);
       rate[side] = m.tokens / seconds;
       p99[side] = Percentile(m.gaps, 0.99);
@@ -189,7 +190,7 @@ absl::Status Bench(const BenchOptions& o) {
                 m.first_failure.c_str());
     if (m.failures > 0) return absl::InternalError("requests failed under load");
   }
-  return (*cluster)->Stop();
+  return (cluster)->Stop();
 }
 
 int Main(const std::vector<std::string>& args) {

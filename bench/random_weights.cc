@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "base/status_macros.h"
 #include "model/config.h"
 #include "tools/random_model_folder.h"
 
@@ -10,12 +11,11 @@ namespace k3 {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> CachedRandomWeights(
     const std::string& config_name, const std::string& folder_prefix) {
-  absl::StatusOr<ModelConfig> config = NamedConfig(config_name);
-  if (!config.ok()) return config.status();
+  K3_ASSIGN_OR_RETURN(ModelConfig config, NamedConfig(config_name));
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / (folder_prefix + config_name);
   if (!std::filesystem::exists(dir / "config.json")) {
-    if (absl::Status s = WriteRandomModelFolder(*config, 1, dir.string()); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(WriteRandomModelFolder(config, 1, dir.string()));
   }
   return LoadWeights(dir.string(), WeightSelection::All());
 }

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_nodes/model_runner.h"
+#include "base/status_macros.h"
 #include "bench/random_weights.h"
 #include "cluster/command_line.h"
 #include "engine/local_routed_moe.h"
@@ -77,7 +78,7 @@ absl::StatusOr<std::vector<std::unique_ptr<SequenceState>>> Histories(ModelRunne
     BatchEntry entry;
     entry.state = states.back().get();
     entry.tokens = prompt;
-    if (absl::Status s = runner.Step({&entry, 1}, &logits); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(runner.Step({&entry, 1}, &logits));
   }
   return states;
 }
@@ -111,7 +112,7 @@ absl::StatusOr<double> TimeStep(ModelRunner& runner, const Shape& shape,
   }
   std::vector<float> logits;
   const absl::Time start = absl::Now();
-  if (absl::Status s = runner.Step(batch, &logits); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(runner.Step(batch, &logits));
   return absl::ToDoubleMilliseconds(absl::Now() - start);
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "cluster/child_process.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
@@ -132,8 +133,7 @@ absl::Status StartExperts(const Flags& flags, UcxTransport& transport,
     if (address == "timeout") return absl::DeadlineExceededError("expert is silent");
     if (address == "eof") return absl::UnavailableError("expert exited");
     children->back()->WriteLine(router);
-    absl::Status status = transport.Connect(e + 1, absl::HexStringToBytes(address));
-    if (!status.ok()) return status;
+    K3_RETURN_IF_ERROR(transport.Connect(e + 1, absl::HexStringToBytes(address)));
   }
   return absl::OkStatus();
 }
@@ -155,13 +155,12 @@ double Percentile(std::vector<double> values, double p) {
 // One round: `payload` to each of the experts, then an answer of its size from each.
 absl::Status RoundTrip(UcxTransport& transport, int experts, const std::string& payload) {
   for (int e = 1; e <= experts; ++e) {
-    if (absl::Status status = transport.Send(e, payload); !status.ok()) return status;
+    K3_RETURN_IF_ERROR(transport.Send(e, payload));
   }
   for (int e = 0; e < experts; ++e) {
-    absl::StatusOr<Received> answer = transport.Receive(absl::Now() + absl::Seconds(10));
-    if (!answer.ok()) return answer.status();
-    if (answer->kind == Received::Kind::kPeerFailed) return answer->error;
-    if (answer->bytes.size() != payload.size()) {
+    K3_ASSIGN_OR_RETURN(Received answer, transport.Receive(absl::Now() + absl::Seconds(10)));
+    if (answer.kind == Received::Kind::kPeerFailed) return answer.error;
+    if (answer.bytes.size() != payload.size()) {
       return absl::DataLossError("answer of the wrong size");
     }
   }
@@ -179,7 +178,7 @@ absl::Status MeasureShape(const Flags& flags, UcxTransport& transport, int64_t t
   for (int round = 0;; ++round) {
     if (round >= flags.warmup && absl::Now() > stop_at && rounds_us.size() >= 10) break;
     const absl::Time start = absl::Now();
-    if (absl::Status status = RoundTrip(transport, experts, payload); !status.ok()) return status;
+    K3_RETURN_IF_ERROR(RoundTrip(transport, experts, payload));
     if (round >= flags.warmup) rounds_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
   }
   double mean = 0;
@@ -195,10 +194,9 @@ absl::Status MeasureShape(const Flags& flags, UcxTransport& transport, int64_t t
 }
 
 absl::Status RunRouter(const Flags& flags) {
-  absl::StatusOr<std::unique_ptr<UcxTransport>> created =
-      UcxTransport::Create(TransportOptions(flags));
-  if (!created.ok()) return created.status();
-  UcxTransport& transport = **created;
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<UcxTransport> created,
+                      UcxTransport::Create(TransportOptions(flags)));
+  UcxTransport& transport = *created;
   std::vector<std::unique_ptr<ChildProcess>> children;
   absl::Status status = StartExperts(flags, transport, &children);
 

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/compute_device.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
@@ -106,7 +107,7 @@ absl::StatusOr<Options> ParseFlags(const std::function<void(CLI::App*, Options*)
   CLI::App app;
   Options options;
   add(&app, &options);
-  if (absl::Status s = ParseArgs(&app, args); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(ParseArgs(&app, args));
   return options;
 }
 

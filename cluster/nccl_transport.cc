@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -92,11 +93,10 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::
   if (ranks < 1 || rank < 0 || rank >= ranks) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", ranks));
   }
-  absl::StatusOr<int> devices = DeviceCount();
-  if (!devices.ok()) return devices.status();
-  if (device < 0 || device >= *devices) {
+  K3_ASSIGN_OR_RETURN(int devices, DeviceCount());
+  if (device < 0 || device >= devices) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device ", device, " (", *devices, " present)"));
+        absl::StrCat("CUDA device ", device, " (", devices, " present)"));
   }
   std::unique_ptr<NcclTransport> transport(new NcclTransport(rank, ranks, device, options));
   absl::Status status = transport->AllocateResources();
@@ -118,12 +118,11 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::
 absl::StatusOr<std::vector<std::unique_ptr<NcclTransport>>> NcclTransport::CreateLocal(
     const std::vector<int>& devices, const Options& options) {
   if (devices.empty()) return absl::InvalidArgumentError("no devices");
-  absl::StatusOr<int> count = DeviceCount();
-  if (!count.ok()) return count.status();
+  K3_ASSIGN_OR_RETURN(int count, DeviceCount());
   for (size_t i = 0; i < devices.size(); ++i) {
-    if (devices[i] < 0 || devices[i] >= *count) {
+    if (devices[i] < 0 || devices[i] >= count) {
       return absl::InvalidArgumentError(
-          absl::StrCat("CUDA device ", devices[i], " (", *count, " present)"));
+          absl::StrCat("CUDA device ", devices[i], " (", count, " present)"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (devices[i] == devices[j]) {
@@ -132,16 +131,14 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclTransport>>> NcclTransport::Creat
       }
     }
   }
-  absl::StatusOr<std::string> unique_id = NewUniqueId();
-  if (!unique_id.ok()) return unique_id.status();
+  K3_ASSIGN_OR_RETURN(std::string unique_id, NewUniqueId());
   ncclUniqueId id;
-  memcpy(id.internal, unique_id->data(), sizeof(id.internal));
+  memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   const int ranks = static_cast<int>(devices.size());
   std::vector<std::unique_ptr<NcclTransport>> transports;
   for (int rank = 0; rank < ranks; ++rank) {
     transports.emplace_back(new NcclTransport(rank, ranks, devices[rank], options));
-    absl::Status status = transports.back()->AllocateResources();
-    if (!status.ok()) return status;
+    K3_RETURN_IF_ERROR(transports.back()->AllocateResources());
   }
   // One thread joins every rank: the inits must form one NCCL group.
   ncclResult_t result = ncclGroupStart();

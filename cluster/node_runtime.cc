@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "cluster/node_process.h"
 #include "glog/logging.h"
 
@@ -49,21 +50,18 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
     NodeEndpointsOptions options) {
   std::unique_ptr<NodeEndpoints> endpoints(new NodeEndpoints(std::move(options)));
   const NodeEndpointsOptions& o = endpoints->options_;
-  absl::StatusOr<ClientTls> client_tls = LoadClientTls(o.flags.tls);
-  if (!client_tls.ok()) return client_tls.status();
-  endpoints->client_tls_ = *std::move(client_tls);
+  K3_ASSIGN_OR_RETURN(ClientTls client_tls, LoadClientTls(o.flags.tls));
+  endpoints->client_tls_ = std::move(client_tls);
   GrpcServerOptions server_options;
   server_options.address = HostPort(o.flags.host, o.flags.port);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      LoadServerCredentials(o.flags.tls);
-  if (!credentials.ok()) return credentials.status();
-  server_options.credentials = *std::move(credentials);
+  K3_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      LoadServerCredentials(o.flags.tls));
+  server_options.credentials = std::move(credentials);
   server_options.max_receive_message_bytes = o.max_receive_message_bytes;
   if (!o.readiness_service.empty()) server_options.health_services = {o.readiness_service};
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(server_options, o.services);
-  if (!server.ok()) return server.status();
-  endpoints->server_ = *std::move(server);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
+                      GrpcServer::Start(server_options, o.services));
+  endpoints->server_ = std::move(server);
   endpoints->server_->SetServing("", true);
   endpoints->advertised_host_ = AdvertisedHost(o.flags.host);
   endpoints->grpc_address_ = HostPort(endpoints->advertised_host_, endpoints->server_->port());
@@ -78,10 +76,10 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
         return self->ready() ? absl::OkStatus() : absl::UnavailableError("not ready");
       };
     }
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-        MetricsHttpServer::Start(http_options, &DefaultMetrics(), std::move(readiness));
-    if (!http.ok()) return http.status();
-    endpoints->http_ = *std::move(http);
+    K3_ASSIGN_OR_RETURN(
+        std::unique_ptr<MetricsHttpServer> http,
+        MetricsHttpServer::Start(http_options, &DefaultMetrics(), std::move(readiness)));
+    endpoints->http_ = std::move(http);
   }
   return endpoints;
 }

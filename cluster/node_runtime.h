@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/status_macros.h"
 #include "cluster/command_line.h"
 #include "cluster/coordinator_client.h"
 #include "cluster/grpc_server.h"
@@ -65,9 +66,8 @@ int RunProcessNode(const std::string& name, const Options& options,
     Hooks(const Options& options, std::function<void(Process&)> started)
         : options_(options), started_(std::move(started)) {}
     absl::Status Start() override {
-      absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(options_);
-      if (!process.ok()) return process.status();
-      process_ = *std::move(process);
+      K3_ASSIGN_OR_RETURN(std::unique_ptr<Process> process, Process::Start(options_));
+      process_ = std::move(process);
       if (started_) started_(*process_);
       return absl::OkStatus();
     }

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "grpcpp/create_channel.h"
 
 namespace k3 {
@@ -32,13 +33,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
 // "PRIVATE KEY": RSA, EC and PKCS#8 keys alike).
 absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path,
                                     const std::string& label) {
-  absl::StatusOr<std::string> pem = ReadFile(flag, path);
-  if (!pem.ok()) return pem.status();
-  const size_t begin = pem->find("-----BEGIN ");
-  const size_t end =
-      pem->find(absl::StrCat(label, "-----"), begin == std::string::npos ? 0 : begin);
+  K3_ASSIGN_OR_RETURN(std::string pem, ReadFile(flag, path));
+  const size_t begin = pem.find("-----BEGIN ");
+  const size_t end = pem.find(absl::StrCat(label, "-----"), begin == std::string::npos ? 0 : begin);
   if (begin == std::string::npos || end == std::string::npos ||
-      pem->find("-----END ", end) == std::string::npos) {
+      pem.find("-----END ", end) == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, ": not a PEM file with a ", label, " block"));
   }
@@ -68,20 +67,17 @@ std::shared_ptr<grpc::Channel> ClientTls::Connect(const std::string& address,
 absl::StatusOr<ClientTls> LoadClientTls(const TlsFlags& flags) {
   ClientTls tls;
   if (!flags.enabled()) return tls;
-  if (absl::Status s = CheckPair(flags); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(CheckPair(flags));
   grpc::SslCredentialsOptions options;
   if (!flags.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", flags.ca, "CERTIFICATE");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *std::move(ca);
+    K3_ASSIGN_OR_RETURN(std::string ca, ReadPem("--tls-ca", flags.ca, "CERTIFICATE"));
+    options.pem_root_certs = std::move(ca);
   }
   if (!flags.cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadPem("--tls-cert", flags.cert, "CERTIFICATE");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPem("--tls-key", flags.key, "PRIVATE KEY");
-    if (!key.ok()) return key.status();
-    options.pem_cert_chain = *std::move(cert);
-    options.pem_private_key = *std::move(key);
+    K3_ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", flags.cert, "CERTIFICATE"));
+    K3_ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", flags.key, "PRIVATE KEY"));
+    options.pem_cert_chain = std::move(cert);
+    options.pem_private_key = std::move(key);
   }
   tls.credentials_ = grpc::SslCredentials(options);
   tls.server_name_ = flags.server_name;
@@ -91,30 +87,26 @@ absl::StatusOr<ClientTls> LoadClientTls(const TlsFlags& flags) {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> LoadServerCredentials(
     const TlsFlags& flags) {
   if (!flags.enabled()) return nullptr;  // GrpcServerOptions: null is plaintext
-  if (absl::Status s = CheckPair(flags); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(CheckPair(flags));
   if (flags.cert.empty()) {
     return absl::InvalidArgumentError("--tls-ca on a server needs --tls-cert and --tls-key");
   }
-  absl::StatusOr<std::string> cert = ReadPem("--tls-cert", flags.cert, "CERTIFICATE");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem("--tls-key", flags.key, "PRIVATE KEY");
-  if (!key.ok()) return key.status();
+  K3_ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", flags.cert, "CERTIFICATE"));
+  K3_ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", flags.key, "PRIVATE KEY"));
   grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (!flags.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", flags.ca, "CERTIFICATE");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *std::move(ca);
+    K3_ASSIGN_OR_RETURN(std::string ca, ReadPem("--tls-ca", flags.ca, "CERTIFICATE"));
+    options.pem_root_certs = std::move(ca);
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
-  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   return grpc::SslServerCredentials(options);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
-  absl::StatusOr<std::string> contents = ReadFile(flag, path);
-  if (!contents.ok()) return contents.status();
-  std::string token(absl::StripAsciiWhitespace(*contents));
+  K3_ASSIGN_OR_RETURN(std::string contents, ReadFile(flag, path));
+  std::string token(absl::StripAsciiWhitespace(contents));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is empty"));
   return token;
 }

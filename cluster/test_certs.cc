@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -46,7 +47,7 @@ absl::StatusOr<TestCerts> MakeTestCerts(const std::string& dir) {
            std::string("openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key "
                        "-CAcreateserial -out node.pem -days 2 -extfile leaf.ext"),
        }) {
-    if (absl::Status s = Run(dir, command); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(Run(dir, command));
   }
   TestCerts certs;
   certs.dir = dir;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cluster/liveness_socket.h"
 #include "cluster/ucx_address.h"
 #include "cluster/ucx_worker.h"
@@ -62,8 +63,7 @@ struct UcxTransport::CloseOp {
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
     const UcxTransportOptions& options) {
   std::unique_ptr<UcxTransport> transport(new UcxTransport(options));
-  absl::Status status = transport->Init();
-  if (!status.ok()) return status;
+  K3_RETURN_IF_ERROR(transport->Init());
   return transport;
 }
 
@@ -85,28 +85,24 @@ absl::Status UcxTransport::Init() {
   UcxAddress address;
   address.token = token_;
   address.host_key = host_key_;
-  absl::StatusOr<std::vector<uint32_t>> ips = AdvertisedIpv4s(options_.advertise_ips);
-  if (!ips.ok()) return ips.status();
-  address.ips = *std::move(ips);
-  absl::StatusOr<LivenessListener> listener = ListenForLiveness();
-  if (!listener.ok()) return listener.status();
-  listen_fd_ = listener->fd;
-  address.port = listener->port;
+  K3_ASSIGN_OR_RETURN(std::vector<uint32_t> ips, AdvertisedIpv4s(options_.advertise_ips));
+  address.ips = std::move(ips);
+  K3_ASSIGN_OR_RETURN(LivenessListener listener, ListenForLiveness());
+  listen_fd_ = listener.fd;
+  address.port = listener.port;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
 
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<UcxWorker> ucx =
-      CreateUcxWorker({options_.tls, options_.net_devices, options_.eager_limit}, kAmId,
-                      &UcxReceiver::OnMessage, &receiver_);
-  if (!ucx.ok()) return ucx.status();
-  context_ = ucx->context;
-  worker_ = ucx->worker;
-  worker_fd_ = ucx->event_fd;
+  K3_ASSIGN_OR_RETURN(UcxWorker ucx,
+                      CreateUcxWorker({options_.tls, options_.net_devices, options_.eager_limit},
+                                      kAmId, &UcxReceiver::OnMessage, &receiver_));
+  context_ = ucx.context;
+  worker_ = ucx.worker;
+  worker_fd_ = ucx.event_fd;
   receiver_.set_worker(worker_);
-  absl::StatusOr<std::string> worker_address = UcxWorkerAddress(worker_);
-  if (!worker_address.ok()) return worker_address.status();
-  address.worker_address = *std::move(worker_address);
+  K3_ASSIGN_OR_RETURN(std::string worker_address, UcxWorkerAddress(worker_));
+  address.worker_address = std::move(worker_address);
   address_ = EncodeUcxAddress(address);
 
   progress_thread_ = std::thread([this] { ProgressLoop(); });
@@ -128,27 +124,25 @@ void UcxTransport::Wake() {
 }
 
 absl::Status UcxTransport::Connect(PeerId peer, const std::string& address) {
-  absl::StatusOr<UcxAddress> parsed = DecodeUcxAddress(address);
-  if (!parsed.ok()) return parsed.status();
-  if (parsed->token == token_) {
+  K3_ASSIGN_OR_RETURN(UcxAddress parsed, DecodeUcxAddress(address));
+  if (parsed.token == token_) {
     return absl::InvalidArgumentError("cannot connect a transport to its own address");
   }
-  const bool same_host = parsed->host_key == host_key_;
+  const bool same_host = parsed.host_key == host_key_;
   {
     absl::MutexLock lock(&mu_);
     bool done = false;
-    absl::Status status = CheckBindingLocked(peer, parsed->token, &done);
+    absl::Status status = CheckBindingLocked(peer, parsed.token, &done);
     if (!status.ok() || done) return status;
   }
   std::string where;
-  absl::StatusOr<int> fd = DialPeer(peer, *parsed, same_host, &where);
-  if (!fd.ok()) return fd.status();
+  K3_ASSIGN_OR_RETURN(int fd, DialPeer(peer, parsed, same_host, &where));
 
   absl::MutexLock lock(&mu_);
   bool done = false;
-  absl::Status status = CheckBindingLocked(peer, parsed->token, &done);
-  if (status.ok() && !done) status = BindLocked(peer, *parsed, same_host, *fd, where);
-  if (!status.ok() || done) close(*fd);
+  absl::Status status = CheckBindingLocked(peer, parsed.token, &done);
+  if (status.ok() && !done) status = BindLocked(peer, parsed, same_host, fd, where);
+  if (!status.ok() || done) close(fd);
   return status;
 }
 
@@ -232,9 +226,8 @@ void UcxTransport::Disconnect(PeerId peer) {
 absl::Status UcxTransport::Send(PeerId peer, std::string message) {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("transport closed");
-  absl::StatusOr<UcxRemote*> sendable = peers_.ForSend(peer);
-  if (!sendable.ok()) return sendable.status();
-  UcxRemote& remote = **sendable;
+  K3_ASSIGN_OR_RETURN(UcxRemote * sendable, peers_.ForSend(peer));
+  UcxRemote& remote = *sendable;
   auto* op = new SendOp{this, &remote, token_, std::move(message)};
   ucp_request_param_t param = {};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -52,14 +53,13 @@ ucs_status_t SetUpWorker(UcxWorker& ucx, unsigned am_id, ucp_am_recv_callback_t 
 
 absl::StatusOr<UcxWorker> CreateUcxWorker(const UcxWorkerSettings& settings, unsigned am_id,
                                           ucp_am_recv_callback_t on_message, void* arg) {
-  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(settings);
-  if (!config.ok()) return config.status();
+  K3_ASSIGN_OR_RETURN(ucp_config_t * config, ReadUcxConfig(settings));
   UcxWorker ucx;
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  ucs_status_t status = ucp_init(&params, *config, &ucx.context);
-  ucp_config_release(*config);
+  ucs_status_t status = ucp_init(&params, config, &ucx.context);
+  ucp_config_release(config);
   if (status != UCS_OK) {
     return absl::UnavailableError(
         absl::StrCat("ucp_init (tls='", settings.tls, "'): ", ucs_status_string(status)));

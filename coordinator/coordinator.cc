@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -408,7 +409,7 @@ absl::StatusOr<int64_t> CoordinatorState::ReservePlacementVersion(int64_t base_v
 
 absl::Status CoordinatorState::CommitPlacement(const ClusterPlacement& placement,
                                                int64_t base_version, absl::Time now) {
-  if (absl::Status valid = placement.Validate(); !valid.ok()) return valid;
+  K3_RETURN_IF_ERROR(placement.Validate());
   if (!placement.placed() || placement.experts.num_experts != options_.num_experts ||
       placement.experts.num_layers() != options_.num_moe_layers) {
     return absl::InvalidArgumentError(absl::StrCat(

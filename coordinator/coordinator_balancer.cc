@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "coordinator/expert_placement_planner.h"
 #include "coordinator/online_bias.h"
 #include "glog/logging.h"
@@ -183,10 +184,9 @@ void LoadBalancer::SchedulePeriodicWork() {
 }
 
 absl::Status LoadBalancer::Gather(pb::ClusterState* state_out) {
-  absl::StatusOr<pb::ClusterState> state =
-      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout);
-  if (!state.ok()) return state.status();
-  const std::vector<NodeAddress> routers = AliveMembers(*state, pb::ROLE_ROUTER);
+  K3_ASSIGN_OR_RETURN(pb::ClusterState state,
+                      control_->ClusterStateSnapshot(absl::Now() + options_.rpc_timeout));
+  const std::vector<NodeAddress> routers = AliveMembers(state, pb::ROLE_ROUTER);
   pb::GetLoadStatsRequest request;
   request.set_reset(true);
   std::vector<absl::StatusOr<pb::LoadStatsResponse>> answers = calls_.CallAll<pb::LoadStatsResponse>(
@@ -213,9 +213,9 @@ absl::Status LoadBalancer::Gather(pb::ClusterState* state_out) {
                                << status;
     }
   }
-  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state->placement());
+  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state.placement());
   PublishReport(placement.ok() ? *placement : ClusterPlacement(), answered, failed);
-  if (state_out != nullptr) *state_out = *std::move(state);
+  if (state_out != nullptr) *state_out = std::move(state);
   return absl::OkStatus();
 }
 
@@ -285,23 +285,21 @@ void LoadBalancer::Rebalance(bool force,
 
 absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
   pb::ClusterState state;
-  if (absl::Status gathered = Gather(&state); !gathered.ok()) return gathered;
-  absl::StatusOr<ClusterPlacement> current = ClusterPlacementFromProto(state.placement());
-  if (!current.ok()) return current.status();
-  if (!current->placed()) {
+  K3_RETURN_IF_ERROR(Gather(&state));
+  K3_ASSIGN_OR_RETURN(ClusterPlacement current, ClusterPlacementFromProto(state.placement()));
+  if (!current.placed()) {
     return absl::FailedPreconditionError("the cluster has no expert placement yet");
   }
-  const ExpertPlacement& experts = current->experts;
+  const ExpertPlacement& experts = current.experts;
   if (experts.num_layers() != window_.num_layers()) {
     return absl::FailedPreconditionError(absl::StrCat("the placement has ", experts.num_layers(),
                                                       " MoE layers; the model ",
                                                       window_.num_layers()));
   }
-  absl::StatusOr<std::vector<int>> declared = DeclaredSlots(state, *current);
-  if (!declared.ok()) return declared.status();
+  K3_ASSIGN_OR_RETURN(std::vector<int> declared, DeclaredSlots(state, current));
 
   pb::RebalanceResponse response;
-  response.set_placement_version(current->version());
+  response.set_placement_version(current.version());
   response.set_window_tokens(window_.total_tokens());
   auto unchanged = [&](std::string reason) {
     metrics_->rebalances.WithLabels({"unchanged"})->Increment();
@@ -311,17 +309,18 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
   if (window_.total_tokens() == 0) return unchanged("no tokens were routed in the load window");
 
   const std::vector<std::vector<double>> loads = window_.ExpertLoads();
-  absl::StatusOr<PlacementPlan> plan = PlanExpertPlacement(
-      loads, WorkerSlots(experts, *declared, options_.spare_slots_per_worker), 0);
-  if (!plan.ok()) return plan.status();
+  K3_ASSIGN_OR_RETURN(
+      PlacementPlan plan,
+      PlanExpertPlacement(loads, WorkerSlots(experts, declared, options_.spare_slots_per_worker),
+                          0));
   std::vector<double> before;
   for (int l = 0; l < experts.num_layers(); ++l) {
     before.push_back(WorkerMaxVio(ExpectedWorkerLoad(experts, l, loads[l])));
   }
   response.set_worker_max_vio_before(Mean(before));
-  response.set_worker_max_vio_after(Mean(plan->max_vio));
+  response.set_worker_max_vio_after(Mean(plan.max_vio));
   const double gain = response.worker_max_vio_before() - response.worker_max_vio_after();
-  if (plan->placement.hosts == experts.hosts) {
+  if (plan.placement.hosts == experts.hosts) {
     return unchanged("the plan equals the current placement");
   }
   if (!force && (gain <= 0 || gain < options_.min_improvement * response.worker_max_vio_before())) {
@@ -332,22 +331,22 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
 
   const absl::Time reserve_deadline = absl::Now() + options_.rpc_timeout;
   absl::StatusOr<int64_t> version =
-      control_->ReservePlacementVersion(current->version(), reserve_deadline);
+      control_->ReservePlacementVersion(current.version(), reserve_deadline);
   if (!version.ok()) {
     metrics_->rebalances.WithLabels({"failed"})->Increment();
     return version.status();
   }
   ClusterPlacement next;
-  next.experts = plan->placement;
+  next.experts = plan.placement;
   next.experts.version = *version;
-  next.worker_nodes = current->worker_nodes;
+  next.worker_nodes = current.worker_nodes;
   LOG(INFO) << "rebalancing: placement version " << *version << " lowers the mean worker MaxVio "
             << "from " << response.worker_max_vio_before() << " to "
             << response.worker_max_vio_after() << " (" << window_.total_tokens()
             << " tokens in the window); loading its experts";
 
-  if (absl::Status rolled = rollout_.RollOut(next, current->version(), state,
-                                    absl::StrCat("placement version ", *version));
+  if (absl::Status rolled = rollout_.RollOut(next, current.version(), state,
+                                             absl::StrCat("placement version ", *version));
       !rolled.ok()) {
     metrics_->rebalances.WithLabels({"failed"})->Increment();
     return rolled;

@@ -3,7 +3,6 @@
 #include "coordinator/coordinator_balancer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -14,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/coordinator_main.h"
 #include "coordinator/expert_placement_planner.h"
 #include "cluster/grpc_server.h"
@@ -57,7 +57,7 @@ class FakeRouter final : public pb::RouterControl::Service {
   explicit FakeRouter(const std::string& coordinator)
       : coordinator_(CoordinatorStub(coordinator)) {}
   ~FakeRouter() {
-    stop_ = true;
+    stop_.Notify();
     if (watcher_.joinable()) watcher_.join();
   }
 
@@ -65,14 +65,16 @@ class FakeRouter final : public pb::RouterControl::Service {
   void Registered(uint32_t node_id, uint64_t incarnation) {
     watcher_ = std::thread([this, node_id, incarnation] {
       int64_t reported = 0;
-      while (!stop_) {
+      while (!stop_.HasBeenNotified()) {
         const int64_t version = PublishedVersion(coordinator_.get());
         if (version > reported && Heartbeat(node_id, incarnation, version)) {
           reported = version;
           absl::MutexLock lock(&mu_);
           switched_.emplace(version, absl::Now());
         }
-        absl::SleepFor(absl::Milliseconds(5));  // a poll interval, not a wait for a state
+        // A router learns a new version from its next heartbeat, as a real one does; this is its
+        // heartbeat interval, cut short when the test ends.
+        stop_.WaitForNotificationWithTimeout(absl::Milliseconds(5));
       }
     });
   }
@@ -126,7 +128,7 @@ class FakeRouter final : public pb::RouterControl::Service {
   }
 
   const std::unique_ptr<pb::Coordinator::Stub> coordinator_;
-  std::atomic<bool> stop_{false};
+  absl::Notification stop_;  // the test is over: the watcher returns
   std::thread watcher_;
   mutable absl::Mutex mu_;
   pb::LoadStatsResponse window_ ABSL_GUARDED_BY(mu_);

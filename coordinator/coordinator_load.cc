@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "coordinator/expert_placement_planner.h"
 #include "glog/logging.h"
 
@@ -96,12 +97,11 @@ absl::Status LoadWindow::Add(const pb::LoadStatsResponse& response) {
   std::vector<LayerUpdate> updates;
   std::set<int> seen;
   for (const pb::LayerLoadStats& in : response.layers()) {
-    absl::StatusOr<LayerUpdate> update = CheckLayer(in, num_layers(), num_experts_);
-    if (!update.ok()) return update.status();
-    if (!seen.insert(update->layer).second) {
-      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", update->layer, " twice"));
+    K3_ASSIGN_OR_RETURN(LayerUpdate update, CheckLayer(in, num_layers(), num_experts_));
+    if (!seen.insert(update.layer).second) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", update.layer, " twice"));
     }
-    updates.push_back(*std::move(update));
+    updates.push_back(std::move(update));
   }
   for (LayerUpdate& update : updates) {
     Layer& layer = layers_[update.layer];

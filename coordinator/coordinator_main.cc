@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "coordinator/coordinator_service.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
@@ -52,10 +53,9 @@ struct ModelFlags {
 absl::Status Resolve(const ModelFlags& flags, CoordinatorMainOptions* options) {
   CoordinatorOptions& c = options->coordinator;
   if (!flags.model.empty()) {
-    absl::StatusOr<ModelConfig> config = ResolveModel(flags.model);
-    if (!config.ok()) return config.status();
-    c.num_experts = config->num_experts;
-    c.num_moe_layers = config->num_experts > 0 ? config->NumMoeLayers() : 0;
+    K3_ASSIGN_OR_RETURN(ModelConfig config, ResolveModel(flags.model));
+    c.num_experts = config.num_experts;
+    c.num_moe_layers = config.num_experts > 0 ? config.NumMoeLayers() : 0;
   }
   // Spare slots hold replicas from the start (failover), and hot replicas after a rebalance.
   c.replica_slots_per_worker = options->balancing.spare_slots_per_worker;
@@ -70,13 +70,12 @@ absl::Status Resolve(const ModelFlags& flags, CoordinatorMainOptions* options) {
   } else {
     c.required_roles.clear();
     for (const std::string& name : std::vector<std::string>(absl::StrSplit(flags.roles, ','))) {
-      absl::StatusOr<pb::Role> role = ParseRole(name);
-      if (!role.ok()) return role.status();
-      c.required_roles.push_back(*role);
+      K3_ASSIGN_OR_RETURN(pb::Role role, ParseRole(name));
+      c.required_roles.push_back(role);
     }
   }
-  if (absl::Status s = c.Validate(); !s.ok()) return s;
-  if (absl::Status s = options->balancing.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(c.Validate());
+  K3_RETURN_IF_ERROR(options->balancing.Validate());
   if (c.num_experts == 0 && (options->balancing.rebalance_interval > absl::ZeroDuration() ||
                              options->balancing.online_bias_interval > absl::ZeroDuration())) {
     return absl::InvalidArgumentError(
@@ -144,13 +143,12 @@ struct CoordinatorProcess::Parts {
 
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const CoordinatorMainOptions& options) {
-  if (absl::Status s = options.coordinator.Validate(); !s.ok()) return s;
-  if (absl::Status s = options.balancing.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.coordinator.Validate());
+  K3_RETURN_IF_ERROR(options.balancing.Validate());
   // The balancer calls the routers and expert workers with the node's TLS flags.
   LoadBalancerOptions balancing = options.balancing;
-  absl::StatusOr<ClientTls> tls = LoadClientTls(options.node.tls);
-  if (!tls.ok()) return tls.status();
-  balancing.tls = *std::move(tls);
+  K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.node.tls));
+  balancing.tls = std::move(tls);
   auto parts = std::make_unique<Parts>();
   parts->service =
       std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics(), balancing);
@@ -164,10 +162,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   endpoint_options.readiness = [service] {
     return service->ClusterStateSnapshot(absl::Now() + absl::Seconds(1)).status();
   };
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  parts->endpoints = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  parts->endpoints = std::move(endpoints);
   parts->endpoints->SetReady(true);
   LOG(INFO) << "coordinator serving gRPC on port " << parts->endpoints->port()
             << (parts->endpoints->metrics_port() >= 0

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "base/status_macros.h"
 #include "cluster/actor_rpc.h"
 #include "cluster/grpc_status.h"
 
@@ -95,9 +96,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerConte
                                                        const pb::RegisterRequest* request,
                                                        pb::RegisterResponse* response) {
   return OnActor(context, "Register", [this, request, response] {
-    absl::StatusOr<pb::RegisterResponse> result = state_.Register(*request, absl::Now());
-    if (!result.ok()) return result.status();
-    *response = *std::move(result);
+    K3_ASSIGN_OR_RETURN(pb::RegisterResponse result, state_.Register(*request, absl::Now()));
+    *response = std::move(result);
     return absl::OkStatus();
   });
 }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -176,16 +177,9 @@ absl::StatusOr<PlacementPlan> PlanExpertPlacement(const std::vector<std::vector<
       }
     }
   }
-  int64_t slots = 0;
-  int with_slots = 0;
-  for (size_t w = 0; w < worker_slots.size(); ++w) {
-    if (worker_slots[w] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", w, " has a negative slot count ", worker_slots[w]));
-    }
-    slots += worker_slots[w];
-    with_slots += worker_slots[w] > 0;
-  }
+  K3_ASSIGN_OR_RETURN(const int64_t slots, TotalWorkerSlots(worker_slots));
+  const int with_slots = static_cast<int>(
+      std::count_if(worker_slots.begin(), worker_slots.end(), [](int s) { return s > 0; }));
   if (slots < n) {
     return absl::InvalidArgumentError(absl::StrCat(n, " experts need at least ", n, " slots; ",
                                                    worker_slots.size(), " workers have ", slots));

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include "base/status_macros.h"
+
 namespace k3 {
 
 absl::StatusOr<bool> TakeNextToken(const ModelConfig& config, const GenerateOptions& options,
                                    absl::Span<const float> logits, Sampler& sampler,
                                    std::vector<int32_t>* generated) {
-  if (absl::Status s = CheckLogitsFinite(logits.data(), config.vocab_size); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(CheckLogitsFinite(logits.data(), config.vocab_size));
   if (options.on_logits) options.on_logits(logits);
   const int32_t next = sampler.Next(logits.data(), config.vocab_size);
   generated->push_back(next);

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/checkpoint.h"
 #include "model/glu_params.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

@@ -3,20 +3,14 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "model/checkpoint.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(
     const std::string& model_dir, const std::function<void(size_t, size_t)>& progress) {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(model_dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(std::shared_ptr<const Checkpoint>(std::move(*checkpoint)),
-                  WeightSelection::All(), progress);
-  if (!weights.ok()) return weights.status();
   std::unique_ptr<LocalEngine> engine(new LocalEngine);
-  engine->weights_ = std::move(*weights);
+  K3_ASSIGN_OR_RETURN(engine->weights_, LoadWeights(model_dir, WeightSelection::All(), progress));
   engine->moe_ = std::make_unique<LocalRoutedMoe>(engine->weights_.get());
   engine->runner_ = std::make_unique<ModelRunner>(engine->weights_.get(), engine->moe_.get());
   return engine;
@@ -29,21 +23,21 @@ absl::StatusOr<std::vector<float>> LocalEngine::Logits(const std::vector<int32_t
   if (!decode) {
     std::vector<float> logits;
     BatchEntry entry{state.get(), absl::MakeConstSpan(tokens), /*all_logits=*/true};
-    if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(runner_->Step({entry}, &logits));
     return logits;
   }
   const int64_t vocab = config().vocab_size;
   std::vector<float> all(tokens.size() * vocab), step;
   for (size_t t = 0; t < tokens.size(); ++t) {
     BatchEntry entry{state.get(), absl::MakeConstSpan(&tokens[t], 1), true};
-    if (absl::Status s = runner_->Step({entry}, &step); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(runner_->Step({entry}, &step));
     std::copy(step.begin(), step.end(), all.begin() + t * vocab);
   }
   return all;
 }
 
 absl::Status LocalEngine::EnablePrefixCache(const PrefixCacheOptions& options) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(options.Validate());
   prefix_cache_ = std::make_unique<PrefixCache>(config(), options);
   return absl::OkStatus();
 }
@@ -51,7 +45,7 @@ absl::Status LocalEngine::EnablePrefixCache(const PrefixCacheOptions& options) {
 absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int32_t>& prompt,
                                                            const GenerateOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  if (absl::Status s = ValidateSamplingOptions(options.sampling); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(ValidateSamplingOptions(options.sampling));
   std::unique_ptr<SequenceState> state = runner_->NewSequence();
   Sampler sampler(options.sampling);
   // Every token fed or to feed: the prompt, then each generated token but the last.
@@ -65,15 +59,14 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int
                             ? prefix_cache_->PrefillCut(fed, prompt_size)
                             : static_cast<int64_t>(tokens.size());
     BatchEntry entry{state.get(), absl::MakeConstSpan(tokens).subspan(fed, end - fed), false};
-    if (absl::Status s = runner_->Step({entry}, &logits); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(runner_->Step({entry}, &logits));
     fed = end;
     if (prefix_cache_) {
-      if (absl::Status s = prefix_cache_->Record(tokens, *state); !s.ok()) return s;
+      K3_RETURN_IF_ERROR(prefix_cache_->Record(tokens, *state));
     }
     if (fed < prompt_size) continue;  // the prompt's first piece, up to its last block boundary
-    absl::StatusOr<bool> ended = TakeNextToken(config(), options, logits, sampler, &generated);
-    if (!ended.ok()) return ended.status();
-    if (*ended) break;
+    K3_ASSIGN_OR_RETURN(bool ended, TakeNextToken(config(), options, logits, sampler, &generated));
+    if (ended) break;
     tokens.push_back(generated.back());
   }
   return generated;

@@ -2,8 +2,8 @@
 
 #include <utility>
 
+#include "base/status_macros.h"
 #include "engine/local_engine.h"
-#include "model/status_macros.h"
 #ifdef K3SERVE_CUDA
 #include "engine/gpu_engine.h"
 #endif

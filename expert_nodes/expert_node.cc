@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "moe/cluster_placement.h"
 #include "cluster/actor.h"
 #include "cluster/actor_rpc.h"
@@ -184,32 +185,29 @@ class ExpertWorkerService final : public pb::ExpertWorker::CallbackService {
 };
 
 absl::Status ExpertNode::Start() {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options_.node.model);
-  if (!checkpoint.ok()) return checkpoint.status();
-  checkpoint_ = *std::move(checkpoint);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint,
+                      Checkpoint::Open(options_.node.model));
+  checkpoint_ = std::move(checkpoint);
   const ModelConfig& config = checkpoint_->config();
   if (config.num_experts == 0 || config.NumMoeLayers() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the model in ", options_.node.model, " has no routed experts"));
   }
   worker_ = std::make_unique<ExpertWorker>(nullptr, ExpertHosting(), name_);
-  absl::StatusOr<std::unique_ptr<DeviceExperts>> device = MakeDeviceExperts(options_.device);
-  if (!device.ok()) return device.status();
-  if (*device != nullptr) {
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExperts> device, MakeDeviceExperts(options_.device));
+  if (device != nullptr) {
     LOG(INFO) << name_ << " computes its experts on " << ComputeDeviceName(options_.device);
-    if (absl::Status s = worker_->UseDevice(*std::move(device)); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(worker_->UseDevice(std::move(device)));
   }
   if (!options_.node.trace_file.empty()) {
-    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
-        SpanLog::Open(options_.node.trace_file, "expert");
-    if (!spans.ok()) return spans.status();
-    spans_ = *std::move(spans);
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<SpanLog> spans,
+                        SpanLog::Open(options_.node.trace_file, "expert"));
+    spans_ = std::move(spans);
     worker_->set_span_log(spans_.get());
   }
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options_.node);
-  if (!transport.ok()) return transport.status();
-  transport_ = *std::move(transport);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<UcxTransport> transport, CreateNodeTransport(options_.node));
+  transport_ = std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
   actor_ = std::make_unique<Actor>("expert");
   service_ = std::make_unique<ExpertWorkerService>(this);
@@ -219,10 +217,9 @@ absl::Status ExpertNode::Start() {
   endpoint_options.role = pb::ROLE_EXPERT;
   endpoint_options.readiness_service = kServiceName;
   endpoint_options.services = {service_.get()};
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  endpoints_ = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  endpoints_ = std::move(endpoints);
   if (absl::Status s = actor_->Call([this] { PublishStatus(); }, absl::InfiniteFuture()); !s.ok()) {
     return s;
   }
@@ -351,7 +348,7 @@ absl::Status ExpertNode::OnClusterState(const pb::ClusterState& state) {
       LOG(WARNING) << name_ << ": placement version " << version << " differs from what "
                    << "LoadExperts gave this node for it; following the cluster state";
     }
-    if (absl::Status loaded = Load(std::move(hosting)); !loaded.ok()) return loaded;
+    K3_RETURN_IF_ERROR(Load(std::move(hosting)));
   }
   // Versions above the published one were loaded for a rollout that was given up.
   worker_->DropVersions([version](int64_t v) { return v <= version; });

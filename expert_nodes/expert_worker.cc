@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 #include "moe/moe_layer_map.h"
 
@@ -164,25 +165,23 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request, const Version& ve
                      request.placement_version, ")"));
   }
   const ModelConfig& config = version.weights->config;
-  absl::StatusOr<int> moe_layer = MoeLayerIndex(config, request.layer);
-  if (!moe_layer.ok()) return moe_layer.status();
-  if (*moe_layer >= static_cast<int>(version.hosted.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name_, " has no placement for MoE layer ", *moe_layer, " (model layer ", request.layer,
-        ")"));
+  K3_ASSIGN_OR_RETURN(int moe_layer, MoeLayerIndex(config, request.layer));
+  if (moe_layer >= static_cast<int>(version.hosted.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, " has no placement for MoE layer ",
+                                                      moe_layer, " (model layer ", request.layer,
+                                                      ")"));
   }
   if (request.width != config.ExpertWidth()) {
     return absl::InvalidArgumentError(absl::StrCat("ExpertRequest rows have width ", request.width,
                                                    "; the experts take ", config.ExpertWidth()));
   }
-  const std::vector<bool>& hosted = version.hosted[*moe_layer];
+  const std::vector<bool>& hosted = version.hosted[moe_layer];
   for (const ExpertAssignment& a : request.assignments) {
     if (a.expert < 0 || a.expert >= config.num_experts || !hosted[a.expert]) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "expert ", a.expert, " of MoE layer ", *moe_layer, " (model layer ", request.layer,
+          "expert ", a.expert, " of MoE layer ", moe_layer, " (model layer ", request.layer,
           ") is not hosted by ", name_, " (worker ", hosting.worker, " of placement version ",
-          hosting.placement_version, "; the router used version ", request.placement_version,
-          ")"));
+          hosting.placement_version, "; the router used version ", request.placement_version, ")"));
     }
   }
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "expert_nodes/gpu_expert_compute.h"
 #include "model/glu_params.h"
 
@@ -66,11 +67,10 @@ class GpuDeviceExperts : public DeviceExperts {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceExperts>> MakeGpuDeviceExperts(int device) {
-  absl::StatusOr<int> count = CudaDeviceCount();
-  if (!count.ok()) return count.status();
-  if (device >= *count) {
+  K3_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
+  if (device >= count) {
     return absl::UnavailableError(
-        absl::StrCat("no GPU cuda:", device, ": the CUDA runtime sees ", *count, " device(s)"));
+        absl::StrCat("no GPU cuda:", device, ": the CUDA runtime sees ", count, " device(s)"));
   }
   return std::unique_ptr<DeviceExperts>(new GpuDeviceExperts(device));
 }

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
@@ -156,14 +157,12 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   v1::GenerateRequest grpc_request;
   std::vector<int32_t> ids = request.prompt_ids;
   if (endpoint == Endpoint::kChatCompletions) {
-    absl::StatusOr<std::vector<int32_t>> rendered =
-        RenderChat(*tokenizer, request.messages, request.chat);
-    if (!rendered.ok()) return rendered.status();
-    ids = *std::move(rendered);
+    K3_ASSIGN_OR_RETURN(std::vector<int32_t> rendered,
+                        RenderChat(*tokenizer, request.messages, request.chat));
+    ids = std::move(rendered);
   } else if (request.prompt_text.has_value()) {
-    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(*request.prompt_text);
-    if (!encoded.ok()) return encoded.status();
-    ids = *std::move(encoded);
+    K3_ASSIGN_OR_RETURN(std::vector<int32_t> encoded, tokenizer->Encode(*request.prompt_text));
+    ids = std::move(encoded);
   }
   grpc_request.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
   v1::SamplingParams* sampling = grpc_request.mutable_sampling();
@@ -177,24 +176,22 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   for (int32_t id : stop_ids) sampling->add_stop_token_ids(id);
   if (endpoint == Endpoint::kChatCompletions && turn_end_id.has_value()) {
     sampling->add_stop_token_ids(*turn_end_id);
-    absl::StatusOr<std::optional<v1::OutputConstraint>> constraint =
-        OutputConstraintOf(request, *tokenizer);
-    if (!constraint.ok()) return constraint.status();
-    if (constraint->has_value()) *sampling->mutable_constraint() = **std::move(constraint);
+    K3_ASSIGN_OR_RETURN(std::optional<v1::OutputConstraint> constraint,
+                        OutputConstraintOf(request, *tokenizer));
+    if (constraint.has_value()) *sampling->mutable_constraint() = *std::move(constraint);
   }
   return grpc_request;
 }
 
 absl::StatusOr<std::unique_ptr<GenerateCall>> HttpFront::Impl::StartCall(
     const v1::GenerateRequest& request, const std::string& traceparent) {
-  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool->Start(request, traceparent);
-  if (!call.ok()) return call.status();
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GenerateCall> call, pool->Start(request, traceparent));
   absl::MutexLock lock(&mu);
   if (stopping) {
-    (*call)->Cancel();
+    call->Cancel();
     return absl::UnavailableError("the server is shutting down");
   }
-  calls.insert(call->get());
+  calls.insert(call.get());
   active->Set(static_cast<double>(calls.size()));
   return call;
 }
@@ -573,19 +570,17 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
     }
   }
   if (!options.api_key_file.empty()) {
-    absl::StatusOr<std::string> key = ReadApiKey(options.api_key_file);
-    if (!key.ok()) return key.status();
-    f.api_key = *std::move(key);
+    K3_ASSIGN_OR_RETURN(std::string key, ReadApiKey(options.api_key_file));
+    f.api_key = std::move(key);
   }
   std::string worker_token;
   if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile("--auth-token-file", options.auth_token_file);
-    if (!token.ok()) return token.status();
-    worker_token = *std::move(token);
+    K3_ASSIGN_OR_RETURN(std::string token,
+                        ReadTokenFile("--auth-token-file", options.auth_token_file));
+    worker_token = std::move(token);
     if (f.api_key.empty()) f.api_key = worker_token;  // the clients send the same token
   }
-  absl::StatusOr<ClientTls> tls = LoadClientTls(options.tls);
-  if (!tls.ok()) return tls.status();
+  K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.tls));
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.model);
   if (!tokenizer.ok()) {
     return absl::FailedPreconditionError(
@@ -597,7 +592,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   if (absl::StatusOr<int32_t> turn_end = TurnEndId(*f.tokenizer); turn_end.ok()) {
     f.turn_end_id = *turn_end;
   }
-  f.pool = std::make_unique<WorkerPool>(options.servers, *tls, std::move(worker_token));
+  f.pool = std::make_unique<WorkerPool>(options.servers, tls, std::move(worker_token));
 
   MetricFamily<Counter>& responses = DefaultMetrics().AddCounter(
       "k3_http_responses_total", "HTTP responses of the OpenAI front, by status.", {"status"});
@@ -617,7 +612,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
       "k3_http_time_to_first_token_seconds",
       "Completions from the request's body to the first generated token, by endpoint.", buckets,
       {"endpoint"});
-  if (absl::Status status = f.Serve(); !status.ok()) return status;
+  K3_RETURN_IF_ERROR(f.Serve());
 
   f.proxy = std::make_unique<K3ServeProxy>(f.pool.get(), &*f.tokenizer, f.api_key);
   NodeEndpointsOptions endpoint_options;
@@ -628,10 +623,9 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   endpoint_options.flags.tls = options.tls;
   WorkerPool* pool = f.pool.get();
   endpoint_options.readiness = [pool] { return pool->Ping(kReadinessTimeout); };
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  f.endpoints = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  f.endpoints = std::move(endpoints);
   f.endpoints->SetReady(true);
   return std::unique_ptr<HttpFront>(new HttpFront(std::move(impl)));
 }

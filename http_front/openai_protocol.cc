@@ -6,6 +6,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace k3 {
@@ -173,7 +174,7 @@ absl::Status ParseMessages(const json& body, CompletionRequest* request) {
     } else {
       return BadParam("messages", "a message's 'content' must be a string or an array of parts");
     }
-    if (absl::Status s = ParseAgentMessageFields(m, &message); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(ParseAgentMessageFields(m, &message));
     request->messages.push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -202,27 +203,22 @@ absl::Status ParseStop(const json& body, CompletionRequest* request) {
 // n, logprobs and top_logprobs (the two endpoints name them differently), skip_special_tokens.
 absl::Status ParseChoicesAndLogprobs(const json& body, Endpoint endpoint,
                                      CompletionRequest* request) {
-  absl::StatusOr<std::optional<int64_t>> n = Integer(body, "n", 1, kMaxChoices);
-  if (!n.ok()) return n.status();
-  request->n = static_cast<int>(n->value_or(1));
+  K3_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, kMaxChoices));
+  request->n = static_cast<int>(n.value_or(1));
   if (endpoint == Endpoint::kCompletions) {
-    absl::StatusOr<std::optional<int64_t>> logprobs = Integer(body, "logprobs", 0, 5);
-    if (!logprobs.ok()) return logprobs.status();
-    if (logprobs->has_value()) request->top_logprobs = static_cast<int>(**logprobs);
+    K3_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, Integer(body, "logprobs", 0, 5));
+    if (logprobs.has_value()) request->top_logprobs = static_cast<int>(*logprobs);
   } else {
-    absl::StatusOr<bool> logprobs = Bool(body, "logprobs");
-    if (!logprobs.ok()) return logprobs.status();
-    absl::StatusOr<std::optional<int64_t>> top = Integer(body, "top_logprobs", 0, 20);
-    if (!top.ok()) return top.status();
-    if (top->has_value() && !*logprobs) {
+    K3_ASSIGN_OR_RETURN(bool logprobs, Bool(body, "logprobs"));
+    K3_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
+    if (top.has_value() && !logprobs) {
       return BadParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
-    if (*logprobs) request->top_logprobs = static_cast<int>(top->value_or(0));
+    if (logprobs) request->top_logprobs = static_cast<int>(top.value_or(0));
   }
   if (Field(body, "skip_special_tokens") != nullptr) {
-    absl::StatusOr<bool> skip = Bool(body, "skip_special_tokens");
-    if (!skip.ok()) return skip.status();
-    request->skip_special_tokens = *skip;
+    K3_ASSIGN_OR_RETURN(bool skip, Bool(body, "skip_special_tokens"));
+    request->skip_special_tokens = skip;
   }
   return absl::OkStatus();
 }
@@ -338,18 +334,15 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
   if (status = ParseChoicesAndLogprobs(body, endpoint, request); !status.ok()) return status;
   // Chat's newer name for max_tokens wins where both are given.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
-    absl::StatusOr<std::optional<int64_t>> max = Integer(body, name, 1, INT32_MAX);
-    if (!max.ok()) return max.status();
-    if (max->has_value()) request->max_tokens = static_cast<int>(**max);
+    K3_ASSIGN_OR_RETURN(std::optional<int64_t> max, Integer(body, name, 1, INT32_MAX));
+    if (max.has_value()) request->max_tokens = static_cast<int>(*max);
   }
-  absl::StatusOr<std::optional<double>> temperature = Number(body, "temperature", 0, 2);
-  if (!temperature.ok()) return temperature.status();
-  if (temperature->has_value()) request->temperature = static_cast<float>(**temperature);
-  absl::StatusOr<std::optional<double>> top_p = Number(body, "top_p", 0, 1);
-  if (!top_p.ok()) return top_p.status();
-  if (top_p->has_value()) {
-    if (**top_p <= 0) return BadParam("top_p", "'top_p' must be in (0, 1]");
-    request->top_p = static_cast<float>(**top_p);
+  K3_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature", 0, 2));
+  if (temperature.has_value()) request->temperature = static_cast<float>(*temperature);
+  K3_ASSIGN_OR_RETURN(std::optional<double> top_p, Number(body, "top_p", 0, 1));
+  if (top_p.has_value()) {
+    if (*top_p <= 0) return BadParam("top_p", "'top_p' must be in (0, 1]");
+    request->top_p = static_cast<float>(*top_p);
   }
   if (const json* seed = Field(body, "seed")) {
     if (!seed->is_number_integer()) return BadParam("seed", "'seed' must be an integer");
@@ -362,9 +355,8 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
     if (status = ParseTools(body, request); !status.ok()) return status;
     if (status = ParseResponseFormat(body, request); !status.ok()) return status;
   }
-  absl::StatusOr<bool> stream = Bool(body, "stream");
-  if (!stream.ok()) return stream.status();
-  request->stream = *stream;
+  K3_ASSIGN_OR_RETURN(bool stream, Bool(body, "stream"));
+  request->stream = stream;
   if (const json* options = Field(body, "stream_options")) {
     if (!options->is_object()) return BadParam("stream_options", "must be an object");
     absl::StatusOr<bool> usage = Bool(*options, "include_usage");
@@ -463,7 +455,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (parsed.is_discarded()) return BadParam("", "the request body is not valid JSON");
   CompletionRequest request;
   try {
-    if (absl::Status s = Parse(parsed, endpoint, &request); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(Parse(parsed, endpoint, &request));
   } catch (const json::exception& e) {  // a type check missed above: still the client's input
     return BadParam("", absl::StrCat("malformed request: ", e.what()));
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "base/status_macros.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/special_tokens.h"
 
@@ -78,12 +79,11 @@ absl::StatusOr<std::optional<k3serve::v1::OutputConstraint>> OutputConstraintOf(
     const CompletionRequest& request, const Tokenizer& tokenizer) {
   const bool call = request.tool_choice == "required" || request.tool_choice == "function";
   if (!call && request.chat.response_format.empty()) return std::nullopt;
-  absl::StatusOr<ChatFormat> format = ChatFormatOf(tokenizer);
-  if (!format.ok()) return format.status();
+  K3_ASSIGN_OR_RETURN(ChatFormat format, ChatFormatOf(tokenizer));
   k3serve::v1::OutputConstraint constraint;
   auto add = [&](const ordered_json& schema, const std::string& function) -> absl::Status {
     Shape shape(tokenizer, constraint.add_alternatives());
-    if (*format == ChatFormat::kKimi) {
+    if (format == ChatFormat::kKimi) {
       if (!function.empty()) {
         shape.Token(kKimiToolCallsBegin).Token(kKimiToolCallBegin);
         shape.Text(absl::StrCat("functions.", function, ":0")).Token(kKimiToolCallArgumentBegin);
@@ -109,13 +109,13 @@ absl::StatusOr<std::optional<k3serve::v1::OutputConstraint>> OutputConstraintOf(
     for (const ordered_json* function : CallableFunctions(request)) {
       const ordered_json schema =
           function->contains("parameters") ? (*function)["parameters"] : ordered_json{{"type", "object"}};
-      if (absl::Status s = add(schema, (*function)["name"].get<std::string>()); !s.ok()) return s;
+      K3_RETURN_IF_ERROR(add(schema, (*function)["name"].get<std::string>()));
     }
   } else {
     const ordered_json schema = request.chat.response_format == "json_schema"
                                     ? request.chat.response_schema
                                     : ordered_json{{"type", "object"}};
-    if (absl::Status s = add(schema, ""); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(add(schema, ""));
   }
   return constraint;
 }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "proto/generate.pb.h"
 
 namespace k3 {
@@ -112,8 +113,7 @@ bool TextStream::Next(GenerateCall& call, Choice* piece) {
 
 absl::Status TextStream::Error(GenerateCall& call) {
   if (!error_.ok()) return error_;
-  absl::Status status = call.Finish();
-  if (!status.ok()) return status;
+  K3_RETURN_IF_ERROR(call.Finish());
   return absl::InternalError("the Generate stream ended without a Complete message");
 }
 

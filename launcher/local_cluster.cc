@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "cluster/grpc_server.h"
 #include "cluster/grpc_status.h"
 #include "cluster/node_process.h"
@@ -156,26 +157,22 @@ LocalCluster::~LocalCluster() {
 
 absl::Status LocalCluster::Plan() {
   const LocalClusterOptions& o = options_;
-  absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
-  if (!tls.ok()) return tls.status();
-  tls_ = *std::move(tls);
-  if (absl::Status s = CheckNodeCounts(o); !s.ok()) return s;
+  K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(o.tls));
+  tls_ = std::move(tls);
+  K3_RETURN_IF_ERROR(CheckNodeCounts(o));
   ClusterPlanInputs in;
-  if (absl::Status s = ResolvePaths(&in); !s.ok()) return s;
-  absl::StatusOr<std::vector<int>> slots = PlanExpertSlots(o, in.num_experts);
-  if (!slots.ok()) return slots.status();
-  in.expert_slots = *std::move(slots);
+  K3_RETURN_IF_ERROR(ResolvePaths(&in));
+  K3_ASSIGN_OR_RETURN(std::vector<int> slots, PlanExpertSlots(o, in.num_experts));
+  in.expert_slots = std::move(slots);
   in.http_port = o.http_port;
   if (in.http_port == 0) {
-    absl::StatusOr<std::vector<int>> picked = PickPorts(1);
-    if (!picked.ok()) return picked.status();
-    in.http_port = (*picked)[0];
+    K3_ASSIGN_OR_RETURN(std::vector<int> picked, PickPorts(1));
+    in.http_port = picked[0];
   }
-  absl::StatusOr<std::vector<int>> ports =
-      o.base_port == 0 ? PickPorts(PlannedPortCount(o)) : ConsecutivePorts(o);
-  if (!ports.ok()) return ports.status();
-  in.ports = *std::move(ports);
-  if (absl::Status s = MakeLogDir(); !s.ok()) return s;
+  K3_ASSIGN_OR_RETURN(std::vector<int> ports,
+                      o.base_port == 0 ? PickPorts(PlannedPortCount(o)) : ConsecutivePorts(o));
+  in.ports = std::move(ports);
+  K3_RETURN_IF_ERROR(MakeLogDir());
   in.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
 
   ClusterPlan plan = PlanCluster(o, in);
@@ -562,8 +559,7 @@ absl::StatusOr<std::string> LocalCluster::AddExpertNode(int slots) {
     ++count;
   }
   if (first == nullptr) return absl::FailedPreconditionError("the cluster has no expert node");
-  absl::StatusOr<std::vector<int>> ports = PickPorts(2);
-  if (!ports.ok()) return ports.status();
+  K3_ASSIGN_OR_RETURN(std::vector<int> ports, PickPorts(2));
   Node node;
   node.role = NodeRole::kExpert;
   node.index = count;
@@ -571,13 +567,13 @@ absl::StatusOr<std::string> LocalCluster::AddExpertNode(int slots) {
   node.argv = first->argv;
   node.log_path = absl::StrCat(log_dir_, "/", node.name, ".log");
   const std::string host = first->grpc_address.substr(0, first->grpc_address.rfind(':'));
-  node.grpc_address = HostPort(host, (*ports)[0]);
+  node.grpc_address = HostPort(host, ports[0]);
   for (size_t i = 0; i + 1 < node.argv.size(); ++i) {
-    if (node.argv[i] == "--port") node.argv[i + 1] = absl::StrCat((*ports)[0]);
+    if (node.argv[i] == "--port") node.argv[i + 1] = absl::StrCat(ports[0]);
     if (node.argv[i] == "--slots") node.argv[i + 1] = absl::StrCat(slots);
     if (node.argv[i] == "--metrics-port") {
-      node.argv[i + 1] = absl::StrCat((*ports)[1]);
-      node.metrics_address = HostPort(host, (*ports)[1]);
+      node.argv[i + 1] = absl::StrCat(ports[1]);
+      node.metrics_address = HostPort(host, ports[1]);
     }
   }
   nodes_.push_back(std::move(node));

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "model/json_value.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

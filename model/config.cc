@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "model/json_value.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -69,9 +69,9 @@ class ObjectReader {
     }
     out->clear();
     for (size_t i = 0; i < v->size(); ++i) {
-      auto r = json::ToInt((*v)[i], absl::StrCat(Path(name), "[", i, "]"), INT_MIN, INT_MAX);
-      if (!r.ok()) return r.status();
-      out->push_back(static_cast<int>(*r));
+      K3_ASSIGN_OR_RETURN(
+          auto r, json::ToInt((*v)[i], absl::StrCat(Path(name), "[", i, "]"), INT_MIN, INT_MAX));
+      out->push_back(static_cast<int>(r));
     }
     *present = true;
     return absl::OkStatus();
@@ -84,9 +84,8 @@ class ObjectReader {
   absl::Status Convert(std::string_view name, T* out, const Converter& convert) const {
     const Json* v = Find(name);
     if (v == nullptr) return absl::OkStatus();
-    auto r = convert(*v, Path(name));
-    if (!r.ok()) return r.status();
-    *out = static_cast<T>(*r);
+    K3_ASSIGN_OR_RETURN(auto r, convert(*v, Path(name)));
+    *out = static_cast<T>(r);
     return absl::OkStatus();
   }
   // Null resets the optional; any other value is read by `read` (Int, Float).

@@ -4,8 +4,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/config.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -210,11 +210,10 @@ absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
   if (name == "k3-slice") return ParseModelConfig(kK3Slice);
   if (name == "kimi-linear-tiny") return ParseModelConfig(kKimiLinearTiny);
   if (name == "k3-tiny-8") {
-    auto config = ParseModelConfig(kK3Tiny);
-    if (!config.ok()) return config.status();
-    config->num_hidden_layers = 8;
-    config->linear_attn.full_attn_layers = {4, 8};
-    if (auto s = ValidateModelConfig(*config); !s.ok()) return s;
+    K3_ASSIGN_OR_RETURN(auto config, ParseModelConfig(kK3Tiny));
+    config.num_hidden_layers = 8;
+    config.linear_attn.full_attn_layers = {4, 8};
+    if (auto s = ValidateModelConfig(config); !s.ok()) return s;
     return config;
   }
   return absl::NotFoundError(absl::StrCat("no named config \"", Sv(name),

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/json_value.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {

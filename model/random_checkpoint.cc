@@ -10,13 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "base/text_file.h"
 #include "kernels/bf16.h"
 #include "kernels/mxfp4.h"
 #include "kernels/thread_pool.h"
 #include "model/json_value.h"
 #include "model/mxfp4_quantize.h"
-#include "model/status_macros.h"
-#include "model/text_file.h"
 
 namespace k3 {
 namespace {

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "model/json_value.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -170,9 +170,8 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
       }
       continue;
     }
-    auto info = ParseEntry(value, name, data_size, file);
-    if (!info.ok()) return info.status();
-    tensors.emplace(name, *std::move(info));
+    K3_ASSIGN_OR_RETURN(auto info, ParseEntry(value, name, data_size, file));
+    tensors.emplace(name, std::move(info));
   }
   // No two non-empty tensors may share bytes.
   std::vector<std::pair<const std::string*, const TensorInfo*>> order;
@@ -288,9 +287,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   file->map_size_ = size;
   const auto* base = static_cast<const uint8_t*>(map);
   std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
-  auto tensors = ParseSafetensorsHeader(header, size - 8 - header_len, path);
-  if (!tensors.ok()) return tensors.status();
-  file->tensors_ = *std::move(tensors);
+  K3_ASSIGN_OR_RETURN(auto tensors, ParseSafetensorsHeader(header, size - 8 - header_len, path));
+  file->tensors_ = std::move(tensors);
   file->data_ = base + 8 + header_len;
   return file;
 }
@@ -371,9 +369,8 @@ absl::Status WriteSafetensorsStreaming(
     const std::function<absl::Status(size_t index, std::string* bytes)>& produce,
     const std::map<std::string, std::string>& metadata) {
   std::vector<uint64_t> sizes;
-  absl::StatusOr<std::string> made = SafetensorsHeader(path, specs, metadata, &sizes);
-  if (!made.ok()) return made.status();
-  const std::string& header = *made;
+  K3_ASSIGN_OR_RETURN(std::string made, SafetensorsHeader(path, specs, metadata, &sizes));
+  const std::string& header = made;
   uint64_t data_bytes = 0;
   for (uint64_t bytes : sizes) data_bytes += bytes;
 

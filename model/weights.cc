@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/bf16.h"
 #include "kernels/mxfp4.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -498,10 +498,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const std::string& folder, const WeightSelection& selection,
     const std::function<void(size_t, size_t)>& progress) {
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(folder);
-  if (!checkpoint.ok()) return checkpoint.status();
-  return LoadWeights(std::shared_ptr<const Checkpoint>(*std::move(checkpoint)), selection,
-                     progress);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(folder));
+  return LoadWeights(std::shared_ptr<const Checkpoint>(std::move(checkpoint)), selection, progress);
 }
 
 }  // namespace k3

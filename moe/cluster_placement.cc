@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
@@ -18,7 +19,7 @@ absl::Status ClusterPlacement::Validate() const {
     }
     return absl::OkStatus();
   }
-  if (absl::Status s = experts.Validate(); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(experts.Validate());
   if (worker_nodes.size() != static_cast<size_t>(experts.num_workers)) {
     return absl::InvalidArgumentError(absl::StrCat("placement has ", experts.num_workers,
                                                    " workers but ", worker_nodes.size(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
@@ -52,17 +53,22 @@ absl::Status ExpertPlacement::Validate() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> TotalWorkerSlots(const std::vector<int>& worker_slots) {
+  int64_t total = 0;
+  for (size_t w = 0; w < worker_slots.size(); ++w) {
+    if (worker_slots[w] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", w, " has a negative slot count ", worker_slots[w]));
+    }
+    total += worker_slots[w];
+  }
+  return total;
+}
+
 absl::StatusOr<ExpertPlacement> ContiguousPlacement(int num_layers, int num_experts,
                                                     const std::vector<int>& worker_capacity,
                                                     int64_t version) {
-  int64_t total = 0;
-  for (size_t w = 0; w < worker_capacity.size(); ++w) {
-    if (worker_capacity[w] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", w, " has negative capacity ", worker_capacity[w]));
-    }
-    total += worker_capacity[w];
-  }
+  K3_ASSIGN_OR_RETURN(const int64_t total, TotalWorkerSlots(worker_capacity));
   if (num_layers < 0 || num_experts < 1 || total < num_experts) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot place ", num_experts, " experts in ", num_layers, " layers on ",

@@ -43,6 +43,11 @@ struct ExpertPlacement {
   bool operator==(const ExpertPlacement&) const = default;
 };
 
+// The experts the workers can hold in all: the sum of `worker_slots`, one count a worker.
+// InvalidArgument naming the first worker with a negative count. ContiguousPlacement and the
+// coordinator's planner share it, so both refuse the same inputs with the same words.
+absl::StatusOr<int64_t> TotalWorkerSlots(const std::vector<int>& worker_slots);
+
 // The placement without replicas that a cluster starts from: workers take contiguous slices of the
 // experts in worker order, each slice proportional to the worker's capacity (worker w starts at
 // expert floor(N · C_<w / C), C the capacity total), the same slices in every layer. With

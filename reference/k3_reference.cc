@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 #include "model/safetensors.h"
 #include "reference/half_bits.h"
@@ -519,18 +520,16 @@ absl::StatusOr<Rows> AttnResStack(const Rows& embedding, int block_size,
       blocks.push_back(std::move(prefix));
       prefix_empty = true;
     }
-    absl::StatusOr<Rows> a = mixer(l, mixer_in);
-    if (!a.ok()) return a.status();
+    K3_ASSIGN_OR_RETURN(Rows a, mixer(l, mixer_in));
     if (prefix_empty) {
-      prefix = *std::move(a);
+      prefix = std::move(a);
       prefix_empty = false;
     } else {
-      AddInto(prefix, *a);
+      AddInto(prefix, a);
     }
     const AttnResQuery& fq = queries.ffn[l];
-    absl::StatusOr<Rows> f = ffn(l, AttnResRows(blocks, prefix, fq.proj, fq.norm, eps));
-    if (!f.ok()) return f.status();
-    AddInto(prefix, *f);
+    K3_ASSIGN_OR_RETURN(Rows f, ffn(l, AttnResRows(blocks, prefix, fq.proj, fq.norm, eps)));
+    AddInto(prefix, f);
   }
   return AttnResRows(blocks, prefix, queries.output.proj, queries.output.norm, eps);
 }
@@ -538,7 +537,7 @@ absl::StatusOr<Rows> AttnResStack(const Rows& embedding, int block_size,
 absl::StatusOr<std::vector<double>> ReferenceLogits(const Checkpoint& ckpt,
                                                     const std::vector<int32_t>& tokens) {
   const ModelConfig& c = ckpt.config();
-  if (absl::Status s = CheckSupported(c); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(CheckSupported(c));
   if (tokens.empty()) return absl::InvalidArgumentError("ReferenceLogits: empty token sequence");
   for (size_t t = 0; t < tokens.size(); ++t) {
     if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
@@ -573,19 +572,17 @@ absl::StatusOr<std::vector<double>> ReferenceLogits(const Checkpoint& ckpt,
     }
     queries.output = LoadQuery(in, "model.output_attn_res", d);
     if (!in.status().ok()) return in.status();
-    absl::StatusOr<Rows> out = AttnResStack(x, *c.attn_res_block_size, queries, eps, mixer, ffn);
-    if (!out.ok()) return out.status();
-    h = *std::move(out);
+    K3_ASSIGN_OR_RETURN(Rows out,
+                        AttnResStack(x, *c.attn_res_block_size, queries, eps, mixer, ffn));
+    h = std::move(out);
   } else {
     // Kimi Linear: the plain residual stream (spec §12.5).
     h = std::move(x);
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-      absl::StatusOr<Rows> a = mixer(l, h);
-      if (!a.ok()) return a.status();
-      AddInto(h, *a);
-      absl::StatusOr<Rows> f = ffn(l, h);
-      if (!f.ok()) return f.status();
-      AddInto(h, *f);
+      K3_ASSIGN_OR_RETURN(Rows a, mixer(l, h));
+      AddInto(h, a);
+      K3_ASSIGN_OR_RETURN(Rows f, ffn(l, h));
+      AddInto(h, f);
     }
   }
 

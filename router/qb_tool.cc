@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {
@@ -66,10 +67,9 @@ absl::Status RunQbTool(const QbToolOptions& options, std::ostream& out) {
   }
   const int n = options.experts;
   const int64_t t = options.tokens;
-  absl::StatusOr<std::vector<float>> scores = ReadFloats(options.scores_path, t * n, "scores");
-  if (!scores.ok()) return scores.status();
+  K3_ASSIGN_OR_RETURN(std::vector<float> scores, ReadFloats(options.scores_path, t * n, "scores"));
   for (int64_t i = 0; i < t * n; ++i) {
-    float s = (*scores)[i];
+    float s = scores[i];
     if (!(s >= 0.0f && s <= 1.0f)) {
       return absl::InvalidArgumentError(absl::StrCat("scores file ", options.scores_path,
                                                      ": score [", i / n, ", ", i % n, "] = ", s,
@@ -78,9 +78,8 @@ absl::Status RunQbTool(const QbToolOptions& options, std::ostream& out) {
   }
   std::vector<float> bias(n, 0.0f);
   if (!options.bias_path.empty()) {
-    absl::StatusOr<std::vector<float>> read = ReadFloats(options.bias_path, n, "bias");
-    if (!read.ok()) return read.status();
-    bias = *std::move(read);
+    K3_ASSIGN_OR_RETURN(std::vector<float> read, ReadFloats(options.bias_path, n, "bias"));
+    bias = std::move(read);
     for (int j = 0; j < n; ++j) {
       if (!std::isfinite(bias[j])) {
         return absl::InvalidArgumentError(absl::StrCat("bias file ", options.bias_path, ": bias[",
@@ -92,20 +91,18 @@ absl::Status RunQbTool(const QbToolOptions& options, std::ostream& out) {
   std::vector<float> estimate;
   double maxvio_old;
   if (options.exact) {
-    estimate = ExactQbBias(scores->data(), t, n, options.top_k, bias);
-    maxvio_old = MaxVio(RouteLoads(scores->data(), t, n, options.top_k, bias));
+    estimate = ExactQbBias(scores.data(), t, n, options.top_k, bias);
+    maxvio_old = MaxVio(RouteLoads(scores.data(), t, n, options.top_k, bias));
   } else {
-    absl::StatusOr<QbLayerStatistics> stats =
-        QbLayerStatistics::Create(0, options.top_k, bias, options.bins);
-    if (!stats.ok()) return stats.status();
-    stats->Record(scores->data(), t);
-    absl::StatusOr<std::vector<float>> hist = stats->EstimateBias();
-    if (!hist.ok()) return hist.status();
-    estimate = *std::move(hist);
-    maxvio_old = stats->MaxVio();
+    K3_ASSIGN_OR_RETURN(QbLayerStatistics stats,
+                        QbLayerStatistics::Create(0, options.top_k, bias, options.bins));
+    stats.Record(scores.data(), t);
+    K3_ASSIGN_OR_RETURN(std::vector<float> hist, stats.EstimateBias());
+    estimate = std::move(hist);
+    maxvio_old = stats.MaxVio();
   }
   std::vector<float> centred = CenterBias(estimate);
-  double maxvio_new = MaxVio(RouteLoads(scores->data(), t, n, options.top_k, centred));
+  double maxvio_new = MaxVio(RouteLoads(scores.data(), t, n, options.top_k, centred));
 
   std::string text;
   // %.9g round-trips a float32.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 #include "kernels/thread_pool.h"
 #include "moe/moe_layer_map.h"
@@ -47,11 +48,11 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const ModelWeight
     }
     bias.push_back(router.score_bias);
   }
-  absl::StatusOr<std::unique_ptr<RouterLoadStats>> stats = RouterLoadStats::Create(
-      config.num_experts, config.num_experts_per_token, bias, options.qb_bins);
-  if (!stats.ok()) return stats.status();
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<RouterLoadStats> stats,
+                      RouterLoadStats::Create(config.num_experts, config.num_experts_per_token,
+                                              bias, options.qb_bins));
   return std::unique_ptr<RouterCore>(
-      new RouterCore(weights, transport, links, options, *std::move(stats), metrics));
+      new RouterCore(weights, transport, links, options, std::move(stats), metrics));
 }
 
 RouterCore::RouterCore(const ModelWeights* weights, Transport* transport, PeerLinks* links,
@@ -116,8 +117,7 @@ absl::Status RouterCore::Poll(absl::Time deadline) {
 }
 
 absl::Status RouterCore::SetBias(int moe_layer, std::vector<float> bias) {
-  absl::StatusOr<int> layer = ModelLayerOfMoe(config_, moe_layer);
-  if (!layer.ok()) return layer.status();
+  K3_ASSIGN_OR_RETURN(int layer, ModelLayerOfMoe(config_, moe_layer));
   if (static_cast<int>(bias.size()) != config_.num_experts) {
     return absl::InvalidArgumentError(absl::StrCat("a bias of ", bias.size(), " values for ",
                                                    config_.num_experts, " experts"));
@@ -127,7 +127,7 @@ absl::Status RouterCore::SetBias(int moe_layer, std::vector<float> bias) {
   }
   LOG(INFO) << "MoE layer " << moe_layer << " routes with a new e_score_correction_bias "
             << "(online bias: the model's outputs change)";
-  routers_[*layer].score_bias = bias;
+  routers_[layer].score_bias = bias;
   stats_->SetBias(moe_layer, std::move(bias));
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -27,9 +28,9 @@ absl::StatusOr<std::unique_ptr<RouterLoadStats>> RouterLoadStats::Create(
     }
     if (qb_bins == 0) continue;
     // Validates what FreshQb builds later.
-    absl::StatusOr<QbLayerStatistics> layer_qb =
-        QbLayerStatistics::Create(static_cast<int>(layer), top_k, bias[layer], qb_bins);
-    if (!layer_qb.ok()) return layer_qb.status();
+    K3_ASSIGN_OR_RETURN(
+        QbLayerStatistics layer_qb,
+        QbLayerStatistics::Create(static_cast<int>(layer), top_k, bias[layer], qb_bins));
   }
   return std::unique_ptr<RouterLoadStats>(new RouterLoadStats(num_experts, top_k, bias, qb_bins));
 }

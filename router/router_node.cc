@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "cluster/actor.h"
 #include "cluster/actor_rpc.h"
 #include "cluster/node_runtime.h"
@@ -100,16 +101,14 @@ class RouterNode final : public RoleHooks {
 
 absl::Status RouterNode::Start() {
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
-      LoadWeights(options_.node.model, WeightSelection::RouterOnly());
-  if (!weights.ok()) return weights.status();
-  weights_ = *std::move(weights);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                      LoadWeights(options_.node.model, WeightSelection::RouterOnly()));
+  weights_ = std::move(weights);
   LOG(INFO) << "router weights of " << options_.node.model << ": " << weights_->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 
-  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = CreateNodeTransport(options_.node);
-  if (!transport.ok()) return transport.status();
-  transport_ = *std::move(transport);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<UcxTransport> transport, CreateNodeTransport(options_.node));
+  transport_ = std::move(transport);
   links_ = std::make_unique<PeerLinks>(transport_.get());
   RouterCoreOptions core_options;
   core_options.step_timeout = options_.step_timeout;
@@ -118,16 +117,15 @@ absl::Status RouterNode::Start() {
   core_options.per_expert_metrics = options_.per_expert_metrics;
   core_options.qb_bins = options_.qb_bins;
   if (!options_.node.trace_file.empty()) {
-    absl::StatusOr<std::unique_ptr<SpanLog>> spans =
-        SpanLog::Open(options_.node.trace_file, "router");
-    if (!spans.ok()) return spans.status();
-    spans_ = *std::move(spans);
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<SpanLog> spans,
+                        SpanLog::Open(options_.node.trace_file, "router"));
+    spans_ = std::move(spans);
     core_options.spans = spans_.get();
   }
-  absl::StatusOr<std::unique_ptr<RouterCore>> core = RouterCore::Create(
-      weights_.get(), transport_.get(), links_.get(), core_options, &DefaultMetrics());
-  if (!core.ok()) return core.status();
-  core_ = *std::move(core);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<RouterCore> core,
+                      RouterCore::Create(weights_.get(), transport_.get(), links_.get(),
+                                         core_options, &DefaultMetrics()));
+  core_ = std::move(core);
   actor_ = std::make_unique<Actor>("router");
   service_ = std::make_unique<RouterControlService>(core_.get(), actor_.get());
 
@@ -140,10 +138,9 @@ absl::Status RouterNode::Start() {
     absl::MutexLock lock(&ready_mu_);
     return ready_;
   };
-  absl::StatusOr<std::unique_ptr<NodeEndpoints>> endpoints =
-      NodeEndpoints::Start(std::move(endpoint_options));
-  if (!endpoints.ok()) return endpoints.status();
-  endpoints_ = *std::move(endpoints);
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<NodeEndpoints> endpoints,
+                      NodeEndpoints::Start(std::move(endpoint_options)));
+  endpoints_ = std::move(endpoints);
 
   pb::NodeInfo node;
   node.set_transport_address(transport_->LocalAddress());

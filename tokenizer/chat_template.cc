@@ -7,7 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "tokenizer/special_tokens.h"
 #include "tokenizer/template_json.h"
 

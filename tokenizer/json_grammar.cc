@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 
@@ -97,9 +98,8 @@ class JsonGrammarBuilder {
       if (auto it = schema.find(name); it != schema.end() && it->is_array()) {
         JsonNode* n = New(Kind::kUnion);
         for (const ordered_json& option : *it) {
-          absl::StatusOr<const JsonNode*> compiled = Compile(option, depth);
-          if (!compiled.ok()) return compiled.status();
-          n->options.push_back(*compiled);
+          K3_ASSIGN_OR_RETURN(const JsonNode* compiled, Compile(option, depth));
+          n->options.push_back(compiled);
         }
         return n;
       }
@@ -115,9 +115,8 @@ class JsonGrammarBuilder {
     JsonNode* n = New(Kind::kUnion);
     for (const ordered_json& t : *type) {
       if (!t.is_string()) return absl::InvalidArgumentError("'type' must list strings");
-      absl::StatusOr<const JsonNode*> compiled = Typed(schema, t.get<std::string>(), depth);
-      if (!compiled.ok()) return compiled.status();
-      n->options.push_back(*compiled);
+      K3_ASSIGN_OR_RETURN(const JsonNode* compiled, Typed(schema, t.get<std::string>(), depth));
+      n->options.push_back(compiled);
     }
     return n;
   }
@@ -155,9 +154,8 @@ class JsonGrammarBuilder {
       if (items == schema.end()) {
         n->items = Any(depth + 1);
       } else {
-        absl::StatusOr<const JsonNode*> compiled = Compile(*items, depth + 1);
-        if (!compiled.ok()) return compiled.status();
-        n->items = *compiled;
+        K3_ASSIGN_OR_RETURN(const JsonNode* compiled, Compile(*items, depth + 1));
+        n->items = compiled;
       }
       return n;
     }
@@ -175,20 +173,18 @@ class JsonGrammarBuilder {
     }
     if (auto it = schema.find("properties"); it != schema.end() && it->is_object()) {
       for (auto p = it->begin(); p != it->end(); ++p) {
-        absl::StatusOr<const JsonNode*> value = Compile(p.value(), depth + 1);
-        if (!value.ok()) return value.status();
+        K3_ASSIGN_OR_RETURN(const JsonNode* value, Compile(p.value(), depth + 1));
         const bool is_required =
             std::find(required.begin(), required.end(), p.key()) != required.end();
-        n->properties.push_back({Literal(p.key()), *value, is_required});
+        n->properties.push_back({Literal(p.key()), value, is_required});
       }
     }
     auto additional = schema.find("additionalProperties");
     if (additional == schema.end() || (additional->is_boolean() && additional->get<bool>())) {
       n->additional = Any(depth + 1);
     } else if (additional->is_object()) {
-      absl::StatusOr<const JsonNode*> value = Compile(*additional, depth + 1);
-      if (!value.ok()) return value.status();
-      n->additional = *value;
+      K3_ASSIGN_OR_RETURN(const JsonNode* value, Compile(*additional, depth + 1));
+      n->additional = value;
     }
     n->additional_key = New(Kind::kString);
     return n;
@@ -203,9 +199,8 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromSchema(
     const ordered_json& schema) {
   std::shared_ptr<JsonGrammar> grammar(new JsonGrammar());
   JsonGrammarBuilder builder(grammar.get());
-  absl::StatusOr<const JsonNode*> root = builder.Compile(schema, 0);
-  if (!root.ok()) return root.status();
-  grammar->root_ = *root;
+  K3_ASSIGN_OR_RETURN(const JsonNode* root, builder.Compile(schema, 0));
+  grammar->root_ = root;
   return grammar;
 }
 

@@ -1,6 +1,6 @@
 #include "tokenizer/streaming_decoder.h"
 
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {

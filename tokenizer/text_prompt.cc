@@ -1,6 +1,6 @@
 #include "tokenizer/text_prompt.h"
 
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/streaming_decoder.h"
 

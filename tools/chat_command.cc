@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cluster/command_line.h"
 #include "cluster/grpc_status.h"
 #include "cluster/security.h"
@@ -28,21 +29,18 @@ using Answerer = std::function<absl::StatusOr<std::string>(
     const std::vector<ChatMessage>& messages, const std::function<void(const std::string&)>& show)>;
 
 absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
-  absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(o.model);
-  if (!loaded.ok()) return loaded.status();
-  auto tokenizer = std::make_shared<const Tokenizer>(*std::move(loaded));
-  absl::StatusOr<int32_t> turn_end = TurnEndId(*tokenizer);
-  if (!turn_end.ok()) return turn_end.status();
-  absl::StatusOr<std::unique_ptr<LocalEngine>> opened = LocalEngine::Open(o.model);
-  if (!opened.ok()) return opened.status();
-  std::shared_ptr<LocalEngine> engine = *std::move(opened);
+  K3_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::Load(o.model));
+  auto tokenizer = std::make_shared<const Tokenizer>(std::move(loaded));
+  K3_ASSIGN_OR_RETURN(int32_t turn_end, TurnEndId(*tokenizer));
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> opened, LocalEngine::Open(o.model));
+  std::shared_ptr<LocalEngine> engine = std::move(opened);
   // Each turn's prompt is the conversation so far: the next turn prefills only what is new.
-  if (absl::Status s = engine->EnablePrefixCache(PrefixCacheOptions()); !s.ok()) return s;
+  K3_RETURN_IF_ERROR(engine->EnablePrefixCache(PrefixCacheOptions()));
   GenerateOptions generate;
   generate.max_new_tokens = o.max_new_tokens;
   generate.sampling.temperature = static_cast<float>(o.temperature);
   generate.sampling.seed = o.seed;
-  generate.stop_token_ids.push_back(*turn_end);
+  generate.stop_token_ids.push_back(turn_end);
   if (tokenizer->named_ids().eos.has_value()) {
     generate.stop_token_ids.push_back(*tokenizer->named_ids().eos);
   }
@@ -51,9 +49,8 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
       [tokenizer, engine, generate, thinking](
           const std::vector<ChatMessage>& messages,
           const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
-        absl::StatusOr<std::vector<int32_t>> prompt =
-            RenderChat(*tokenizer, messages, {.thinking = thinking});
-        if (!prompt.ok()) return prompt.status();
+        K3_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                            RenderChat(*tokenizer, messages, {.thinking = thinking}));
         StreamingDecoder decoder(*tokenizer);
         std::string answer;
         GenerateOptions options = generate;
@@ -66,8 +63,7 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
           answer += text;
           show(text);
         };
-        absl::StatusOr<std::vector<int32_t>> generated = engine->Generate(*prompt, options);
-        if (!generated.ok()) return generated.status();
+        K3_ASSIGN_OR_RETURN(std::vector<int32_t> generated, engine->Generate(prompt, options));
         const std::string tail = decoder.Finish();
         show(tail);
         return answer + tail;
@@ -75,15 +71,13 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
 }
 
 absl::StatusOr<Answerer> ThroughServer(const ChatCommandOptions& o) {
-  absl::StatusOr<ClientTls> tls = LoadClientTls(o.tls);
-  if (!tls.ok()) return tls.status();
+  K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(o.tls));
   std::string token;
   if (!o.auth_token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadTokenFile("--auth-token-file", o.auth_token_file);
-    if (!read.ok()) return read.status();
-    token = *std::move(read);
+    K3_ASSIGN_OR_RETURN(std::string read, ReadTokenFile("--auth-token-file", o.auth_token_file));
+    token = std::move(read);
   }
-  std::shared_ptr<v1::K3Serve::Stub> stub = v1::K3Serve::NewStub(tls->Connect(o.server));
+  std::shared_ptr<v1::K3Serve::Stub> stub = v1::K3Serve::NewStub(tls.Connect(o.server));
   v1::GenerateRequest base;
   base.set_thinking(o.thinking);
   base.mutable_sampling()->set_max_new_tokens(o.max_new_tokens);
@@ -116,7 +110,7 @@ absl::StatusOr<Answerer> ThroughServer(const ChatCommandOptions& o) {
         return absl::UnavailableError(response.complete().message());
       }
     }
-    if (absl::Status s = FromGrpcStatus(reader->Finish()); !s.ok()) return s;
+    K3_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
     return answer;
   };
 }

@@ -27,7 +27,7 @@ ALLOWED = {
     "proto": set(),
     "model": {"kernels"},
     "cluster": {"proto"},
-    "tokenizer": {"model"},
+    "tokenizer": set(),
     "moe": {"model", "kernels", "proto"},
     "attention_nodes": BELOW_TIERS,
     "router": BELOW_TIERS,

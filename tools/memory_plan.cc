@@ -10,7 +10,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/safetensors.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 
 namespace k3 {
 namespace {

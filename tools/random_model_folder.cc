@@ -1,6 +1,6 @@
 #include "tools/random_model_folder.h"
 
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "tokenizer/random_tokenizer.h"
 
 namespace k3 {

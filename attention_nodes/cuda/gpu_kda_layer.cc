@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/cuda/kda_prefill.h"
+#include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/glu.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 

@@ -11,9 +11,9 @@
 #include "attention_nodes/cuda/mla_decode.h"
 #include "attention_nodes/cuda/rms_norm.h"
 #include "attention_nodes/mla.h"
+#include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/glu.h"
-#include "model/status_macros.h"
 
 namespace k3 {
 

@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/cuda/attn_res.h"
 #include "attention_nodes/cuda/rms_norm.h"
+#include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/glu.h"
 #include "model/glu_params.h"
-#include "model/status_macros.h"
 #include "kernels/cuda/moe_gate.h"
 
 namespace k3 {

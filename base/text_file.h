@@ -1,8 +1,8 @@
 // Writing a small whole file (a config.json, a checkpoint index, a tokenizer's files) in one call.
 //
 // Thread-safety: a pure function of its arguments and the file system.
-#ifndef K3SERVE_MODEL_TEXT_FILE_H_
-#define K3SERVE_MODEL_TEXT_FILE_H_
+#ifndef K3SERVE_BASE_TEXT_FILE_H_
+#define K3SERVE_BASE_TEXT_FILE_H_
 
 #include <string>
 #include <string_view>
@@ -18,4 +18,4 @@ absl::Status WriteTextFile(const std::string& path, std::string_view contents);
 
 }  // namespace k3
 
-#endif  // K3SERVE_MODEL_TEXT_FILE_H_
+#endif  // K3SERVE_BASE_TEXT_FILE_H_
