@@ -1,12 +1,10 @@
 #include "engine/gpu_engine.h"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/cuda_device.h"
 #include "model/checkpoint.h"
 #include "model/glu_params.h"
 
@@ -35,14 +33,7 @@ GpuEngine::~GpuEngine() {
 absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
     const std::string& model_dir, int device, const GpuRunnerCapacity& capacity,
     const std::function<void(size_t, size_t)>& progress, GpuRouting routing) {
-  K3_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
-  if (device < 0 || device >= devices) {
-    return absl::UnavailableError(
-        absl::StrCat("no CUDA device ", device, " (this machine has ", devices, ")"));
-  }
-  if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(error)));
-  }
+  K3_RETURN_IF_ERROR(UseCudaDevice(device));
   K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
   std::unique_ptr<GpuEngine> engine(new GpuEngine);
   K3_ASSIGN_OR_RETURN(engine->weights_,

@@ -67,11 +67,7 @@ class GpuDeviceExperts : public DeviceExperts {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceExperts>> MakeGpuDeviceExperts(int device) {
-  K3_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
-  if (device >= count) {
-    return absl::UnavailableError(
-        absl::StrCat("no GPU cuda:", device, ": the CUDA runtime sees ", count, " device(s)"));
-  }
+  K3_RETURN_IF_ERROR(CheckCudaDevice(device));
   return std::unique_ptr<DeviceExperts>(new GpuDeviceExperts(device));
 }
 

@@ -43,28 +43,12 @@ bool SameHostBytes(const GatedMlpWeights& a, const GatedMlpWeights& b) {
 
 }  // namespace
 
-absl::StatusOr<int> CudaDeviceCount() {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("no GPU: ", cudaGetErrorString(error)));
-  }
-  if (count == 0) return absl::UnavailableError("no GPU: the CUDA runtime sees no device");
-  return count;
-}
-
 absl::StatusOr<std::unique_ptr<GpuExpertCompute>> GpuExpertCompute::Create(
     const std::vector<GatedMlpWeights>& experts, const GluParams& params, int device) {
-  absl::StatusOr<int> count = CudaDeviceCount();
-  if (!count.ok()) return count.status();
-  if (device < 0 || device >= *count) {
-    return absl::UnavailableError(
-        absl::StrCat("no GPU ", device, ": the CUDA runtime sees ", *count, " device(s)"));
-  }
+  if (absl::Status s = UseCudaDevice(device); !s.ok()) return s;
   std::unique_ptr<GpuExpertCompute> compute(new GpuExpertCompute());
   compute->device_ = device;
   compute->glu_ = GpuGluParams{params.situ ? 1 : 0, params.beta, params.linear_beta};
-  K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "cudaSetDevice");
   cudaStream_t stream;
   K3_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                           "cudaStreamCreate");

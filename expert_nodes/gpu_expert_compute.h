@@ -18,15 +18,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/moe_mxfp4.h"
 #include "kernels/gated_mlp.h"
 #include "model/weights.h"
 #include "moe/expert_assignment.h"
 
 namespace k3 {
-
-// The number of CUDA devices, or Unavailable with the runtime's reason (no driver, no GPU).
-absl::StatusOr<int> CudaDeviceCount();
 
 class GpuExpertCompute {
  public:

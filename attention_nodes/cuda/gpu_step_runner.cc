@@ -7,24 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/cuda_device.h"
 
 namespace k3 {
 
 absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
     const ModelWeights* weights, RoutedMoe* routed_moe, int device,
     const GpuRunnerCapacity& capacity) {
-  int devices = 0;
-  if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess) {
-    return absl::UnavailableError(
-        absl::StrCat("no GPU: cudaGetDeviceCount: ", cudaGetErrorString(error)));
-  }
-  if (device < 0 || device >= devices) {
-    return absl::UnavailableError(
-        absl::StrCat("no CUDA device ", device, " (this machine has ", devices, ")"));
-  }
-  if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(error)));
-  }
+  K3_RETURN_IF_ERROR(UseCudaDevice(device));
   K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuModelRunner> runner,
                       GpuModelRunner::Create(weights, routed_moe, capacity));
   return std::unique_ptr<GpuStepRunner>(

@@ -129,18 +129,12 @@ std::vector<double> KdaReference(const KdaInputs& in, int kdim, bool lower_bound
   return out;
 }
 
-template <int kDim>
-void ExpectKdaKernelMatches(int heads, int batch, bool lower_bound, uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << "K " << kDim << ", " << heads << " heads, batch " << batch);
-  KdaInputs in = RandomKdaInputs(kDim, heads, batch, seed);
-  std::vector<double> expected_state;
-  const std::vector<double> expected = KdaReference(in, kDim, lower_bound, &expected_state);
-  const std::vector<float> conv_before = in.conv;
-  std::vector<float> out(batch * heads * kDim, NAN);
+// The launch over `in` (conv kernel 4, the lower-bound gate of -5, eps 1e-5), writing `out`.
+KdaDecodeLaunch LaunchOf(KdaInputs& in, int kdim, float* out) {
   KdaDecodeLaunch l;
-  l.batch = batch;
-  l.heads = heads;
-  l.head_dim = kDim;
+  l.batch = in.batch;
+  l.heads = in.heads;
+  l.head_dim = kdim;
   l.conv_kernel = 4;
   l.slots = in.slots.data();
   l.state = in.state.data();
@@ -154,13 +148,26 @@ void ExpectKdaKernelMatches(int heads, int batch, bool lower_bound, uint32_t see
   l.decay = in.f.data();
   l.dt_bias = in.dt_bias.data();
   l.a_log = in.a_log.data();
-  l.has_lower_bound = lower_bound ? 1 : 0;
+  l.has_lower_bound = 1;
   l.lower_bound = -5.0f;
   l.beta_logit = in.beta.data();
   l.gate = in.gate.data();
   l.o_norm = in.o_norm.data();
   l.eps = 1e-5f;
-  l.out = out.data();
+  l.out = out;
+  return l;
+}
+
+template <int kDim>
+void ExpectKdaKernelMatches(int heads, int batch, bool lower_bound, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "K " << kDim << ", " << heads << " heads, batch " << batch);
+  KdaInputs in = RandomKdaInputs(kDim, heads, batch, seed);
+  std::vector<double> expected_state;
+  const std::vector<double> expected = KdaReference(in, kDim, lower_bound, &expected_state);
+  const std::vector<float> conv_before = in.conv;
+  std::vector<float> out(batch * heads * kDim, NAN);
+  KdaDecodeLaunch l = LaunchOf(in, kDim, out.data());
+  l.has_lower_bound = lower_bound ? 1 : 0;
   simt::RunGrid({heads, batch, 1}, {kDim * (kDim / kda_kernel::kRowsPerThread), 1, 1},
                 [&] { kda_kernel::KdaDecodeKernel<kDim>(l); });
   EXPECT_LT(RelativeError(out, expected), 1e-4);
@@ -241,28 +248,8 @@ void ExpectKdaChunkMatches(int heads, int batch, int tokens, uint32_t seed) {
   }
 
   std::vector<float> out(static_cast<size_t>(batch) * tokens * p, NAN);
-  KdaDecodeLaunch l;
-  l.batch = batch;
+  KdaDecodeLaunch l = LaunchOf(in, kDim, out.data());
   l.tokens = tokens;
-  l.heads = heads;
-  l.head_dim = kDim;
-  l.conv_kernel = 4;
-  l.slots = in.slots.data();
-  l.state = in.state.data();
-  l.conv_cache = in.conv.data();
-  l.q = in.q.data();
-  l.k = in.k.data();
-  l.v = in.v.data();
-  l.q_conv = in.q_conv.data();
-  l.k_conv = in.k_conv.data();
-  l.v_conv = in.v_conv.data();
-  l.decay = in.f.data();
-  l.dt_bias = in.dt_bias.data();
-  l.a_log = in.a_log.data();
-  l.beta_logit = in.beta.data();
-  l.gate = in.gate.data();
-  l.o_norm = in.o_norm.data();
-  l.out = out.data();
   simt::RunGrid({heads, batch, 1}, {kDim * (kDim / kda_kernel::kRowsPerThread), 1, 1},
                 [&] { kda_kernel::KdaChunkKernel<kDim>(l); });
   EXPECT_LT(RelativeError(out, expected), 1e-4);
