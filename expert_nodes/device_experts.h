@@ -36,6 +36,20 @@ class DeviceExperts {
   virtual absl::Status Run(const ModelWeights& weights, int layer, const float* z, int64_t rows,
                            int64_t width, const std::vector<ExpertAssignment>& assignments,
                            float* out) = 0;
+  // Run with z and out in the device's memory: the rows of a request that arrived on a device
+  // channel (cluster/device_channel.h) and the answer to send back on one. Returns when out is
+  // written. Unimplemented where the device cannot take device rows.
+  virtual absl::Status RunDeviceRows(const ModelWeights& weights, int layer, const float* z,
+                                     int64_t rows, int64_t width,
+                                     const std::vector<ExpertAssignment>& assignments,
+                                     float* out) = 0;
+  // Device memory for one request's rows and its answer, `floats` floats each, owned here and
+  // valid until the next call (the buffers grow to the largest request).
+  struct RowBuffers {
+    float* rows = nullptr;
+    float* answer = nullptr;
+  };
+  virtual absl::StatusOr<RowBuffers> ReserveRowBuffers(int64_t floats) = 0;
   // Device bytes of the copied weights.
   virtual int64_t weight_bytes() const = 0;
 };

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "expert_nodes/gpu_expert_compute.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/device_buffer.h"
 #include "model/glu_params.h"
 
 namespace k3 {
@@ -38,16 +40,23 @@ class GpuDeviceExperts : public DeviceExperts {
   absl::Status Run(const ModelWeights& weights, int layer, const float* z, int64_t rows,
                    int64_t width, const std::vector<ExpertAssignment>& assignments,
                    float* out) override {
-    auto held = layers_.find(&weights);
-    if (held == layers_.end()) {
-      return absl::FailedPreconditionError("these experts were not copied to the GPU");
-    }
-    auto compute = held->second.find(layer);
-    if (compute == held->second.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("model layer ", layer, " has no routed experts on the GPU"));
-    }
-    return compute->second->Run(z, rows, width, assignments, out);
+    K3_ASSIGN_OR_RETURN(GpuExpertCompute * compute, Find(weights, layer));
+    return compute->Run(z, rows, width, assignments, out);
+  }
+
+  absl::Status RunDeviceRows(const ModelWeights& weights, int layer, const float* z,
+                             int64_t rows, int64_t width,
+                             const std::vector<ExpertAssignment>& assignments,
+                             float* out) override {
+    K3_ASSIGN_OR_RETURN(GpuExpertCompute * compute, Find(weights, layer));
+    return compute->RunDeviceRows(z, rows, width, assignments, out);
+  }
+
+  absl::StatusOr<RowBuffers> ReserveRowBuffers(int64_t floats) override {
+    K3_RETURN_IF_ERROR(UseCudaDevice(device_));
+    K3_RETURN_IF_ERROR(rows_.Reserve(floats));
+    K3_RETURN_IF_ERROR(answer_.Reserve(floats));
+    return RowBuffers{rows_.get(), answer_.get()};
   }
 
   int64_t weight_bytes() const override {
@@ -59,7 +68,21 @@ class GpuDeviceExperts : public DeviceExperts {
   }
 
  private:
+  absl::StatusOr<GpuExpertCompute*> Find(const ModelWeights& weights, int layer) {
+    auto held = layers_.find(&weights);
+    if (held == layers_.end()) {
+      return absl::FailedPreconditionError("these experts were not copied to the GPU");
+    }
+    auto compute = held->second.find(layer);
+    if (compute == held->second.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model layer ", layer, " has no routed experts on the GPU"));
+    }
+    return compute->second.get();
+  }
+
   const int device_;
+  DeviceBuffer<float> rows_, answer_;  // ReserveRowBuffers
   // By the weights' address: ExpertWorker adds and forgets them while it holds them.
   std::map<const ModelWeights*, std::map<int, std::unique_ptr<GpuExpertCompute>>> layers_;
 };

@@ -143,19 +143,22 @@ absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
   return absl::OkStatus();
 }
 
-int32_t GpuExpertCompute::Stage(const float* z, const std::vector<ExpertAssignment>& assignments) {
+int32_t GpuExpertCompute::Stage(const float* z, bool z_on_device,
+                                const std::vector<ExpertAssignment>& assignments) {
   // Slots in RunExperts' order: by expert, stable.
   std::vector<int32_t> experts(assignments.size());
   for (size_t i = 0; i < assignments.size(); ++i) experts[i] = assignments[i].expert;
   MoeSlots grouped = GroupSlotsByExpert(experts, table_index_, /*chunk_tokens=*/0);
   const size_t slots = grouped.order.size();
-  x_host_.resize(slots * width_);
+  x_host_.resize(z_on_device ? 0 : slots * width_);
   slot_row_host_.resize(slots);
   slot_weight_host_.resize(slots);
   for (size_t slot = 0; slot < slots; ++slot) {
     const ExpertAssignment& a = assignments[grouped.order[slot]];
-    const float* row = z + static_cast<int64_t>(a.row) * width_;
-    for (int64_t c = 0; c < width_; ++c) x_host_[slot * width_ + c] = FloatToBf16(row[c]);
+    if (!z_on_device) {
+      const float* row = z + static_cast<int64_t>(a.row) * width_;
+      for (int64_t c = 0; c < width_; ++c) x_host_[slot * width_ + c] = FloatToBf16(row[c]);
+    }
     slot_row_host_[slot] = a.row;
     slot_weight_host_[slot] = a.weight;
   }
@@ -165,6 +168,19 @@ int32_t GpuExpertCompute::Stage(const float* z, const std::vector<ExpertAssignme
 
 absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
                                    const std::vector<ExpertAssignment>& assignments, float* out) {
+  return RunGrouped(z, /*on_device=*/false, rows, width, assignments, out);
+}
+
+absl::Status GpuExpertCompute::RunDeviceRows(const float* z, int64_t rows, int64_t width,
+                                             const std::vector<ExpertAssignment>& assignments,
+                                             float* out) {
+  return RunGrouped(z, /*on_device=*/true, rows, width, assignments, out);
+}
+
+absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_t rows,
+                                          int64_t width,
+                                          const std::vector<ExpertAssignment>& assignments,
+                                          float* out) {
   if (width != width_ && !assignments.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rows of width ", width, " for experts of width ", width_));
@@ -180,36 +196,54 @@ absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
           absl::StrCat("expert ", a.expert, " is not hosted by this worker"));
     }
   }
+  const size_t out_bytes = sizeof(float) * rows * width_;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if (assignments.empty()) {
-    std::fill(out, out + rows * width, 0.f);
+    if (!on_device) {
+      std::fill(out, out + rows * width, 0.f);
+      return absl::OkStatus();
+    }
+    K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes, stream), "cudaMemsetAsync");
+    K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "cudaMemsetAsync (at synchronize)");
     return absl::OkStatus();
   }
-  const int32_t chunk_tokens = Stage(z, assignments);
+  const int32_t chunk_tokens = Stage(z, on_device, assignments);
   const size_t slots = assignments.size();
-  const size_t out_bytes = sizeof(float) * rows * width_;
   K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
   for (absl::Status s :
        {Reserve(x_, sizeof(uint16_t) * slots * width_),
         Reserve(h_, sizeof(uint16_t) * slots * hidden_),
         Reserve(slot_row_, sizeof(int32_t) * slots), Reserve(slot_weight_, sizeof(float) * slots),
-        Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()), Reserve(out_, out_bytes)}) {
+        Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()),
+        Reserve(out_, on_device ? 0 : out_bytes)}) {
     if (!s.ok()) return s;
   }
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   const struct {
     DeviceBuffer* to;
     const void* from;
     size_t bytes;
-  } copies[] = {{&x_, x_host_.data(), sizeof(uint16_t) * slots * width_},
+  } copies[] = {{&x_, x_host_.data(), sizeof(uint16_t) * x_host_.size()},
                 {&slot_row_, slot_row_host_.data(), sizeof(int32_t) * slots},
                 {&slot_weight_, slot_weight_host_.data(), sizeof(float) * slots},
                 {&chunks_, chunks_host_.data(), sizeof(MoeChunk) * chunks_host_.size()}};
   for (const auto& copy : copies) {
+    if (copy.bytes == 0) continue;  // x when the rows are already on the device
     K3_RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(copy.to->data, copy.from, copy.bytes, cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync(rows to the GPU)");
   }
-  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out_.data, 0, out_bytes, stream), "cudaMemsetAsync");
+  if (on_device) {
+    // The slots' rows, gathered and rounded to bf16 where they lie (as Stage does on the host).
+    K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGatherRows(
+                                z, static_cast<int32_t>(width_),
+                                static_cast<const int32_t*>(slot_row_.data),
+                                static_cast<int32_t>(slots), static_cast<uint16_t*>(x_.data),
+                                stream)),
+                            "LaunchMoeGatherRows");
+  }
+  float* answer = on_device ? out : static_cast<float*>(out_.data);
+  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(answer, 0, out_bytes, stream), "cudaMemsetAsync");
   MoeMxfp4Launch launch;
   launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
   launch.chunks = static_cast<const MoeChunk*>(chunks_.data);
@@ -221,13 +255,15 @@ absl::Status GpuExpertCompute::Run(const float* z, int64_t rows, int64_t width,
   launch.h = static_cast<uint16_t*>(h_.data);
   launch.slot_row = static_cast<const int32_t*>(slot_row_.data);
   launch.slot_weight = static_cast<const float*>(slot_weight_.data);
-  launch.out = static_cast<float*>(out_.data);
+  launch.out = answer;
   launch.glu = glu_;
   K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeMxfp4(launch, stream)),
                           "expert kernels");
-  K3_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(out, out_.data, out_bytes, cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync(answer from the GPU)");
+  if (!on_device) {
+    K3_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(out, out_.data, out_bytes, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync(answer from the GPU)");
+  }
   K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "expert kernels (at synchronize)");
   return absl::OkStatus();
 }

@@ -42,6 +42,12 @@ class GpuExpertCompute {
   absl::Status Run(const float* z, int64_t rows, int64_t width,
                    const std::vector<ExpertAssignment>& assignments, float* out);
 
+  // Run with z and out in this object's device memory (rows that arrived on a device channel, an
+  // answer to send on one); the assignments stay on the host and are grouped there as Run groups
+  // them. Returns when out is written (the stream synchronized), so another stream may read it.
+  absl::Status RunDeviceRows(const float* z, int64_t rows, int64_t width,
+                             const std::vector<ExpertAssignment>& assignments, float* out);
+
   // The same with everything in device memory, enqueued on the caller's `stream` (a
   // cudaStream_t on this object's device), for a step whose router runs on the GPU
   // (kernels/cuda/moe_gate.h): z [rows, width] fp32, the routing ids and weights [rows, top_k]
@@ -66,8 +72,12 @@ class GpuExpertCompute {
   GpuExpertCompute() = default;
   absl::Status Upload(const std::vector<GatedMlpWeights>& experts);
   absl::Status Reserve(DeviceBuffer& buffer, size_t bytes);
-  // Fills the host staging vectors from the call; returns the chunk size (8, 16 or 32 tokens).
-  int32_t Stage(const float* z, const std::vector<ExpertAssignment>& assignments);
+  // Fills the host staging vectors from the call (x_host_ only when z is on the host); returns
+  // the chunk size (8, 16 or 32 tokens).
+  int32_t Stage(const float* z, bool z_on_device, const std::vector<ExpertAssignment>& assignments);
+  // Run and RunDeviceRows: z and out on the host or on the device.
+  absl::Status RunGrouped(const float* z, bool on_device, int64_t rows, int64_t width,
+                          const std::vector<ExpertAssignment>& assignments, float* out);
 
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t

@@ -103,7 +103,10 @@ class Writer {
 // Reads fields with a bounds check each; the first failure sticks and later reads do nothing.
 class Reader {
  public:
-  Reader(std::string_view bytes, MoeMessageKind kind, const char* what)
+  // Accepts a message of `kind` or of `device_kind` (the same fields, the rows on a device
+  // channel: found_device() says which).
+  Reader(std::string_view bytes, MoeMessageKind kind, const char* what,
+         MoeMessageKind device_kind = MoeMessageKind{0})
       : bytes_(bytes), what_(what) {
     uint8_t version = 0, found = 0;
     if (!Get(&version)) return;
@@ -112,10 +115,13 @@ class Reader {
                         kMoeWireVersion, ")"));
       return;
     }
-    if (Get(&found) && found != static_cast<uint8_t>(kind)) {
+    if (!Get(&found)) return;
+    found_device_ = found == static_cast<uint8_t>(device_kind) && found != 0;
+    if (found != static_cast<uint8_t>(kind) && !found_device_) {
       Fail(absl::StrCat("message kind is ", found, ", not ", static_cast<int>(kind)));
     }
   }
+  bool found_device() const { return found_device_; }
 
   template <typename T>
   bool Get(T* value) {
@@ -221,6 +227,7 @@ class Reader {
   const char* what_;
   size_t offset_ = 0;
   absl::Status status_;
+  bool found_device_ = false;
 };
 
 }  // namespace
@@ -236,7 +243,7 @@ absl::StatusOr<MoeMessageKind> PeekMoeMessageKind(std::string_view bytes) {
                                                    " (this build speaks ", kMoeWireVersion, ")"));
   }
   const uint8_t kind = static_cast<uint8_t>(bytes[1]);
-  if (kind < 1 || kind > 4) {
+  if (kind < 1 || kind > 6) {
     return absl::InvalidArgumentError(absl::StrCat("unknown data-plane message kind ", kind));
   }
   return static_cast<MoeMessageKind>(kind);
@@ -288,14 +295,21 @@ float* Write(const MoeResponse& m, size_t floats, std::string* out) {
                        floats, out);
 }
 float* Write(const ExpertResponse& m, size_t floats, std::string* out) {
+  if (m.rows_on_device) {
+    WriteResponse(MoeMessageKind::kDeviceExpertResponse, m.step_id, m.status, m.rows_count,
+                  m.width, 0, out);
+    return nullptr;
+  }
   return WriteResponse(MoeMessageKind::kExpertResponse, m.step_id, m.status, m.rows_count,
                        m.width, floats, out);
 }
 
 float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
   const size_t field_bytes = 4 + 8 + 8 + 4 + 8 + m.assignments.size() * kAssignmentBytes;
-  return WriteRequest(MoeMessageKind::kExpertRequest, m.step_id, field_bytes, m.traces, floats,
-                      out, [&](Writer& w) {
+  const MoeMessageKind kind =
+      m.rows_on_device ? MoeMessageKind::kDeviceExpertRequest : MoeMessageKind::kExpertRequest;
+  float* rows = WriteRequest(kind, m.step_id, field_bytes, m.traces, m.rows_on_device ? 0 : floats,
+                             out, [&](Writer& w) {
                         w.Put(m.layer);
                         w.Put(m.placement_version);
                         w.Put(m.rows_count);
@@ -307,6 +321,7 @@ float* Write(const ExpertRequest& m, size_t floats, std::string* out) {
                           w.PutFloat(a.weight);
                         }
                       });
+  return m.rows_on_device ? nullptr : rows;
 }
 
 template <typename M>
@@ -335,12 +350,18 @@ absl::Status ReadFields(std::string_view bytes, MoeRequest* m, const char** rows
 }
 
 // The two responses share a layout (WriteResponse).
+// With `device_kind`, a message of that kind has no rows (*on_device says so).
 absl::Status ReadResponse(std::string_view bytes, MoeMessageKind kind, const char* what,
                           uint64_t* step_id, absl::Status* status, int64_t* count,
-                          int32_t* width, const char** rows, size_t* floats) {
-  Reader r(bytes, kind, what);
+                          int32_t* width, const char** rows, size_t* floats,
+                          MoeMessageKind device_kind = MoeMessageKind{0},
+                          bool* on_device = nullptr) {
+  Reader r(bytes, kind, what, device_kind);
+  if (on_device != nullptr) *on_device = r.found_device();
   if (r.Get(step_id) && r.GetStatus(status) && r.Get(count) && r.Get(width)) {
-    if (status->ok()) r.GetRows(*count, *width, rows, floats);
+    if (r.found_device() && *count < 0) r.Fail(absl::StrCat("bad row count ", *count));
+    // A device response's rows follow on the device channel: its message ends with the padding.
+    if (status->ok()) r.GetRows(r.found_device() ? 0 : *count, *width, rows, floats);
   }
   return r.Finish();
 }
@@ -352,12 +373,15 @@ absl::Status ReadFields(std::string_view bytes, MoeResponse* m, const char** row
 absl::Status ReadFields(std::string_view bytes, ExpertResponse* m, const char** rows,
                         size_t* floats) {
   return ReadResponse(bytes, MoeMessageKind::kExpertResponse, "ExpertResponse", &m->step_id,
-                      &m->status, &m->rows_count, &m->width, rows, floats);
+                      &m->status, &m->rows_count, &m->width, rows, floats,
+                      MoeMessageKind::kDeviceExpertResponse, &m->rows_on_device);
 }
 
 absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** rows,
                         size_t* floats) {
-  Reader r(bytes, MoeMessageKind::kExpertRequest, "ExpertRequest");
+  Reader r(bytes, MoeMessageKind::kExpertRequest, "ExpertRequest",
+           MoeMessageKind::kDeviceExpertRequest);
+  m->rows_on_device = r.found_device();
   int64_t count = 0;
   if (!(r.Get(&m->step_id) && r.Get(&m->layer) && r.Get(&m->placement_version) &&
         r.Get(&m->rows_count) && r.Get(&m->width) && r.Get(&count))) {
@@ -380,7 +404,10 @@ absl::Status ReadFields(std::string_view bytes, ExpertRequest* m, const char** r
       return r.Finish();
     }
   }
-  if (r.GetTraces(&m->traces)) r.GetRows(m->rows_count, m->width, rows, floats);
+  // A device request's rows follow on the device channel: its message ends with the padding.
+  if (r.GetTraces(&m->traces)) {
+    r.GetRows(m->rows_on_device ? 0 : m->rows_count, m->width, rows, floats);
+  }
   return r.Finish();
 }
 

@@ -22,6 +22,8 @@
 //   ExpertRequest   header, i32 layer, u64 placement_version, i64 rows_count, i32 width,
 //                   i64 n, n x (i32 row, i32 expert, f32 weight), traces, rows
 //   ExpertResponse  header, status, i64 rows_count, i32 width, rows if OK
+//   kinds 5 and 6   an ExpertRequest or ExpertResponse whose rows travel on a device channel
+//                   (rows_on_device): the same fields and padding, no rows
 //
 // The padding (new in version 2) lets the rows be read where they lie: a receiver's message
 // buffer comes from the heap (16-byte aligned), so its float block is aligned too.
@@ -63,6 +65,10 @@ enum class MoeMessageKind : uint8_t {
   kMoeResponse = 2,
   kExpertRequest = 3,
   kExpertResponse = 4,
+  // An ExpertRequest or ExpertResponse with rows_on_device: the same fields, no rows (see
+  // ExpertRequest::rows_on_device).
+  kDeviceExpertRequest = 5,
+  kDeviceExpertResponse = 6,
 };
 
 struct MoeRequest {
@@ -92,6 +98,11 @@ struct ExpertRequest {
   std::vector<ExpertAssignment> assignments;
   std::vector<float> rows;  // [rows_count, width]
   std::vector<TraceContext> traces;  // usually none
+  // The rows are not in the message: right after sending it, the sender sends them (fp32
+  // [rows_count, width]) on its device channel to the receiver (cluster/device_channel.h), and
+  // the receiver takes them from there, in the order the messages arrived. Encoded as kind
+  // kDeviceExpertRequest, whose message ends where the rows would begin; `rows` is not read.
+  bool rows_on_device = false;
 };
 
 struct ExpertResponse {
@@ -100,6 +111,9 @@ struct ExpertResponse {
   int64_t rows_count = 0;
   int32_t width = 0;
   std::vector<float> rows;  // partial sums [rows_count, width] when status is OK
+  // The answer to a request with rows_on_device (kind kDeviceExpertResponse): when status is OK,
+  // the partial sums follow on the answering node's device channel to the requester.
+  bool rows_on_device = false;
 };
 
 // The kind of an encoded message; InvalidArgument when shorter than the version and kind bytes, or

@@ -17,6 +17,19 @@ ExpertRequest SampleDispatch() {
   return ExpertRequest{11, 2, 5, 2, 3, {{0, 4, 0.5f}, {1, 9, 0.25f}}, {1, 2, 3, 4, 5, 6}};
 }
 
+// SampleDispatch with its rows on a device channel.
+ExpertRequest SampleDeviceDispatch() {
+  ExpertRequest m = SampleDispatch();
+  m.rows_on_device = true;
+  return m;
+}
+
+ExpertResponse DeviceAnswer(absl::Status status) {
+  ExpertResponse m{13, std::move(status), 2, 3, {}};
+  m.rows_on_device = true;
+  return m;
+}
+
 // One valid message of each kind, OK and failed responses both.
 std::vector<std::string> SampleMessages() {
   MoeRequest traced{7, 3, 1, 2, {1, 2}, {}};
@@ -26,7 +39,9 @@ std::vector<std::string> SampleMessages() {
           Encode(MoeResponse{9, absl::UnavailableError("expert worker 3 lost"), 0, 0, {}}),
           Encode(SampleDispatch()),
           Encode(ExpertResponse{11, absl::OkStatus(), 2, 3, {6, 5, 4, 3, 2, 1}}),
-          Encode(ExpertResponse{12, absl::InternalError("boom"), 0, 0, {}})};
+          Encode(ExpertResponse{12, absl::InternalError("boom"), 0, 0, {}}),
+          Encode(SampleDeviceDispatch()), Encode(DeviceAnswer(absl::OkStatus())),
+          Encode(DeviceAnswer(absl::InternalError("no channel")))};
 }
 
 // Decodes `bytes` as the kind its header names; InvalidArgument if it names none.
@@ -50,11 +65,14 @@ absl::Status DecodeAny(const std::string& bytes) {
       }
       return s;
     }
-    case MoeMessageKind::kExpertRequest: {
+    case MoeMessageKind::kExpertRequest:
+    case MoeMessageKind::kDeviceExpertRequest: {
       ExpertRequest m;
       absl::Status s = Decode(bytes, &m);
       if (s.ok()) {
-        EXPECT_EQ(m.rows.size(), static_cast<size_t>(m.rows_count * m.width));
+        EXPECT_EQ(m.rows_on_device, *kind == MoeMessageKind::kDeviceExpertRequest);
+        EXPECT_EQ(m.rows.size(),
+                  m.rows_on_device ? 0u : static_cast<size_t>(m.rows_count * m.width));
         for (const ExpertAssignment& a : m.assignments) {
           EXPECT_GE(a.row, 0);
           EXPECT_LT(a.row, m.rows_count);
@@ -62,11 +80,16 @@ absl::Status DecodeAny(const std::string& bytes) {
       }
       return s;
     }
-    case MoeMessageKind::kExpertResponse: {
+    case MoeMessageKind::kExpertResponse:
+    case MoeMessageKind::kDeviceExpertResponse: {
       ExpertResponse m;
       absl::Status s = Decode(bytes, &m);
+      if (s.ok()) {
+        EXPECT_EQ(m.rows_on_device, *kind == MoeMessageKind::kDeviceExpertResponse);
+      }
       if (s.ok() && m.status.ok()) {
-        EXPECT_EQ(m.rows.size(), static_cast<size_t>(m.rows_count * m.width));
+        EXPECT_EQ(m.rows.size(),
+                  m.rows_on_device ? 0u : static_cast<size_t>(m.rows_count * m.width));
       }
       return s;
     }
@@ -170,6 +193,69 @@ TEST(MoeWireTest, ExpertRequestGoldenBytes) {
   EXPECT_EQ(back.rows, m.rows);
 }
 
+// A device request is an ExpertRequest of kind 5 that ends where its rows would begin.
+TEST(MoeWireTest, DeviceExpertRequestGoldenBytes) {
+  ExpertRequest m{0x0102030405060708u, 2, 5, 1, 2, {{0, 9, 0.5f}}, {1.0f, -2.0f}};
+  m.rows_on_device = true;
+  const unsigned char golden[] = {
+      0x02,                                            // version
+      0x05,                                            // kind: ExpertRequest, rows on device
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // step_id
+      0x02, 0x00, 0x00, 0x00,                          // layer
+      0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // placement_version
+      0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // rows_count
+      0x02, 0x00, 0x00, 0x00,                          // width
+      0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // assignment count
+      0x00, 0x00, 0x00, 0x00,                          // row
+      0x09, 0x00, 0x00, 0x00,                          // expert
+      0x00, 0x00, 0x00, 0x3f,                          // weight 0.5f
+      0x00, 0x00, 0x00, 0x00,                          // trace count
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00,              // padding from offset 58 to 64; no rows
+  };
+  const std::string expected(reinterpret_cast<const char*>(golden), sizeof(golden));
+  EXPECT_EQ(Encode(m), expected);
+  std::string leaving;
+  EXPECT_EQ(EncodeLeavingRows(m, &leaving), nullptr);
+  EXPECT_EQ(leaving, expected);
+  ExpertRequest back;
+  ASSERT_TRUE(Decode(expected, &back).ok());
+  EXPECT_TRUE(back.rows_on_device);
+  EXPECT_EQ(back.rows_count, 1);
+  EXPECT_EQ(back.width, 2);
+  EXPECT_EQ(back.assignments[0].expert, 9);
+  EXPECT_TRUE(back.rows.empty());
+  // The same bytes as an inline request lack their rows.
+  std::string inline_kind = expected;
+  inline_kind[1] = 0x03;
+  EXPECT_EQ(Decode(inline_kind, &back).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MoeWireTest, DeviceExpertResponseGoldenBytes) {
+  const unsigned char golden[] = {
+      0x02,                                            // version
+      0x06,                                            // kind: ExpertResponse, rows on device
+      0x0d, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // step_id 13
+      0x00, 0x00, 0x00, 0x00,                          // code: OK
+      0x00, 0x00, 0x00, 0x00,                          // message size
+      0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // rows_count
+      0x03, 0x00, 0x00, 0x00,                          // width
+      0x00, 0x00,                                      // padding from offset 30 to 32; no rows
+  };
+  const std::string expected(reinterpret_cast<const char*>(golden), sizeof(golden));
+  EXPECT_EQ(Encode(DeviceAnswer(absl::OkStatus())), expected);
+  ExpertResponse back;
+  ASSERT_TRUE(Decode(expected, &back).ok());
+  EXPECT_TRUE(back.rows_on_device);
+  EXPECT_TRUE(back.status.ok());
+  EXPECT_EQ(back.rows_count, 2);
+  EXPECT_EQ(back.width, 3);
+  EXPECT_TRUE(back.rows.empty());
+  // An inline response of that size would carry 6 floats.
+  std::string inline_kind = expected;
+  inline_kind[1] = 0x04;
+  EXPECT_EQ(Decode(inline_kind, &back).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(MoeWireTest, MoeResponseGoldenBytes) {
   MoeResponse m{7, absl::UnavailableError("down"), 0, 0, {}};
   const unsigned char golden[] = {
@@ -220,7 +306,7 @@ TEST(MoeWireTest, UnknownVersionAndKindAreRejected) {
   EXPECT_FALSE(Decode(Encode(SampleDispatch()), &wrong_kind).ok());
   EXPECT_FALSE(PeekMoeMessageKind("").ok());
   EXPECT_FALSE(PeekMoeMessageKind(std::string(1, '\x02')).ok());
-  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x02\x09", 2)).ok());
+  EXPECT_FALSE(PeekMoeMessageKind(std::string("\x02\x07", 2)).ok());
   EXPECT_FALSE(PeekMoeMessageKind(std::string("\x02\x00", 2)).ok());
   absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(Encode(SampleDispatch()));
   ASSERT_TRUE(kind.ok());
