@@ -187,6 +187,93 @@ absl::Status ExpertWorker::Check(const ExpertRequest& request, const Version& ve
   return absl::OkStatus();
 }
 
+void ExpertWorker::CountServed(const ExpertRequest& request) {
+  rows_processed_ += request.rows_count;
+  if (assignments_per_layer_.size() <= static_cast<size_t>(request.layer)) {
+    assignments_per_layer_.resize(request.layer + 1);
+  }
+  assignments_per_layer_[request.layer] += static_cast<int64_t>(request.assignments.size());
+}
+
+absl::Status ExpertWorker::ComputeDeviceRows(PeerId from, const ExpertRequest& request,
+                                             const float** answer, bool* took_rows) {
+  *took_rows = false;
+  if (channels_ == nullptr || device_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        name_, " takes no device rows (", device_ == nullptr ? "it computes on the CPU" : "",
+        channels_ == nullptr ? " it has no device channels" : "", ")"));
+  }
+  const auto peer = static_cast<uint32_t>(from);
+  std::shared_ptr<DeviceChannel> in = channels_->FromPeer(peer);
+  if (in == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(name_, " has no device channel from node ", peer, " (not open yet)"));
+  }
+  // Decode bounded rows_count and width below by 0; a request this large cannot be real, and its
+  // rows cannot be taken off the channel, so the channel is given up.
+  constexpr int64_t kMaxFloats = int64_t{1} << 31;
+  if (request.width > 0 && request.rows_count > kMaxFloats / request.width) {
+    absl::Status too_large = absl::InvalidArgumentError(absl::StrCat(
+        "ExpertRequest of ", request.rows_count, " device rows of width ", request.width));
+    channels_->ReportBrokenChannel(in.get(), too_large);
+    return too_large;
+  }
+  const int64_t floats = request.rows_count * request.width;
+  absl::StatusOr<DeviceExperts::RowBuffers> buffers = device_->ReserveRowBuffers(floats);
+  absl::Status received = buffers.status();
+  if (received.ok()) received = in->Recv(buffers->rows, static_cast<size_t>(floats) * 4);
+  if (!received.ok()) {
+    channels_->ReportBrokenChannel(in.get(), received);
+    return absl::UnavailableError(absl::StrCat(name_, ": the rows from node ", peer,
+                                               " did not arrive on the device channel: ",
+                                               received.message()));
+  }
+  *took_rows = true;
+  const Version& version = VersionFor(request.placement_version);
+  K3_RETURN_IF_ERROR(Check(request, version));
+  K3_RETURN_IF_ERROR(version.on_device);
+  K3_RETURN_IF_ERROR(device_->RunDeviceRows(*version.weights, request.layer, buffers->rows,
+                                            request.rows_count, request.width,
+                                            request.assignments, buffers->answer));
+  CountServed(request);
+  *answer = buffers->answer;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertWorker::ServeDeviceRows(Transport* transport, PeerId from,
+                                           const ExpertRequest& request) {
+  ExpertResponse response;
+  response.step_id = request.step_id;
+  response.rows_on_device = true;
+  const float* answer = nullptr;
+  bool took_rows = false;
+  response.status = ComputeDeviceRows(from, request, &answer, &took_rows);
+  std::shared_ptr<DeviceChannel> out;
+  if (response.status.ok()) {
+    out = channels_->ToPeer(static_cast<uint32_t>(from));
+    if (out == nullptr) {
+      response.status = absl::UnavailableError(
+          absl::StrCat(name_, " has no device channel to node ", from, " (not open yet)"));
+    }
+  }
+  // An error answer's rows_count says whether the rows were taken off the channel (see
+  // ExpertResponse::rows_on_device): if not, the sender gives its channel up.
+  response.rows_count = took_rows ? request.rows_count : 0;
+  response.width = request.width;
+  if (absl::Status sent = transport->Send(from, Encode(response)); !sent.ok()) {
+    // The sender will not take the partial sums off the channel: they are not sent.
+    LOG_EVERY_N(WARNING, 100) << name_ << ": cannot answer peer " << from << ": " << sent;
+    return response.status;
+  }
+  if (!response.status.ok()) return response.status;
+  const size_t bytes = static_cast<size_t>(request.rows_count * request.width) * sizeof(float);
+  if (absl::Status sent = out->Send(answer, bytes); !sent.ok()) {
+    channels_->ReportBrokenChannel(out.get(), sent);
+    return sent;
+  }
+  return absl::OkStatus();
+}
+
 std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const float> rows,
                                 absl::Status* status) {
   ExpertResponse response;
@@ -216,10 +303,7 @@ std::string ExpertWorker::Serve(const ExpertRequest& request, absl::Span<const f
                                      request.rows_count, request.width, request.assignments, out);
     }
     if (response.status.ok()) {
-      rows_processed_ += request.rows_count;
-      if (assignments_per_layer_.size() <= static_cast<size_t>(request.layer))
-        assignments_per_layer_.resize(request.layer + 1);
-      assignments_per_layer_[request.layer] += static_cast<int64_t>(request.assignments.size());
+      CountServed(request);
       *status = absl::OkStatus();
       return message;
     }
@@ -235,7 +319,8 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
   Outcome outcome;
   if (received.kind != Received::Kind::kMessage) return outcome;
   absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received.bytes);
-  if (!kind.ok() || *kind != MoeMessageKind::kExpertRequest) {
+  if (!kind.ok() || (*kind != MoeMessageKind::kExpertRequest &&
+                     *kind != MoeMessageKind::kDeviceExpertRequest)) {
     LOG(WARNING) << name_ << ": dropping a message from peer " << received.from << " that is not "
                  << "an ExpertRequest"
                  << (kind.ok() ? "" : absl::StrCat(" (", kind.status().message(), ")"));
@@ -251,14 +336,18 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     response.status = decoded;
     outcome.answer = decoded;
     answer = Encode(response);
-  } else if (may_defer &&
+  } else if (may_defer && !request.rows_on_device &&
              request.placement_version > static_cast<uint64_t>(versions_.rbegin()->first) &&
              !Check(request, VersionFor(request.placement_version)).ok()) {
     outcome.deferred = true;
     return outcome;
   } else {
     const absl::Time start = absl::Now();
-    answer = Serve(request, rows, &outcome.answer);
+    if (request.rows_on_device) {
+      outcome.answer = ServeDeviceRows(transport, received.from, request);
+    } else {
+      answer = Serve(request, rows, &outcome.answer);
+    }
     for (const TraceContext& trace : request.traces) {
       if (spans_ == nullptr) break;
       Span span;
@@ -277,6 +366,7 @@ ExpertWorker::Outcome ExpertWorker::Handle(Transport* transport, const Received&
     LOG_EVERY_N(WARNING, 100) << name_ << ": step " << request.step_id << " from peer "
                               << received.from << " failed: " << outcome.answer;
   }
+  if (answer.empty()) return outcome;  // ServeDeviceRows answered
   if (absl::Status sent = transport->Send(received.from, std::move(answer)); !sent.ok()) {
     LOG_EVERY_N(WARNING, 100) << name_ << ": cannot answer peer " << received.from << ": " << sent;
   }

@@ -17,6 +17,16 @@
 // With a DeviceExperts (UseDevice; `k3serve expert --device cuda:N`), requests are computed there
 // instead, with the same contract.
 //
+// Device rows (issue 21: GPU tiers talk GPU to GPU): a GPU attention worker may send a request
+// with rows_on_device (moe/moe_wire.h), its rows following on the device channel from it to this
+// node (set_device_channels, cluster/device_channels.h). The worker takes them from that channel
+// into device memory at once (so the channel stays in step with the sender, whatever the answer),
+// computes with DeviceExperts::RunDeviceRows, sends the ExpertResponse (rows_on_device) and then
+// the partial sums on its channel to the sender. Such a request is never deferred: one the worker
+// cannot serve is answered with the error and the sender takes the router tier's path. When a
+// channel fails, or the worker has no channel or no device to take the rows, the channel is
+// reported broken (the coordinator issues a new one) and the request answered with UNAVAILABLE.
+//
 // Thread-compatible: one thread serves (the kernels inside use the thread pool).
 #ifndef K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
 #define K3SERVE_EXPERT_NODES_EXPERT_WORKER_H_
@@ -32,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "moe/cluster_placement.h"
+#include "cluster/device_channels.h"
 #include "cluster/span_log.h"
 #include "cluster/transport.h"
 #include "expert_nodes/device_experts.h"
@@ -78,6 +89,9 @@ class ExpertWorker {
   // Where spans of traced requests go ("k3.experts", under the router's layer span); null: none.
   // Not owned; must outlive the worker.
   void set_span_log(SpanLog* spans) { spans_ = spans; }
+  // Where requests with rows_on_device find their channels (see the file comment); null: such
+  // requests fail. Not owned; must outlive the worker.
+  void set_device_channels(DeviceChannels* channels) { channels_ = channels; }
 
   // Computes on `device` (null: the CPU, RunExperts) from now on, after copying the weights of
   // every version held to it; the first copy's error, if any (versions whose copy failed answer
@@ -134,6 +148,15 @@ class ExpertWorker {
   absl::Status Check(const ExpertRequest& request, const Version& version) const;
   // Frees the device copies of weights no held version uses any more.
   void ForgetUnusedOnDevice();
+  // Adds a served request to rows_processed_ and assignments_per_layer_.
+  void CountServed(const ExpertRequest& request);
+  // A request with rows_on_device from `from`: takes its rows from the channel, answers over
+  // `transport`, then sends the partial sums on the channel back. Returns the answer's status.
+  absl::Status ServeDeviceRows(Transport* transport, PeerId from, const ExpertRequest& request);
+  // Receives the request's rows into device memory and computes the answer there; *answer is
+  // where the partial sums lie, *took_rows whether the rows came off the channel.
+  absl::Status ComputeDeviceRows(PeerId from, const ExpertRequest& request, const float** answer,
+                                 bool* took_rows);
 
   std::string name_;
   std::map<int64_t, Version> versions_;  // by placement version; never empty
@@ -144,6 +167,7 @@ class ExpertWorker {
   int64_t rows_processed_ = 0;
   std::vector<int64_t> assignments_per_layer_;
   SpanLog* spans_ = nullptr;
+  DeviceChannels* channels_ = nullptr;
 };
 
 }  // namespace k3

@@ -112,7 +112,9 @@ struct ExpertResponse {
   int32_t width = 0;
   std::vector<float> rows;  // partial sums [rows_count, width] when status is OK
   // The answer to a request with rows_on_device (kind kDeviceExpertResponse): when status is OK,
-  // the partial sums follow on the answering node's device channel to the requester.
+  // the partial sums follow on the answering node's device channel to the requester. With an
+  // error, rows_count says whether the node took the request's rows off its channel (the
+  // request's rows_count) or not (0): then the requester's channel is out of step.
   bool rows_on_device = false;
 };
 
