@@ -12,10 +12,9 @@
 
 namespace k3 {
 
-absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(const ComputeDevice& device,
-                                                           const ModelWeights* weights,
-                                                           RoutedMoe* routed_moe,
-                                                           const DeviceStateLimits& limits) {
+absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(
+    const ComputeDevice& device, const ModelWeights* weights, RoutedMoe* routed_moe,
+    const DeviceStateLimits& limits, RemoteDeviceExperts* remote_experts) {
   if (device.cuda < 0) return std::make_unique<ModelRunner>(weights, routed_moe);
   if (limits.sequences < 1 || limits.context_tokens < 1 || limits.cache_pages < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -35,7 +34,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(const ComputeDevice& 
   }
   capacity.cache_pages = static_cast<int32_t>(pages);
   absl::StatusOr<std::unique_ptr<GpuStepRunner>> runner =
-      GpuStepRunner::Create(weights, routed_moe, device.cuda, capacity);
+      GpuStepRunner::Create(weights, routed_moe, device.cuda, capacity, remote_experts);
   if (!runner.ok()) return runner.status();
   return std::unique_ptr<StepRunner>(*std::move(runner));
 #else

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "attention_nodes/remote_device_experts.h"
 #include "attention_nodes/step_runner.h"
 #include "base/compute_device.h"
 #include "model/weights.h"
@@ -26,10 +27,12 @@ struct DeviceStateLimits {
 
 // Unavailable for a CUDA device in a build without the CUDA Toolkit or on a machine without that
 // device; otherwise the runner's own errors. `weights` and `routed_moe` must outlive the runner.
-absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(const ComputeDevice& device,
-                                                           const ModelWeights* weights,
-                                                           RoutedMoe* routed_moe,
-                                                           const DeviceStateLimits& limits);
+// With `remote_experts` (a CUDA device only; ignored on the CPU), MoE layers go GPU to GPU to the
+// expert nodes it reaches and through `routed_moe` when that fails (GpuStepRunner::Create); it
+// must outlive the runner too.
+absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(
+    const ComputeDevice& device, const ModelWeights* weights, RoutedMoe* routed_moe,
+    const DeviceStateLimits& limits, RemoteDeviceExperts* remote_experts = nullptr);
 
 }  // namespace k3
 

@@ -23,8 +23,8 @@ absl::StatusOr<std::vector<NodeAssignments>> PlanExpertNodes(const ClusterPlacem
     for (int32_t k = 0; k < top_k; ++k) {
       const int32_t expert = ids[row * top_k + k];
       if (expert < 0 || expert >= experts.num_experts) {
-        return absl::InvalidArgumentError(absl::StrCat("row ", row, " chose expert ", expert,
-                                                       " of ", experts.num_experts));
+        return absl::InvalidArgumentError(
+            absl::StrCat("row ", row, " chose expert ", expert, " of ", experts.num_experts));
       }
       const int worker = experts.WorkerForToken(moe_layer, expert, row);
       by_node[placement.worker_nodes[worker]].push_back(

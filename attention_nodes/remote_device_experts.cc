@@ -13,50 +13,45 @@
 namespace k3 {
 
 RemoteDeviceExperts::RemoteDeviceExperts(Transport* transport, DeviceChannels* channels,
-                                         DeviceRowOps* ops, const ModelConfig& config,
+                                         const ModelConfig& config,
                                          RemoteDeviceExpertsOptions options)
-    : transport_(transport),
-      channels_(channels),
-      ops_(ops),
-      config_(config),
-      options_(std::move(options)) {}
+    : transport_(transport), channels_(channels), config_(config), options_(std::move(options)) {}
 
 void RemoteDeviceExperts::SetPlacement(ClusterPlacement placement) {
   absl::MutexLock lock(&mu_);
   placement_ = std::move(placement);
 }
 
-absl::Status RemoteDeviceExperts::Run(int layer, const float* z, int64_t rows, int64_t width,
-                                      const int32_t* ids, const float* weights, int32_t top_k,
-                                      float* out, void* stream) {
-  absl::Status status = RunLayer(layer, z, rows, width, ids, weights, top_k, out, stream);
+absl::Status RemoteDeviceExperts::Run(DeviceRowOps& ops, int layer, const float* z, int64_t rows,
+                                      int64_t width, const int32_t* ids, const float* weights,
+                                      int32_t top_k, float* out, void* stream) {
+  absl::Status status = RunLayer(ops, layer, z, rows, width, ids, weights, top_k, out, stream);
   ++(status.ok() ? layers_served_ : layers_failed_);
   return status;
 }
 
-absl::Status RemoteDeviceExperts::RunLayer(int layer, const float* z, int64_t rows,
-                                           int64_t width, const int32_t* ids,
+absl::Status RemoteDeviceExperts::RunLayer(DeviceRowOps& ops, int layer, const float* z,
+                                           int64_t rows, int64_t width, const int32_t* ids,
                                            const float* weights, int32_t top_k, float* out,
                                            void* stream) {
   if (width != config_.ExpertWidth() || rows < 1 || top_k < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("remote device experts: ", rows,
-                                                   " rows of width ", width, ", top ", top_k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote device experts: ", rows, " rows of width ", width, ", top ", top_k));
   }
   const size_t pairs = static_cast<size_t>(rows * top_k);
   host_ids_.resize(pairs);
   host_weights_.resize(pairs);
-  K3_RETURN_IF_ERROR(ops_->CopyToHost(ids, host_ids_.data(), pairs * sizeof(int32_t), stream));
-  K3_RETURN_IF_ERROR(
-      ops_->CopyToHost(weights, host_weights_.data(), pairs * sizeof(float), stream));
+  K3_RETURN_IF_ERROR(ops.CopyToHost(ids, host_ids_.data(), pairs * sizeof(int32_t), stream));
+  K3_RETURN_IF_ERROR(ops.CopyToHost(weights, host_weights_.data(), pairs * sizeof(float), stream));
   K3_ASSIGN_OR_RETURN(const int moe_layer, MoeLayerIndex(config_, layer));
   ClusterPlacement placement;
   {
     absl::MutexLock lock(&mu_);
     placement = placement_;
   }
-  K3_ASSIGN_OR_RETURN(std::vector<NodeAssignments> plan,
-                      PlanExpertNodes(placement, moe_layer, host_ids_.data(),
-                                      host_weights_.data(), rows, top_k));
+  K3_ASSIGN_OR_RETURN(
+      std::vector<NodeAssignments> plan,
+      PlanExpertNodes(placement, moe_layer, host_ids_.data(), host_weights_.data(), rows, top_k));
   // Every node's channels before anything is sent: a layer that cannot go whole goes elsewhere.
   std::vector<Pending> pending(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -68,7 +63,7 @@ absl::Status RemoteDeviceExperts::RunLayer(int layer, const float* z, int64_t ro
           absl::StrCat("no open device channels with expert node ", plan[i].node));
     }
   }
-  K3_RETURN_IF_ERROR(ops_->Synchronize(stream));  // z is computed before a channel reads it
+  K3_RETURN_IF_ERROR(ops.Synchronize(stream));  // z is computed before a channel reads it
   const size_t row_bytes = static_cast<size_t>(rows * width) * sizeof(float);
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::Status failure;
@@ -92,8 +87,8 @@ absl::Status RemoteDeviceExperts::RunLayer(int layer, const float* z, int64_t ro
     }
   }
   pending.resize(sent);
-  K3_RETURN_IF_ERROR(ops_->Zero(out, rows * width, stream));
-  absl::Status collected = Collect(pending, rows, width, out, stream, deadline);
+  K3_RETURN_IF_ERROR(ops.Zero(out, rows * width, stream));
+  absl::Status collected = Collect(ops, pending, rows, width, out, stream, deadline);
   if (!failure.ok()) {
     return absl::UnavailableError(
         absl::StrCat("sending MoE layer ", layer, "'s rows: ", failure.message()));
@@ -101,8 +96,8 @@ absl::Status RemoteDeviceExperts::RunLayer(int layer, const float* z, int64_t ro
   return collected;
 }
 
-absl::Status RemoteDeviceExperts::Collect(std::vector<Pending>& pending, int64_t rows,
-                                          int64_t width, float* out, void* stream,
+absl::Status RemoteDeviceExperts::Collect(DeviceRowOps& ops, std::vector<Pending>& pending,
+                                          int64_t rows, int64_t width, float* out, void* stream,
                                           absl::Time deadline) {
   absl::Status failure;
   auto all_answered = [&pending] {
@@ -115,14 +110,15 @@ absl::Status RemoteDeviceExperts::Collect(std::vector<Pending>& pending, int64_t
       for (const Pending& p : pending) {
         if (p.answered) continue;
         const absl::Status late = absl::DeadlineExceededError(
-            absl::StrCat("expert node ", p.node, " did not answer within ", absl::FormatDuration(options_.timeout)));
+            absl::StrCat("expert node ", p.node, " did not answer within ",
+                         absl::FormatDuration(options_.timeout)));
         channels_->ReportBrokenChannel(p.answers.get(), late);
         if (failure.ok()) failure = late;
       }
       if (!absl::IsDeadlineExceeded(received.status())) failure = received.status();
       return failure;
     }
-    if (!Take(*received, pending, rows, width, out, stream, &failure) &&
+    if (!Take(ops, *received, pending, rows, width, out, stream, &failure) &&
         options_.others != nullptr) {
       options_.others(*std::move(received));
     }
@@ -130,9 +126,9 @@ absl::Status RemoteDeviceExperts::Collect(std::vector<Pending>& pending, int64_t
   return failure;
 }
 
-bool RemoteDeviceExperts::Take(const Received& received, std::vector<Pending>& pending,
-                               int64_t rows, int64_t width, float* out, void* stream,
-                               absl::Status* failure) {
+bool RemoteDeviceExperts::Take(DeviceRowOps& ops, const Received& received,
+                               std::vector<Pending>& pending, int64_t rows, int64_t width,
+                               float* out, void* stream, absl::Status* failure) {
   auto record = [failure](absl::Status s) {
     if (failure->ok()) *failure = std::move(s);
   };
@@ -164,8 +160,8 @@ bool RemoteDeviceExperts::Take(const Received& received, std::vector<Pending>& p
       // The node could not take the rows off its channel: the channel is out of step.
       channels_->ReportBrokenChannel(mine->rows_out.get(), response.status);
     }
-    record(absl::Status(response.status.code(), absl::StrCat("expert node ", mine->node, ": ",
-                                                              response.status.message())));
+    record(absl::Status(response.status.code(),
+                        absl::StrCat("expert node ", mine->node, ": ", response.status.message())));
     return true;
   }
   if (response.rows_count != rows || response.width != width) {
@@ -177,7 +173,7 @@ bool RemoteDeviceExperts::Take(const Received& received, std::vector<Pending>& p
     return true;
   }
   const int index = static_cast<int>(mine - pending.data());
-  absl::StatusOr<float*> partial = ops_->Scratch(index, rows * width);
+  absl::StatusOr<float*> partial = ops.Scratch(index, rows * width);
   absl::Status taken = partial.status();
   if (taken.ok()) {
     taken = mine->answers->Recv(*partial, static_cast<size_t>(rows * width) * sizeof(float));
@@ -188,7 +184,7 @@ bool RemoteDeviceExperts::Take(const Received& received, std::vector<Pending>& p
                                                " did not arrive: ", taken.message())));
     return true;
   }
-  if (absl::Status added = ops_->Add(*partial, out, rows * width, stream); !added.ok()) {
+  if (absl::Status added = ops.Add(*partial, out, rows * width, stream); !added.ok()) {
     record(added);
   }
   return true;

@@ -71,8 +71,7 @@ class RemoteDeviceExperts {
  public:
   // Borrowed: all must outlive this object. `transport` must be linked to the expert nodes
   // (PeerId = node id).
-  RemoteDeviceExperts(Transport* transport, DeviceChannels* channels, DeviceRowOps* ops,
-                      const ModelConfig& config,
+  RemoteDeviceExperts(Transport* transport, DeviceChannels* channels, const ModelConfig& config,
                       RemoteDeviceExpertsOptions options = RemoteDeviceExpertsOptions());
   RemoteDeviceExperts(const RemoteDeviceExperts&) = delete;
   RemoteDeviceExperts& operator=(const RemoteDeviceExperts&) = delete;
@@ -80,12 +79,13 @@ class RemoteDeviceExperts {
   // The placement of the cluster state in force. Any thread.
   void SetPlacement(ClusterPlacement placement);
 
-  // GpuModelRunner's DeviceExpertRunner: model layer `layer`, z [rows, width] and out
-  // [rows, width] fp32 in device memory, the gate's ids and weights [rows, top_k] in device
-  // memory, all on `stream`. Returns with out written (enqueued on the stream) or the layer's
-  // failure (see the file comment).
-  absl::Status Run(int layer, const float* z, int64_t rows, int64_t width, const int32_t* ids,
-                   const float* weights, int32_t top_k, float* out, void* stream);
+  // GpuModelRunner's DeviceExpertRunner, with the device memory operations of `ops` (the
+  // runner's): model layer `layer`, z [rows, width] and out [rows, width] fp32 in device memory,
+  // the gate's ids and weights [rows, top_k] in device memory, all on `stream`. Returns with out
+  // written (enqueued on the stream) or the layer's failure (see the file comment).
+  absl::Status Run(DeviceRowOps& ops, int layer, const float* z, int64_t rows, int64_t width,
+                   const int32_t* ids, const float* weights, int32_t top_k, float* out,
+                   void* stream);
 
   // Layers served, and failed (the caller took another path), since start. Stepping thread.
   int64_t layers_served() const { return layers_served_; }
@@ -101,20 +101,19 @@ class RemoteDeviceExperts {
     bool answered = false;
   };
 
-  absl::Status RunLayer(int layer, const float* z, int64_t rows, int64_t width,
+  absl::Status RunLayer(DeviceRowOps& ops, int layer, const float* z, int64_t rows, int64_t width,
                         const int32_t* ids, const float* weights, int32_t top_k, float* out,
                         void* stream);
   // Receives until every pending node answered or the deadline passed; adds the partial sums into
   // out. The first failure, after taking every OK answer's sums.
-  absl::Status Collect(std::vector<Pending>& pending, int64_t rows, int64_t width, float* out,
-                       void* stream, absl::Time deadline);
+  absl::Status Collect(DeviceRowOps& ops, std::vector<Pending>& pending, int64_t rows,
+                       int64_t width, float* out, void* stream, absl::Time deadline);
   // Applies one ExpertResponse to `pending`; false when it is not one of theirs.
-  bool Take(const Received& received, std::vector<Pending>& pending, int64_t rows, int64_t width,
-            float* out, void* stream, absl::Status* failure);
+  bool Take(DeviceRowOps& ops, const Received& received, std::vector<Pending>& pending,
+            int64_t rows, int64_t width, float* out, void* stream, absl::Status* failure);
 
   Transport* const transport_;
   DeviceChannels* const channels_;
-  DeviceRowOps* const ops_;
   const ModelConfig config_;
   const RemoteDeviceExpertsOptions options_;
 

@@ -13,6 +13,7 @@
 #include "kernels/cuda/glu.h"
 #include "model/glu_params.h"
 #include "kernels/cuda/moe_gate.h"
+#include "glog/logging.h"
 
 namespace k3 {
 namespace {
@@ -351,8 +352,14 @@ absl::Status GpuModelRunner::Ffn(const Layer& layer, int index) {
   if (!weights_->layers[index].is_moe) {
     return layer.mlp->Run(normed_.get(), rows_, ffn_.get(), /*accumulate=*/false);
   }
-  K3_RETURN_IF_ERROR(device_experts_ != nullptr ? RoutedOnDevice(layer, index)
-                                                : RoutedOnHost(layer, index));
+  absl::Status routed =
+      device_experts_ != nullptr ? RoutedOnDevice(layer, index) : RoutedOnHost(layer, index);
+  if (!routed.ok() && device_experts_ != nullptr && routed_moe_ != nullptr) {
+    LOG_EVERY_N(WARNING, 100) << "MoE layer " << index << " on the device path failed ("
+                              << routed << "); through the router tier (every 100th logged)";
+    routed = RoutedOnHost(layer, index);
+  }
+  K3_RETURN_IF_ERROR(routed);
   const int64_t width = config.ExpertWidth();
   if (!config.IsLatentMoe()) return products_->Add(routed_.get(), ffn_.get(), rows_ * d);
   K3_RETURN_IF_CUDA_ERROR(
@@ -452,8 +459,10 @@ absl::Status GpuModelRunner::Forward(absl::Span<const GpuBatchEntry> batch) {
 }
 
 absl::Status GpuModelRunner::SetCudaGraphs(bool on) {
-  if (on && device_experts_ == nullptr) {
-    return absl::InvalidArgumentError("GpuModelRunner: CUDA graphs need device routing");
+  if (on && (device_experts_ == nullptr || routed_moe_ != nullptr)) {
+    // A layer may leave the device (the router tier's path, or its fallback): no capture.
+    return absl::InvalidArgumentError(
+        "GpuModelRunner: CUDA graphs need device routing with no RoutedMoe");
   }
   cuda_graphs_ = on;
   return absl::OkStatus();

@@ -85,7 +85,8 @@ class GpuModelRunner {
   // Uploads every non-routed weight (BF16 matrices) to the current device and sizes the pools.
   // With `device_experts`, the routed experts run on the device (the router's BF16 gate and latent
   // projection are uploaded too) and `routed_moe` may be null; without it they go through
-  // `routed_moe`. InvalidArgument for other weight types or dims the kernels do not take (the
+  // `routed_moe`. With both (device_experts reaching remote GPUs, RemoteDeviceExperts), a layer
+  // whose device_experts call fails is computed again through `routed_moe`, its failure logged. InvalidArgument for other weight types or dims the kernels do not take (the
   // device gate takes at most 1,024 experts and top 32); Internal for CUDA.
   static absl::StatusOr<std::unique_ptr<GpuModelRunner>> Create(
       const ModelWeights* weights, RoutedMoe* routed_moe, const GpuRunnerCapacity& capacity,

@@ -13,12 +13,25 @@ namespace k3 {
 
 absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
     const ModelWeights* weights, RoutedMoe* routed_moe, int device,
-    const GpuRunnerCapacity& capacity) {
+    const GpuRunnerCapacity& capacity, RemoteDeviceExperts* remote_experts) {
   K3_RETURN_IF_ERROR(UseCudaDevice(device));
+  std::unique_ptr<GpuStepRunner> step_runner(new GpuStepRunner(
+      device, remote_experts != nullptr ? std::make_unique<CudaRowOps>() : nullptr));
+  DeviceExpertRunner device_experts;
+  if (remote_experts != nullptr) {
+    CudaRowOps* ops = step_runner->row_ops_.get();
+    device_experts = [remote_experts, ops](int layer, const float* z, int64_t rows,
+                                           int64_t width, const int32_t* ids,
+                                           const float* weights, int32_t top_k, float* out,
+                                           void* stream) {
+      return remote_experts->Run(*ops, layer, z, rows, width, ids, weights, top_k, out, stream);
+    };
+  }
   K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuModelRunner> runner,
-                      GpuModelRunner::Create(weights, routed_moe, capacity));
-  return std::unique_ptr<GpuStepRunner>(
-      new GpuStepRunner(device, std::shared_ptr<GpuModelRunner>(std::move(runner))));
+                      GpuModelRunner::Create(weights, routed_moe, capacity,
+                                             std::move(device_experts)));
+  step_runner->runner_ = std::move(runner);
+  return step_runner;
 }
 
 absl::Status GpuStepRunner::MakeCurrent() const {

@@ -19,7 +19,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attention_nodes/cuda/cuda_row_ops.h"
 #include "attention_nodes/cuda/gpu_model_runner.h"
+#include "attention_nodes/remote_device_experts.h"
 #include "attention_nodes/step_runner.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
@@ -29,10 +31,12 @@ namespace k3 {
 class GpuStepRunner final : public StepRunner {
  public:
   // Uploads the non-routed weights to CUDA device `device` (BF16 matrices) and sizes the state
-  // pools by `capacity`. Unavailable without that device; GpuModelRunner::Create's errors.
-  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(const ModelWeights* weights,
-                                                               RoutedMoe* routed_moe, int device,
-                                                               const GpuRunnerCapacity& capacity);
+  // pools by `capacity`. Unavailable without that device; GpuModelRunner::Create's errors. With
+  // `remote_experts`, MoE layers go GPU to GPU to the expert nodes it reaches (the gate runs
+  // here), and through `routed_moe` when that fails; both must outlive the runner.
+  static absl::StatusOr<std::unique_ptr<GpuStepRunner>> Create(
+      const ModelWeights* weights, RoutedMoe* routed_moe, int device,
+      const GpuRunnerCapacity& capacity, RemoteDeviceExperts* remote_experts = nullptr);
 
   const ModelConfig& config() const override { return runner_->config(); }
   absl::StatusOr<std::unique_ptr<SequenceState>> NewState() override;
@@ -42,14 +46,16 @@ class GpuStepRunner final : public StepRunner {
   bool host_state() const override { return false; }
 
  private:
-  GpuStepRunner(int device, std::shared_ptr<GpuModelRunner> runner)
-      : device_(device), runner_(std::move(runner)) {}
+  GpuStepRunner(int device, std::unique_ptr<CudaRowOps> row_ops)
+      : device_(device), row_ops_(std::move(row_ops)) {}
   absl::Status MakeCurrent() const;
 
   const int device_;
+  // The remote experts' device operations (null without them); before runner_, which uses it.
+  const std::unique_ptr<CudaRowOps> row_ops_;
   // Shared with the states' handles, which hold it weakly: a state let go after the runner is
   // gone has nothing to give back.
-  const std::shared_ptr<GpuModelRunner> runner_;
+  std::shared_ptr<GpuModelRunner> runner_;
   StepProfile profile_;
   std::vector<GpuBatchEntry> entries_;  // per step, kept to avoid allocating
 };
