@@ -11,9 +11,11 @@
 #include "absl/time/clock.h"
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/device_step_runner.h"
+#include "attention_nodes/remote_device_experts.h"
 #include "attention_nodes/remote_routed_moe.h"
 #include "base/status_macros.h"
 #include "cluster/actor.h"
+#include "cluster/gpu_device_channels.h"
 #include "cluster/metrics.h"
 #include "cluster/node_runtime.h"
 #include "cluster/security.h"
@@ -24,6 +26,7 @@
 #include "proto/cluster.pb.h"
 #include "cluster/node_process.h"
 #include "cluster/peer_links.h"
+#include "moe/cluster_placement.h"
 #include "tokenizer/tokenizer.h"
 
 namespace k3 {
@@ -45,6 +48,9 @@ struct AttentionServer::Parts {
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<PeerLinks> links;
   std::unique_ptr<RemoteRoutedMoe> remote_moe;
+  // On a GPU whose cluster has GPU expert nodes: the channels to them and the MoE path over them.
+  std::unique_ptr<DeviceChannels> device_channels;
+  std::unique_ptr<RemoteDeviceExperts> remote_experts;
   std::unique_ptr<SpanLog> spans;  // with --trace-file
   std::unique_ptr<GenerationScheduler> scheduler;
   std::unique_ptr<grpc::Service> k3serve_service;
@@ -89,8 +95,8 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
   state_limits.context_tokens =
       int64_t{scheduler_options.max_prompt_tokens} + scheduler_options.max_new_tokens_limit;
   state_limits.cache_pages = p.options.gpu_cache_pages;
-  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
-      MakeStepRunner(p.options.device, weights, routed_moe, state_limits);
+  absl::StatusOr<std::unique_ptr<StepRunner>> runner = MakeStepRunner(
+      p.options.device, weights, routed_moe, state_limits, p.remote_experts.get());
   if (!runner.ok()) return runner.status();
   LOG(INFO) << "the forward pass runs on " << ComputeDeviceName(p.options.device);
   p.scheduler = std::make_unique<GenerationScheduler>(*std::move(runner), scheduler_options,
@@ -177,13 +183,25 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   };
   p.remote_moe =
       std::make_unique<RemoteRoutedMoe>(p.transport.get(), p.weights->config, moe_options);
+  pb::NodeInfo info;
+  if (options.device.cuda >= 0) {
+    // GPU to GPU to the expert nodes where the cluster allows (issue 21; docs/GPU.md).
+    K3_ASSIGN_OR_RETURN(GpuChannelSetup setup, NcclChannelSetup(options.device.cuda));
+    info.set_gpu_uuid(setup.gpu_uuid);
+    p.device_channels = std::make_unique<DeviceChannels>(std::move(setup.opener));
+    RemoteDeviceExpertsOptions experts_options;
+    experts_options.timeout = options.moe_timeout;
+    RemoteRoutedMoe* remote_moe = p.remote_moe.get();
+    experts_options.others = [remote_moe](Received event) { remote_moe->Deliver(std::move(event)); };
+    p.remote_experts = std::make_unique<RemoteDeviceExperts>(
+        p.transport.get(), p.device_channels.get(), p.weights->config, experts_options);
+  }
   if (absl::Status s =
           node->StartServing(p.weights.get(), p.remote_moe.get(), pb::ROLE_ATTENTION);
       !s.ok()) {
     return s;
   }
 
-  pb::NodeInfo info;
   info.set_transport_address(p.transport->LocalAddress());
   p.watcher = std::make_unique<Actor>("attn-watcher");
   CoordinatorCallbacks callbacks;
@@ -213,7 +231,19 @@ void AttentionServer::Tick() {
     p.first_tick = false;
     p.seen_members_version = state.members_version();
     p.routers = LinkTargets(state, {pb::ROLE_ROUTER}, self.ok() ? *self : 0);
-    p.links->SetTargets(p.routers);
+    std::vector<PeerTarget> targets = p.routers;
+    if (p.device_channels != nullptr) {
+      // The expert nodes too: the device path's control messages go to them directly.
+      for (PeerTarget& expert : LinkTargets(state, {pb::ROLE_EXPERT}, self.ok() ? *self : 0)) {
+        targets.push_back(std::move(expert));
+      }
+    }
+    p.links->SetTargets(std::move(targets));
+  }
+  if (p.device_channels != nullptr && self.ok()) {
+    p.device_channels->Apply(state, *self);
+    absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state.placement());
+    if (placement.ok()) p.remote_experts->SetPlacement(*std::move(placement));
   }
   std::vector<PeerId> usable;
   for (const PeerTarget& router : p.routers) {

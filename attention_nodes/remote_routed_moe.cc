@@ -252,6 +252,10 @@ void RemoteRoutedMoe::Deliver(Received received) {
     LOG(INFO) << "router " << from << " answers again; new MoE layers may go to it";
   }
   absl::StatusOr<MoeMessageKind> kind = PeekMoeMessageKind(received.bytes);
+  if (kind.ok() && *kind == MoeMessageKind::kDeviceExpertResponse) {
+    ++stale_answers_;  // a late answer of a device layer that failed (RemoteDeviceExperts)
+    return;
+  }
   if (!kind.ok() || *kind != MoeMessageKind::kMoeResponse) {
     LOG(WARNING) << "dropping a data-plane message from peer " << from
                  << " that is not a MoeResponse";

@@ -34,7 +34,9 @@
 // earlier one is waited for is kept until its Wait. A failed Begin or Wait abandons them all.
 //
 // The Transport's Receive is driven only from Wait, so this object must be the only receiver on
-// its Transport (an attention worker receives nothing but MoE answers).
+// its Transport while layers are in flight (an attention worker receives nothing but MoE
+// answers); a GPU attention worker's RemoteDeviceExperts receives on it between them and hands
+// over what is not its own (Deliver).
 //
 // Thread-safety: Begin and Wait from one thread at a time (RoutedMoe's contract); SetRouters and
 // usable_routers from any thread.
@@ -99,6 +101,11 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void Abandon() override { in_flight_.clear(); }
   void SetTraces(std::vector<TraceContext> traces) override { traces_ = std::move(traces); }
 
+  // Applies one received event to the layers in flight. Wait calls it for what it receives;
+  // another receiver on the same Transport (RemoteDeviceExperts) calls it for the events that are
+  // not its own, while no layer of this object is in flight. Stepping thread.
+  void Deliver(Received received);
+
   // Answers dropped because no step waited for them (late answers of abandoned steps).
   uint64_t stale_answers() const { return stale_answers_; }
   // Layers sent again to another router because theirs hung or was declared gone, since start.
@@ -141,8 +148,6 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void MaybeRetry(InFlight& layer, absl::Time now);
   // Receives until the oldest layer's outcome is known, settling later layers' on the way.
   void AwaitOldest();
-  // Applies one received event to the layers in flight.
-  void Deliver(Received received);
   // A router's process died: its attempts go, and layers left with none go to another router.
   void OnRouterFailed(PeerId from, const absl::Status& error);
   // `from` answered one of `layer`'s attempts (already removed) with an error.

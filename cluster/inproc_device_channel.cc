@@ -39,8 +39,8 @@ class InProcEnd : public DeviceChannel {
       return pipe.aborted || !pipe.sent.empty();
     };
     if (!pipe.mu.AwaitWithTimeout(absl::Condition(&ready), recv_timeout_)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("device channel ", id_, ": nothing sent within ", absl::FormatDuration(recv_timeout_)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "device channel ", id_, ": nothing sent within ", absl::FormatDuration(recv_timeout_)));
     }
     if (pipe.aborted) return Aborted();
     std::string next = std::move(pipe.sent.front());

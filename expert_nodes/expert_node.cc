@@ -4,6 +4,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -16,6 +17,8 @@
 #include "moe/cluster_placement.h"
 #include "cluster/actor.h"
 #include "cluster/actor_rpc.h"
+#include "cluster/device_channels.h"
+#include "cluster/gpu_device_channels.h"
 #include "cluster/node_process.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
@@ -125,6 +128,9 @@ class ExpertNode final : public RoleHooks {
   std::shared_ptr<const Checkpoint> checkpoint_;
   std::unique_ptr<UcxTransport> transport_;
   std::unique_ptr<PeerLinks> links_;
+  // On a GPU: the device channels to GPU attention workers (their rows come on them); null on
+  // the CPU. Declared before worker_, which uses it.
+  std::unique_ptr<DeviceChannels> device_channels_;
   std::unique_ptr<Actor> actor_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<NodeEndpoints> endpoints_;
@@ -227,10 +233,21 @@ absl::Status ExpertNode::Start() {
   pb::NodeInfo node;
   node.set_transport_address(transport_->LocalAddress());
   node.set_expert_slots(options_.slots);
+  if (options_.device.cuda >= 0) {
+    // GPU attention workers on other GPUs send rows GPU to GPU (issue 21; docs/GPU.md).
+    K3_ASSIGN_OR_RETURN(GpuChannelSetup setup, NcclChannelSetup(options_.device.cuda));
+    node.set_gpu_uuid(setup.gpu_uuid);
+    device_channels_ = std::make_unique<DeviceChannels>(std::move(setup.opener));
+    worker_->set_device_channels(device_channels_.get());
+  }
   CoordinatorCallbacks callbacks;
   callbacks.on_cluster_state = [this](const pb::ClusterState& state) {
     actor_->Post([this, state] {
-      links_->SetTargets(LinkTargets(state, {pb::ROLE_ROUTER}, /*self=*/0));
+      // GPU attention workers send their device path's requests here directly.
+      const std::set<pb::Role> peers =
+          device_channels_ != nullptr ? std::set<pb::Role>{pb::ROLE_ROUTER, pb::ROLE_ATTENTION}
+                                      : std::set<pb::Role>{pb::ROLE_ROUTER};
+      links_->SetTargets(LinkTargets(state, peers, /*self=*/0));
       if (absl::Status s = OnClusterState(state); !s.ok()) Fail(s);
     });
   };
@@ -310,6 +327,7 @@ void ExpertNode::ServeDeferred(bool all) {
 absl::Status ExpertNode::OnClusterState(const pb::ClusterState& state) {
   absl::StatusOr<uint32_t> id = endpoints_->client()->WaitRegistered(absl::InfinitePast());
   if (!id.ok()) return absl::OkStatus();  // the state of an earlier registration; wait for the next
+  if (device_channels_ != nullptr) device_channels_->Apply(state, *id);
   if (*id != node_id_) {
     node_id_ = *id;
     name_ = absl::StrCat("expert node ", node_id_);

@@ -49,9 +49,8 @@ class HostDeviceExperts : public DeviceExperts {
     return RunExperts(weights.layers[layer].moe.experts, GluParamsFor(weights.config), z, rows,
                       width, assignments, out, &scratch_);
   }
-  absl::Status RunDeviceRows(const ModelWeights& weights, int layer, const float* z,
-                             int64_t rows, int64_t width,
-                             const std::vector<ExpertAssignment>& assignments,
+  absl::Status RunDeviceRows(const ModelWeights& weights, int layer, const float* z, int64_t rows,
+                             int64_t width, const std::vector<ExpertAssignment>& assignments,
                              float* out) override {
     return Run(weights, layer, z, rows, width, assignments, out);
   }
@@ -103,8 +102,7 @@ struct ExpertSide {
 
   void Serve() {
     while (!stop.load()) {
-      absl::StatusOr<Received> received =
-          transport->Receive(absl::Now() + absl::Milliseconds(20));
+      absl::StatusOr<Received> received = transport->Receive(absl::Now() + absl::Milliseconds(20));
       if (received.ok()) worker->Handle(transport.get(), *received, /*may_defer=*/false);
     }
   }
@@ -148,9 +146,9 @@ class DeviceRowsTest : public ::testing::Test {
       absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
           LoadWeights(*checkpoint_, WeightSelection::Experts(hosting.Union()));
       ASSERT_TRUE(weights.ok()) << weights.status();
-      side->worker = std::make_unique<ExpertWorker>(
-          std::shared_ptr<const ModelWeights>(*std::move(weights)), hosting,
-          absl::StrCat("expert node ", node));
+      side->worker =
+          std::make_unique<ExpertWorker>(std::shared_ptr<const ModelWeights>(*std::move(weights)),
+                                         hosting, absl::StrCat("expert node ", node));
       ASSERT_TRUE(side->worker->UseDevice(std::make_unique<HostDeviceExperts>()).ok());
       side->channels = std::make_unique<DeviceChannels>(pipes_.Opener());
       side->worker->set_device_channels(side->channels.get());
@@ -186,12 +184,10 @@ class DeviceRowsTest : public ::testing::Test {
     for (auto& side : experts_) {
       if (side->node != unaware) side->channels->Apply(state, side->node);
     }
-    ASSERT_TRUE(WaitFor([&] {
-      return attention_channels_->OpenIds().size() == 2 * nodes.size();
-    }));
+    ASSERT_TRUE(WaitFor([&] { return attention_channels_->OpenIds().size() == 2 * nodes.size(); }));
     for (auto& side : experts_) {
-      const bool issued = std::find(nodes.begin(), nodes.end(), side->node) != nodes.end() &&
-                          side->node != unaware;
+      const bool issued =
+          std::find(nodes.begin(), nodes.end(), side->node) != nodes.end() && side->node != unaware;
       ASSERT_TRUE(WaitFor([&] { return side->channels->OpenIds().size() == (issued ? 2u : 0u); }));
     }
   }
@@ -227,22 +223,22 @@ class DeviceRowsTest : public ::testing::Test {
     std::vector<ExpertAssignment> pairs;
     for (int64_t r = 0; r < layer.rows; ++r) {
       for (int k = 0; k < kTopK; ++k) {
-        pairs.push_back({static_cast<int32_t>(r), layer.ids[r * kTopK + k],
-                         layer.weights[r * kTopK + k]});
+        pairs.push_back(
+            {static_cast<int32_t>(r), layer.ids[r * kTopK + k], layer.weights[r * kTopK + k]});
       }
     }
     std::vector<float> out(layer.z.size());
     ExpertScratch scratch;
-    EXPECT_TRUE(RunExperts(all_weights_->layers[kModelLayer].moe.experts,
-                           GluParamsFor(config()), layer.z.data(), layer.rows,
-                           config().ExpertWidth(), pairs, out.data(), &scratch)
+    EXPECT_TRUE(RunExperts(all_weights_->layers[kModelLayer].moe.experts, GluParamsFor(config()),
+                           layer.z.data(), layer.rows, config().ExpertWidth(), pairs, out.data(),
+                           &scratch)
                     .ok());
     return out;
   }
 
   absl::Status Run(RemoteDeviceExperts& remote, const Layer& layer, std::vector<float>* out) {
     out->assign(layer.z.size(), -1.f);
-    return remote.Run(kModelLayer, layer.z.data(), layer.rows, config().ExpertWidth(),
+    return remote.Run(ops_, kModelLayer, layer.z.data(), layer.rows, config().ExpertWidth(),
                       layer.ids.data(), layer.weights.data(), kTopK, out->data(), nullptr);
   }
 
@@ -273,8 +269,7 @@ ModelWeights* DeviceRowsTest::all_weights_ = nullptr;
 
 TEST_F(DeviceRowsTest, PartialSumsOfBothNodesAddUpToAllExperts) {
   IssueChannels({kNodeA, kNodeB});
-  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), &ops_,
-                             config());
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config());
   remote.SetPlacement(placement_);
   for (uint64_t seed : {1, 2, 3}) {  // several layers in a row keep the channels in step
     const Layer layer = RandomLayer(5, config().num_experts, seed);
@@ -288,8 +283,7 @@ TEST_F(DeviceRowsTest, PartialSumsOfBothNodesAddUpToAllExperts) {
 
 TEST_F(DeviceRowsTest, ALayerWithoutChannelsToANodeFailsBeforeSending) {
   IssueChannels({kNodeA});
-  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), &ops_,
-                             config());
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config());
   remote.SetPlacement(placement_);
   const Layer both = RandomLayer(4, config().num_experts, 11);
   std::vector<float> out;
@@ -305,8 +299,7 @@ TEST_F(DeviceRowsTest, ALayerWithoutChannelsToANodeFailsBeforeSending) {
 
 TEST_F(DeviceRowsTest, AnErrorAnswerFailsTheLayerAndKeepsTheChannelsInStep) {
   IssueChannels({kNodeA, kNodeB});
-  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), &ops_,
-                             config());
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config());
   // A placement that gives node 4 experts it does not hold: node 4 takes the rows, then refuses.
   ClusterPlacement wrong = placement_;
   std::swap(wrong.worker_nodes[0], wrong.worker_nodes[1]);
@@ -325,8 +318,7 @@ TEST_F(DeviceRowsTest, AnErrorAnswerFailsTheLayerAndKeepsTheChannelsInStep) {
 TEST_F(DeviceRowsTest, ANodeWithoutItsChannelEndSaysSoAndTheChannelIsGivenUp) {
   // Node 9 has not seen the state that issued its channels yet.
   IssueChannels({kNodeA, kNodeB}, /*unaware=*/kNodeB);
-  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), &ops_,
-                             config());
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config());
   remote.SetPlacement(placement_);
   const Layer layer = RandomLayer(3, config().num_experts, 31);
   std::vector<float> out;
@@ -341,8 +333,8 @@ TEST_F(DeviceRowsTest, ADeadNodeFailsTheLayerWithoutWaitingForTheTimeout) {
   IssueChannels({kNodeA, kNodeB});
   RemoteDeviceExpertsOptions options;
   options.timeout = absl::Seconds(30);
-  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), &ops_,
-                             config(), options);
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config(),
+                             options);
   remote.SetPlacement(placement_);
   experts_[1]->stop = true;
   experts_[1]->thread.join();

@@ -1,0 +1,28 @@
+#include "cluster/gpu_device_channels.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+#ifdef K3SERVE_CUDA
+#include "cluster/nccl_device_channel.h"
+#endif
+
+namespace k3 {
+
+absl::StatusOr<GpuChannelSetup> NcclChannelSetup(int cuda_device) {
+#ifdef K3SERVE_CUDA
+  GpuChannelSetup setup;
+  K3_ASSIGN_OR_RETURN(setup.gpu_uuid, CudaGpuUuid(cuda_device));
+  NcclTransport::Options options;
+  options.op_timeout = kDeviceChannelOpTimeout;
+  setup.opener = [cuda_device, options](const DeviceChannelSpec& spec, bool as_sender) {
+    return OpenNcclDeviceChannel(spec, as_sender, cuda_device, options);
+  };
+  return setup;
+#else
+  return absl::UnavailableError(absl::StrCat(
+      "device channels on cuda:", cuda_device, ": this k3serve was built without the CUDA Toolkit"));
+#endif
+}
+
+}  // namespace k3
