@@ -230,6 +230,14 @@ void CoordinatorClient::HeartbeatOnce() {
     heartbeat_now_ = false;
   }
   request.set_incarnation(incarnation_);
+  if (options_.take_broken_device_channels) {
+    for (uint64_t id : options_.take_broken_device_channels()) {
+      if (std::find(unsent_broken_.begin(), unsent_broken_.end(), id) == unsent_broken_.end()) {
+        unsent_broken_.push_back(id);
+      }
+    }
+  }
+  for (uint64_t id : unsent_broken_) request.add_broken_device_channels(id);
   pb::HeartbeatResponse response;
   const absl::Status status =
       rpc_->Call(&pb::Coordinator::Stub::Heartbeat, request, &response, options_.rpc_timeout);
@@ -237,6 +245,9 @@ void CoordinatorClient::HeartbeatOnce() {
     LOG_EVERY_N(WARNING, 20) << "Heartbeat to " << options_.coordinator_address << ": " << status;
     return;
   }
+  // Delivered; with unknown_node, the ids are of channels a coordinator that forgot this node
+  // (it restarted, or declared it LEFT) no longer issues.
+  unsent_broken_.clear();
   if (response.unknown_node()) {
     LOG(INFO) << "the coordinator does not know node " << request.node_id()
               << " (it restarted?); registering again";

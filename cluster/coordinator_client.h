@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -43,8 +44,14 @@ struct CoordinatorClientOptions {
   std::string coordinator_address;  // host:port
   ClientTls tls;                    // how to dial it (plaintext by default)
   // This node. node_id 0 asks for a new id; incarnation 0 picks a random one; pid and host are
-  // filled in when unset.
+  // filled in when unset. A node with a GPU data plane sets node.gpu_uuid (CudaGpuUuid in
+  // cluster/nccl_device_channel.h) to be given device channels (cluster/device_channels.h).
   k3serve::cluster::v1::NodeInfo node;
+  // Where the heartbeats take the ids of device channels that broke on this node from (e.g.
+  // [&channels] { return channels.TakeBroken(); } for a DeviceChannels). Called on the client's
+  // thread before each heartbeat; ids taken are sent with every heartbeat until one is answered
+  // (then the coordinator has them). Null: none.
+  std::function<std::vector<uint64_t>()> take_broken_device_channels;
   absl::Duration rpc_timeout = absl::Seconds(1);
   absl::Duration max_backoff = absl::Seconds(2);  // between failed registrations
 };
@@ -120,6 +127,7 @@ class CoordinatorClient {
   int64_t seen_placement_version_ = -1;
   uint64_t seen_members_version_ = 0;
   bool drain_reported_ = false;
+  std::vector<uint64_t> unsent_broken_;  // taken broken channel ids no heartbeat delivered yet
 
   std::thread thread_;
 };

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,18 +16,20 @@ namespace {
 
 namespace pb = k3serve::cluster::v1;
 
-// Records Abort; Send/Recv fail after it, as the NCCL channel does.
+// Records Abort in a flag that outlives it; Send/Recv fail after it, as the NCCL channel does.
 class FakeChannel : public DeviceChannel {
  public:
-  explicit FakeChannel(uint64_t id) : id(id) {}
+  explicit FakeChannel(std::shared_ptr<std::atomic<bool>> aborted) : aborted_(std::move(aborted)) {}
   absl::Status Send(const void*, size_t) override { return Check(); }
   absl::Status Recv(void*, size_t) override { return Check(); }
-  void Abort() override { aborted = true; }
+  void Abort() override { *aborted_ = true; }
   absl::Status Check() const {
-    return aborted ? absl::FailedPreconditionError("aborted") : absl::OkStatus();
+    return *aborted_ ? absl::FailedPreconditionError("aborted") : absl::OkStatus();
   }
-  const uint64_t id;
-  std::atomic<bool> aborted{false};
+  bool aborted() const { return *aborted_; }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> aborted_;
 };
 
 // An opener whose calls the test lets through one id at a time (or all at once).
@@ -43,7 +46,9 @@ class FakeOpener {
       mu_.Await(absl::Condition(&released));
       auto failure = failures_.find(spec.id);
       if (failure != failures_.end()) return failure->second;
-      auto channel = std::make_unique<FakeChannel>(spec.id);
+      auto flag = std::make_shared<std::atomic<bool>>(false);
+      aborted_[spec.id] = flag;
+      auto channel = std::make_unique<FakeChannel>(flag);
       opened_[spec.id] = channel.get();
       return channel;
     };
@@ -64,8 +69,15 @@ class FakeOpener {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
-  // The fake the opener made for `id` (owned by DeviceChannels; the tests keep them alive).
-  FakeChannel* opened(uint64_t id) {
+  // Whether the channel opened for `id` was aborted (false: not opened yet or not aborted).
+  bool aborted(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = aborted_.find(id);
+    return it != aborted_.end() && *it->second;
+  }
+  // The fake the opener made for `id`, for identity checks only (DeviceChannels owns it and may
+  // have destroyed it).
+  const DeviceChannel* opened(uint64_t id) {
     absl::MutexLock lock(&mu_);
     auto it = opened_.find(id);
     return it == opened_.end() ? nullptr : it->second;
@@ -77,7 +89,8 @@ class FakeOpener {
   std::map<uint64_t, bool> released_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, bool>> calls_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, FakeChannel*> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, const DeviceChannel*> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> aborted_ ABSL_GUARDED_BY(mu_);
 };
 
 pb::ClusterState StateWith(const std::vector<DeviceChannelSpec>& channels) {
@@ -143,9 +156,9 @@ TEST(DeviceChannelsTest, RemovedChannelIsAbortedAndDropped) {
   EXPECT_EQ(channels.ToPeer(2), nullptr);
   EXPECT_NE(channels.FromPeer(2), nullptr);
   // The holder's reference keeps the object alive, and its calls fail fast.
-  EXPECT_TRUE(static_cast<FakeChannel*>(held.get())->aborted);
+  EXPECT_TRUE(static_cast<FakeChannel*>(held.get())->aborted());
   EXPECT_EQ(held->Send(nullptr, 0).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(opener.opened(2)->aborted);
+  EXPECT_FALSE(opener.aborted(2));
   EXPECT_EQ(channels.OpenIds(), std::vector<uint64_t>{2});
   EXPECT_TRUE(channels.TakeBroken().empty());  // dropped by the coordinator, not broken
 }
@@ -156,12 +169,10 @@ TEST(DeviceChannelsTest, ReissuedChannelReplacesTheOld) {
   DeviceChannels channels(opener.Get());
   channels.Apply(StateWith(kPair), 1);
   ASSERT_TRUE(WaitFor([&] { return channels.OpenIds().size() == 2; }));
-  FakeChannel* old_send = opener.opened(1);
-
   // The peer restarted: the coordinator issues channels 3 and 4 for the pair instead.
   channels.Apply(StateWith({{3, 1, 2, "u3"}, {4, 2, 1, "u4"}}), 1);
-  EXPECT_TRUE(old_send->aborted);
-  EXPECT_TRUE(opener.opened(2)->aborted);
+  EXPECT_TRUE(opener.aborted(1));
+  EXPECT_TRUE(opener.aborted(2));
   ASSERT_TRUE(WaitFor([&] { return channels.OpenIds().size() == 2; }));
   EXPECT_EQ(channels.OpenIds(), (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(channels.ToPeer(2).get(), opener.opened(3));
@@ -175,11 +186,11 @@ TEST(DeviceChannelsTest, SameIdWithAnotherUniqueIdIsANewChannel) {
   DeviceChannels channels(opener.Get());
   channels.Apply(StateWith({{1, 1, 2, "old"}}), 1);
   ASSERT_TRUE(WaitFor([&] { return channels.ToPeer(2) != nullptr; }));
-  FakeChannel* first = opener.opened(1);
+  std::shared_ptr<DeviceChannel> first = channels.ToPeer(2);
   channels.Apply(StateWith({{1, 1, 2, "new"}}), 1);
-  EXPECT_TRUE(first->aborted);
+  EXPECT_TRUE(static_cast<FakeChannel*>(first.get())->aborted());
   ASSERT_TRUE(WaitFor([&] { return opener.calls().size() == 2 && channels.ToPeer(2) != nullptr; }));
-  EXPECT_NE(channels.ToPeer(2).get(), first);
+  EXPECT_NE(channels.ToPeer(2), first);
 }
 
 TEST(DeviceChannelsTest, ChannelDroppedWhileOpeningIsAbortedWhenItOpens) {
@@ -189,10 +200,7 @@ TEST(DeviceChannelsTest, ChannelDroppedWhileOpeningIsAbortedWhenItOpens) {
   ASSERT_TRUE(WaitFor([&] { return opener.calls().size() == 1; }));
   channels.Apply(StateWith({}), 1);
   opener.Release(1);
-  ASSERT_TRUE(WaitFor([&] {
-    FakeChannel* c = opener.opened(1);
-    return c != nullptr && c->aborted;
-  }));
+  ASSERT_TRUE(WaitFor([&] { return opener.aborted(1); }));
   EXPECT_EQ(channels.ToPeer(2), nullptr);
   EXPECT_TRUE(channels.OpenIds().empty());
 }
@@ -224,7 +232,7 @@ TEST(DeviceChannelsTest, ReportBrokenAbortsDropsAndQueuesTheIdOnce) {
   std::shared_ptr<DeviceChannel> send = channels.ToPeer(2);
   channels.ReportBroken(1, absl::UnavailableError("NCCL: remote process exited"));
   channels.ReportBroken(1, absl::UnavailableError("again"));  // already dropped: ignored
-  EXPECT_TRUE(static_cast<FakeChannel*>(send.get())->aborted);
+  EXPECT_TRUE(static_cast<FakeChannel*>(send.get())->aborted());
   EXPECT_EQ(channels.ToPeer(2), nullptr);
   channels.ReportBrokenChannel(channels.FromPeer(2).get(), absl::DeadlineExceededError("slow"));
   EXPECT_EQ(channels.FromPeer(2), nullptr);
@@ -261,7 +269,7 @@ TEST(DeviceChannelsTest, DestructorAbortsOpenChannels) {
     ASSERT_TRUE(WaitFor([&] { return channels.OpenIds().size() == 2; }));
     held = channels.FromPeer(2);
   }
-  EXPECT_TRUE(static_cast<FakeChannel*>(held.get())->aborted);
+  EXPECT_TRUE(static_cast<FakeChannel*>(held.get())->aborted());
 }
 
 }  // namespace

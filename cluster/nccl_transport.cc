@@ -29,9 +29,20 @@ ncclConfig_t NonBlockingConfig() {
   return config;
 }
 
-// Waits until `comm` leaves ncclInProgress (a non-blocking call finished) or `deadline`.
-absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, const char* what) {
+bool Cancelled(const std::atomic<bool>* cancel) {
+  return cancel != nullptr && cancel->load(std::memory_order_relaxed);
+}
+
+absl::Status CancelledError(const char* what) {
+  return absl::FailedPreconditionError(absl::StrCat(what, ": the NCCL communicator was aborted"));
+}
+
+// Waits until `comm` leaves ncclInProgress (a non-blocking call finished) or `deadline`, or until
+// `cancel` (if set) reads true.
+absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, const char* what,
+                       const std::atomic<bool>* cancel = nullptr) {
   for (;;) {
+    if (Cancelled(cancel)) return CancelledError(what);
     ncclResult_t state = ncclSuccess;
     ncclResult_t result = ncclCommGetAsyncError(comm, &state);
     if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result);
@@ -110,7 +121,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::
     return NcclError("ncclCommInitRankConfig", result);
   }
   status = AwaitComm(transport->comm_, absl::Now() + options.init_timeout,
-                     "joining the NCCL communicator");
+                     "joining the NCCL communicator", options.cancel);
   if (!status.ok()) return transport->Fail(status);
   return transport;
 }
@@ -202,6 +213,7 @@ absl::Status NcclTransport::Fail(absl::Status status) {
 
 absl::Status NcclTransport::Wait(absl::Time deadline, const char* what) {
   for (;;) {
+    if (Cancelled(options_.cancel)) return CancelledError(what);
     ncclResult_t state = ncclSuccess;
     ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
     if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result);
@@ -296,6 +308,36 @@ absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(const void* send,
   status = Wait(deadline, "all-to-all");
   if (!status.ok()) return Fail(status);
   return recv_bytes;
+}
+
+absl::Status NcclTransport::Send(const void* data, size_t bytes, int peer) {
+  // ncclSend takes a const pointer; PointToPoint only passes it on.
+  return PointToPoint(/*send=*/true, const_cast<void*>(data), bytes, peer);
+}
+
+absl::Status NcclTransport::Recv(void* data, size_t bytes, int peer) {
+  return PointToPoint(/*send=*/false, data, bytes, peer);
+}
+
+absl::Status NcclTransport::PointToPoint(bool send, void* data, size_t bytes, int peer) {
+  const char* what = send ? "send" : "receive";
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator was aborted");
+  if (Cancelled(options_.cancel)) return Fail(CancelledError(what));
+  if (peer < 0 || peer >= ranks_ || peer == rank_) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": ", what, " with peer ", peer, " of ", ranks_, " ranks")));
+  }
+  if (bytes == 0) return absl::OkStatus();  // the peer skips its side too
+  const absl::Time deadline = absl::Now() + options_.op_timeout;
+  cudaSetDevice(device_);
+  ncclResult_t result = send ? ncclSend(data, bytes, ncclChar, peer, comm_, stream_)
+                             : ncclRecv(data, bytes, ncclChar, peer, comm_, stream_);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    return Fail(NcclError(send ? "ncclSend" : "ncclRecv", result));
+  }
+  absl::Status status = Wait(deadline, what);
+  if (!status.ok()) return Fail(status);
+  return absl::OkStatus();
 }
 
 }  // namespace k3

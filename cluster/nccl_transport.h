@@ -1,4 +1,5 @@
-// The GPU data plane: expert-parallel all-to-all of device buffers over NCCL (2.28, CUDA 13).
+// The GPU data plane: expert-parallel all-to-all of device buffers over NCCL (2.28, CUDA 13), and
+// point-to-point sends between two ranks (the device channels of cluster/nccl_device_channel.h).
 //
 // Not a Transport (transport.h): NCCL moves device memory in collective steps that every rank
 // enters together, with no message boundaries or per-peer failure events. Its unit is AllToAllV:
@@ -15,6 +16,9 @@
 // with FAILED_PRECONDITION and the ranks must build a new communicator (the surviving ones, e.g.
 // with a fresh unique id from the coordinator).
 //
+// Options::cancel lets another thread stop a wait: the waiting thread sees the flag within a poll
+// interval, aborts the communicator itself and fails with FAILED_PRECONDITION.
+//
 // Thread-safety: a communicator is used by one thread at a time. Ranks of a CreateLocal group are
 // independent objects; a collective needs every rank to call it, so drive them from one thread
 // each.
@@ -24,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -40,8 +45,12 @@ class NcclTransport {
   struct Options {
     // Communicator creation (all ranks must join within it).
     absl::Duration init_timeout = absl::Seconds(60);
-    // One AllToAllV, count exchange included.
+    // One AllToAllV (count exchange included), Send or Recv.
     absl::Duration op_timeout = absl::Seconds(30);
+    // When set (not owned; must outlive the communicator): every wait, communicator creation
+    // included, stops once it reads true, aborts the communicator and fails with
+    // FAILED_PRECONDITION, as do later calls.
+    const std::atomic<bool>* cancel = nullptr;
   };
 
   // CUDA devices usable here; UNAVAILABLE when there is no driver or no GPU.
@@ -75,6 +84,15 @@ class NcclTransport {
                                                 const std::vector<size_t>& send_bytes, void* recv,
                                                 size_t recv_capacity);
 
+  // Point to point: sends `bytes` bytes at `data` (device memory on this rank's device, ready when
+  // called) to rank `peer`, or receives `bytes` bytes from `peer` into `data`. Each Send matches
+  // the peer's next Recv of the same size (ncclSend/ncclRecv of ncclChar on stream()); returns
+  // when the bytes left (Send) or are in place (Recv). Zero bytes: nothing happens on either side.
+  // Errors as AllToAllV's (INVALID_ARGUMENT for a bad peer), all of them aborting the
+  // communicator.
+  absl::Status Send(const void* data, size_t bytes, int peer);
+  absl::Status Recv(void* data, size_t bytes, int peer);
+
   // Aborts the communicator now (from this thread); pending and later calls fail.
   void Abort();
 
@@ -89,6 +107,8 @@ class NcclTransport {
   absl::Status AllocateResources();
   // Polls until the communicator has no operation in progress and the stream is idle.
   absl::Status Wait(absl::Time deadline, const char* what);
+  // Send (send = true) or Recv.
+  absl::Status PointToPoint(bool send, void* data, size_t bytes, int peer);
   // Aborts and returns `status` (with the communicator's state in its message).
   absl::Status Fail(absl::Status status);
 

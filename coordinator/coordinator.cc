@@ -145,7 +145,8 @@ absl::StatusOr<pb::RegisterResponse> CoordinatorState::Register(const pb::Regist
 
 HeartbeatReply CoordinatorState::Heartbeat(uint32_t node_id, uint64_t incarnation,
                                            const pb::LoadStats& load, absl::Time now,
-                                           int64_t applied_placement_version) {
+                                           int64_t applied_placement_version,
+                                           const std::vector<uint64_t>& broken_device_channels) {
   HeartbeatReply reply;
   auto it = members_.find(node_id);
   if (it == members_.end() || it->second.info.incarnation() != incarnation ||
@@ -163,6 +164,17 @@ HeartbeatReply CoordinatorState::Heartbeat(uint32_t node_id, uint64_t incarnatio
       Update(now);
     }
     reply.drain = m.draining;
+    std::set<uint64_t> broken;
+    for (uint64_t id : broken_device_channels) {
+      for (const IssuedDeviceChannel& c : device_channels_) {
+        if (c.id == id && (c.sender == node_id || c.receiver == node_id)) broken.insert(id);
+      }
+    }
+    if (!broken.empty() && !InRecovery(now)) {
+      LOG(INFO) << "node " << node_id << " reports device channels " << absl::StrJoin(broken, ", ")
+                << " broken; replacing them";
+      PlanChannels(broken);
+    }
   }
   reply.placement_version = placement_.version();
   reply.members_version = members_version_;
@@ -264,6 +276,13 @@ pb::ClusterState CoordinatorState::State() const {
   state.set_lost_experts_reason(lost_experts_reason_);
   state.mutable_unrecoverable_losses()->insert(unrecoverable_losses_.begin(),
                                                unrecoverable_losses_.end());
+  for (const IssuedDeviceChannel& c : device_channels_) {
+    pb::DeviceChannel* out = state.add_device_channels();
+    out->set_id(c.id);
+    out->set_sender(c.sender);
+    out->set_receiver(c.receiver);
+    out->set_nccl_unique_id(c.nccl_unique_id);
+  }
   return state;
 }
 
@@ -308,7 +327,42 @@ void CoordinatorState::Update(absl::Time now) {
       ReplaceDeadWorkers();
     }
   }
+  // A recovering coordinator lacks members that are alive: planning now would replace their
+  // channels for nothing (the nodes ignore recovering states anyway).
+  if (!InRecovery(now)) PlanChannels({});
   ComputeReadiness(now);
+}
+
+void CoordinatorState::PlanChannels(const std::set<uint64_t>& broken) {
+  std::vector<DeviceChannelMember> alive;
+  bool gpu_nodes = false;
+  for (const auto& [id, m] : members_) {
+    if (m.state != pb::ALIVE) continue;
+    alive.push_back(
+        DeviceChannelMember{m.info.role(), id, m.info.incarnation(), m.info.gpu_uuid()});
+    gpu_nodes |= !m.info.gpu_uuid().empty();
+  }
+  if (!options_.nccl_unique_id_generator && gpu_nodes && !logged_no_channels_) {
+    logged_no_channels_ = true;
+    LOG(WARNING) << "nodes with a GPU data plane registered, but this coordinator has no NCCL "
+                 << "(a build without the CUDA Toolkit): no device channels; their tiers talk "
+                 << "through host memory";
+  }
+  DeviceChannelPlan plan = PlanDeviceChannels(alive, device_channels_, broken, next_channel_id_,
+                                              options_.nccl_unique_id_generator);
+  if (!plan.generator_error.ok() &&
+      std::string(plan.generator_error.message()) != last_channel_error_) {
+    last_channel_error_ = std::string(plan.generator_error.message());
+    LOG(WARNING) << "no NCCL unique id for a device channel (retried at the next tick): "
+                 << plan.generator_error;
+  }
+  next_channel_id_ = plan.next_id;
+  if (!plan.changed) return;
+  std::vector<uint64_t> ids;
+  for (const IssuedDeviceChannel& c : plan.channels) ids.push_back(c.id);
+  LOG(INFO) << "device channels now: [" << absl::StrJoin(ids, ", ") << "]";
+  device_channels_ = std::move(plan.channels);
+  ++members_version_;
 }
 
 void CoordinatorState::PlaceInitially() {

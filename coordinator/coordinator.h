@@ -32,6 +32,12 @@
 // A resize drops every dead worker. Committing a placement needs every worker node alive, an
 // expert node and not draining.
 //
+// Device channels (coordinator/device_channel_plan.h): GPU attention and expert nodes on different
+// GPUs (NodeInfo.gpu_uuid) get NCCL point-to-point channels, one each way, published in the
+// cluster state. They are planned again whenever membership may have changed (every Update) and
+// when a heartbeat reports channels broken; any change bumps members_version, so the nodes fetch
+// the new state. Without a unique-id generator (a build without NCCL) there are none.
+//
 // The cluster is ready when each required role has an alive, non-draining member and every
 // expert of every MoE layer has a live host.
 //
@@ -53,12 +59,14 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/device_channel_plan.h"
 #include "moe/cluster_placement.h"
 #include "proto/cluster.pb.h"
 
@@ -78,6 +86,9 @@ struct CoordinatorOptions {
   // Experts per layer each node of the initial placement holds beyond its share, as replicas for
   // failover (the coordinator's --spare-slots-per-worker); 0: no replicas.
   int replica_slots_per_worker = 0;
+  // Fresh NCCL unique ids for device channels (cluster/nccl_unique_id.h's NcclUniqueIdSource in
+  // production); null: no device channels.
+  NcclUniqueIdGenerator nccl_unique_id_generator;
 
   // INVALID_ARGUMENT naming the field for inconsistent values.
   absl::Status Validate() const;
@@ -105,9 +116,12 @@ class CoordinatorState {
   // Records a heartbeat. Never fails: an unknown node, a wrong incarnation or a node that left
   // gets unknown_node (register again).
   // `applied_placement_version`: the version the node reports acting on (0: none).
+  // `broken_device_channels`: ids of device channels that failed on the node; those it is an end
+  // of are replaced (reply.members_version then moves).
   HeartbeatReply Heartbeat(uint32_t node_id, uint64_t incarnation,
                            const k3serve::cluster::v1::LoadStats& load, absl::Time now,
-                           int64_t applied_placement_version = 0);
+                           int64_t applied_placement_version = 0,
+                           const std::vector<uint64_t>& broken_device_channels = {});
 
   // Marks the node LEFT. NOT_FOUND for an unknown id or another incarnation.
   absl::Status Leave(uint32_t node_id, uint64_t incarnation, absl::Time now);
@@ -131,6 +145,8 @@ class CoordinatorState {
   // Why the cluster is not ready; empty when it is.
   const std::string& not_ready_reason() const { return not_ready_reason_; }
   const ClusterPlacement& placement() const { return placement_; }
+  // The device channels in force (ClusterState.device_channels), ascending id.
+  const std::vector<IssuedDeviceChannel>& device_channels() const { return device_channels_; }
   uint64_t members_version() const { return members_version_; }
   // Members per (role, state), for metrics.
   std::map<std::pair<k3serve::cluster::v1::Role, k3serve::cluster::v1::MemberState>, int>
@@ -197,6 +213,8 @@ class CoordinatorState {
   WorkerShare ShareOf(int worker) const;
   void ReplaceDeadWorkers();
   void ComputeReadiness(absl::Time now);
+  // Plans the device channels again (see the file comment) with `broken` ids dropped.
+  void PlanChannels(const std::set<uint64_t>& broken);
   // An alive, non-draining expert node.
   bool Usable(uint32_t node_id) const;
   // OK when draining `node_id` loses no expert (see Drain).
@@ -226,6 +244,10 @@ class CoordinatorState {
   int64_t resize_error_version_ = 0;  // the base version it failed from
   std::string last_resize_problem_;   // logged once per distinct problem
   std::string not_ready_reason_ = "starting";
+  std::vector<IssuedDeviceChannel> device_channels_;
+  uint64_t next_channel_id_ = 1;
+  bool logged_no_channels_ = false;  // GPU nodes seen without a generator (logged once)
+  std::string last_channel_error_;   // the generator's last error, logged once per message
 };
 
 }  // namespace k3

@@ -9,6 +9,7 @@
 #include "coordinator/coordinator_service.h"
 #include "cluster/node_runtime.h"
 #include "cluster/metrics.h"
+#include "cluster/nccl_unique_id.h"
 #include "glog/logging.h"
 #include "model/config.h"
 
@@ -149,9 +150,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   LoadBalancerOptions balancing = options.balancing;
   K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.node.tls));
   balancing.tls = std::move(tls);
+  CoordinatorOptions coordinator = options.coordinator;
+  // Device channels need NCCL unique ids: where this build has NCCL, from it (no GPU needed).
+  if (!coordinator.nccl_unique_id_generator) {
+    coordinator.nccl_unique_id_generator = NcclUniqueIdSource();
+  }
   auto parts = std::make_unique<Parts>();
-  parts->service =
-      std::make_unique<CoordinatorService>(options.coordinator, &DefaultMetrics(), balancing);
+  parts->service = std::make_unique<CoordinatorService>(coordinator, &DefaultMetrics(), balancing);
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags = options.node;
   endpoint_options.readiness_service = kCoordinatorServiceName;

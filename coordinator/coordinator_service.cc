@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "base/status_macros.h"
@@ -108,7 +109,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   return OnActor(context, "Heartbeat", [this, request, response] {
     const HeartbeatReply reply =
         state_.Heartbeat(request->node_id(), request->incarnation(), request->load(), absl::Now(),
-                         request->applied_placement_version());
+                         request->applied_placement_version(),
+                         std::vector<uint64_t>(request->broken_device_channels().begin(),
+                                               request->broken_device_channels().end()));
     response->set_unknown_node(reply.unknown_node);
     response->set_placement_version(reply.placement_version);
     response->set_members_version(reply.members_version);

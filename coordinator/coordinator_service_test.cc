@@ -383,6 +383,71 @@ TEST(CoordinatorProcessTest, DrainReachesTheNodeThroughItsHeartbeat) {
   EXPECT_TRUE(FindMember(GetState(stub.get()), id)->draining());
 }
 
+// The ids of the device channels in the last cluster state a client's callback saw.
+class SeenChannels {
+ public:
+  void On(const pb::ClusterState& state) {
+    absl::MutexLock lock(&mu_);
+    ids_.clear();
+    for (const pb::DeviceChannel& c : state.device_channels()) ids_.push_back(c.id());
+  }
+  std::vector<uint64_t> ids() {
+    absl::MutexLock lock(&mu_);
+    return ids_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<uint64_t> ids_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(CoordinatorProcessTest, DeviceChannelsReachTheNodesAndABrokenReportReplacesOne) {
+  CoordinatorMainOptions options = TestOptions();
+  std::atomic<int> generated{0};
+  options.coordinator.nccl_unique_id_generator = [&generated]() -> absl::StatusOr<std::string> {
+    return absl::StrCat("unique-", ++generated);
+  };
+  auto process = CoordinatorProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+
+  SeenChannels attention_seen, expert_seen;
+  std::atomic<bool> report{false};
+  auto start = [&](pb::Role role, const std::string& gpu, SeenChannels* seen,
+                   std::function<std::vector<uint64_t>()> broken) {
+    CoordinatorClientOptions client;
+    client.coordinator_address = Address((*process)->port());
+    client.node = NodeOf(role, role == pb::ROLE_EXPERT ? 4 : 0);
+    client.node.set_gpu_uuid(gpu);
+    client.max_backoff = absl::Milliseconds(200);
+    client.take_broken_device_channels = std::move(broken);
+    CoordinatorCallbacks callbacks;
+    callbacks.on_cluster_state = [seen](const pb::ClusterState& state) { seen->On(state); };
+    auto c = std::make_unique<CoordinatorClient>(client, std::move(callbacks));
+    c->Start();
+    return c;
+  };
+  auto attention = start(pb::ROLE_ATTENTION, "GPU-A", &attention_seen, nullptr);
+  auto expert = start(pb::ROLE_EXPERT, "GPU-B", &expert_seen, [&report] {
+    return report.exchange(false) ? std::vector<uint64_t>{1} : std::vector<uint64_t>{};
+  });
+  const std::vector<uint64_t> first = {1, 2};
+  ASSERT_TRUE(WaitFor([&] { return attention_seen.ids() == first && expert_seen.ids() == first; }))
+      << "attention saw " << attention_seen.ids().size() << ", expert " << expert_seen.ids().size();
+
+  // The expert node's next heartbeat reports channel 1 broken: both nodes get its replacement.
+  report = true;
+  const std::vector<uint64_t> second = {2, 3};
+  ASSERT_TRUE(
+      WaitFor([&] { return attention_seen.ids() == second && expert_seen.ids() == second; }));
+  auto stub = Stub((*process)->port());
+  const pb::ClusterState state = GetState(stub.get());
+  ASSERT_EQ(state.device_channels_size(), 2);
+  const uint32_t attention_id = attention->WaitRegistered(absl::Now()).value();
+  EXPECT_EQ(state.device_channels(1).sender(), attention_id);
+  EXPECT_EQ(state.device_channels(1).nccl_unique_id(), "unique-3");
+  EXPECT_EQ(generated.load(), 3);
+}
+
 TEST(CoordinatorProcessTest, ARestartedCoordinatorRelearnsTheClusterFromItsNodes) {
   CoordinatorMainOptions options = TestOptions();
   auto first = CoordinatorProcess::Start(options);

@@ -53,8 +53,8 @@ if [ "${CI:-}" = "true" ] && [ $status -eq 0 ]; then
   # shellcheck disable=SC2086
   bazel test --config=asan $sanitized || status=$?
   # ThreadSanitizer over the runtime's tests: actor, transports, peer links, gRPC and metrics
-  # servers (the NCCL test needs a GPU).
-  threaded=$(bazel query "tests(//cluster/...) except //cluster:nccl_transport_test
+  # servers (the NCCL tests need a GPU, and NCCL and CUDA are not instrumented).
+  threaded=$(bazel query "tests(//cluster/...) except attr(tags, \"\\bgpu\\b\", tests(//cluster/...))
                          except $incompatible" 2>/dev/null)
   # shellcheck disable=SC2086
   bazel test --config=tsan $threaded || status=$?
