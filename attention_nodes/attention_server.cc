@@ -218,7 +218,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       self->Tick();
     });
   };
-  p.endpoints->Register(std::move(info), std::move(callbacks));
+  std::function<std::vector<uint64_t>()> take_broken;
+  if (DeviceChannels* channels = p.device_channels.get()) {
+    take_broken = [channels] { return channels->TakeBroken(); };
+  }
+  p.endpoints->Register(std::move(info), std::move(callbacks), std::move(take_broken));
   node->ScheduleTick();
   return node;
 }

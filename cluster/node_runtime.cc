@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<NodeEndpoints>> NodeEndpoints::Start(
 
 NodeEndpoints::~NodeEndpoints() { Stop(); }
 
-void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) {
+void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks,
+                             std::function<std::vector<uint64_t>()> take_broken_device_channels) {
   CHECK(client_ == nullptr) << "Register is called once";
   CHECK_NE(options_.role, pb::ROLE_UNSPECIFIED) << "a standalone node does not register";
   node.set_role(options_.role);
@@ -96,6 +97,7 @@ void NodeEndpoints::Register(pb::NodeInfo node, CoordinatorCallbacks callbacks) 
   client_options.coordinator_address = options_.flags.coordinator;
   client_options.tls = client_tls_;
   client_options.node = node;
+  client_options.take_broken_device_channels = std::move(take_broken_device_channels);
   LOG(INFO) << pb::Role_Name(options_.role) << " serving gRPC on " << grpc_address_
             << (http_ ? absl::StrCat(", metrics on port ", http_->port()) : "")
             << "; registering with the coordinator at " << options_.flags.coordinator;

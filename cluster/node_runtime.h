@@ -114,7 +114,9 @@ class NodeEndpoints {
   // metrics address are filled in here; the role adds what is its own, e.g. the transport
   // address) and reports cluster state changes to `callbacks` from the client's thread. Call it
   // once, when everything the callbacks touch exists.
-  void Register(k3serve::cluster::v1::NodeInfo node, CoordinatorCallbacks callbacks);
+  // `take_broken_device_channels`: CoordinatorClientOptions' (a node with device channels).
+  void Register(k3serve::cluster::v1::NodeInfo node, CoordinatorCallbacks callbacks,
+                std::function<std::vector<uint64_t>()> take_broken_device_channels = nullptr);
 
   // Readiness (options.readiness_service and the metrics /healthz when no readiness was given).
   void SetReady(bool ready);

@@ -255,7 +255,11 @@ absl::Status ExpertNode::Start() {
     actor_->Post([this] { StartDraining("the coordinator asked this node to drain"); });
   };
   LOG(INFO) << "expert node with " << options_.slots << " expert slots";
-  endpoints_->Register(std::move(node), std::move(callbacks));
+  std::function<std::vector<uint64_t>()> take_broken;
+  if (DeviceChannels* channels = device_channels_.get()) {
+    take_broken = [channels] { return channels->TakeBroken(); };
+  }
+  endpoints_->Register(std::move(node), std::move(callbacks), std::move(take_broken));
   actor_->Post([this] { Pump(); });
   return absl::OkStatus();
 }
