@@ -15,6 +15,8 @@ absl::StatusOr<GpuChannelSetup> NcclChannelSetup(int cuda_device) {
   K3_ASSIGN_OR_RETURN(setup.gpu_uuid, CudaGpuUuid(cuda_device));
   NcclTransport::Options options;
   options.op_timeout = kDeviceChannelOpTimeout;
+  // An open waits for the peer to join; the opener thread opens nothing else meanwhile.
+  options.init_timeout = absl::Seconds(20);
   setup.opener = [cuda_device, options](const DeviceChannelSpec& spec, bool as_sender) {
     return OpenNcclDeviceChannel(spec, as_sender, cuda_device, options);
   };
