@@ -91,23 +91,19 @@ K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, 
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const uint16_t* stream[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, stream);
   const int64_t whole = cols / 32 * 32;
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < whole; k += 32) {
-      const uint16_t* at[R];
-      for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(stream[r], 2 * (p * cols + k), 2 * P * cols);
-        at[r] = stream[r] + p * cols + k;
-      }
-      Bf16Step<T, R, P>(at, xp, k, p, acc);
-    }
-    if (whole < cols) {  // the last partial step from zero-padded copies
+  x86::ForEachRowStep<32, R, P>(w, cols, row, whole,
+                                [&](int p, int64_t k, const auto& streams) K3_AVX2 {
+                                  const uint16_t* at[R];
+                                  for (int r = 0; r < R; ++r) at[r] = streams[r] + p * cols + k;
+                                  Bf16Step<T, R, P>(at, xp, k, p, acc);
+                                });
+  if (whole < cols) {  // the last partial step of each row from zero-padded copies
+    for (int p = 0; p < P; ++p) {
       alignas(32) uint16_t tail[R][32] = {};
       const uint16_t* at[R];
       for (int r = 0; r < R; ++r) {
-        std::memcpy(tail[r], stream[r] + p * cols + whole, 2 * (cols - whole));
+        std::memcpy(tail[r], w + (row + P * r + p) * cols + whole, 2 * (cols - whole));
         at[r] = tail[r];
       }
       Bf16Step<T, R, P>(at, xp, whole, p, acc);
@@ -122,28 +118,20 @@ K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, flo
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const float* stream[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, stream);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 8) {
-      const int64_t left = std::min<int64_t>(8, cols - k);
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      if (k % 16 == 0) {
+  x86::ForEachRowStep<8, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX2 {
+        const int64_t left = std::min<int64_t>(8, cols - k);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
         for (int r = 0; r < R; ++r) {
-          PrefetchRowAhead<R>(stream[r], 4 * (p * cols + k), 4 * P * cols);
+          const __m256 wv = _mm256_maskload_ps(streams[r] + p * cols + k, mask);
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm256_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          }
         }
-      }
-      __m256 xv[T];
-      for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
-      for (int r = 0; r < R; ++r) {
-        const __m256 wv = _mm256_maskload_ps(stream[r] + p * cols + k, mask);
-        for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm256_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
-        }
-      }
-    }
-  }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 

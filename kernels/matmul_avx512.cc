@@ -97,29 +97,23 @@ K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp
                          float* const* yt, bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const uint16_t* streams[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __mmask32 tail = static_cast<__mmask32>((1ull << (cols % 32)) - 1);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 32) {
-      const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
-      for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(streams[r], 2 * (p * cols + k), 2 * P * cols);
-      }
-      __m512 even[T], odd[T];
-      LoadPackedInputs(xp, k, even, odd);
-      for (int r = 0; r < R; ++r) {
-        const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
-        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
-        for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
-          acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+  x86::ForEachRowStep<32, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX512 {
+        const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
+        __m512 even[T], odd[T];
+        LoadPackedInputs(xp, k, even, odd);
+        for (int r = 0; r < R; ++r) {
+          const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
+          const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+          const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
+            acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+          }
         }
-      }
-    }
-  }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
@@ -129,28 +123,22 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
                          bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const float* streams[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 16) {
-      const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
-      for (int r = 0; r < R; ++r) {  // one 64-byte line per stream per step
-        PrefetchRowAhead<R>(streams[r], 4 * (p * cols + k), 4 * P * cols);
-      }
-      __m512 xv[T];
-      for (int t = 0; t < T; ++t) {
-        xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
-        KeepInRegister(xv[t]);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512 wv = _mm512_maskz_loadu_ps(mask, streams[r] + p * cols + k);
+  x86::ForEachRowStep<16, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX512 {
+        const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
+        __m512 xv[T];
         for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm512_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
+          KeepInRegister(xv[t]);
         }
-      }
-    }
-  }
+        for (int r = 0; r < R; ++r) {
+          const __m512 wv = _mm512_maskz_loadu_ps(mask, streams[r] + p * cols + k);
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm512_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          }
+        }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
