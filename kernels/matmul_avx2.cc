@@ -34,9 +34,6 @@ namespace k3::internal {
 #if defined(__x86_64__)
 namespace {
 
-using x86::Mxfp4Rows;
-using x86::PrefetchRowAhead;
-
 // ---- Row kernel -------------------------------------------------------------------------------
 
 // The sums of four vectors in the four lanes of the result.
@@ -180,8 +177,8 @@ void PackMxfp4Inputs(const float* x, int64_t x_stride, int64_t tokens, int64_t c
 // xp: T activation rows packed by PackMxfp4Inputs; a group's code byte i holds inputs 2i (low
 // nibble) and 2i + 1 (high). REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
-K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
-                       bool accumulate, int64_t row) {
+K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
+                       float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m256 acc[R][T];
   x86::ZeroAccumulators(acc);
@@ -194,7 +191,7 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {
-      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+      for (int r = 0; r < R; ++r) x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* table = tables + 32 * scales[r][k / kMxfp4Group];

@@ -40,9 +40,6 @@ namespace {
 
 // The walk over spans, token groups and blocks is x86::RowsAnyType's (kernels/matmul_x86.h).
 
-using x86::Mxfp4Rows;
-using x86::PrefetchRowAhead;
-
 // Keeps a loaded vector in a register: without this the compiler re-reads activations from memory
 // for every weight row, and the loads, not the multiplies, become the bottleneck.
 K3_AVX512 inline void KeepInRegister(__m512& v) { asm("" : "+v"(v)); }
@@ -154,8 +151,8 @@ inline const float* ScaledE2m1Tables() {
 // x86::RowsGroup).
 // REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
-K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
-                         bool accumulate, int64_t row) {
+K3_AVX512 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
+                         float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m512 acc[R][T];
   x86::ZeroAccumulators(acc);
@@ -166,7 +163,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+        x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
       }
       if (k == 0) {  // the next block's scales, R * cols / 32 bytes
         for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
@@ -194,7 +191,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
 
 // Decodes rows [row, row + rows) of `w` into out[rows][cols] bf16, inputs in their natural order.
 // Exact: every MXFP4 value has at most 2 significant bits, so its fp32 bits end in 16 zeros.
-K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
+K3_AVX512 void DecodeMxfp4Rows(const x86::Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
                                uint16_t* out) {
   const float* scaled_tables = ScaledE2m1Tables();
   // Word j of a group: the high half (word 2i + 1) of lane i of the even inputs for j = 2i, of
@@ -218,7 +215,6 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
     }
   }
 }
-
 
 // Packs `tokens` activation rows for the bf16 row kernel: each block of 32 inputs as its 16 even
 // then its 16 odd inputs, zero-padded to padded_cols (a multiple of 32).
@@ -499,7 +495,7 @@ void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, 
       // keep that packing small next to the multiply-adds.
       thread_local ThreadBuffer buffer;
       uint16_t* decoded = reinterpret_cast<uint16_t*>(buffer.Get(kMxfp4BlockRows * w.cols / 2));
-      const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
+      const x86::Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
       for (int64_t row = begin; row < end; row += kMxfp4BlockRows) {
         const int64_t rows = std::min(kMxfp4BlockRows, end - row);
         DecodeMxfp4Rows(data, w.cols, row, rows, decoded);

@@ -3,13 +3,15 @@
 // blocks, micro-kernels, packing with intrinsics); this header holds
 // - the row kernel's walk: spans of kRowsSpan rows, token groups of up to kMaxGroupTokens inside
 //   each span, blocks of rows per group (RowsAnyType, on a family's block kernels);
-// - the software prefetch along weight rows, the MXFP4 rows' pointers and the table of scaled
-//   E2M1 values both families decode MXFP4 with;
+// - the loop inside a BF16 or F32 row block (ForEachRowStep, around a family's step), the
+//   software prefetch along weight rows, the MXFP4 rows' pointers and the table of scaled E2M1
+//   values both families decode MXFP4 with;
 // - the tiled kernel's activation packing (tiles of a family's token count).
 //
 // x86-64 only (included inside `#if defined(__x86_64__)`). Nothing here carries
 // a target attribute: the families' block kernels are called, not inlined, from the walk, once per
-// block of rows, so the arithmetic stays in the families' own functions.
+// block of rows, and ForEachRowStep is inlined into them with their step, so the arithmetic
+// stays in the families' own functions.
 //
 // Thread-safety: pure functions; ScaledE2m1Bits builds its table once (a function-local static).
 #ifndef K3SERVE_KERNELS_MATMUL_X86_H_
