@@ -83,6 +83,14 @@ std::optional<TraceContext> SampledTrace(const grpc::CallbackServerContext& cont
   return *trace;
 }
 
+// The call's reactor, finished with `status`: the answer of a unary call that needs no waiting.
+grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
+                                   const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
 uint64_t RandomSeed() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device();
@@ -454,9 +462,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
                                   v1::AbortResponse* response) override {
     if (grpc::ServerUnaryReactor* refused = Refuse(context)) return refused;
     response->set_found(scheduler_->Abort(request->request_id(), "aborted by an Abort call"));
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Finished(context, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
@@ -471,9 +477,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     response->set_max_prompt_tokens(scheduler_->options().max_prompt_tokens);
     response->set_eos_token_id(config.eos_token_id);
     response->set_has_tokenizer(tokenizer_ != nullptr);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Finished(context, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
@@ -486,9 +490,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     response->set_request_state_bytes(info.state_bytes);
     response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_));
     response->set_draining(info.draining);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Finished(context, grpc::Status::OK);
   }
 
  private:
@@ -497,9 +499,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
   grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context) const {
     absl::Status s = CheckBearer(auth_token_, Authorization(*context));
     if (s.ok()) return nullptr;
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
+    return Finished(context, ToGrpcStatus(s));
   }
 
   // Fills generation->prompt from the request's text or messages, if it has either.
@@ -572,14 +572,14 @@ class AttentionControlService final : public cpb::AttentionControl::CallbackServ
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const cpb::DrainNodeRequest* request,
                                   cpb::DrainNodeResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (request->deadline_ms() < 0) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0"));
-      return reactor;
+      return Finished(context,
+                      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0"));
     }
     const absl::Time deadline = request->deadline_ms() == 0
                                     ? absl::InfiniteFuture()
                                     : absl::Now() + absl::Milliseconds(request->deadline_ms());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     drain_(deadline, [reactor, response](int left) {
       response->set_active_requests(left);
       reactor->Finish(grpc::Status::OK);

@@ -34,9 +34,6 @@ namespace k3::internal {
 #if defined(__x86_64__)
 namespace {
 
-using x86::Mxfp4Rows;
-using x86::PrefetchRowAhead;
-
 // ---- Row kernel -------------------------------------------------------------------------------
 
 // The sums of four vectors in the four lanes of the result.
@@ -91,23 +88,19 @@ K3_AVX2 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp, 
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const uint16_t* stream[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, stream);
   const int64_t whole = cols / 32 * 32;
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < whole; k += 32) {
-      const uint16_t* at[R];
-      for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(stream[r], 2 * (p * cols + k), 2 * P * cols);
-        at[r] = stream[r] + p * cols + k;
-      }
-      Bf16Step<T, R, P>(at, xp, k, p, acc);
-    }
-    if (whole < cols) {  // the last partial step from zero-padded copies
+  x86::ForEachRowStep<32, R, P>(w, cols, row, whole,
+                                [&](int p, int64_t k, const auto& streams) K3_AVX2 {
+                                  const uint16_t* at[R];
+                                  for (int r = 0; r < R; ++r) at[r] = streams[r] + p * cols + k;
+                                  Bf16Step<T, R, P>(at, xp, k, p, acc);
+                                });
+  if (whole < cols) {  // the last partial step of each row from zero-padded copies
+    for (int p = 0; p < P; ++p) {
       alignas(32) uint16_t tail[R][32] = {};
       const uint16_t* at[R];
       for (int r = 0; r < R; ++r) {
-        std::memcpy(tail[r], stream[r] + p * cols + whole, 2 * (cols - whole));
+        std::memcpy(tail[r], w + (row + P * r + p) * cols + whole, 2 * (cols - whole));
         at[r] = tail[r];
       }
       Bf16Step<T, R, P>(at, xp, whole, p, acc);
@@ -122,28 +115,20 @@ K3_AVX2 void RowsBlock(const float* w, int64_t cols, const float* const* xp, flo
                        bool accumulate, int64_t row) {
   __m256 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const float* stream[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, stream);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 8) {
-      const int64_t left = std::min<int64_t>(8, cols - k);
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      if (k % 16 == 0) {
+  x86::ForEachRowStep<8, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX2 {
+        const int64_t left = std::min<int64_t>(8, cols - k);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
         for (int r = 0; r < R; ++r) {
-          PrefetchRowAhead<R>(stream[r], 4 * (p * cols + k), 4 * P * cols);
+          const __m256 wv = _mm256_maskload_ps(streams[r] + p * cols + k, mask);
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm256_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          }
         }
-      }
-      __m256 xv[T];
-      for (int t = 0; t < T; ++t) xv[t] = _mm256_maskload_ps(xp[t] + k, mask);
-      for (int r = 0; r < R; ++r) {
-        const __m256 wv = _mm256_maskload_ps(stream[r] + p * cols + k, mask);
-        for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm256_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
-        }
-      }
-    }
-  }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
@@ -192,8 +177,8 @@ void PackMxfp4Inputs(const float* x, int64_t x_stride, int64_t tokens, int64_t c
 // xp: T activation rows packed by PackMxfp4Inputs; a group's code byte i holds inputs 2i (low
 // nibble) and 2i + 1 (high). REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
-K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
-                       bool accumulate, int64_t row) {
+K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
+                       float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m256 acc[R][T];
   x86::ZeroAccumulators(acc);
@@ -206,7 +191,7 @@ K3_AVX2 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp,
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {
-      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+      for (int r = 0; r < R; ++r) x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* table = tables + 32 * scales[r][k / kMxfp4Group];

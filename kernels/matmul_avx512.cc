@@ -40,9 +40,6 @@ namespace {
 
 // The walk over spans, token groups and blocks is x86::RowsAnyType's (kernels/matmul_x86.h).
 
-using x86::Mxfp4Rows;
-using x86::PrefetchRowAhead;
-
 // Keeps a loaded vector in a register: without this the compiler re-reads activations from memory
 // for every weight row, and the loads, not the multiplies, become the bottleneck.
 K3_AVX512 inline void KeepInRegister(__m512& v) { asm("" : "+v"(v)); }
@@ -97,29 +94,23 @@ K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp
                          float* const* yt, bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const uint16_t* streams[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __mmask32 tail = static_cast<__mmask32>((1ull << (cols % 32)) - 1);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 32) {
-      const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
-      for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(streams[r], 2 * (p * cols + k), 2 * P * cols);
-      }
-      __m512 even[T], odd[T];
-      LoadPackedInputs(xp, k, even, odd);
-      for (int r = 0; r < R; ++r) {
-        const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
-        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
-        for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
-          acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+  x86::ForEachRowStep<32, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX512 {
+        const __mmask32 mask = k + 32 <= cols ? ~__mmask32{0} : tail;
+        __m512 even[T], odd[T];
+        LoadPackedInputs(xp, k, even, odd);
+        for (int r = 0; r < R; ++r) {
+          const __m512i v = _mm512_maskz_loadu_epi16(mask, streams[r] + p * cols + k);
+          const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+          const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm512_fmadd_ps(we, even[t], acc[P * r + p][t]);
+            acc[P * r + p][t] = _mm512_fmadd_ps(wo, odd[t], acc[P * r + p][t]);
+          }
         }
-      }
-    }
-  }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
@@ -129,28 +120,22 @@ K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, f
                          bool accumulate, int64_t row) {
   __m512 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const float* streams[R];
-  x86::RowStreamStarts<R, P>(w, cols, row, streams);
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
-  for (int p = 0; p < P; ++p) {
-    for (int64_t k = 0; k < cols; k += 16) {
-      const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
-      for (int r = 0; r < R; ++r) {  // one 64-byte line per stream per step
-        PrefetchRowAhead<R>(streams[r], 4 * (p * cols + k), 4 * P * cols);
-      }
-      __m512 xv[T];
-      for (int t = 0; t < T; ++t) {
-        xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
-        KeepInRegister(xv[t]);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512 wv = _mm512_maskz_loadu_ps(mask, streams[r] + p * cols + k);
+  x86::ForEachRowStep<16, R, P>(
+      w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX512 {
+        const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
+        __m512 xv[T];
         for (int t = 0; t < T; ++t) {
-          acc[P * r + p][t] = _mm512_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          xv[t] = _mm512_maskz_loadu_ps(mask, xp[t] + k);
+          KeepInRegister(xv[t]);
         }
-      }
-    }
-  }
+        for (int r = 0; r < R; ++r) {
+          const __m512 wv = _mm512_maskz_loadu_ps(mask, streams[r] + p * cols + k);
+          for (int t = 0; t < T; ++t) {
+            acc[P * r + p][t] = _mm512_fmadd_ps(wv, xv[t], acc[P * r + p][t]);
+          }
+        }
+      });
   StoreSums<T, R * P>(acc, yt, row, accumulate);
 }
 
@@ -166,8 +151,8 @@ inline const float* ScaledE2m1Tables() {
 // x86::RowsGroup).
 // REQUIRES: cols % 32 == 0.
 template <int T, int R, int P>
-K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* xp, float* const* yt,
-                         bool accumulate, int64_t row) {
+K3_AVX512 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
+                         float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
   __m512 acc[R][T];
   x86::ZeroAccumulators(acc);
@@ -178,7 +163,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
   for (int64_t k = 0; k < cols; k += kMxfp4Group) {
     if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
       for (int r = 0; r < R; ++r) {
-        PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+        x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
       }
       if (k == 0) {  // the next block's scales, R * cols / 32 bytes
         for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
@@ -206,7 +191,7 @@ K3_AVX512 void RowsBlock(const Mxfp4Rows* w, int64_t cols, const float* const* x
 
 // Decodes rows [row, row + rows) of `w` into out[rows][cols] bf16, inputs in their natural order.
 // Exact: every MXFP4 value has at most 2 significant bits, so its fp32 bits end in 16 zeros.
-K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
+K3_AVX512 void DecodeMxfp4Rows(const x86::Mxfp4Rows& w, int64_t cols, int64_t row, int64_t rows,
                                uint16_t* out) {
   const float* scaled_tables = ScaledE2m1Tables();
   // Word j of a group: the high half (word 2i + 1) of lane i of the even inputs for j = 2i, of
@@ -230,7 +215,6 @@ K3_AVX512 void DecodeMxfp4Rows(const Mxfp4Rows& w, int64_t cols, int64_t row, in
     }
   }
 }
-
 
 // Packs `tokens` activation rows for the bf16 row kernel: each block of 32 inputs as its 16 even
 // then its 16 odd inputs, zero-padded to padded_cols (a multiple of 32).
@@ -511,7 +495,7 @@ void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, 
       // keep that packing small next to the multiply-adds.
       thread_local ThreadBuffer buffer;
       uint16_t* decoded = reinterpret_cast<uint16_t*>(buffer.Get(kMxfp4BlockRows * w.cols / 2));
-      const Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
+      const x86::Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
       for (int64_t row = begin; row < end; row += kMxfp4BlockRows) {
         const int64_t rows = std::min(kMxfp4BlockRows, end - row);
         DecodeMxfp4Rows(data, w.cols, row, rows, decoded);

@@ -3,13 +3,15 @@
 // blocks, micro-kernels, packing with intrinsics); this header holds
 // - the row kernel's walk: spans of kRowsSpan rows, token groups of up to kMaxGroupTokens inside
 //   each span, blocks of rows per group (RowsAnyType, on a family's block kernels);
-// - the software prefetch along weight rows, the MXFP4 rows' pointers and the table of scaled
-//   E2M1 values both families decode MXFP4 with;
+// - the loop inside a BF16 or F32 row block (ForEachRowStep, around a family's step), the
+//   software prefetch along weight rows, the MXFP4 rows' pointers and the table of scaled E2M1
+//   values both families decode MXFP4 with;
 // - the tiled kernel's activation packing (tiles of a family's token count).
 //
 // x86-64 only (included inside `#if defined(__x86_64__)`). Nothing here carries
 // a target attribute: the families' block kernels are called, not inlined, from the walk, once per
-// block of rows, so the arithmetic stays in the families' own functions.
+// block of rows, and ForEachRowStep is inlined into them with their step, so the arithmetic
+// stays in the families' own functions.
 //
 // Thread-safety: pure functions; ScaledE2m1Bits builds its table once (a function-local static).
 #ifndef K3SERVE_KERNELS_MATMUL_X86_H_
@@ -89,6 +91,30 @@ template <int R, int P, typename WT>
 inline __attribute__((always_inline)) void RowStreamStarts(const WT* w, int64_t cols, int64_t row,
                                                            const WT* (&streams)[R]) {
   for (int r = 0; r < R; ++r) streams[r] = w + (row + P * r) * cols;
+}
+
+// The loop of a BF16 or F32 row block, written once for both families: R streams of P
+// consecutive rows from `row` (see RowStreamStarts); for each of the P rows of the streams and
+// each step of kStep inputs k < end, prefetches every stream's line ahead (once per 64 bytes) and
+// calls step(p, k, streams), which reads the step's weights of stream r at
+// streams[r] + p * cols + k. `step` holds the family's loads and FMAs: a lambda that carries the
+// family's target attribute, inlined here, so the loop compiles as the family's own code.
+template <int kStep, int R, int P, typename WT, typename Step>
+inline __attribute__((always_inline)) void ForEachRowStep(const WT* w, int64_t cols, int64_t row,
+                                                          int64_t end, Step&& step) {
+  constexpr int64_t kBytes = sizeof(WT);
+  const WT* streams[R];
+  RowStreamStarts<R, P>(w, cols, row, streams);
+  for (int p = 0; p < P; ++p) {
+    for (int64_t k = 0; k < end; k += kStep) {
+      if (kStep * kBytes >= 64 || k * kBytes % 64 == 0) {
+        for (int r = 0; r < R; ++r) {
+          PrefetchRowAhead<R>(streams[r], kBytes * (p * cols + k), kBytes * P * cols);
+        }
+      }
+      step(p, k, streams);
+    }
+  }
 }
 
 // The starts of the codes and scales of MXFP4 rows [row, row + R).

@@ -120,28 +120,36 @@ absl::Status GpuMlaLayer::ProjectQuery(int32_t rows) {
                            false, scale);
 }
 
+absl::Status GpuMlaLayer::KvBProjProduct(const uint16_t* w, bool w_transposed, const uint16_t* x,
+                                         int64_t k, float* y, int64_t y_width, int64_t n,
+                                         int32_t rows) {
+  BatchedProduct p;
+  p.w = w;
+  p.ldw = c_;
+  p.w_head_stride = (nope_ + vd_) * c_;
+  p.w_transposed = w_transposed;
+  p.x = x;
+  p.ldx = h_ * k;
+  p.x_head_stride = k;
+  p.y = y;
+  p.ldy = h_ * y_width;
+  p.y_head_stride = y_width;
+  p.m = rows;
+  p.n = n;
+  p.k = k;
+  p.heads = static_cast<int32_t>(h_);
+  return products_->Run(p);
+}
+
 // The absorbed query q̃ = [W_K[h]ᵀ q_nope, q_pe] per head, the decode kernel over each row's
 // keys, and the expansion O_h = W_V[h] õ_h into o_.
 absl::Status GpuMlaLayer::Attend(const GpuMlaRows& rows) {
   const int32_t r = rows.rows;
   void* stream = products_->stream();
   K3_RETURN_IF_ERROR(RoundRows(q_.get(), qhd_, r * h_, nope_, q_nope16_.get()));
-  BatchedProduct absorb;
-  absorb.w = kv_b_proj_.get();  // W_K[h]: rows [h (n + v), h (n + v) + n) of kv_b_proj, [n, c]
-  absorb.ldw = c_;
-  absorb.w_head_stride = (nope_ + vd_) * c_;
-  absorb.w_transposed = false;
-  absorb.x = q_nope16_.get();
-  absorb.ldx = h_ * nope_;
-  absorb.x_head_stride = nope_;
-  absorb.y = q_abs_.get();
-  absorb.ldy = h_ * width_;
-  absorb.y_head_stride = width_;
-  absorb.m = r;
-  absorb.n = c_;
-  absorb.k = nope_;
-  absorb.heads = static_cast<int32_t>(h_);
-  K3_RETURN_IF_ERROR(products_->Run(absorb));
+  // W_K[h]: rows [h (n + v), h (n + v) + n) of kv_b_proj, [n, c]
+  K3_RETURN_IF_ERROR(KvBProjProduct(kv_b_proj_.get(), /*w_transposed=*/false, q_nope16_.get(),
+                                    nope_, q_abs_.get(), width_, c_, r));
   K3_RETURN_IF_CUDA_ERROR(
       cudaMemcpy2DAsync(q_abs_.get() + c_, width_ * sizeof(float), q_.get() + nope_,
                         qhd_ * sizeof(float), rope_ * sizeof(float), r * h_,
@@ -167,21 +175,9 @@ absl::Status GpuMlaLayer::Attend(const GpuMlaRows& rows) {
   K3_RETURN_IF_CUDA_ERROR(LaunchMlaDecode(launch, stream), "LaunchMlaDecode");
 
   K3_RETURN_IF_ERROR(RoundRows(ctx_.get(), c_, r * h_, c_, ctx16_.get()));
-  BatchedProduct expand;
-  expand.w = kv_b_proj_.get() + nope_ * c_;  // W_V[h]: the next v rows, [v, c]
-  expand.ldw = c_;
-  expand.w_head_stride = (nope_ + vd_) * c_;
-  expand.x = ctx16_.get();
-  expand.ldx = h_ * c_;
-  expand.x_head_stride = c_;
-  expand.y = o_.get();
-  expand.ldy = h_ * vd_;
-  expand.y_head_stride = vd_;
-  expand.m = r;
-  expand.n = vd_;
-  expand.k = c_;
-  expand.heads = static_cast<int32_t>(h_);
-  return products_->Run(expand);
+  // W_V[h]: the next v rows, [v, c]
+  return KvBProjProduct(kv_b_proj_.get() + nope_ * c_, /*w_transposed=*/true, ctx16_.get(), c_,
+                        o_.get(), vd_, vd_, r);
 }
 
 absl::Status GpuMlaLayer::Forward(const float* x, const GpuMlaRows& rows, float* out) {

@@ -60,6 +60,11 @@ class GpuMlaLayer {
   absl::Status RoundRows(const float* x, int64_t x_stride, int64_t rows, int64_t width,
                          uint16_t* out);
   absl::Status ProjectQuery(int32_t rows);
+  // Enqueues, for `rows` rows and every head h, y[:, h, 0:n] = x[:, h, 0:k] · W[h] (W[h] stored
+  // [k, n]), or x[:, h, 0:k] · W[h]ᵀ when w_transposed ([n, k]): W[h] starts at `w` in head h's
+  // share of kv_b_proj (nope + v rows of c), x holds k and y y_width values per row and head.
+  absl::Status KvBProjProduct(const uint16_t* w, bool w_transposed, const uint16_t* x, int64_t k,
+                              float* y, int64_t y_width, int64_t n, int32_t rows);
   absl::Status Attend(const GpuMlaRows& rows);
 
   const ModelConfig config_;
