@@ -70,6 +70,8 @@ struct AttentionServer::Parts {
 
   Gauge* ready_gauge = nullptr;
   Gauge* routers_gauge = nullptr;
+  Counter* device_layers = nullptr;  // with remote_experts
+  Counter* device_failures = nullptr;
 };
 
 AttentionServer::AttentionServer(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
@@ -142,6 +144,17 @@ absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMo
                         .AddGauge("k3_attention_connected_routers",
                                   "Routers this node can send MoE layers to.")
                         .Get();
+  if (p.remote_experts != nullptr) {
+    p.device_layers = DefaultMetrics()
+                          .AddCounter("k3_attention_device_moe_layers_total",
+                                      "MoE layers sent GPU to GPU to the expert nodes.")
+                          .Get();
+    p.device_failures = DefaultMetrics()
+                            .AddCounter("k3_attention_device_moe_failures_total",
+                                        "MoE layers whose GPU-to-GPU path failed (each then went "
+                                        "through the router tier).")
+                            .Get();
+  }
   return absl::OkStatus();
 }
 
@@ -277,6 +290,13 @@ void AttentionServer::Tick() {
                           : absl::StrCat(" is not ready: ", reason));
   }
 
+  if (p.remote_experts != nullptr) {
+    // The counts live in RemoteDeviceExperts (stepping thread); the counters catch up here.
+    p.device_layers->Increment(static_cast<double>(p.remote_experts->layers_served()) -
+                               p.device_layers->Value());
+    p.device_failures->Increment(static_cast<double>(p.remote_experts->layers_failed()) -
+                                 p.device_failures->Value());
+  }
   const SchedulerInfo info = p.scheduler->Info();
   pb::LoadStats load;
   load.set_active_requests(info.active_requests);

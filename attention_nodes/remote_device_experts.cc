@@ -26,7 +26,7 @@ absl::Status RemoteDeviceExperts::Run(DeviceRowOps& ops, int layer, const float*
                                       int64_t width, const int32_t* ids, const float* weights,
                                       int32_t top_k, float* out, void* stream) {
   absl::Status status = RunLayer(ops, layer, z, rows, width, ids, weights, top_k, out, stream);
-  ++(status.ok() ? layers_served_ : layers_failed_);
+  (status.ok() ? layers_served_ : layers_failed_).fetch_add(1, std::memory_order_relaxed);
   return status;
 }
 

@@ -25,6 +25,7 @@
 #ifndef K3SERVE_ATTENTION_NODES_REMOTE_DEVICE_EXPERTS_H_
 #define K3SERVE_ATTENTION_NODES_REMOTE_DEVICE_EXPERTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,9 +88,9 @@ class RemoteDeviceExperts {
                    const int32_t* ids, const float* weights, int32_t top_k, float* out,
                    void* stream);
 
-  // Layers served, and failed (the caller took another path), since start. Stepping thread.
-  int64_t layers_served() const { return layers_served_; }
-  int64_t layers_failed() const { return layers_failed_; }
+  // Layers served, and failed (the caller took another path), since start. Any thread.
+  int64_t layers_served() const { return layers_served_.load(std::memory_order_relaxed); }
+  int64_t layers_failed() const { return layers_failed_.load(std::memory_order_relaxed); }
 
  private:
   // One node's share of a layer in flight.
@@ -124,7 +125,7 @@ class RemoteDeviceExperts {
   uint64_t next_step_id_ = 1;
   std::vector<int32_t> host_ids_;
   std::vector<float> host_weights_;
-  int64_t layers_served_ = 0, layers_failed_ = 0;
+  std::atomic<int64_t> layers_served_{0}, layers_failed_{0};
 };
 
 }  // namespace k3

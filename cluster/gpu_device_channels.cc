@@ -1,5 +1,7 @@
 #include "cluster/gpu_device_channels.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -13,6 +15,12 @@ absl::StatusOr<GpuChannelSetup> NcclChannelSetup(int cuda_device) {
 #ifdef K3SERVE_CUDA
   GpuChannelSetup setup;
   K3_ASSIGN_OR_RETURN(setup.gpu_uuid, CudaGpuUuid(cuda_device));
+  // NCCL tells devices apart by (host, GPU), the host by NCCL_HOSTID where it is set: processes
+  // with their own NCCL_HOSTID may share a GPU in one communicator (over NCCL's network
+  // transport), so the identity the coordinator compares includes it.
+  if (const char* host = std::getenv("NCCL_HOSTID"); host != nullptr && *host != '\0') {
+    absl::StrAppend(&setup.gpu_uuid, "@", host);
+  }
   NcclTransport::Options options;
   options.op_timeout = kDeviceChannelOpTimeout;
   // An open waits for the peer to join; the opener thread opens nothing else meanwhile.

@@ -1,6 +1,8 @@
 // What a node on CUDA device N needs to take part in device channels (cluster/device_channels.h):
 // its GPU's identity for the coordinator (NodeInfo.gpu_uuid: nodes on one GPU get no channel
-// between them) and the opener of NCCL channels on that device (cluster/nccl_device_channel.h).
+// between them; the UUID, and "@" and NCCL_HOSTID where that is set, since NCCL then takes the
+// process for another host) and the opener of NCCL channels on that device
+// (cluster/nccl_device_channel.h).
 // A CUDA-free header, so that the nodes build the same with or without the CUDA Toolkit.
 #ifndef K3SERVE_CLUSTER_GPU_DEVICE_CHANNELS_H_
 #define K3SERVE_CLUSTER_GPU_DEVICE_CHANNELS_H_

@@ -217,7 +217,9 @@ class BalancerTest : public testing::Test {
       routers_.back()->Registered(last_node_, last_incarnation_);
     }
     // Port 1 refuses connections: a member the coordinator believes alive but cannot reach.
-    if (dead_router) ASSERT_NE(Register(pb::ROLE_ROUTER, "127.0.0.1:1", 0), 0u);
+    if (dead_router) {
+      ASSERT_NE(Register(pb::ROLE_ROUTER, "127.0.0.1:1", 0), 0u);
+    }
     ASSERT_EQ(PublishedVersion(stub_.get()), 1);
   }
 

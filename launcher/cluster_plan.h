@@ -64,6 +64,11 @@ struct LocalClusterOptions {
   // -1: no front.
   int http_port = -1;
   bool metrics = false;                // give every node an HTTP /metrics port
+  // Each attention and expert node gets its own NCCL_HOSTID (its name), so that NCCL takes GPU
+  // nodes sharing one GPU for different hosts and the coordinator gives them device channels
+  // (cluster/gpu_device_channels.h): the GPU-to-GPU path tested on one GPU, over NCCL's socket
+  // transport instead of peer access.
+  bool nccl_host_per_node = false;
   std::string log_dir;                 // empty: a new folder under $TMPDIR (or /tmp)
   std::map<NodeRole, NodeSite> sites;  // roles not listed run on loopback here
   // TLS flags given to every node (and used by the launcher's own health checks); a bearer token

@@ -236,6 +236,10 @@ absl::Status LocalCluster::Launch(Node& node) {
   if (auto it = options_.sites.find(node.role); it != options_.sites.end()) site = it->second;
   const bool data_plane = node.role == NodeRole::kAttention || node.role == NodeRole::kRouter ||
                           node.role == NodeRole::kExpert;
+  if (options_.nccl_host_per_node &&
+      (node.role == NodeRole::kAttention || node.role == NodeRole::kExpert)) {
+    site.env["NCCL_HOSTID"] = node.name;
+  }
   if (data_plane && site.env.count("K3SERVE_THREADS") == 0 &&
       std::getenv("K3SERVE_THREADS") == nullptr) {
     site.env["K3SERVE_THREADS"] =

@@ -130,6 +130,10 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
   add_role_device("--expert-device", NodeRole::kExpert,
                   "where the expert workers compute: cpu (default), cuda or cuda:N (every expert "
                   "worker on that GPU, MXFP4 experts only; docs/GPU.md)");
+  app->add_flag("--nccl-host-per-node", c.nccl_host_per_node,
+                "give each attention and expert worker its own NCCL_HOSTID, so that GPU workers "
+                "sharing one GPU get device channels between them (testing the GPU-to-GPU path "
+                "on one GPU; docs/GPU.md)");
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");

@@ -2,7 +2,8 @@
 // --attention-device cuda:0 --expert-device cuda:0`) generates, greedily, the tokens the whole
 // model on that GPU in one process generates (`k3serve generate --device cuda:0`, ProcessEngine):
 // the same kernels in the same order, the routed rows crossing the router tier on the host
-// (issue 21). Random k3-tiny checkpoint with MXFP4 experts, four prompts, two at once. Without a
+// (issue 21); and the same with the MoE layers going GPU to GPU over device channels. Random
+// k3-tiny checkpoint with MXFP4 experts, four prompts, two at once. Without a
 // GPU it reports itself skipped. Run from a folder holding the k3serve binary (Bazel's runfiles;
 // gpu_check.sh runs it beside the bundle's copy).
 #include <cstdio>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cluster/test_wait.h"
+#include "httplib.h"
 #include "attention_nodes/generate_client.h"
 #include "engine/process_engine.h"
 #include "gtest/gtest.h"
@@ -27,36 +32,52 @@ namespace {
 
 constexpr int kMaxNewTokens = 12;
 
-TEST(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
-  if (!have_gpu) GTEST_SKIP() << "no GPU";
-  const std::string model = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
-  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
-  ASSERT_TRUE(config.ok()) << config.status();
-  const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 13);
-
+// The greedy tokens of `prompts` from `generate --device cuda:0`.
+std::vector<std::vector<int32_t>> SingleProcessTokens(
+    const std::string& model, const std::vector<std::vector<int32_t>>& prompts) {
   std::vector<std::vector<int32_t>> expected;
-  {
-    auto engine = OpenProcessEngine(model, ComputeDevice{0});
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    GenerateOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_new_tokens = kMaxNewTokens;
-    for (const std::vector<int32_t>& prompt : prompts) {
-      auto tokens = (*engine)->Generate(prompt, options);
-      ASSERT_TRUE(tokens.ok()) << tokens.status();
-      expected.push_back(*std::move(tokens));
+  auto engine = OpenProcessEngine(model, ComputeDevice{0});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return expected;
+  GenerateOptions options;
+  options.sampling.temperature = 0.0f;
+  options.max_new_tokens = kMaxNewTokens;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    auto tokens = (*engine)->Generate(prompt, options);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();
+    expected.push_back(tokens.ok() ? *std::move(tokens) : std::vector<int32_t>());
+  }
+  return expected;
+}
+
+// A value of the attention worker's /metrics, -1 when absent.
+double AttentionMetric(const LocalCluster& cluster, const std::string& name) {
+  for (const LocalCluster::Node& node : cluster.nodes()) {
+    if (node.name != "attention-0") continue;
+    std::vector<std::string> host_port = absl::StrSplit(node.metrics_address, ':');
+    if (host_port.size() != 2) return -1;
+    httplib::Client client(host_port[0], std::stoi(host_port[1]));
+    httplib::Result scraped = client.Get("/metrics");
+    if (!scraped || scraped->status != 200) return -1;
+    for (absl::string_view line : absl::StrSplit(scraped->body, '\n')) {
+      if (absl::ConsumePrefix(&line, name + " ")) return std::stod(std::string(line));
     }
   }
+  return -1;
+}
 
-  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2, {});
-  options.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
-  options.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
+// Starts the cluster, generates every prompt greedily (two streams at once) and checks the
+// tokens against `expected`; leaves the cluster running for the caller's checks.
+std::unique_ptr<LocalCluster> GenerateOnCluster(const LocalClusterOptions& options,
+                                                const std::vector<std::vector<int32_t>>& prompts,
+                                                const std::vector<std::vector<int32_t>>& expected) {
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return nullptr;
   const std::string address = (*cluster)->generate_addresses().at(0);
   std::vector<absl::StatusOr<GenerateOutcome>> outcomes(prompts.size(),
                                                         absl::UnknownError("not run"));
-  for (size_t first = 0; first < prompts.size(); first += 2) {  // two streams batched at once
+  for (size_t first = 0; first < prompts.size(); first += 2) {
     std::vector<std::thread> streams;
     for (size_t i = first; i < first + 2 && i < prompts.size(); ++i) {
       streams.emplace_back([&, i] {
@@ -68,10 +89,58 @@ TEST(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
     for (std::thread& t : streams) t.join();
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(outcomes[i].ok()) << "prompt " << i << ": " << outcomes[i].status();
-    EXPECT_EQ(outcomes[i]->tokens, expected[i]) << "prompt " << i;
+    EXPECT_TRUE(outcomes[i].ok()) << "prompt " << i << ": " << outcomes[i].status();
+    if (outcomes[i].ok()) {
+      EXPECT_EQ(outcomes[i]->tokens, expected.at(i)) << "prompt " << i;
+    }
   }
-  const absl::Status stopped = (*cluster)->Stop();
+  return *std::move(cluster);
+}
+
+TEST(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
+  if (!have_gpu) GTEST_SKIP() << "no GPU";
+  const std::string model = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 13);
+  const std::vector<std::vector<int32_t>> expected = SingleProcessTokens(model, prompts);
+  ASSERT_EQ(expected.size(), prompts.size());
+
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2, {});
+  options.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
+  options.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
+  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options, prompts, expected);
+  ASSERT_NE(cluster, nullptr);
+  const absl::Status stopped = cluster->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// The same over device channels: each worker its own NCCL host (`--nccl-host-per-node`), so the
+// coordinator issues channels between the attention worker and both expert workers although
+// they share the GPU, and the MoE layers go GPU to GPU (NCCL's socket transport) without the
+// router tier: the attention worker's k3_attention_device_moe_layers_total counts them.
+TEST(GpuClusterTest, DeviceChannelsGenerateTheSingleGpuProcessTokens) {
+  if (!have_gpu) GTEST_SKIP() << "no GPU";
+  const std::string model = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
+  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 13);
+  const std::vector<std::vector<int32_t>> expected = SingleProcessTokens(model, prompts);
+  ASSERT_EQ(expected.size(), prompts.size());
+
+  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2, {});
+  options.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
+  options.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
+  options.nccl_host_per_node = true;
+  options.metrics = true;
+  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options, prompts, expected);
+  ASSERT_NE(cluster, nullptr);
+  // The counters catch up on the worker's 200 ms tick.
+  EXPECT_TRUE(WaitFor(
+      [&] { return AttentionMetric(*cluster, "k3_attention_device_moe_layers_total") > 0; },
+      absl::Seconds(5)));
+  EXPECT_EQ(AttentionMetric(*cluster, "k3_attention_device_moe_failures_total"), 0);
+  const absl::Status stopped = cluster->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
