@@ -179,7 +179,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   Parts& p = *node->parts_;
 
   const absl::Time load_start = absl::Now();
-  K3_ASSIGN_OR_RETURN(p.weights, LoadWeights(options.node.model, WeightSelection::AttentionOnly()));
+  WeightSelection selection = WeightSelection::AttentionOnly();
+  // On a GPU the gate runs here too, for the MoE layers that go GPU to GPU (RemoteDeviceExperts).
+  selection.router = options.device.cuda >= 0;
+  K3_ASSIGN_OR_RETURN(p.weights, LoadWeights(options.node.model, selection));
   LOG(INFO) << "attention weights of " << options.node.model << ": " << p.weights->selected_bytes
             << " bytes, loaded in " << absl::FormatDuration(absl::Now() - load_start);
 

@@ -25,15 +25,28 @@ void RemoteDeviceExperts::SetPlacement(ClusterPlacement placement) {
 absl::Status RemoteDeviceExperts::Run(DeviceRowOps& ops, int layer, const float* z, int64_t rows,
                                       int64_t width, const int32_t* ids, const float* weights,
                                       int32_t top_k, float* out, void* stream) {
-  absl::Status status = RunLayer(ops, layer, z, rows, width, ids, weights, top_k, out, stream);
-  (status.ok() ? layers_served_ : layers_failed_).fetch_add(1, std::memory_order_relaxed);
+  if (channels_->OpenIds().empty()) {
+    // The usual state where the expert nodes are not on GPUs: nothing to try, nothing to log.
+    return absl::UnavailableError("no device channels are open");
+  }
+  bool sent = false;
+  absl::Status status =
+      RunLayer(ops, layer, z, rows, width, ids, weights, top_k, out, stream, &sent);
+  if (status.ok()) {
+    layers_served_.fetch_add(1, std::memory_order_relaxed);
+  } else if (sent) {
+    layers_failed_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 100) << "MoE layer " << layer
+                              << " failed on the device channels (every 100th logged): " << status;
+  }
   return status;
 }
 
 absl::Status RemoteDeviceExperts::RunLayer(DeviceRowOps& ops, int layer, const float* z,
                                            int64_t rows, int64_t width, const int32_t* ids,
                                            const float* weights, int32_t top_k, float* out,
-                                           void* stream) {
+                                           void* stream, bool* sent_any) {
+  *sent_any = false;
   if (width != config_.ExpertWidth() || rows < 1 || top_k < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("remote device experts: ", rows, " rows of width ", width, ", top ", top_k));
@@ -80,6 +93,7 @@ absl::Status RemoteDeviceExperts::RunLayer(DeviceRowOps& ops, int layer, const f
     const uint32_t node = plan[sent].node;
     failure = transport_->Send(node, Encode(request));
     if (!failure.ok()) break;
+    *sent_any = true;
     if (failure = pending[sent].rows_out->Send(z, row_bytes); !failure.ok()) {
       channels_->ReportBrokenChannel(pending[sent].rows_out.get(), failure);
       ++sent;  // the node has the request: it answers (with an error, its rows lost)

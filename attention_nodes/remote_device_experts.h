@@ -88,7 +88,9 @@ class RemoteDeviceExperts {
                    const int32_t* ids, const float* weights, int32_t top_k, float* out,
                    void* stream);
 
-  // Layers served, and failed (the caller took another path), since start. Any thread.
+  // Layers served, and failed after their requests left (the caller took another path), since
+  // start; a layer refused before sending anything (no channels, no placement) counts as neither.
+  // Any thread.
   int64_t layers_served() const { return layers_served_.load(std::memory_order_relaxed); }
   int64_t layers_failed() const { return layers_failed_.load(std::memory_order_relaxed); }
 
@@ -102,9 +104,10 @@ class RemoteDeviceExperts {
     bool answered = false;
   };
 
+  // *sent_any: whether a request left (the layer was tried, not just unavailable).
   absl::Status RunLayer(DeviceRowOps& ops, int layer, const float* z, int64_t rows, int64_t width,
                         const int32_t* ids, const float* weights, int32_t top_k, float* out,
-                        void* stream);
+                        void* stream, bool* sent_any);
   // Receives until every pending node answered or the deadline passed; adds the partial sums into
   // out. The first failure, after taking every OK answer's sums.
   absl::Status Collect(DeviceRowOps& ops, std::vector<Pending>& pending, int64_t rows,

@@ -290,11 +290,20 @@ TEST_F(DeviceRowsTest, ALayerWithoutChannelsToANodeFailsBeforeSending) {
   absl::Status status = Run(remote, both, &out);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_NE(status.message().find("expert node 9"), std::string::npos) << status;
-  EXPECT_EQ(remote.layers_failed(), 1);
+  EXPECT_EQ(remote.layers_failed(), 0);  // refused before sending: the path was not tried
   // Nothing was sent, so node 4's channels are still in step: a layer it serves alone works.
   const Layer only_a = RandomLayer(4, 12, 12);
   ASSERT_TRUE(Run(remote, only_a, &out).ok());
   ExpectClose(out, Expected(only_a));
+}
+
+TEST_F(DeviceRowsTest, WithoutChannelsTheLayerIsRefusedAtOnce) {
+  RemoteDeviceExperts remote(attention_transport_.get(), attention_channels_.get(), config());
+  remote.SetPlacement(placement_);
+  const Layer layer = RandomLayer(2, config().num_experts, 5);
+  std::vector<float> out;
+  EXPECT_EQ(Run(remote, layer, &out).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(remote.layers_served() + remote.layers_failed(), 0);
 }
 
 TEST_F(DeviceRowsTest, AnErrorAnswerFailsTheLayerAndKeepsTheChannelsInStep) {
@@ -309,6 +318,7 @@ TEST_F(DeviceRowsTest, AnErrorAnswerFailsTheLayerAndKeepsTheChannelsInStep) {
   absl::Status status = Run(remote, layer, &out);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_NE(status.message().find("is not hosted by"), std::string::npos) << status;
+  EXPECT_EQ(remote.layers_failed(), 1);
   EXPECT_TRUE(attention_channels_->TakeBroken().empty());
   remote.SetPlacement(placement_);
   ASSERT_TRUE(Run(remote, layer, &out).ok());
