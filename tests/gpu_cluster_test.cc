@@ -97,19 +97,30 @@ std::unique_ptr<LocalCluster> GenerateOnCluster(const LocalClusterOptions& optio
   return *std::move(cluster);
 }
 
-TEST(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
-  if (!have_gpu) GTEST_SKIP() << "no GPU";
-  const std::string model = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
-  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
-  ASSERT_TRUE(config.ok()) << config.status();
-  const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 13);
-  const std::vector<std::vector<int32_t>> expected = SingleProcessTokens(model, prompts);
-  ASSERT_EQ(expected.size(), prompts.size());
+// Four prompts of a random k3-tiny checkpoint with MXFP4 experts, their single-process tokens,
+// and the options of a cluster with every worker on GPU 0.
+class GpuClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu) GTEST_SKIP() << "no GPU";
+    model_ = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
+    absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
+    ASSERT_TRUE(config.ok()) << config.status();
+    prompts_ = TestPrompts(4, config->vocab_size, 13);
+    expected_ = SingleProcessTokens(model_, prompts_);
+    ASSERT_EQ(expected_.size(), prompts_.size());
+    options_ = TestClusterOptions(model_, 1, 1, 2, {});
+    options_.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
+    options_.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
+  }
 
-  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2, {});
-  options.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
-  options.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
-  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options, prompts, expected);
+  std::string model_;
+  std::vector<std::vector<int32_t>> prompts_, expected_;
+  LocalClusterOptions options_;
+};
+
+TEST_F(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
+  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options_, prompts_, expected_);
   ASSERT_NE(cluster, nullptr);
   const absl::Status stopped = cluster->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
@@ -119,21 +130,10 @@ TEST(GpuClusterTest, GpuTiersGenerateTheSingleGpuProcessTokens) {
 // coordinator issues channels between the attention worker and both expert workers although
 // they share the GPU, and the MoE layers go GPU to GPU (NCCL's socket transport) without the
 // router tier: the attention worker's k3_attention_device_moe_layers_total counts them.
-TEST(GpuClusterTest, DeviceChannelsGenerateTheSingleGpuProcessTokens) {
-  if (!have_gpu) GTEST_SKIP() << "no GPU";
-  const std::string model = RandomCheckpointDir("k3-tiny", 7, /*mxfp4=*/true);
-  absl::StatusOr<ModelConfig> config = NamedConfig("k3-tiny");
-  ASSERT_TRUE(config.ok()) << config.status();
-  const std::vector<std::vector<int32_t>> prompts = TestPrompts(4, config->vocab_size, 13);
-  const std::vector<std::vector<int32_t>> expected = SingleProcessTokens(model, prompts);
-  ASSERT_EQ(expected.size(), prompts.size());
-
-  LocalClusterOptions options = TestClusterOptions(model, 1, 1, 2, {});
-  options.extra_args[NodeRole::kAttention] = {"--device", "cuda:0"};
-  options.extra_args[NodeRole::kExpert] = {"--device", "cuda:0"};
-  options.nccl_host_per_node = true;
-  options.metrics = true;
-  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options, prompts, expected);
+TEST_F(GpuClusterTest, DeviceChannelsGenerateTheSingleGpuProcessTokens) {
+  options_.nccl_host_per_node = true;
+  options_.metrics = true;
+  std::unique_ptr<LocalCluster> cluster = GenerateOnCluster(options_, prompts_, expected_);
   ASSERT_NE(cluster, nullptr);
   // The counters catch up on the worker's 200 ms tick.
   EXPECT_TRUE(WaitFor(
