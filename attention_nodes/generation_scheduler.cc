@@ -1,6 +1,7 @@
 #include "attention_nodes/generation_scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 #include <array>
 #include <utility>
 
@@ -10,17 +11,9 @@
 namespace k3 {
 
 const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
+  constexpr const char* kNames[] = {"length", "stop", "cancelled", "error"};  // in enum order
+  const auto index = static_cast<size_t>(reason);
+  return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
 absl::Status SchedulerOptions::Validate() const {

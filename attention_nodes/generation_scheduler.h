@@ -126,6 +126,7 @@ struct GenerationRequest {
   std::optional<TraceContext> trace;
 };
 
+// FinishReasonName lists the names in this order.
 enum class FinishReason { kLength, kStop, kCancelled, kError };
 
 const char* FinishReasonName(FinishReason reason);

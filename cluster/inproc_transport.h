@@ -43,14 +43,14 @@ class InProcNetwork {
 
 class InProcTransport : public Transport {
  public:
-  ~InProcTransport() override;
+  ~InProcTransport() override;  // Close()s
+  void Close() override;
 
   std::string LocalAddress() const override;
   absl::Status Connect(PeerId peer, const std::string& address) override;
   void Disconnect(PeerId peer) override;
   absl::Status Send(PeerId peer, std::string message) override;
   absl::StatusOr<Received> Receive(absl::Time deadline) override;
-  void Close() override;
 
   // Simulates this process dying: every peer that bound it receives kPeerFailed, nothing more is
   // delivered in either direction, and Send/Receive here fail with UNAVAILABLE.

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <iterator>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -76,15 +77,9 @@ std::string FormatLabels(const std::vector<std::string>& names,
 }
 
 const char* TypeName(MetricType type) {
-  switch (type) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
+  constexpr const char* kNames[] = {"counter", "gauge", "histogram"};  // in enum order
+  const auto index = static_cast<size_t>(type);
+  return index < std::size(kNames) ? kNames[index] : "untyped";
 }
 
 }  // namespace

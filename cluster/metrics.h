@@ -79,6 +79,7 @@ class Histogram {
 // Bucket bounds start, start*factor, ... (count of them). REQUIRES: start > 0, factor > 1.
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
 
+// metrics.cc names the types in this order.
 enum class MetricType { kCounter, kGauge, kHistogram };
 
 namespace metrics_internal {

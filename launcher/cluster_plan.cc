@@ -1,6 +1,7 @@
 #include "launcher/cluster_plan.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -98,19 +99,9 @@ class NodePlanner {
 }  // namespace
 
 const char* NodeRoleName(NodeRole role) {
-  switch (role) {
-    case NodeRole::kCoordinator:
-      return "coordinator";
-    case NodeRole::kAttention:
-      return "attention";
-    case NodeRole::kRouter:
-      return "router";
-    case NodeRole::kExpert:
-      return "expert";
-    case NodeRole::kHttp:
-      return "http";
-  }
-  return "?";
+  constexpr const char* kNames[] = {"coordinator", "attention", "router", "expert", "http"};
+  const auto index = static_cast<size_t>(role);  // kNames is in enum order
+  return index < std::size(kNames) ? kNames[index] : "?";
 }
 
 int SpareExpertSlots(const LocalClusterOptions& options, int num_experts) {

@@ -26,6 +26,7 @@
 
 namespace k3 {
 
+// NodeRoleName lists the names in this order.
 enum class NodeRole { kCoordinator, kAttention, kRouter, kExpert, kHttp };
 
 // "coordinator", "attention", "router", "expert", "http": the subcommand of the role.

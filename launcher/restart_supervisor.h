@@ -22,11 +22,12 @@
 namespace k3 {
 
 struct RestartPolicy {
+  // Restarts in a row without a healthy run (one that lasts healthy_run) before giving up; 0:
+  // never restart.
+  int max_failures_in_a_row = 5;
+  absl::Duration healthy_run = absl::Seconds(10);
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
-  absl::Duration healthy_run = absl::Seconds(10);
-  // Restarts in a row without a healthy run before giving up; 0: never restart.
-  int max_failures_in_a_row = 5;
 
   // INVALID_ARGUMENT naming the field for negative values or max_backoff < initial_backoff.
   absl::Status Validate() const;

@@ -84,11 +84,11 @@
 namespace k3 {
 
 struct RouterCoreOptions {
-  absl::Duration step_timeout = absl::Seconds(5);
   // The expert deadline (see the file comment): max(floor, factor x p99). The floor keeps noise
   // on a loaded machine from causing resends; an early resend costs only duplicate work.
   absl::Duration expert_retry_floor = absl::Milliseconds(300);
   double expert_retry_p99_factor = 8;
+  absl::Duration step_timeout = absl::Seconds(5);
   int qb_bins = 100;  // QB histogram bins per expert (router/router_load_stats.h); 0: none
   // Exports k3_router_expert_routed_tokens_total{expert}: one series per expert id (summed over
   // layers, so at most num_experts series, 896 for K3). Off by default: most scrapers do not
