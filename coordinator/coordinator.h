@@ -66,19 +66,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/coordinator_options.h"
 #include "coordinator/device_channel_plan.h"
 #include "moe/cluster_placement.h"
 #include "proto/cluster.pb.h"
 
 namespace k3 {
 
-struct CoordinatorOptions {
-  int num_moe_layers = 0;  // layers with routed experts; 0 with num_experts 0: a dense model
-  int num_experts = 0;     // routed experts per MoE layer
-  int expected_expert_nodes = 1;  // the initial placement waits for this many expert nodes
-  std::vector<k3serve::cluster::v1::Role> required_roles = {
-      k3serve::cluster::v1::ROLE_ATTENTION, k3serve::cluster::v1::ROLE_ROUTER,
-      k3serve::cluster::v1::ROLE_EXPERT};
   // A killed node is DEAD within heartbeat_timeout plus one tick (heartbeat_interval / 2).
   absl::Duration heartbeat_interval = absl::Milliseconds(250);  // told to nodes
   absl::Duration heartbeat_timeout = absl::Milliseconds(1500);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -177,10 +178,8 @@ absl::Status GpuExpertCompute::RunDeviceRows(const float* z, int64_t rows, int64
   return RunGrouped(z, /*on_device=*/true, rows, width, assignments, out);
 }
 
-absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_t rows,
-                                          int64_t width,
-                                          const std::vector<ExpertAssignment>& assignments,
-                                          float* out) {
+absl::Status GpuExpertCompute::CheckAssignments(
+    int64_t rows, int64_t width, const std::vector<ExpertAssignment>& assignments) const {
   if (width != width_ && !assignments.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rows of width ", width, " for experts of width ", width_));
@@ -196,6 +195,31 @@ absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_
           absl::StrCat("expert ", a.expert, " is not hosted by this worker"));
     }
   }
+  return absl::OkStatus();
+}
+
+MoeMxfp4Launch GpuExpertCompute::StagedLaunch(int32_t chunk_tokens, float* out) const {
+  MoeMxfp4Launch launch;
+  launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
+  launch.chunks = static_cast<const MoeChunk*>(chunks_.data);
+  launch.chunk_count = static_cast<int32_t>(chunks_host_.size());
+  launch.chunk_tokens = chunk_tokens;
+  launch.width = static_cast<int32_t>(width_);
+  launch.hidden = static_cast<int32_t>(hidden_);
+  launch.x = static_cast<const uint16_t*>(x_.data);
+  launch.h = static_cast<uint16_t*>(h_.data);
+  launch.slot_row = static_cast<const int32_t*>(slot_row_.data);
+  launch.slot_weight = static_cast<const float*>(slot_weight_.data);
+  launch.out = out;
+  launch.glu = glu_;
+  return launch;
+}
+
+absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_t rows,
+                                          int64_t width,
+                                          const std::vector<ExpertAssignment>& assignments,
+                                          float* out) {
+  K3_RETURN_IF_ERROR(CheckAssignments(rows, width, assignments));
   const size_t out_bytes = sizeof(float) * rows * width_;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if (assignments.empty()) {
@@ -235,30 +259,17 @@ absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_
   }
   if (on_device) {
     // The slots' rows, gathered and rounded to bf16 where they lie (as Stage does on the host).
-    K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGatherRows(
-                                z, static_cast<int32_t>(width_),
-                                static_cast<const int32_t*>(slot_row_.data),
-                                static_cast<int32_t>(slots), static_cast<uint16_t*>(x_.data),
-                                stream)),
-                            "LaunchMoeGatherRows");
+    K3_RETURN_IF_CUDA_ERROR(
+        static_cast<cudaError_t>(LaunchMoeGatherRows(
+            z, static_cast<int32_t>(width_), static_cast<const int32_t*>(slot_row_.data),
+            static_cast<int32_t>(slots), static_cast<uint16_t*>(x_.data), stream)),
+        "LaunchMoeGatherRows");
   }
   float* answer = on_device ? out : static_cast<float*>(out_.data);
   K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(answer, 0, out_bytes, stream), "cudaMemsetAsync");
-  MoeMxfp4Launch launch;
-  launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
-  launch.chunks = static_cast<const MoeChunk*>(chunks_.data);
-  launch.chunk_count = static_cast<int32_t>(chunks_host_.size());
-  launch.chunk_tokens = chunk_tokens;
-  launch.width = static_cast<int32_t>(width_);
-  launch.hidden = static_cast<int32_t>(hidden_);
-  launch.x = static_cast<const uint16_t*>(x_.data);
-  launch.h = static_cast<uint16_t*>(h_.data);
-  launch.slot_row = static_cast<const int32_t*>(slot_row_.data);
-  launch.slot_weight = static_cast<const float*>(slot_weight_.data);
-  launch.out = answer;
-  launch.glu = glu_;
-  K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeMxfp4(launch, stream)),
-                          "expert kernels");
+  K3_RETURN_IF_CUDA_ERROR(
+      static_cast<cudaError_t>(LaunchMoeMxfp4(StagedLaunch(chunk_tokens, answer), stream)),
+      "expert kernels");
   if (!on_device) {
     K3_RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(out, out_.data, out_bytes, cudaMemcpyDeviceToHost, stream),

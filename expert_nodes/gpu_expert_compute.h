@@ -75,6 +75,11 @@ class GpuExpertCompute {
   // Fills the host staging vectors from the call (x_host_ only when z is on the host); returns
   // the chunk size (8, 16 or 32 tokens).
   int32_t Stage(const float* z, bool z_on_device, const std::vector<ExpertAssignment>& assignments);
+  // The call's rows and experts against this worker's width and table.
+  absl::Status CheckAssignments(int64_t rows, int64_t width,
+                                const std::vector<ExpertAssignment>& assignments) const;
+  // The grouped kernels' arguments over the staged buffers, writing into out (on the device).
+  MoeMxfp4Launch StagedLaunch(int32_t chunk_tokens, float* out) const;
   // Run and RunDeviceRows: z and out on the host or on the device.
   absl::Status RunGrouped(const float* z, bool on_device, int64_t rows, int64_t width,
                           const std::vector<ExpertAssignment>& assignments, float* out);

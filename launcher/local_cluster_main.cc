@@ -53,8 +53,7 @@ int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSig
   }
   // True to go on; false after giving up on `name`.
   auto exited = [&](const std::string& name, int exit_status) {
-    const RestartSupervisor::Decision decision =
-        supervisor.Exited(name, exit_status, absl::Now());
+    const RestartSupervisor::Decision decision = supervisor.Exited(name, exit_status, absl::Now());
     std::cerr << "k3serve local: " << decision.message << std::endl;
     if (decision.give_up) {
       std::cerr << "k3serve local: stopping the cluster" << std::endl;
@@ -63,8 +62,8 @@ int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSig
     return true;
   };
   while (true) {
-    const absl::Duration wait = std::clamp(supervisor.NextDue() - absl::Now(),
-                                           absl::ZeroDuration(), absl::Milliseconds(100));
+    const absl::Duration wait = std::clamp(supervisor.NextDue() - absl::Now(), absl::ZeroDuration(),
+                                           absl::Milliseconds(100));
     const int sig = signals.Wait(wait);
     if (sig != 0) {
       std::cerr << "k3serve local: got signal " << sig << "; stopping the cluster" << std::endl;
@@ -93,6 +92,35 @@ int Supervise(LocalCluster& cluster, const RestartPolicy& policy, BlockedStopSig
   }
 }
 
+// --attention-device, --expert-device and --nccl-host-per-node.
+void AddDeviceFlags(CLI::App* app, LocalClusterOptions* c) {
+  // --attention-device and --expert-device go to every node of their role as --device.
+  const auto add_role_device = [c, app](const std::string& flag, NodeRole role,
+                                        const std::string& help) {
+    app->add_option_function<std::string>(
+        flag,
+        [c, flag, role](const std::string& text) {
+          absl::StatusOr<ComputeDevice> device = ParseComputeDevice(text);
+          if (!device.ok()) {
+            throw CLI::ValidationError(flag, std::string(device.status().message()));
+          }
+          std::vector<std::string>& args = c->extra_args[role];
+          args.insert(args.end(), {"--device", ComputeDeviceName(*device)});
+        },
+        help);
+  };
+  add_role_device("--attention-device", NodeRole::kAttention,
+                  "where the attention workers run the forward pass: cpu (default), cuda or "
+                  "cuda:N (every attention worker on that GPU; docs/GPU.md)");
+  add_role_device("--expert-device", NodeRole::kExpert,
+                  "where the expert workers compute: cpu (default), cuda or cuda:N (every expert "
+                  "worker on that GPU, MXFP4 experts only; docs/GPU.md)");
+  app->add_flag("--nccl-host-per-node", c->nccl_host_per_node,
+                "give each attention and expert worker its own NCCL_HOSTID, so that GPU workers "
+                "sharing one GPU get device channels between them (testing the GPU-to-GPU path "
+                "on one GPU; docs/GPU.md)");
+}
+
 }  // namespace
 
 void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
@@ -109,31 +137,7 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
                 "spare slots per MoE layer of each expert worker, holding replicas so that a "
                 "killed or drained expert worker costs no request (-1: each worker's share when "
                 "there are two or more, so every expert lives on two workers; 0: none)");
-  // --attention-device and --expert-device go to every node of their role as --device.
-  const auto add_role_device = [&c, app](const std::string& flag, NodeRole role,
-                                         const std::string& help) {
-    app->add_option_function<std::string>(
-        flag,
-        [&c, flag, role](const std::string& text) {
-          absl::StatusOr<ComputeDevice> device = ParseComputeDevice(text);
-          if (!device.ok()) {
-            throw CLI::ValidationError(flag, std::string(device.status().message()));
-          }
-          std::vector<std::string>& args = c.extra_args[role];
-          args.insert(args.end(), {"--device", ComputeDeviceName(*device)});
-        },
-        help);
-  };
-  add_role_device("--attention-device", NodeRole::kAttention,
-                  "where the attention workers run the forward pass: cpu (default), cuda or "
-                  "cuda:N (every attention worker on that GPU; docs/GPU.md)");
-  add_role_device("--expert-device", NodeRole::kExpert,
-                  "where the expert workers compute: cpu (default), cuda or cuda:N (every expert "
-                  "worker on that GPU, MXFP4 experts only; docs/GPU.md)");
-  app->add_flag("--nccl-host-per-node", c.nccl_host_per_node,
-                "give each attention and expert worker its own NCCL_HOSTID, so that GPU workers "
-                "sharing one GPU get device channels between them (testing the GPU-to-GPU path "
-                "on one GPU; docs/GPU.md)");
+  AddDeviceFlags(app, &c);
   AddBoundedInt(app, "--base-port", &c.base_port, 0, 65535,
                 "first port of a consecutive range (0: free ports)");
   CLI::Option* host_flag = app->add_option("--host", *host, "the address every process listens on");
@@ -179,9 +183,8 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options) {
       c.expert_slots.assign(slots->begin(), slots->end());
     }
     if (host_flag->count() > 0) {
-      for (NodeRole role :
-           {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter, NodeRole::kExpert,
-            NodeRole::kHttp}) {
+      for (NodeRole role : {NodeRole::kCoordinator, NodeRole::kAttention, NodeRole::kRouter,
+                            NodeRole::kExpert, NodeRole::kHttp}) {
         c.sites[role].host = *host;
       }
     }
@@ -230,14 +233,14 @@ int LocalClusterCommand(LocalCommandOptions options) {
     request.mutable_sampling()->set_max_new_tokens(options.max_new_tokens);
     GenerateClientOptions client;
     absl::StatusOr<ClientTls> tls = LoadClientTls(c.tls);
-    absl::StatusOr<std::string> token =
-        c.auth_token_file.empty() ? std::string()
-                                  : ReadTokenFile("--auth-token-file", c.auth_token_file);
+    absl::StatusOr<std::string> token = c.auth_token_file.empty()
+                                            ? std::string()
+                                            : ReadTokenFile("--auth-token-file", c.auth_token_file);
     // Both were read when the cluster started.
     if (tls.ok()) client.tls = *std::move(tls);
     if (token.ok()) client.auth_token = *std::move(token);
-    absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-        client, (*cluster)->generate_addresses()[0], request, absl::Minutes(10));
+    absl::StatusOr<GenerateOutcome> outcome =
+        GenerateOverGrpc(client, (*cluster)->generate_addresses()[0], request, absl::Minutes(10));
     if (!outcome.ok()) {
       exit_status = Fail(outcome.status());
     } else if (outcome->complete.finish_reason() == k3serve::v1::Complete::ERROR ||
