@@ -18,6 +18,20 @@ struct CoordinatorOptions {
   std::vector<k3serve::cluster::v1::Role> required_roles = {
       k3serve::cluster::v1::ROLE_ATTENTION, k3serve::cluster::v1::ROLE_ROUTER,
       k3serve::cluster::v1::ROLE_EXPERT};
+  // A killed node is DEAD within heartbeat_timeout plus one tick (heartbeat_interval / 2).
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);  // told to nodes
+  absl::Duration heartbeat_timeout = absl::Milliseconds(1500);
+  absl::Duration recovery_window = absl::Milliseconds(1500);
+  // Experts per layer each node of the initial placement holds beyond its share, as replicas for
+  // failover (the coordinator's --spare-slots-per-worker); 0: no replicas.
+  int replica_slots_per_worker = 0;
+  // Fresh NCCL unique ids for device channels (cluster/nccl_unique_id.h's NcclUniqueIdSource in
+  // production); null: no device channels.
+  NcclUniqueIdGenerator nccl_unique_id_generator;
+
+  // INVALID_ARGUMENT naming the field for inconsistent values.
+  absl::Status Validate() const;
+};
 
 }  // namespace k3
 
