@@ -18,8 +18,7 @@
 namespace k3 {
 
 struct SamplingOptions {
-  float temperature = 0.f;
-  float top_p = 1.f;
+  float temperature = 0.f, top_p = 1.f;
   int top_k = 0;
   uint64_t seed = 0;
   // Constrained decoding (response_format, tool_choice): only ids the shape allows are sampled.

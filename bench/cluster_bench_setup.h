@@ -16,9 +16,7 @@
 namespace k3 {
 
 struct ClusterBenchFlags {
-  int attention = 1;
-  int routers = 1;
-  int experts = 2;
+  int attention = 1, routers = 1, experts = 2;  // nodes of each kind
   int node_threads = 0;   // LocalClusterOptions::node_threads (0: the cores split between nodes)
   int busy_poll_us = -1;  // every data-plane node's --busy-poll-us (-1: theirs)
   std::string k3serve = "k3serve";  // the binary; RunClusterBench makes the path absolute

@@ -40,10 +40,9 @@ namespace {
 struct Options {
   std::string config = "k3-tiny";
   int prompt_tokens = 32000;
-  int streams = 4;
-  int window = 200;
+  int streams = 4, window = 200, stream_tokens = 128;  // the decoding streams
+  // SchedulerOptions
   int max_batch_tokens = 2048;
-  int stream_tokens = 128;
   double target_factor = SchedulerOptions().step_target_factor;
 };
 

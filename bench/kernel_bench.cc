@@ -446,14 +446,13 @@ struct DecodeRow {
 // reads its routed experts wherever the router sends it, not one after another), on one thread
 // and on all. Small matrices stream slower per core than large ones: this shows how much.
 std::vector<DecodeRow> BenchDecodeShapes(uint32_t* weight_pool) {
-  std::vector<DecodeRow> rows;
+  std::vector<DecodeRow> rows = {
+      DecodeRow{"k3-perf routed expert", 512, 512}, DecodeRow{"k3-perf attention", 1024, 1024},
+      DecodeRow{"k3-perf shared gate/up", 2048, 1024}, DecodeRow{"k3-perf lm_head", 4096, 1024},
+      DecodeRow{"K3 expert w1 (BF16)", 3072, 3584}};
   ProgressDots progress("Timing decode-sized products");
   std::vector<float> x(8192, 0.5f), y(8192);
-  for (DecodeRow row : {DecodeRow{"k3-perf routed expert", 512, 512},
-                        DecodeRow{"k3-perf attention", 1024, 1024},
-                        DecodeRow{"k3-perf shared gate/up", 2048, 1024},
-                        DecodeRow{"k3-perf lm_head", 4096, 1024},
-                        DecodeRow{"K3 expert w1 (BF16)", 3072, 3584}}) {
+  for (DecodeRow& row : rows) {
     const int64_t bytes = row.out * row.in * 2;
     const int64_t copies = static_cast<int64_t>(kStreamBytes) / bytes;
     const char* base = reinterpret_cast<const char*>(weight_pool);
@@ -465,24 +464,23 @@ std::vector<DecodeRow> BenchDecodeShapes(uint32_t* weight_pool) {
     };
     std::tie(row.one_thread, row.all_threads) = TimePair(
         1 << 30, [&](int i) { OnOneThread([&] { call(i); }); }, call);
-    rows.push_back(row);
     progress.Dot();
   }
   return rows;
 }
 
-void PrintDecodeShapes(const std::vector<DecodeRow>& rows, const Limits& limits) {
+void PrintDecodeShapes(const std::vector<DecodeRow>& rows, double read_gbs) {
   std::printf(
       "\nBF16 1-token products at decode sizes, weights cold in scattered order (best = 10th\n"
       "percentile): GB/s of weights on one thread and on all %d, and the latter as a fraction of\n"
       "read bandwidth (%.1f GB/s):\n",
-      KernelThreadCount(), limits.read_gbs);
+      KernelThreadCount(), read_gbs);
   for (const DecodeRow& r : rows) {
     const double bytes = r.out * r.in * 2.0;
     const double one = bytes / r.one_thread.best / 1e9, all = bytes / r.all_threads.best / 1e9;
     std::printf("  %-24s %5lld x %4lld  %5.2f MB  1 thread %5.1f GB/s  all %5.1f GB/s  %5.2f\n",
                 r.name, static_cast<long long>(r.out), static_cast<long long>(r.in), bytes / 1e6,
-                one, all, all / limits.read_gbs);
+                one, all, all / read_gbs);
   }
 }
 
@@ -516,7 +514,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--decode-only") {
     std::vector<DecodeRow> rows = BenchDecodeShapes(pool.get());
     limits = BestOf(limits, MeasureMachineLimits());
-    PrintDecodeShapes(rows, limits);
+    PrintDecodeShapes(rows, limits.read_gbs);
     std::printf("\ntotal %.0f s\n", Now() - start);
     return 0;
   }
@@ -530,7 +528,7 @@ int main(int argc, char** argv) {
               limits.read_gbs, limits.fma_gflops, limits.bf16_gflops);
   PrintTable(rows, limits);
   PrintMxfp4(mxfp4_rows, limits);
-  PrintDecodeShapes(decode_rows, limits);
+  PrintDecodeShapes(decode_rows, limits.read_gbs);
   std::printf("\ntotal %.0f s\n", Now() - start);
   return 0;
 }

@@ -70,7 +70,7 @@ const Mxfp4DeviceExpert* RandomDeviceExperts() {
       m[2 * i] = codes;
       m[2 * i + 1] = codes + kCodeBytes;
     }
-    table[e] = Mxfp4DeviceExpert{m[0], m[1], m[2], m[3], m[4], m[5]};
+    table[e] = Mxfp4DeviceExpert{{m[0], m[1]}, {m[2], m[3]}, {m[4], m[5]}};
   }
   Mxfp4DeviceExpert* device_table;
   CHECK_CUDA(cudaMalloc(&device_table, sizeof(Mxfp4DeviceExpert) * kExperts));

@@ -24,10 +24,8 @@
 namespace k3 {
 
 struct DecodeStepBytes {
-  double weights = 0;
-  double experts = 0;
-  double kda_state = 0;
-  double mla_cache = 0;
+  double weights = 0, experts = 0;      // the model's share: once per step
+  double kda_state = 0, mla_cache = 0;  // the sequences' share: grows with the batch
 
   double total() const { return weights + experts + kda_state + mla_cache; }
 };

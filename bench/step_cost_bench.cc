@@ -40,9 +40,9 @@ struct Options {
 
 // Parses the command line into `options`; the exit status when the bench should not run.
 std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
-  constexpr int kMost = std::numeric_limits<int>::max();
   CLI::App app{"step_cost_bench: one attention-worker step's time against what it carries"};
   app.add_option("--config", options->config, "named model config")->capture_default_str();
+  constexpr int kMost = std::numeric_limits<int>::max();
   AddBoundedInt(&app, "--context", &options->context, 1, kMost, "history tokens per sequence");
   AddBoundedInt(&app, "--repeats", &options->repeats, 1, kMost, "timed rounds per shape");
   // The histories are made for at most 32 decode sequences.

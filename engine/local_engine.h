@@ -47,10 +47,11 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
+  // In dependency order (members are destroyed in reverse).
   std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<LocalRoutedMoe> moe_;
-  std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<PrefixCache> prefix_cache_;
+  std::unique_ptr<LocalRoutedMoe> moe_;        // reads weights_
+  std::unique_ptr<ModelRunner> runner_;        // reads weights_ and moe_
+  std::unique_ptr<PrefixCache> prefix_cache_;  // null unless EnablePrefixCache
 };
 
 }  // namespace k3

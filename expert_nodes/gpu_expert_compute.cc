@@ -115,7 +115,7 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
       scales[m] = device + offset + code_bytes;
     }
     table[table_index_[e]] =
-        Mxfp4DeviceExpert{codes[0], scales[0], codes[1], scales[1], codes[2], scales[2]};
+        Mxfp4DeviceExpert{{codes[0], scales[0]}, {codes[1], scales[1]}, {codes[2], scales[2]}};
     K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(device, packed.data(), expert_bytes, cudaMemcpyHostToDevice),
                             "cudaMemcpy(expert weights)");
   }

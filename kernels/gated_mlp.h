@@ -11,15 +11,10 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/glu_params.h"
 #include "kernels/matmul.h"
 
 namespace k3 {
-
-struct GluParams {
-  bool situ = true;         // false: SwiGLU
-  float beta = 4.0f;        // SiTU β
-  float linear_beta = 0.f;  // λ of the up-branch soft cap; 0 leaves the up branch uncapped
-};
 
 // act(a) ⊙ cap(b) for one element.
 inline float GluCombine(const GluParams& p, float a, float b) {

@@ -14,8 +14,7 @@ namespace k3 {
 
 struct Routing {
   int64_t tokens = 0;
-  int top_k = 0;
-  int num_experts = 0;
+  int top_k = 0, num_experts = 0;
   std::vector<int32_t> experts;  // [tokens, top_k], in descending order of s + bias
   std::vector<float> weights;    // [tokens, top_k], matching `experts`
   std::vector<float> scores;     // [tokens, num_experts] sigmoid scores (QB statistics read them)

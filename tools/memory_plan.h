@@ -29,9 +29,7 @@
 namespace k3 {
 
 struct MemoryPlanTopology {
-  int attention = 1;
-  int routers = 1;
-  int experts = 1;
+  int attention = 1, routers = 1, experts = 1;  // processes of each tier
 };
 
 struct MemoryPlan {

@@ -23,9 +23,9 @@
 
 namespace k3 {
 
-// The widest cache row and latent the kernel holds in shared memory and registers (K3: 512 + 64).
-inline constexpr int kMlaDecodeMaxWidth = 576;
+// The widest latent and cache row the kernel holds in shared memory and registers (K3: 512 + 64).
 inline constexpr int kMlaDecodeMaxRank = 512;
+inline constexpr int kMlaDecodeMaxWidth = kMlaDecodeMaxRank + 64;
 // keys_per_split must be a multiple of this (the keys a block reads at a time).
 inline constexpr int kMlaDecodeKeyTile = 16;
 

@@ -16,6 +16,11 @@
 
 namespace k3 {
 
+// The CPU sampler's draw: 53 random bits of the sequence's generator as a double in [0, 1).
+inline double SampleUniform(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
+
 // One row's sampling parameters (SamplingOptions, checked by ValidateSamplingOptions).
 struct DeviceSamplingRow {
   float temperature = 0.0f;
@@ -23,11 +28,6 @@ struct DeviceSamplingRow {
   int32_t top_k = 0;
   double uniform = 0.0;  // in [0, 1): SampleUniform; unused when temperature is 0
 };
-
-// The CPU sampler's draw: 53 random bits of the sequence's generator as a double in [0, 1).
-inline double SampleUniform(std::mt19937_64& rng) {
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
 
 // logits: [rows, vocab] with row stride `stride`; rows_params: [rows]; tokens: [rows] out, each the
 // sampled id, or -1 where the row holds a NaN or an infinity (no token may be drawn from it; the

@@ -60,19 +60,17 @@ absl::Status CublasProducts::Run(const BatchedProduct& p) {
 
 absl::Status CublasProducts::Linear(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
                                     int64_t m, float* y, bool accumulate, float alpha) {
-  BatchedProduct p;
-  p.w = w;
-  p.ldw = k;
-  p.x = x;
-  p.ldx = k;
-  p.y = y;
-  p.ldy = n;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.alpha = alpha;
-  p.accumulate = accumulate;
-  return Run(p);
+  return Run({.w = w,
+              .ldw = k,
+              .x = x,
+              .ldx = k,
+              .y = y,
+              .ldy = n,
+              .m = m,
+              .n = n,
+              .k = k,
+              .alpha = alpha,
+              .accumulate = accumulate});
 }
 
 absl::Status CublasProducts::Add(const float* x, float* y, int64_t n) {

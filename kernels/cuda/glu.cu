@@ -30,9 +30,9 @@ int LaunchRoundToBf16(const float* x, int64_t x_stride, int32_t rows, int32_t wi
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const float* up,
-                     int64_t in_stride, int32_t rows, int32_t width, uint16_t* hidden,
-                     int64_t hidden_stride, void* stream) {
+int LaunchGluCombine(const GluParams& params, const float* gate, const float* up, int64_t in_stride,
+                     int32_t rows, int32_t width, uint16_t* hidden, int64_t hidden_stride,
+                     void* stream) {
   if (BadShape(in_stride, rows, width, hidden_stride)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

@@ -12,14 +12,9 @@
 
 #include <cstdint>
 
-namespace k3 {
+#include "kernels/glu_params.h"
 
-// GluParams (kernels/gated_mlp.h) as plain values for the device.
-struct DeviceGluParams {
-  bool situ = true;         // false: SwiGLU
-  float beta = 4.0f;        // SiTU β
-  float linear_beta = 0.f;  // λ of the up branch's cap; 0: uncapped
-};
+namespace k3 {
 
 // out[r, c] = bf16(x[r, c]), rounded to nearest even. x: fp32 [rows, width] with row stride
 // x_stride; out: bf16 bits [rows, width] with row stride out_stride.
@@ -28,9 +23,9 @@ int LaunchRoundToBf16(const float* x, int64_t x_stride, int32_t rows, int32_t wi
 
 // hidden[r, c] = bf16(act(gate[r, c]) · cap(up[r, c])). gate, up: fp32 [rows, width] with row
 // stride in_stride (both); hidden: bf16 bits [rows, width] with row stride hidden_stride.
-int LaunchGluCombine(const DeviceGluParams& params, const float* gate, const float* up,
-                     int64_t in_stride, int32_t rows, int32_t width, uint16_t* hidden,
-                     int64_t hidden_stride, void* stream);
+int LaunchGluCombine(const GluParams& params, const float* gate, const float* up, int64_t in_stride,
+                     int32_t rows, int32_t width, uint16_t* hidden, int64_t hidden_stride,
+                     void* stream);
 
 // x[i] *= σ(gate[i]) for i < n (the twin of attention_nodes/layer_math.h's MulSigmoid: MLA's
 // output gate). Both fp32, dense. n < 1 returns cudaErrorInvalidValue (1).

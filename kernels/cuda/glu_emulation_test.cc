@@ -32,11 +32,10 @@ TEST(GluEmulationTest, MatchesGluCombineAndRounding) {
   for (const GluParams& params :
        {GluParams{true, 4.0f, 25.0f}, GluParams{true, 4.0f, 0.0f}, GluParams{false, 0.0f, 0.0f}}) {
     SCOPED_TRACE(testing::Message() << "situ " << params.situ << " λ " << params.linear_beta);
-    const DeviceGluParams device{params.situ, params.beta, params.linear_beta};
     std::vector<uint16_t> hidden(kRows * kStride, 0xffff), rounded(kRows * kStride, 0xffff);
     // Two blocks along y for three rows: rows past the grid loop, as they do past 65,535.
     simt::RunGrid({2, 2, 1}, {kGluThreads, 1, 1}, [&] {
-      GluCombineKernel(device, gate.data(), up.data(), kStride, kRows, kWidth, hidden.data(),
+      GluCombineKernel(params, gate.data(), up.data(), kStride, kRows, kWidth, hidden.data(),
                        kStride);
     });
     simt::RunGrid({2, 2, 1}, {kGluThreads, 1, 1}, [&] {

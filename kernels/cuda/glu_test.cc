@@ -38,8 +38,7 @@ void ExpectMatchesCpu(const GluParams& params, int rows, int width, uint32_t see
   DeviceArray<float> gate_dev(gate), up_dev(up);
   DeviceArray<uint16_t> hidden_dev(static_cast<size_t>(rows) * width),
       rounded_dev(static_cast<size_t>(rows) * width);
-  const DeviceGluParams device{params.situ, params.beta, params.linear_beta};
-  ASSERT_EQ(LaunchGluCombine(device, gate_dev.get(), up_dev.get(), stride, rows, width,
+  ASSERT_EQ(LaunchGluCombine(params, gate_dev.get(), up_dev.get(), stride, rows, width,
                              hidden_dev.get(), width, nullptr),
             0);
   ASSERT_EQ(
@@ -86,11 +85,9 @@ TEST(GluGpuTest, MulSigmoidMatchesCpu) {
 TEST(GluGpuTest, RefusesBadShapes) {
   EXPECT_NE(LaunchMulSigmoid(nullptr, nullptr, 0, nullptr), 0);
   EXPECT_NE(LaunchRoundToBf16(nullptr, 10, 1, 20, nullptr, 20, nullptr), 0);
-  EXPECT_NE(LaunchGluCombine(DeviceGluParams{}, nullptr, nullptr, 20, 0, 20, nullptr, 20, nullptr),
+  EXPECT_NE(LaunchGluCombine(GluParams{}, nullptr, nullptr, 20, 0, 20, nullptr, 20, nullptr), 0);
+  EXPECT_NE(LaunchGluCombine(GluParams{}, nullptr, nullptr, 20, 70000, 20, nullptr, 20, nullptr),
             0);
-  EXPECT_NE(
-      LaunchGluCombine(DeviceGluParams{}, nullptr, nullptr, 20, 70000, 20, nullptr, 20, nullptr),
-      0);
 }
 
 }  // namespace

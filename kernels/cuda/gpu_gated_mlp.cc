@@ -101,8 +101,7 @@ absl::Status GpuGatedMlp::Run(const float* x, int64_t tokens, float* y, bool acc
       !s.ok()) {
     return s;
   }
-  const DeviceGluParams glu{params_.situ, params_.beta, params_.linear_beta};
-  K3_RETURN_IF_CUDA_ERROR(LaunchGluCombine(glu, gate_up_out_, gate_up_out_ + f_, 2 * f_, rows,
+  K3_RETURN_IF_CUDA_ERROR(LaunchGluCombine(params_, gate_up_out_, gate_up_out_ + f_, 2 * f_, rows,
                                            static_cast<int32_t>(f_), hidden_, f_, stream_),
                           "LaunchGluCombine");
   return products_->Linear(down_, d_out_, f_, hidden_, tokens, y, accumulate);

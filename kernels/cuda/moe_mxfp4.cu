@@ -200,10 +200,10 @@ __global__ void __launch_bounds__(kThreads, kTiles == 4 ? 2 : 4) GateUpKernel(Mo
   WarpWork w;
   if (!WarpWorkOf(p, p.hidden, p.width, &w)) return;
   const MoeChunk& chunk = w.chunk;
-  const uint8_t* const codes[2] = {w.expert.gate_codes + w.first_tile * kGpuTileCodeBytes,
-                                   w.expert.up_codes + w.first_tile * kGpuTileCodeBytes};
-  const uint8_t* const scales[2] = {w.expert.gate_scales + w.first_tile * kGpuTileScaleBytes,
-                                    w.expert.up_scales + w.first_tile * kGpuTileScaleBytes};
+  const uint8_t* const codes[2] = {w.expert.gate.codes + w.first_tile * kGpuTileCodeBytes,
+                                   w.expert.up.codes + w.first_tile * kGpuTileCodeBytes};
+  const uint8_t* const scales[2] = {w.expert.gate.scales + w.first_tile * kGpuTileScaleBytes,
+                                    w.expert.up.scales + w.first_tile * kGpuTileScaleBytes};
   float acc[2][kTiles][4] = {};
   WarpProduct<2, kTiles, RingDepth<2, kTiles>()>(
       codes, scales, w.input_tiles, p.x + static_cast<int64_t>(chunk.first_slot) * p.width,
@@ -220,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 4) DownKernel(MoeMxfp4Launch p) {
   WarpWork w;
   if (!WarpWorkOf(p, p.width, p.hidden, &w)) return;
   const MoeChunk& chunk = w.chunk;
-  const uint8_t* const codes[1] = {w.expert.down_codes + w.first_tile * kGpuTileCodeBytes};
-  const uint8_t* const scales[1] = {w.expert.down_scales + w.first_tile * kGpuTileScaleBytes};
+  const uint8_t* const codes[1] = {w.expert.down.codes + w.first_tile * kGpuTileCodeBytes};
+  const uint8_t* const scales[1] = {w.expert.down.scales + w.first_tile * kGpuTileScaleBytes};
   float acc[1][kTiles][4] = {};
   WarpProduct<1, kTiles, RingDepth<1, kTiles>()>(
       codes, scales, w.input_tiles, p.h + static_cast<int64_t>(chunk.first_slot) * p.hidden,

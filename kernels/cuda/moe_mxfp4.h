@@ -24,14 +24,15 @@
 
 namespace k3 {
 
-// One expert's three matrices in the GPU layout: gate and up [hidden, width], down [width, hidden].
+// One matrix in the GPU layout: its codes and its scales.
+struct Mxfp4DeviceMatrix {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+};
+
+// One expert's three matrices: gate and up [hidden, width], down [width, hidden].
 struct Mxfp4DeviceExpert {
-  const uint8_t* gate_codes = nullptr;
-  const uint8_t* gate_scales = nullptr;
-  const uint8_t* up_codes = nullptr;
-  const uint8_t* up_scales = nullptr;
-  const uint8_t* down_codes = nullptr;
-  const uint8_t* down_scales = nullptr;
+  Mxfp4DeviceMatrix gate, up, down;
 };
 
 struct MoeChunk {
