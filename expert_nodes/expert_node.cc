@@ -339,15 +339,9 @@ absl::Status ExpertNode::OnClusterState(const pb::ClusterState& state) {
   }
   const int64_t version = state.placement().version();
   if (version <= published_) return absl::OkStatus();
-  absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(state.placement());
   const ModelConfig& config = checkpoint_->config();
-  if (placement.ok() && (placement->experts.num_experts != config.num_experts ||
-                         placement->experts.num_layers() != config.NumMoeLayers())) {
-    placement = absl::InvalidArgumentError(absl::StrCat(
-        "it places ", placement->experts.num_experts, " experts in ",
-        placement->experts.num_layers(), " MoE layers; the model has ", config.num_experts,
-        " in ", config.NumMoeLayers()));
-  }
+  const absl::StatusOr<ClusterPlacement> placement =
+      ClusterPlacementForModel(state.placement(), config.num_experts, config.NumMoeLayers());
   if (!placement.ok()) {
     LOG(ERROR) << name_ << ": ignoring placement version " << version << ": "
                << placement.status().message();

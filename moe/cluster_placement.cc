@@ -72,4 +72,17 @@ absl::StatusOr<ClusterPlacement> ClusterPlacementFromProto(
   return placement;
 }
 
+absl::StatusOr<ClusterPlacement> ClusterPlacementForModel(
+    const k3serve::cluster::v1::ExpertPlacement& proto, int num_experts, int num_moe_layers) {
+  K3_ASSIGN_OR_RETURN(ClusterPlacement placement, ClusterPlacementFromProto(proto));
+  if (placement.experts.num_experts != num_experts ||
+      placement.experts.num_layers() != num_moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "it places ", placement.experts.num_experts, " experts in ",
+        placement.experts.num_layers(), " MoE layers; the model has ", num_experts, " in ",
+        num_moe_layers));
+  }
+  return placement;
+}
+
 }  // namespace k3

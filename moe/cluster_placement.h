@@ -36,6 +36,11 @@ void ClusterPlacementToProto(const ClusterPlacement& placement,
 absl::StatusOr<ClusterPlacement> ClusterPlacementFromProto(
     const k3serve::cluster::v1::ExpertPlacement& proto);
 
+// ClusterPlacementFromProto, and also INVALID_ARGUMENT when the message does not place exactly
+// the model's experts and MoE layers.
+absl::StatusOr<ClusterPlacement> ClusterPlacementForModel(
+    const k3serve::cluster::v1::ExpertPlacement& proto, int num_experts, int num_moe_layers);
+
 }  // namespace k3
 
 #endif  // K3SERVE_MOE_CLUSTER_PLACEMENT_H_

@@ -155,14 +155,8 @@ void RouterCore::ApplyClusterState(const pb::ClusterState& state) {
                                         state.not_ready_reason(), ")");
     }
   } else if (proto.version() > placement_.version() || !placement_problem_.empty()) {
-    absl::StatusOr<ClusterPlacement> placement = ClusterPlacementFromProto(proto);
-    if (placement.ok() && (placement->experts.num_experts != config_.num_experts ||
-                           placement->experts.num_layers() != config_.NumMoeLayers())) {
-      placement = absl::InvalidArgumentError(absl::StrCat(
-          "it places ", placement->experts.num_experts, " experts in ",
-          placement->experts.num_layers(), " MoE layers; the model has ", config_.num_experts,
-          " in ", config_.NumMoeLayers()));
-    }
+    absl::StatusOr<ClusterPlacement> placement =
+        ClusterPlacementForModel(proto, config_.num_experts, config_.NumMoeLayers());
     if (placement.ok()) {
       if (placement->version() != placement_.version()) {
         LOG(INFO) << "placement version " << placement->version() << ": workers on nodes "
