@@ -108,6 +108,19 @@ pb::ClusterState StateWith(const std::vector<DeviceChannelSpec>& channels) {
 // Node 1 (attention) and node 2 (expert), channels 1 (1 -> 2) and 2 (2 -> 1).
 const std::vector<DeviceChannelSpec> kPair = {{1, 1, 2, "u1"}, {2, 2, 1, "u2"}};
 
+// After two opener calls (kPair's), applies kPair plus a marker channel 3 (node 1 -> node 5) and
+// waits for its call: the opener thread takes channels in order, so a reopening of channel 1 or 2
+// asked for by an earlier Apply would come before it. REQUIRES: the opener releases channel 3.
+void ExpectOnlyMarkerOpenedNext(FakeOpener& opener, DeviceChannels& channels) {
+  std::vector<DeviceChannelSpec> with_marker = kPair;
+  with_marker.push_back({3, 1, 5, "u3"});
+  channels.Apply(StateWith(with_marker), 1);
+  ASSERT_TRUE(WaitFor([&] { return opener.calls().size() >= 3; }));
+  ASSERT_TRUE(WaitFor([&] { return channels.ToPeer(5) != nullptr; }));
+  EXPECT_EQ(opener.calls().size(), 3u);
+  EXPECT_EQ(opener.calls()[2].first, 3u);
+}
+
 TEST(DeviceChannelsTest, ApplyReturnsWhileOpeningAndChannelsAppearWhenOpened) {
   FakeOpener opener;
   DeviceChannels channels(opener.Get());
@@ -217,8 +230,7 @@ TEST(DeviceChannelsTest, OpenerErrorLeavesNoChannelAndIsReportedBroken) {
   EXPECT_EQ(channels.TakeBroken(), std::vector<uint64_t>{1});
   // The same state again does not retry it: the coordinator issues a replacement.
   channels.Apply(StateWith(kPair), 1);
-  absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(opener.calls().size(), 2u);
+  ExpectOnlyMarkerOpenedNext(opener, channels);
   EXPECT_TRUE(channels.TakeBroken().empty());
 }
 
@@ -242,9 +254,8 @@ TEST(DeviceChannelsTest, ReportBrokenAbortsDropsAndQueuesTheIdOnce) {
 
   // Still listed until the coordinator replaces them: not reopened.
   channels.Apply(StateWith(kPair), 1);
-  absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(opener.calls().size(), 2u);
-  EXPECT_TRUE(channels.OpenIds().empty());
+  ExpectOnlyMarkerOpenedNext(opener, channels);
+  EXPECT_EQ(channels.OpenIds(), std::vector<uint64_t>{3});
 }
 
 TEST(DeviceChannelsTest, RecoveringStateIsIgnored) {
