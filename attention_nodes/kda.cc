@@ -493,10 +493,10 @@ size_t KdaState::ByteSize() const {
 absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weights, const float* x,
                              absl::Span<const KdaSegment> segments, float* out, Scratch* scratch,
                              KdaAlgorithm algorithm) {
-  K3_ASSIGN_OR_RETURN(
-      const int64_t rows,
-      CheckSegments("KDA", "state", segments, &KdaSegment::state,
-                    [&](const KdaState& state) { return Validate(config, weights, state); }));
+  K3_ASSIGN_OR_RETURN(const int64_t rows,
+                      CheckSegments("KDA", "state", segments, [&](const KdaState& state) {
+                        return Validate(config, weights, state);
+                      }));
   if (rows == 0) return absl::OkStatus();
 
   const LinearAttnConfig& la = config.linear_attn;
@@ -522,14 +522,6 @@ absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weight
   });
   MatMul(weights.o_proj, arrays.o, rows, out);
   return absl::OkStatus();
-}
-
-absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
-                        int64_t tokens, KdaState* state, float* out, Scratch* scratch,
-                        KdaAlgorithm algorithm) {
-  const KdaSegment segment{state, tokens};
-  return KdaForwardBatch(config, weights, x, absl::MakeConstSpan(&segment, 1), out, scratch,
-                         algorithm);
 }
 
 }  // namespace k3

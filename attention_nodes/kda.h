@@ -4,7 +4,7 @@
 // over all rows), causal short convolutions + SiLU (continuing each sequence's conv caches), the
 // per-channel decay gate (§5.3 option A with a lower bound, or option B softplus), L2-normalized
 // q/k, the sigmoid beta, the gated delta rule on each sequence's per-head state S [K, V], the gated
-// per-head RMSNorm and o_proj. KdaForward is the one-sequence form.
+// per-head RMSNorm and o_proj.
 //
 // Two algorithms compute the same recurrence: the token-by-token recurrence (decode) and a chunked
 // form (prefill) that handles kKdaChunk tokens at a time with a triangular solve (the WY form of
@@ -60,14 +60,10 @@ enum class KdaAlgorithm {
 // at head_dim 128; 8 and 16 tie, 32 and 64 are slower).
 inline constexpr int kKdaChunk = 16;
 
-// One sequence's share of a batched call: `tokens` consecutive rows of x and out (after the rows
-// of the segments before it), continuing `state`.
-struct KdaSegment {
-  KdaState* state = nullptr;
-  int64_t tokens = 0;
-};
+// One sequence's share of a batched call (KdaForwardBatch, layer_math.h), continuing its `state`.
+using KdaSegment = MixerSegment<KdaState>;
 
-// Runs one KDA layer over new tokens of several sequences at once. x: [rows, hidden_size], the
+// Runs one KDA layer over new tokens of one or more sequences. x: [rows, hidden_size], the
 // input_layernorm output, rows = Σ tokens. out: [rows, hidden_size], the mixer output after
 // o_proj. Every projection runs once over all rows (so a decode batch reads each weight once);
 // the convs and the delta rule run per sequence, advancing each state past its new tokens.
@@ -75,14 +71,10 @@ struct KdaSegment {
 // kAuto picks the recurrence for one-token segments and the chunked form otherwise.
 // Returns InvalidArgument when a state or the weights do not match `config`; then nothing is
 // written and no state changes. REQUIRES: out does not overlap x; the states are distinct.
+// One sequence: segments {{&state, tokens}}, x and out [tokens, hidden_size].
 absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weights, const float* x,
                              absl::Span<const KdaSegment> segments, float* out, Scratch* scratch,
                              KdaAlgorithm algorithm = KdaAlgorithm::kAuto);
-
-// The same for one sequence: x and out are [tokens, hidden_size].
-absl::Status KdaForward(const ModelConfig& config, const KdaWeights& weights, const float* x,
-                        int64_t tokens, KdaState* state, float* out, Scratch* scratch,
-                        KdaAlgorithm algorithm = KdaAlgorithm::kAuto);
 
 }  // namespace k3
 

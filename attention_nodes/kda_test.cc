@@ -175,7 +175,7 @@ std::vector<float> Forward(const ModelConfig& config, const KdaWeights& w,
   const int64_t tokens = static_cast<int64_t>(x.size()) / config.hidden_size;
   std::vector<float> out(x.size(), NAN);
   absl::Status status =
-      KdaForward(config, w, x.data(), tokens, state, out.data(), scratch, algorithm);
+      KdaForwardBatch(config, w, x.data(), {{state, tokens}}, out.data(), scratch, algorithm);
   EXPECT_TRUE(status.ok()) << status;
   return out;
 }
@@ -362,13 +362,13 @@ TEST(KdaValidationTest, RejectsMismatchedStateAndWeights) {
   ModelConfig other = config;
   other.linear_attn.num_heads = 2;
   KdaState wrong(other);
-  absl::Status status = KdaForward(config, w, x.data(), 1, &wrong, out.data(), &scratch);
+  absl::Status status = KdaForwardBatch(config, w, x.data(), {{&wrong, 1}}, out.data(), &scratch);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("state"), std::string::npos) << status;
 
   KdaState state(config);
   w.g_proj = WeightMatrix();
-  status = KdaForward(config, w, x.data(), 1, &state, out.data(), &scratch);
+  status = KdaForwardBatch(config, w, x.data(), {{&state, 1}}, out.data(), &scratch);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("g_proj"), std::string::npos) << status;
   EXPECT_EQ(state.s, std::vector<float>(state.s.size(), 0.0f));

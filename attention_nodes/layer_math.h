@@ -1,7 +1,8 @@
-// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: weight and
-// segment checks, the KDA L2 norm, scalar activations, vector loops, and a reusable scratch area
-// so that decode steps do not allocate. Products (Dot, DotRows, Gemm, Axpy, MatMulTransposed) are
-// kernels/fp32_products.h and kernels/matmul.h; RMSNorm is kernels/rms_norm.h.
+// Small fp32 building blocks shared by the sequence mixers (KDA, MLA) and AttnRes: weight checks,
+// the segments of a batched call (MixerSegment) and their checks, the KDA L2 norm, scalar
+// activations, vector loops, and a reusable scratch area so that decode steps do not allocate.
+// Products (Dot, DotRows, Gemm, Axpy, MatMulTransposed) are kernels/fp32_products.h and
+// kernels/matmul.h; RMSNorm is kernels/rms_norm.h.
 //
 // The vector loops are compiled for several x86-64 levels and picked at load time
 // (kernels/simd.h), so one binary uses AVX-512 where the CPU has it and still runs on a baseline
@@ -56,24 +57,34 @@ absl::Status CheckWeightMatrix(const char* mixer, const WeightMatrix& m, int64_t
 absl::Status CheckWeightVector(const char* mixer, const std::vector<float>& v, size_t size,
                                const char* name);
 
-// Checks the segments of a mixer's batched call (KdaSegment, MlaSegment: a `State*` member named
-// by `state` and `int64_t tokens`) before anything runs: InvalidArgument naming `mixer` for a
-// segment without its state (called `state_name`: "state", "cache") or with tokens < 0, else the
-// first error of check_state(*state). Returns the segments' total tokens (the batch's rows).
-template <typename Segment, typename State, typename CheckState>
+// One sequence's share of a mixer's batched call (KdaForwardBatch, MlaForwardBatch): `tokens`
+// consecutive rows of x and out (after the rows of the segments before it), continuing that
+// sequence's `state` for the layer (a KdaState; an MlaCache, which the new tokens attend to and are
+// appended to). One sequence alone is a batch of one segment, e.g. {{&state, tokens}}.
+template <typename State>
+struct MixerSegment {
+  State* state = nullptr;
+  int64_t tokens = 0;
+};
+
+// Checks the segments of a mixer's batched call before anything runs: InvalidArgument naming
+// `mixer` for a segment without its state (called `state_name`: "state", "cache") or with
+// tokens < 0, else the first error of check_state(*state). Returns the segments' total tokens (the
+// batch's rows).
+template <typename State, typename CheckState>
 absl::StatusOr<int64_t> CheckSegments(const char* mixer, const char* state_name,
-                                      absl::Span<const Segment> segments, State* Segment::*state,
+                                      absl::Span<const MixerSegment<State>> segments,
                                       const CheckState& check_state) {
   int64_t rows = 0;
-  for (const Segment& segment : segments) {
-    if (segment.*state == nullptr) {
+  for (const MixerSegment<State>& segment : segments) {
+    if (segment.state == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(mixer, " segment without a ", state_name));
     }
     if (segment.tokens < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(mixer, " segment tokens ", segment.tokens, " < 0"));
     }
-    K3_RETURN_IF_ERROR(check_state(*(segment.*state)));
+    K3_RETURN_IF_ERROR(check_state(*segment.state));
     rows += segment.tokens;
   }
   return rows;

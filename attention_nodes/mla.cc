@@ -44,10 +44,21 @@ absl::Status CheckVector(const std::vector<float>& v, size_t size, const char* n
   return CheckWeightVector("MLA", v, size, name);
 }
 
-absl::Status Validate(const ModelConfig& config, const MlaWeights& w, const MlaCache& cache) {
-  const int64_t h = config.num_attention_heads, d = config.hidden_size;
-  const int64_t qhd = config.MlaQHeadDim(), c = config.kv_lora_rank;
-  const int64_t r = config.qk_rope_head_dim, vd = config.v_head_dim;
+// Dimensions of one call (DimsOf), shared by the checks and the two forms.
+struct MlaDims {
+  int64_t h, nope, r, qhd, vd, c, width, kv_width;
+};
+
+MlaDims DimsOf(const ModelConfig& config) {
+  const int64_t nope = config.qk_nope_head_dim, r = config.qk_rope_head_dim;
+  const int64_t vd = config.v_head_dim, c = config.kv_lora_rank;
+  return MlaDims{config.num_attention_heads, nope, r, nope + r, vd, c, c + r, nope + vd};
+}
+
+// `m`: DimsOf(config).
+absl::Status Validate(const ModelConfig& config, const MlaDims& m, const MlaWeights& w,
+                      const MlaCache& cache) {
+  const int64_t h = m.h, d = config.hidden_size, qhd = m.qhd, c = m.c, r = m.r, vd = m.vd;
   if (cache.kv_lora_rank != c || cache.rope_dim != r ||
       cache.rows.size() < static_cast<size_t>(cache.length * cache.width()) || cache.length < 0) {
     return absl::InvalidArgumentError(
@@ -65,7 +76,7 @@ absl::Status Validate(const ModelConfig& config, const MlaWeights& w, const MlaC
   }
   K3_RETURN_IF_ERROR(CheckMatrix(w.kv_a_proj_with_mqa, c + r, d, "kv_a_proj_with_mqa"));
   K3_RETURN_IF_ERROR(CheckVector(w.kv_a_layernorm, c, "kv_a_layernorm"));
-  K3_RETURN_IF_ERROR(CheckMatrix(w.kv_b_proj, h * (config.qk_nope_head_dim + vd), c, "kv_b_proj"));
+  K3_RETURN_IF_ERROR(CheckMatrix(w.kv_b_proj, h * m.kv_width, c, "kv_b_proj"));
   if (config.mla_use_output_gate) K3_RETURN_IF_ERROR(CheckMatrix(w.g_proj, h * vd, d, "g_proj"));
   K3_RETURN_IF_ERROR(CheckMatrix(w.o_proj, d, h * vd, "o_proj"));
   return absl::OkStatus();
@@ -93,11 +104,6 @@ void SoftmaxBlock(float* scores, int64_t ld, int64_t rows, int64_t n, float* max
     sum[r] += ExpShiftedSum(s, n, max[r]);
   }
 }
-
-// Dimensions of one call, shared by the two forms.
-struct MlaDims {
-  int64_t h, nope, r, qhd, vd, c, width, kv_width;
-};
 
 // Expanded form (§6.1), flash-attention style. A work item is one head and a run of up to
 // kQueryChunk queries; it walks the keys in blocks, packs each block's keys once (transposed, so
@@ -265,7 +271,7 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
     for (int64_t item = first_item_of(p0); item < first_item_of(p1); ++item) {
       int64_t s, i, k_begin, k_end;
       key_range(item, &s, &i, &k_begin, &k_end);
-      const float* rows = work.segments[s].cache->rows.data();
+      const float* rows = work.segments[s].state->rows.data();
       float* acc = partial + item * per_item;  // [H, c]
       float* max = acc + m.h * m.c;            // [H]
       float* sum = max + m.h;                  // [H]
@@ -284,12 +290,6 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
     }
   });
   MergeKeySplits(m, work, partial, latent);
-}
-
-MlaDims DimsOf(const ModelConfig& config) {
-  const int64_t nope = config.qk_nope_head_dim, r = config.qk_rope_head_dim;
-  const int64_t vd = config.v_head_dim, c = config.kv_lora_rank;
-  return MlaDims{config.num_attention_heads, nope, r, nope + r, vd, c, c + r, nope + vd};
 }
 
 // kAuto expands a fresh prompt, and a chunk long enough that expanding the cache once (c x
@@ -330,7 +330,7 @@ MlaBatchPlan PlanBatch(const MlaDims& m, absl::Span<const MlaSegment> segments, 
   for (int64_t s = 0, row = 0; s < count; ++s) {
     const int64_t tokens = segments[s].tokens;
     plan.first_row[s] = row;
-    plan.start[s] = segments[s].cache->length;
+    plan.start[s] = segments[s].state->length;
     row += tokens;
     plan.expanded[s] = UsesExpandedForm(m, form, plan.start[s], tokens) ? 1 : 0;
     if (!plan.expanded[s]) {
@@ -397,7 +397,7 @@ MlaProjections Project(const ModelConfig& config, const MlaDims& m, const MlaWei
 void AppendToCaches(const MlaDims& m, const MlaBatchPlan& plan,
                     absl::Span<const MlaSegment> segments, const float* ckv) {
   for (size_t s = 0; s < segments.size(); ++s) {
-    MlaCache* cache = segments[s].cache;
+    MlaCache* cache = segments[s].state;
     const int64_t total = plan.start[s] + segments[s].tokens;
     if (cache->rows.size() < static_cast<size_t>(total * m.width)) {
       cache->Reserve(
@@ -416,7 +416,7 @@ void RunExpandedSegments(const MlaDims& m, const MlaWeights& weights, const MlaB
                          Scratch* scratch) {
   for (size_t s = 0; s < segments.size(); ++s) {
     if (!plan.expanded[s]) continue;
-    const MlaCache& cache = *segments[s].cache;
+    const MlaCache& cache = *segments[s].state;
     float* kv = scratch->Get(kSlotKv, cache.length * m.h * m.kv_width);
     MatMul(weights.kv_b_proj, cache.rows.data(), m.width, cache.length, kv, m.h * m.kv_width);
     ExpandedAttention(m, q + plan.first_row[s] * m.h * m.qhd, kv, cache.rows.data(),
@@ -471,9 +471,6 @@ void RunAbsorbedSegments(const MlaDims& m, const MlaWeights& weights, const MlaB
 
 }  // namespace
 
-MlaCache::MlaCache(const ModelConfig& config)
-    : kv_lora_rank(config.kv_lora_rank), rope_dim(config.qk_rope_head_dim) {}
-
 void MlaCache::Reserve(int64_t tokens) {
   const size_t needed = static_cast<size_t>(tokens * width());
   if (rows.size() < needed) rows.resize(needed);
@@ -482,13 +479,13 @@ void MlaCache::Reserve(int64_t tokens) {
 absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weights, const float* x,
                              absl::Span<const MlaSegment> segments, float* out, Scratch* scratch,
                              MlaForm form) {
-  K3_ASSIGN_OR_RETURN(
-      const int64_t rows,
-      CheckSegments("MLA", "cache", segments, &MlaSegment::cache,
-                    [&](const MlaCache& cache) { return Validate(config, weights, cache); }));
+  const MlaDims dims = DimsOf(config);
+  K3_ASSIGN_OR_RETURN(const int64_t rows,
+                      CheckSegments("MLA", "cache", segments, [&](const MlaCache& cache) {
+                        return Validate(config, dims, weights, cache);
+                      }));
   if (rows == 0) return absl::OkStatus();
 
-  const MlaDims dims = DimsOf(config);
   const MlaBatchPlan plan = PlanBatch(dims, segments, form, scratch);
   const MlaProjections projected = Project(config, dims, weights, x, rows, scratch);
   AppendToCaches(dims, plan, segments, projected.ckv);
@@ -500,13 +497,6 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
   if (projected.gate != nullptr) MulSigmoid(projected.gate, o, rows * dims.h * dims.vd);
   MatMul(weights.o_proj, o, rows, out);
   return absl::OkStatus();
-}
-
-absl::Status MlaForward(const ModelConfig& config, const MlaWeights& weights, const float* x,
-                        int64_t tokens, MlaCache* cache, float* out, Scratch* scratch,
-                        MlaForm form) {
-  const MlaSegment segment{cache, tokens};
-  return MlaForwardBatch(config, weights, x, absl::MakeConstSpan(&segment, 1), out, scratch, form);
 }
 
 }  // namespace k3

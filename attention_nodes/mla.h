@@ -29,7 +29,8 @@ namespace k3 {
 struct MlaCache {
   MlaCache() = default;
   // An empty cache for `config`'s MLA dims.
-  explicit MlaCache(const ModelConfig& config);
+  explicit MlaCache(const ModelConfig& config)
+      : kv_lora_rank(config.kv_lora_rank), rope_dim(config.qk_rope_head_dim) {}
 
   int64_t width() const { return kv_lora_rank + rope_dim; }
   const float* Row(int64_t token) const { return rows.data() + token * width(); }
@@ -46,6 +47,10 @@ struct MlaCache {
   std::vector<float> rows;  // [>= length, width()]; rows past `length` are unused
 };
 
+// One sequence's share of a batched call (MlaForwardBatch, layer_math.h): its new tokens attend to
+// and are appended to its cache, `state`.
+using MlaSegment = MixerSegment<MlaCache>;
+
 enum class MlaForm {
   kAuto,      // expanded when the cache is empty and tokens > 1, or for chunks long enough
               // that expanding the cache pays (see mla.cc); absorbed otherwise
@@ -56,13 +61,6 @@ enum class MlaForm {
 // Latent norms (q_a_layernorm, kv_a_layernorm) use the class default ε, not rms_norm_eps (§3.1).
 inline constexpr float kMlaLatentNormEps = 1e-6f;
 
-// One sequence's share of a batched call: `tokens` consecutive rows of x and out (after the rows
-// of the segments before it), attending to and appended to `cache`.
-struct MlaSegment {
-  MlaCache* cache = nullptr;
-  int64_t tokens = 0;
-};
-
 // Runs one MLA layer over new tokens of several sequences at once; each sequence's new tokens
 // attend causally to its cached tokens and to each other. x: [rows, hidden_size], the
 // input_layernorm output, rows = Σ tokens. out: [rows, hidden_size], after o_proj. The projections
@@ -70,15 +68,10 @@ struct MlaSegment {
 // The new tokens' latent rows are appended to each cache. `scratch` holds the temporaries. The form
 // is chosen per sequence. Returns InvalidArgument when a cache or the weights do not match
 // `config`; then nothing is written and no cache changes. REQUIRES: out does not overlap x; the
-// caches are distinct.
+// caches are distinct. One sequence: segments {{&cache, tokens}}, x and out [tokens, hidden_size].
 absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weights, const float* x,
                              absl::Span<const MlaSegment> segments, float* out, Scratch* scratch,
                              MlaForm form = MlaForm::kAuto);
-
-// The same for one sequence: x and out are [tokens, hidden_size].
-absl::Status MlaForward(const ModelConfig& config, const MlaWeights& weights, const float* x,
-                        int64_t tokens, MlaCache* cache, float* out, Scratch* scratch,
-                        MlaForm form = MlaForm::kAuto);
 
 }  // namespace k3
 

@@ -130,7 +130,8 @@ std::vector<float> Forward(const ModelConfig& config, const MlaWeights& w,
                            MlaForm form) {
   const int64_t tokens = static_cast<int64_t>(x.size()) / config.hidden_size;
   std::vector<float> out(x.size(), NAN);
-  absl::Status status = MlaForward(config, w, x.data(), tokens, cache, out.data(), scratch, form);
+  absl::Status status =
+      MlaForwardBatch(config, w, x.data(), {{cache, tokens}}, out.data(), scratch, form);
   EXPECT_TRUE(status.ok()) << status;
   return out;
 }
@@ -302,13 +303,13 @@ TEST(MlaValidationTest, RejectsMismatchedCacheAndWeights) {
   ModelConfig other = config;
   other.kv_lora_rank = 32;
   MlaCache wrong(other);
-  absl::Status status = MlaForward(config, w, x.data(), 1, &wrong, out.data(), &scratch);
+  absl::Status status = MlaForwardBatch(config, w, x.data(), {{&wrong, 1}}, out.data(), &scratch);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("cache"), std::string::npos) << status;
 
   MlaCache cache(config);
   w.q_b_proj.rows -= 1;
-  status = MlaForward(config, w, x.data(), 1, &cache, out.data(), &scratch);
+  status = MlaForwardBatch(config, w, x.data(), {{&cache, 1}}, out.data(), &scratch);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("q_b_proj"), std::string::npos) << status;
   EXPECT_EQ(cache.length, 0);

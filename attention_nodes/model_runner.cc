@@ -15,7 +15,7 @@
 namespace k3 {
 namespace {
 
-// The micro-batch's sequences as the segments of a batched mixer call (KdaSegment, MlaSegment):
+// The micro-batch's sequences as the segments of a batched mixer call (MixerSegment):
 // each sequence's state for `layer` (from SequenceState::kda or ::mla) and its new tokens.
 // `segments` is cleared first; its capacity is reused.
 template <typename Segment, typename State>

@@ -111,8 +111,8 @@ int Main(int argc, char** argv) {
       std::vector<double> times;
       for (int step = 0; step < steps; ++step) {
         const double start = NowSeconds();
-        absl::Status status = MlaForward(*config, mla.w, x.data(), 1, &cache, out.data(), &scratch,
-                                         MlaForm::kAbsorbed);
+        absl::Status status = MlaForwardBatch(*config, mla.w, x.data(), {{&cache, 1}}, out.data(),
+                                              &scratch, MlaForm::kAbsorbed);
         times.push_back(NowSeconds() - start);
         if (!status.ok()) {
           std::fprintf(stderr, "%s\n", status.ToString().c_str());

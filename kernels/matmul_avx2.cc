@@ -252,6 +252,9 @@ struct Avx2 : x86::RowBlockShape<4, 8, 4, 2, 2> {
   K3_AVX2 static void Block(Args... args) { RowsBlock<T, R, P>(args...); }
 };
 
+// Avx2RowKernel().
+constexpr RowKernel kAvx2RowKernel{PackRowInputs, PackMxfp4Inputs, x86::RowsAnyType<Avx2>};
+
 // ---- Tiled kernel -----------------------------------------------------------------------------
 
 constexpr int kPanelRows = 16;
@@ -294,6 +297,13 @@ struct Mxfp4Units {
     return (table[byte & 0xf] >> 16) | (table[byte >> 4] & 0xffff0000u);
   }
 };
+
+// The units of x86::VisitWeightRows's rows.
+Bf16Units UnitsOf(const uint16_t* w, int64_t cols) { return {w, cols}; }
+F32Units UnitsOf(const float* w, int64_t cols) { return {w, cols}; }
+Mxfp4Units UnitsOf(const x86::Mxfp4Rows* w, int64_t cols) {
+  return {w->codes, w->scales, cols, x86::ScaledE2m1Bits()};
+}
 
 // packed[u * 16 + r] = unit u0 + u of row row + r; zero for rows past `rows` and units past
 // `units` up to padded_units.
@@ -415,25 +425,13 @@ K3_AVX2 void TilesRange(const Units& w, int64_t cols, const float* x, int64_t x_
 
 }  // namespace
 
-const RowKernel& Avx2RowKernel() {
-  static const RowKernel kernel{PackRowInputs, PackMxfp4Inputs, x86::RowsAnyType<Avx2>};
-  return kernel;
-}
+const RowKernel& Avx2RowKernel() { return kAvx2RowKernel; }
 
 void MatMulAvx2Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                      float* y, int64_t y_stride, bool accumulate) {
-  ParallelForRows(w, tokens, kPanelRows, [&](int64_t begin, int64_t end) {
-    if (w.type == WeightType::kBf16) {
-      TilesRange(Bf16Units{static_cast<const uint16_t*>(w.data), w.cols}, w.cols, x, x_stride,
-                 tokens, y, y_stride, accumulate, begin, end);
-    } else if (w.type == WeightType::kMxfp4) {
-      TilesRange(Mxfp4Units{static_cast<const uint8_t*>(w.data), w.scales, w.cols,
-                            x86::ScaledE2m1Bits()},
-                 w.cols, x, x_stride, tokens, y, y_stride, accumulate, begin, end);
-    } else {
-      TilesRange(F32Units{static_cast<const float*>(w.data), w.cols}, w.cols, x, x_stride, tokens,
-                 y, y_stride, accumulate, begin, end);
-    }
+  x86::TilesAnyType(w, tokens, kPanelRows, [&](auto rows, int64_t begin, int64_t end) {
+    TilesRange(UnitsOf(rows, w.cols), w.cols, x, x_stride, tokens, y, y_stride, accumulate, begin,
+               end);
   });
 }
 

@@ -246,6 +246,9 @@ struct Avx512 : x86::RowBlockShape<8, 8, 8, 4, 4> {
   K3_AVX512 static void Block(Args... args) { RowsBlock<T, R, P>(args...); }
 };
 
+// Avx512RowKernel().
+constexpr RowKernel kAvx512RowKernel{PackRowInputs, PackRowInputs, x86::RowsAnyType<Avx512>};
+
 // ---- Tiled kernel -----------------------------------------------------------------------------
 //
 // Per thread and block of inputs (kc) and tokens (mc): the activations are packed into 8-token
@@ -479,36 +482,30 @@ K3_AVX512 void TilesRange(const WT* w, int64_t cols, const float* x, int64_t x_s
   }
 }
 
+// MXFP4 rows: blocks of rows are decoded once into bf16 (exactly) and multiplied with every token
+// by the BF16 kernel, which packs the activations once per block: blocks of several panels keep
+// that packing small next to the multiply-adds.
+void TilesRange(const x86::Mxfp4Rows* w, int64_t cols, const float* x, int64_t x_stride,
+                int64_t tokens, float* y, int64_t y_stride, bool accumulate, int64_t row_begin,
+                int64_t row_end) {
+  thread_local ThreadBuffer buffer;
+  uint16_t* decoded = reinterpret_cast<uint16_t*>(buffer.Get(kMxfp4BlockRows * cols / 2));
+  for (int64_t row = row_begin; row < row_end; row += kMxfp4BlockRows) {
+    const int64_t rows = std::min(kMxfp4BlockRows, row_end - row);
+    DecodeMxfp4Rows(*w, cols, row, rows, decoded);
+    TilesRange(static_cast<const uint16_t*>(decoded), cols, x, x_stride, tokens, y + row, y_stride,
+               accumulate, 0, rows);
+  }
+}
+
 }  // namespace
 
-const RowKernel& Avx512RowKernel() {
-  static const RowKernel kernel{PackRowInputs, PackRowInputs, x86::RowsAnyType<Avx512>};
-  return kernel;
-}
+const RowKernel& Avx512RowKernel() { return kAvx512RowKernel; }
 
 void MatMulAvx512Tiles(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens,
                        float* y, int64_t y_stride, bool accumulate) {
-  ParallelForRows(w, tokens, kTileRows, [&](int64_t begin, int64_t end) {
-    if (w.type == WeightType::kMxfp4) {
-      // Blocks of rows are decoded once into bf16 (exactly) and multiplied with every token by
-      // the BF16 kernel, which packs the activations once per block: blocks of several panels
-      // keep that packing small next to the multiply-adds.
-      thread_local ThreadBuffer buffer;
-      uint16_t* decoded = reinterpret_cast<uint16_t*>(buffer.Get(kMxfp4BlockRows * w.cols / 2));
-      const x86::Mxfp4Rows data{static_cast<const uint8_t*>(w.data), w.scales};
-      for (int64_t row = begin; row < end; row += kMxfp4BlockRows) {
-        const int64_t rows = std::min(kMxfp4BlockRows, end - row);
-        DecodeMxfp4Rows(data, w.cols, row, rows, decoded);
-        TilesRange(static_cast<const uint16_t*>(decoded), w.cols, x, x_stride, tokens, y + row,
-                   y_stride, accumulate, 0, rows);
-      }
-    } else if (w.type == WeightType::kBf16) {
-      TilesRange(static_cast<const uint16_t*>(w.data), w.cols, x, x_stride, tokens, y, y_stride,
-                 accumulate, begin, end);
-    } else {
-      TilesRange(static_cast<const float*>(w.data), w.cols, x, x_stride, tokens, y, y_stride,
-                 accumulate, begin, end);
-    }
+  x86::TilesAnyType(w, tokens, kTileRows, [&](auto rows, int64_t begin, int64_t end) {
+    TilesRange(rows, w.cols, x, x_stride, tokens, y, y_stride, accumulate, begin, end);
   });
 }
 

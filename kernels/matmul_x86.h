@@ -2,11 +2,13 @@
 // designs that do not depend on the register file. Each family keeps its own inner kernels (row
 // blocks, micro-kernels, packing with intrinsics); this header holds
 // - the row kernel's walk: spans of kRowsSpan rows, token groups of up to kMaxGroupTokens inside
-//   each span, blocks of rows per group (RowsAnyType, on a family's block kernels);
+//   each span, blocks of rows per group (RowsAnyType, on a family's block kernels), and the
+//   dispatch on the weight type that it and the tiled kernels share (VisitWeightRows);
 // - the loop inside a BF16 or F32 row block (ForEachRowStep, around a family's step), the
 //   software prefetch along weight rows, the MXFP4 rows' pointers and the table of scaled E2M1
 //   values both families decode MXFP4 with;
-// - the tiled kernel's activation packing (tiles of a family's token count).
+// - the tiled kernel's split of rows across threads (TilesAnyType) and its activation packing
+//   (tiles of a family's token count).
 //
 // x86-64 only (included inside `#if defined(__x86_64__)`). Nothing here carries
 // a target attribute: the families' block kernels are called, not inlined, from the walk, once per
@@ -204,23 +206,41 @@ void RowsRange(const WT* w, int64_t cols, const float* const* xp, float* const* 
   }
 }
 
+// Calls f(rows) with the weights of `w` as rows of its type, the pointer both families' kernels
+// take: const uint16_t* (BF16), const Mxfp4Rows* (MXFP4; valid during the call) or const float*
+// (F32). The row kernel's walk and both tiled kernels dispatch on the weight type through this.
+template <typename F>
+void VisitWeightRows(const WeightMatrix& w, F&& f) {
+  if (w.type == WeightType::kBf16) {
+    f(static_cast<const uint16_t*>(w.data));
+  } else if (w.type == WeightType::kMxfp4) {
+    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
+    f(&rows);
+  } else {
+    f(static_cast<const float*>(w.data));
+  }
+}
+
 // RowKernel::rows of a family.
 template <typename Family>
 void RowsAnyType(const WeightMatrix& w, const float* const* xp, float* const* yt, int64_t tokens,
                  bool accumulate, int64_t row_begin, int64_t row_end) {
-  if (w.type == WeightType::kBf16) {
-    RowsRange<Family>(static_cast<const uint16_t*>(w.data), w.cols, xp, yt, tokens, accumulate,
-                      row_begin, row_end);
-  } else if (w.type == WeightType::kMxfp4) {
-    const Mxfp4Rows rows{static_cast<const uint8_t*>(w.data), w.scales};
-    RowsRange<Family>(&rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
-  } else {
-    RowsRange<Family>(static_cast<const float*>(w.data), w.cols, xp, yt, tokens, accumulate,
-                      row_begin, row_end);
-  }
+  VisitWeightRows(w, [&](auto rows) {
+    RowsRange<Family>(rows, w.cols, xp, yt, tokens, accumulate, row_begin, row_end);
+  });
 }
 
 // ---- Tiled kernel -----------------------------------------------------------------------------
+
+// MatMul*Tiles of a family: the rows of `w` split across the kernel pool in multiples of `align`
+// (ParallelForRows), and each range given to range(rows, begin, end), `rows` as VisitWeightRows
+// gives them.
+template <typename Range>
+void TilesAnyType(const WeightMatrix& w, int64_t tokens, int64_t align, const Range& range) {
+  ParallelForRows(w, tokens, align, [&](int64_t begin, int64_t end) {
+    VisitWeightRows(w, [&](auto rows) { range(rows, begin, end); });
+  });
+}
 
 // Packs tiles of kTileTokens tokens for a micro-kernel that broadcasts one activation at a time:
 // packed[(tile * padded_kc + k) * kTileTokens + t] = x[(tile * kTileTokens + t) * x_stride + k]

@@ -63,7 +63,8 @@ void ExpectMatchesCpu(const ModelConfig& config, int batch, uint32_t seed) {
     const std::vector<float> prompt = rnd.Normal((1 + 3 * b) * d, 0.0f, 1.0f);
     std::vector<float> out(prompt.size());
     ASSERT_TRUE(
-        KdaForward(config, w, prompt.data(), 1 + 3 * b, &states[b], out.data(), &scratch).ok());
+        KdaForwardBatch(config, w, prompt.data(), {{&states[b], 1 + 3 * b}}, out.data(), &scratch)
+            .ok());
     slot_of[b] = batch - b;
     ASSERT_TRUE((*layer)->UploadState(slot_of[b], states[b]).ok());
   }
@@ -86,7 +87,8 @@ void ExpectMatchesCpu(const ModelConfig& config, int batch, uint32_t seed) {
   constexpr int kChunk = 37;
   const std::vector<float> x = rnd.Normal(kChunk * d, 0.0f, 1.0f);
   std::vector<float> cpu_out(kChunk * d);
-  ASSERT_TRUE(KdaForward(config, w, x.data(), kChunk, &states[0], cpu_out.data(), &scratch).ok());
+  ASSERT_TRUE(
+      KdaForwardBatch(config, w, x.data(), {{&states[0], kChunk}}, cpu_out.data(), &scratch).ok());
   DeviceArray<float> x_dev(x), out(kChunk * d);
   DeviceArray<int32_t> slot(std::vector<int32_t>{slot_of[0]});
   ASSERT_TRUE((*layer)->Prefill(x_dev.get(), kChunk, slot.get(), out.get()).ok());

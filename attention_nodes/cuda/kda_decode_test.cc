@@ -93,8 +93,9 @@ void ExpectDecodeMatchesCpu(const ModelConfig& config, int batch, uint32_t seed)
   for (int b = 0; b < batch; ++b) {
     const std::vector<float> prompt = rnd.Normal((1 + 3 * b) * d, 0.0f, 1.0f);
     std::vector<float> out(prompt.size());
-    ASSERT_TRUE(KdaForward(config, w, prompt.data(), 1 + 3 * b, &states[b], out.data(), &scratch)
-                    .ok());
+    ASSERT_TRUE(
+        KdaForwardBatch(config, w, prompt.data(), {{&states[b], 1 + 3 * b}}, out.data(), &scratch)
+            .ok());
   }
   // The device pool: slot 0 unused (random, must stay so), sequence b in slot batch - b.
   const int slots = batch + 1;
@@ -197,7 +198,8 @@ void ExpectPrefillMatchesCpu(const ModelConfig& config, int history, int tokens,
   const std::vector<float> prompt = rnd.Normal(history * d, 0.0f, 1.0f);
   std::vector<float> warm_out(prompt.size());
   ASSERT_TRUE(
-      KdaForward(config, w, prompt.data(), history, &state, warm_out.data(), &scratch).ok());
+      KdaForwardBatch(config, w, prompt.data(), {{&state, history}}, warm_out.data(), &scratch)
+          .ok());
   // Slot 1 holds the sequence; slot 0 is random and must stay so.
   std::vector<float> state_pool = rnd.Normal(2 * state_floats, 0.0f, 1.0f);
   std::vector<float> conv_pool = rnd.Normal(2 * conv_floats, 0.0f, 1.0f);
@@ -212,7 +214,8 @@ void ExpectPrefillMatchesCpu(const ModelConfig& config, int history, int tokens,
   const std::vector<float> x = rnd.Normal(tokens * d, 0.0f, 1.0f);
   const Projections in = Project(config, w, x, tokens);
   std::vector<float> cpu_out(tokens * d);
-  ASSERT_TRUE(KdaForward(config, w, x.data(), tokens, &state, cpu_out.data(), &scratch).ok());
+  ASSERT_TRUE(
+      KdaForwardBatch(config, w, x.data(), {{&state, tokens}}, cpu_out.data(), &scratch).ok());
 
   DeviceArray<float> state_dev(state_pool), conv_dev(conv_pool);
   DeviceArray<int32_t> slot_dev(std::vector<int32_t>{1});
