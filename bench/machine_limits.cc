@@ -135,6 +135,12 @@ Stats ReadBandwidth(const float* buffer, size_t n, int streams) {
 
 constexpr int64_t kPeakIterations = 2'000'000;  // about 5 ms per run
 
+// The loops' results, summed so that the compiler must compute them.
+K3_AVX512 inline float SumAccumulators(__m512 (&acc)[16]) {
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
 K3_AVX512 float FmaLoop(float seed) {
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(seed + i);
@@ -143,8 +149,7 @@ K3_AVX512 float FmaLoop(float seed) {
 #pragma GCC unroll 16  // keeps the accumulators in registers (at -O2 they would live in memory)
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
   }
-  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  return _mm512_reduce_add_ps(acc[0]);
+  return SumAccumulators(acc);
 }
 
 K3_AVX512_BF16 float Bf16Loop(float seed) {
@@ -156,8 +161,7 @@ K3_AVX512_BF16 float Bf16Loop(float seed) {
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
-  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  return _mm512_reduce_add_ps(acc[0]);
+  return SumAccumulators(acc);
 }
 
 // 12 ymm accumulators: enough independent FMAs for two pipes of latency up to 6 cycles.

@@ -93,9 +93,9 @@ struct ExpertRequest {
   uint64_t step_id = 0;
   int32_t layer = 0;
   uint64_t placement_version = 0;
+  std::vector<ExpertAssignment> assignments;  // what to compute, on which rows
   int64_t rows_count = 0;
   int32_t width = 0;
-  std::vector<ExpertAssignment> assignments;
   std::vector<float> rows;  // [rows_count, width]
   std::vector<TraceContext> traces;  // usually none
   // The rows are not in the message: right after sending it, the sender sends them (fp32

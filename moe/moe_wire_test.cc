@@ -14,7 +14,7 @@ namespace k3 {
 namespace {
 
 ExpertRequest SampleDispatch() {
-  return ExpertRequest{11, 2, 5, 2, 3, {{0, 4, 0.5f}, {1, 9, 0.25f}}, {1, 2, 3, 4, 5, 6}};
+  return ExpertRequest{11, 2, 5, {{0, 4, 0.5f}, {1, 9, 0.25f}}, 2, 3, {1, 2, 3, 4, 5, 6}};
 }
 
 // SampleDispatch with its rows on a device channel.
@@ -166,7 +166,7 @@ TEST(MoeWireTest, RoundTripsEveryMessage) {
 // The byte layout written out by hand from moe_wire.h, so that a change of the encoding (or a
 // compiler laying structs out differently) cannot pass unnoticed.
 TEST(MoeWireTest, ExpertRequestGoldenBytes) {
-  ExpertRequest m{0x0102030405060708u, 2, 5, 1, 2, {{0, 9, 0.5f}}, {1.0f, -2.0f}};
+  ExpertRequest m{0x0102030405060708u, 2, 5, {{0, 9, 0.5f}}, 1, 2, {1.0f, -2.0f}};
   const unsigned char golden[] = {
       0x02,                                            // version
       0x03,                                            // kind: ExpertRequest
@@ -195,7 +195,7 @@ TEST(MoeWireTest, ExpertRequestGoldenBytes) {
 
 // A device request is an ExpertRequest of kind 5 that ends where its rows would begin.
 TEST(MoeWireTest, DeviceExpertRequestGoldenBytes) {
-  ExpertRequest m{0x0102030405060708u, 2, 5, 1, 2, {{0, 9, 0.5f}}, {1.0f, -2.0f}};
+  ExpertRequest m{0x0102030405060708u, 2, 5, {{0, 9, 0.5f}}, 1, 2, {1.0f, -2.0f}};
   m.rows_on_device = true;
   const unsigned char golden[] = {
       0x02,                                            // version

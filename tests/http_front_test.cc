@@ -600,7 +600,9 @@ TEST_F(HttpFrontTest, OpenAiClientCallsToolsReasonsAndAnswersInJson) {
   const std::string thought =
       ExpectedAnswer(12, nullptr, /*thinking=*/true, "What is the weather in Paris?", &special);
   const json& reasoning = result["reasoning"];
-  if (!special) EXPECT_EQ(reasoning["reasoning_content"], thought);
+  if (!special) {
+    EXPECT_EQ(reasoning["reasoning_content"], thought);
+  }
   EXPECT_FALSE(reasoning["reasoning_content"].get<std::string>().empty());
   EXPECT_EQ(result["reasoning_stream"]["reasoning_content"], reasoning["reasoning_content"]);
   EXPECT_EQ(result["reasoning_stream"]["content"], reasoning["content"].is_null()
