@@ -27,11 +27,9 @@ constexpr NamedConfigText kNamedConfigTexts[] = {
 absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
   // k3-tiny-8: k3-tiny without its last layer (8 layers, MLA at 4 and 8).
   const bool tiny_8 = name == "k3-tiny-8";
-  if (tiny_8) name = "k3-tiny";
-  std::string known = "k3-tiny-8";
+  const std::string_view file = tiny_8 ? "k3-tiny" : name;
   for (const NamedConfigText& text : kNamedConfigTexts) {
-    known += ", " + std::string(text.name);
-    if (text.name != name) continue;
+    if (text.name != file) continue;
     K3_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text.json));
     if (!tiny_8) return config;
     config.num_hidden_layers = 8;
@@ -39,6 +37,8 @@ absl::StatusOr<ModelConfig> NamedConfig(std::string_view name) {
     K3_RETURN_IF_ERROR(ValidateModelConfig(config));
     return config;
   }
+  std::string known = "k3-tiny-8";
+  for (const NamedConfigText& text : kNamedConfigTexts) known += ", " + std::string(text.name);
   return absl::NotFoundError(
       absl::StrCat("no named config \"", std::string(name), "\" (known: ", known, ")"));
 }
