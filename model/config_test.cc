@@ -94,6 +94,15 @@ TEST(ConfigTest, K3Tiny8) {
   EXPECT_EQ(c->NumMoeLayers(), 7);
 }
 
+TEST(ConfigTest, UnknownNamedConfigListsTheKnownOnes) {
+  const absl::Status status = NamedConfig("k3-huge").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  for (const char* known : {"\"k3-huge\"", "k3-tiny-8", "k3-tiny", "kimi-linear-tiny", "k3-perf",
+                            "k3-slice"}) {
+    EXPECT_NE(status.message().find(known), absl::string_view::npos) << known << ": " << status;
+  }
+}
+
 TEST(ConfigTest, KimiLinearTinyHasNoK3Features) {
   auto parsed = NamedConfig("kimi-linear-tiny");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
