@@ -97,8 +97,8 @@ TEST(ConfigTest, K3Tiny8) {
 TEST(ConfigTest, UnknownNamedConfigListsTheKnownOnes) {
   const absl::Status status = NamedConfig("k3-huge").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
-  for (const char* known : {"\"k3-huge\"", "k3-tiny-8", "k3-tiny", "kimi-linear-tiny", "k3-perf",
-                            "k3-slice"}) {
+  for (const char* known :
+       {"\"k3-huge\"", "k3-tiny-8", "k3-tiny", "kimi-linear-tiny", "k3-perf", "k3-slice"}) {
     EXPECT_NE(status.message().find(known), absl::string_view::npos) << known << ": " << status;
   }
 }
