@@ -13,6 +13,16 @@ namespace k3 {
 
 namespace v1 = k3serve::v1;
 
+v1::GenerateRequest GreedyRequest(const std::string& request_id, const std::vector<int32_t>& prompt,
+                                  int max_new_tokens) {
+  v1::GenerateRequest request;
+  request.set_request_id(request_id);
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+  return request;
+}
+
 absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
     const std::string& address, const v1::GenerateRequest& request, absl::Duration timeout,
     const std::function<void(absl::Span<const int32_t>)>& on_tokens) {

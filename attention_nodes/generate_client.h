@@ -25,6 +25,10 @@ struct GenerateOutcome {
   std::string text;
 };
 
+// A greedy request (temperature 0) for `max_new_tokens` tokens after `prompt`.
+k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
+                                           const std::vector<int32_t>& prompt, int max_new_tokens);
+
 // Runs `request` on the server at `address` (host:port) with `timeout` as the call's deadline
 // (InfiniteDuration: none). The call's own status when it is not OK (INVALID_ARGUMENT,
 // UNAVAILABLE naming a lost worker, DEADLINE_EXCEEDED, ...), with the server's message; INTERNAL

@@ -59,15 +59,6 @@ struct BenchOptions {
 
 const std::vector<int32_t> kPrompt = {11, 7, 300, 42, 5, 99, 123, 8};
 
-k3serve::v1::GenerateRequest Request(const std::string& id, int max_new_tokens) {
-  k3serve::v1::GenerateRequest request;
-  request.set_request_id(id);
-  request.mutable_prompt_token_ids()->Add(kPrompt.begin(), kPrompt.end());
-  request.mutable_sampling()->set_temperature(0.0f);
-  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
-  return request;
-}
-
 // Best wall time of `repeats` runs of `run(n)`.
 template <typename Run>
 absl::StatusOr<absl::Duration> Best(int repeats, int n, Run run) {
@@ -162,7 +153,8 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
   auto generate = [&](int n) -> absl::Status {
     K3_ASSIGN_OR_RETURN(
         GenerateOutcome outcome,
-        GenerateOverGrpc(address, Request(absl::StrCat("bench-", request++), n), absl::Minutes(5)));
+        GenerateOverGrpc(address, GreedyRequest(absl::StrCat("bench-", request++), kPrompt, n),
+                         absl::Minutes(5)));
     if (static_cast<int>(outcome.tokens.size()) != n) {
       return absl::InternalError(absl::StrCat("asked for ", n, " tokens, got ",
                                               outcome.tokens.size(), ": ",
@@ -181,7 +173,8 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
     for (int s = 0; s < o.streams; ++s) {
       threads.emplace_back([&, s] {
         absl::StatusOr<GenerateOutcome> outcome = GenerateOverGrpc(
-            address, Request(absl::StrCat("bench-", r, "-", s), o.tokens), absl::Minutes(5));
+            address, GreedyRequest(absl::StrCat("bench-", r, "-", s), kPrompt, o.tokens),
+            absl::Minutes(5));
         results[s] = outcome.status();
       });
     }

@@ -133,16 +133,6 @@ LocalClusterOptions TestClusterOptions(const std::string& model, int attention, 
   return options;
 }
 
-k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
-                                           const std::vector<int32_t>& prompt, int max_new_tokens) {
-  k3serve::v1::GenerateRequest request;
-  request.set_request_id(request_id);
-  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  request.mutable_sampling()->set_temperature(0.0f);
-  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
-  return request;
-}
-
 absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
     const std::string& model, const std::vector<std::vector<int32_t>>& prompts,
     int max_new_tokens) {

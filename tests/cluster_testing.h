@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "attention_nodes/generate_client.h"  // GreedyRequest, for the tests
 #include "launcher/local_cluster.h"
 #include "proto/generate.pb.h"
 
@@ -24,10 +25,6 @@ std::string RandomCheckpointDir(const std::string& config, uint64_t seed, bool m
 // per tier to stop.
 LocalClusterOptions TestClusterOptions(const std::string& model, int attention, int routers,
                                        int experts, std::vector<int> expert_slots = {});
-
-// A greedy request for `max_new_tokens` tokens.
-k3serve::v1::GenerateRequest GreedyRequest(const std::string& request_id,
-                                           const std::vector<int32_t>& prompt, int max_new_tokens);
 
 // The tokens the single-process engine (LocalEngine) generates greedily for each prompt.
 absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
