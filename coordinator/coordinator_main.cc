@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   NodeEndpointsOptions endpoint_options;
   endpoint_options.flags = options.node;
   endpoint_options.readiness_service = kCoordinatorServiceName;
-  endpoint_options.services = {parts->service.get()};
+  endpoint_options.services = {parts->service->grpc_service()};
   endpoint_options.shutdown_grace = options.shutdown_grace;
   CoordinatorService* service = parts->service.get();
   // Liveness: the actor answers.

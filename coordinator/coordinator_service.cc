@@ -13,6 +13,104 @@ namespace k3 {
 
 namespace pb = k3serve::cluster::v1;
 
+// The gRPC handlers: an RPC on the state runs on the service's actor (OnActor); GetLoadReport and
+// Rebalance go to its LoadBalancer, which answers them from its own actor.
+class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
+ public:
+  explicit Rpcs(CoordinatorService* service) : service_(*service) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const pb::RegisterRequest* request,
+                                     pb::RegisterResponse* response) override {
+    return service_.OnActor(context, "Register", [this, request, response] {
+      K3_ASSIGN_OR_RETURN(pb::RegisterResponse result,
+                          service_.state_.Register(*request, absl::Now()));
+      *response = std::move(result);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const pb::HeartbeatRequest* request,
+                                      pb::HeartbeatResponse* response) override {
+    return service_.OnActor(context, "Heartbeat", [this, request, response] {
+      const HeartbeatReply reply =
+          service_.state_.Heartbeat(request->node_id(), request->incarnation(), request->load(),
+                                    absl::Now(), request->applied_placement_version(),
+                                    std::vector<uint64_t>(request->broken_device_channels().begin(),
+                                                          request->broken_device_channels().end()));
+      response->set_unknown_node(reply.unknown_node);
+      response->set_placement_version(reply.placement_version);
+      response->set_members_version(reply.members_version);
+      response->set_drain(reply.drain);
+      response->set_cluster_ready(reply.cluster_ready);
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const pb::LeaveRequest* request, pb::LeaveResponse*) override {
+    return service_.OnActor(context, "Leave", [this, request] {
+      return service_.state_.Leave(request->node_id(), request->incarnation(), absl::Now());
+    });
+  }
+
+  grpc::ServerUnaryReactor* GetClusterState(grpc::CallbackServerContext* context,
+                                            const pb::GetClusterStateRequest*,
+                                            pb::ClusterState* response) override {
+    return service_.OnActor(context, "GetClusterState", [this, response] {
+      *response = service_.state_.State();
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const pb::DrainRequest* request, pb::DrainResponse*) override {
+    return service_.OnActor(context, "Drain", [this, request] {
+      return service_.state_.Drain(request->node_id(), absl::Now());
+    });
+  }
+
+  grpc::ServerUnaryReactor* GetLoadReport(grpc::CallbackServerContext* context,
+                                          const pb::GetLoadReportRequest* request,
+                                          pb::LoadReport* response) override {
+    return OnBalancer(context, "GetLoadReport", response, [&](auto done) {
+      service_.balancer_->GetLoadReport(request->refresh(), std::move(done));
+    });
+  }
+
+  grpc::ServerUnaryReactor* Rebalance(grpc::CallbackServerContext* context,
+                                      const pb::RebalanceRequest* request,
+                                      pb::RebalanceResponse* response) override {
+    return OnBalancer(context, "Rebalance", response, [&](auto done) {
+      service_.balancer_->Rebalance(request->force(), std::move(done));
+    });
+  }
+
+ private:
+  // An RPC the LoadBalancer answers: FAILED_PRECONDITION for a model without routed experts;
+  // otherwise start(done) hands the balancer `done`, which fills `response` with its outcome,
+  // counts the call in k3_coordinator_rpcs_total and finishes it.
+  template <typename Response, typename Start>
+  grpc::ServerUnaryReactor* OnBalancer(grpc::CallbackServerContext* context, const char* method,
+                                       Response* response, const Start& start) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (service_.balancer_ == nullptr) {
+      reactor->Finish(grpc::Status(grpc::FAILED_PRECONDITION, "the model has no routed experts"));
+      return reactor;
+    }
+    start([this, method, reactor, response](absl::StatusOr<Response> outcome) {
+      if (outcome.ok()) *response = *std::move(outcome);
+      service_.rpcs_.WithLabels({method, absl::StatusCodeToString(outcome.status().code())})
+          ->Increment();
+      reactor->Finish(ToGrpcStatus(outcome.status()));
+    });
+    return reactor;
+  }
+
+  CoordinatorService& service_;
+};
+
 CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
                                        MetricsRegistry* metrics,
                                        const LoadBalancerOptions& balancing)
@@ -31,7 +129,8 @@ CoordinatorService::CoordinatorService(const CoordinatorOptions& options,
               .Get()),
       rpcs_(metrics->AddCounter("k3_coordinator_rpcs_total", "Coordinator RPCs answered.",
                                 {"method", "code"})),
-      actor_("coordinator") {
+      actor_("coordinator"),
+      grpc_service_(std::make_unique<Rpcs>(this)) {
   actor_.Post([this] { PublishMetrics(); });
   ScheduleTick();
   if (options.num_experts > 0) {
@@ -44,6 +143,8 @@ CoordinatorService::~CoordinatorService() {
   StopBalancing();
   actor_.Stop();
 }
+
+grpc::Service* CoordinatorService::grpc_service() { return grpc_service_.get(); }
 
 void CoordinatorService::StopBalancing() {
   if (balancer_ != nullptr) balancer_->Stop();
@@ -91,95 +192,6 @@ grpc::ServerUnaryReactor* CoordinatorService::OnActor(grpc::CallbackServerContex
     PublishMetrics();
     return status;
   });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* context,
-                                                       const pb::RegisterRequest* request,
-                                                       pb::RegisterResponse* response) {
-  return OnActor(context, "Register", [this, request, response] {
-    K3_ASSIGN_OR_RETURN(pb::RegisterResponse result, state_.Register(*request, absl::Now()));
-    *response = std::move(result);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
-                                                        const pb::HeartbeatRequest* request,
-                                                        pb::HeartbeatResponse* response) {
-  return OnActor(context, "Heartbeat", [this, request, response] {
-    const HeartbeatReply reply =
-        state_.Heartbeat(request->node_id(), request->incarnation(), request->load(), absl::Now(),
-                         request->applied_placement_version(),
-                         std::vector<uint64_t>(request->broken_device_channels().begin(),
-                                               request->broken_device_channels().end()));
-    response->set_unknown_node(reply.unknown_node);
-    response->set_placement_version(reply.placement_version);
-    response->set_members_version(reply.members_version);
-    response->set_drain(reply.drain);
-    response->set_cluster_ready(reply.cluster_ready);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
-                                                    const pb::LeaveRequest* request,
-                                                    pb::LeaveResponse*) {
-  return OnActor(context, "Leave", [this, request] {
-    return state_.Leave(request->node_id(), request->incarnation(), absl::Now());
-  });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::GetClusterState(
-    grpc::CallbackServerContext* context, const pb::GetClusterStateRequest*,
-    pb::ClusterState* response) {
-  return OnActor(context, "GetClusterState", [this, response] {
-    *response = state_.State();
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Drain(grpc::CallbackServerContext* context,
-                                                    const pb::DrainRequest* request,
-                                                    pb::DrainResponse*) {
-  return OnActor(context, "Drain",
-                 [this, request] { return state_.Drain(request->node_id(), absl::Now()); });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::GetLoadReport(
-    grpc::CallbackServerContext* context, const pb::GetLoadReportRequest* request,
-    pb::LoadReport* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (balancer_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::FAILED_PRECONDITION, "the model has no routed experts"));
-    return reactor;
-  }
-  balancer_->GetLoadReport(request->refresh(),
-                           [this, reactor, response](absl::StatusOr<pb::LoadReport> report) {
-                             if (report.ok()) *response = *std::move(report);
-                             rpcs_.WithLabels({"GetLoadReport",
-                                               absl::StatusCodeToString(report.status().code())})
-                                 ->Increment();
-                             reactor->Finish(ToGrpcStatus(report.status()));
-                           });
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Rebalance(grpc::CallbackServerContext* context,
-                                                        const pb::RebalanceRequest* request,
-                                                        pb::RebalanceResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (balancer_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::FAILED_PRECONDITION, "the model has no routed experts"));
-    return reactor;
-  }
-  balancer_->Rebalance(request->force(), [this, reactor,
-                                          response](absl::StatusOr<pb::RebalanceResponse> outcome) {
-    if (outcome.ok()) *response = *std::move(outcome);
-    rpcs_.WithLabels({"Rebalance", absl::StatusCodeToString(outcome.status().code())})
-        ->Increment();
-    reactor->Finish(ToGrpcStatus(outcome.status()));
-  });
-  return reactor;
 }
 
 void CoordinatorService::ScheduleTick() {

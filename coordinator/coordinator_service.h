@@ -30,14 +30,16 @@
 
 namespace k3 {
 
-class CoordinatorService final : public k3serve::cluster::v1::Coordinator::CallbackService,
-                                 public PlacementControl {
+class CoordinatorService final : public PlacementControl {
  public:
   // REQUIRES: options.Validate().ok(), balancing.Validate().ok(); `metrics` is not null and
   // outlives the service.
   CoordinatorService(const CoordinatorOptions& options, MetricsRegistry* metrics,
                      const LoadBalancerOptions& balancing = LoadBalancerOptions());
   ~CoordinatorService() override;
+
+  // The gRPC service k3serve.cluster.v1.Coordinator, answering from this object; owned by it.
+  grpc::Service* grpc_service();
 
   // The state as GetClusterState answers it; DEADLINE_EXCEEDED if the actor is stuck.
   absl::StatusOr<k3serve::cluster::v1::ClusterState> ClusterStateSnapshot(
@@ -54,31 +56,9 @@ class CoordinatorService final : public k3serve::cluster::v1::Coordinator::Callb
       absl::Time deadline) override;
   void ResizeFailed(int64_t base_version, const absl::Status& status) override;
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const k3serve::cluster::v1::RegisterRequest* request,
-                                     k3serve::cluster::v1::RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const k3serve::cluster::v1::HeartbeatRequest* request,
-                                      k3serve::cluster::v1::HeartbeatResponse* response) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
-                                  const k3serve::cluster::v1::LeaveRequest* request,
-                                  k3serve::cluster::v1::LeaveResponse* response) override;
-  grpc::ServerUnaryReactor* GetClusterState(
-      grpc::CallbackServerContext* context,
-      const k3serve::cluster::v1::GetClusterStateRequest* request,
-      k3serve::cluster::v1::ClusterState* response) override;
-  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
-                                  const k3serve::cluster::v1::DrainRequest* request,
-                                  k3serve::cluster::v1::DrainResponse* response) override;
-  grpc::ServerUnaryReactor* GetLoadReport(
-      grpc::CallbackServerContext* context,
-      const k3serve::cluster::v1::GetLoadReportRequest* request,
-      k3serve::cluster::v1::LoadReport* response) override;
-  grpc::ServerUnaryReactor* Rebalance(grpc::CallbackServerContext* context,
-                                      const k3serve::cluster::v1::RebalanceRequest* request,
-                                      k3serve::cluster::v1::RebalanceResponse* response) override;
-
  private:
+  class Rpcs;  // the gRPC handlers (coordinator_service.cc)
+
   // Runs fn on the actor (RunOnActor: no gRPC thread waits), counts the call in
   // k3_coordinator_rpcs_total and finishes it with fn's status.
   grpc::ServerUnaryReactor* OnActor(grpc::CallbackServerContext* context, const char* method,
@@ -95,6 +75,7 @@ class CoordinatorService final : public k3serve::cluster::v1::Coordinator::Callb
   Actor actor_;  // it stops (in the destructor) before the state goes away
   // Null for a dense model. Stopped first in the destructor: it calls into the actor.
   std::unique_ptr<LoadBalancer> balancer_;
+  std::unique_ptr<Rpcs> grpc_service_;
 };
 
 }  // namespace k3
