@@ -370,23 +370,28 @@ absl::Status ValidateLayerLists(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-std::string IntList(const std::vector<int>& values) {
+// A field's value as JSON text: one overload per field type, so that ModelConfigToJson's key list
+// reads the same for every field.
+std::string JsonText(int value) { return absl::StrCat(value); }
+std::string JsonText(int64_t value) { return absl::StrCat(value); }
+std::string JsonText(bool value) { return value ? "true" : "false"; }
+std::string JsonText(float value) { return json::FormatFloat(value); }
+std::string JsonText(const std::optional<int>& value) {
+  return value ? JsonText(*value) : "null";
+}
+std::string JsonText(const std::optional<float>& value) {
+  return value ? JsonText(*value) : "null";
+}
+std::string JsonText(const std::vector<int>& values) {
   return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
 }
-
-std::string OptionalInt(const std::optional<int>& value) {
-  return value ? absl::StrCat(*value) : "null";
-}
-
-std::string OptionalFloat(const std::optional<float>& value) {
-  return value ? json::FormatFloat(*value) : "null";
-}
-
-std::string Quoted(std::string_view s) {
+std::string JsonText(std::string_view s) {
   std::string out;
   json::AppendQuoted(s, &out);
   return out;
 }
+// Without it a string literal would take the bool overload (a standard conversion).
+std::string JsonText(const char* s) { return JsonText(std::string_view(s)); }
 
 std::string TokenId(int64_t id) { return id < 0 ? "null" : absl::StrCat(id); }
 
@@ -395,7 +400,7 @@ std::string Object(const std::vector<std::pair<std::string, std::string>>& field
   std::string pad(indent + 2, ' ');
   std::string out = "{\n";
   for (size_t i = 0; i < fields.size(); ++i) {
-    absl::StrAppend(&out, pad, Quoted(fields[i].first), ": ", fields[i].second,
+    absl::StrAppend(&out, pad, JsonText(fields[i].first), ": ", fields[i].second,
                     i + 1 < fields.size() ? ",\n" : "\n");
   }
   absl::StrAppend(&out, std::string(indent, ' '), "}");
@@ -614,53 +619,52 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   const int indent = c.nested_text_config ? 2 : 0;
   const LinearAttnConfig& la = c.linear_attn;
   std::vector<std::pair<std::string, std::string>> linear_attn = {
-      {"num_heads", absl::StrCat(la.num_heads)},
-      {"head_dim", absl::StrCat(la.head_dim)},
-      {"short_conv_kernel_size", absl::StrCat(la.short_conv_kernel_size)},
-      {"gate_lower_bound", OptionalFloat(la.gate_lower_bound)},
-      {"use_full_rank_gate", la.use_full_rank_gate ? "true" : "false"},
-      {"kda_layers", IntList(la.kda_layers)},
-      {"full_attn_layers", IntList(la.full_attn_layers)},
+      {"num_heads", JsonText(la.num_heads)},
+      {"head_dim", JsonText(la.head_dim)},
+      {"short_conv_kernel_size", JsonText(la.short_conv_kernel_size)},
+      {"gate_lower_bound", JsonText(la.gate_lower_bound)},
+      {"use_full_rank_gate", JsonText(la.use_full_rank_gate)},
+      {"kda_layers", JsonText(la.kda_layers)},
+      {"full_attn_layers", JsonText(la.full_attn_layers)},
   };
-  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
   std::vector<std::pair<std::string, std::string>> text = {
-      {"model_type", Quoted(c.nested_text_config ? "kimi_linear" : c.model_type)},
-      {"vocab_size", absl::StrCat(c.vocab_size)},
-      {"hidden_size", absl::StrCat(c.hidden_size)},
-      {"num_hidden_layers", absl::StrCat(c.num_hidden_layers)},
-      {"intermediate_size", absl::StrCat(c.intermediate_size)},
-      {"hidden_act", Quoted(c.hidden_act == Activation::kSitu ? "situ" : "silu")},
-      {"activation_situ_beta", json::FormatFloat(c.activation_situ_beta)},
-      {"activation_situ_linear_beta", OptionalFloat(c.activation_situ_linear_beta)},
-      {"rms_norm_eps", json::FormatFloat(c.rms_norm_eps)},
-      {"tie_word_embeddings", flag(c.tie_word_embeddings)},
-      {"num_attention_heads", absl::StrCat(c.num_attention_heads)},
-      {"num_key_value_heads", absl::StrCat(c.num_key_value_heads)},
-      {"q_lora_rank", OptionalInt(c.q_lora_rank)},
-      {"kv_lora_rank", absl::StrCat(c.kv_lora_rank)},
-      {"qk_nope_head_dim", absl::StrCat(c.qk_nope_head_dim)},
-      {"qk_rope_head_dim", absl::StrCat(c.qk_rope_head_dim)},
-      {"v_head_dim", absl::StrCat(c.v_head_dim)},
-      {"mla_use_nope", flag(c.mla_use_nope)},
-      {"mla_use_output_gate", flag(c.mla_use_output_gate)},
+      {"model_type", JsonText(c.nested_text_config ? "kimi_linear" : c.model_type)},
+      {"vocab_size", JsonText(c.vocab_size)},
+      {"hidden_size", JsonText(c.hidden_size)},
+      {"num_hidden_layers", JsonText(c.num_hidden_layers)},
+      {"intermediate_size", JsonText(c.intermediate_size)},
+      {"hidden_act", JsonText(c.hidden_act == Activation::kSitu ? "situ" : "silu")},
+      {"activation_situ_beta", JsonText(c.activation_situ_beta)},
+      {"activation_situ_linear_beta", JsonText(c.activation_situ_linear_beta)},
+      {"rms_norm_eps", JsonText(c.rms_norm_eps)},
+      {"tie_word_embeddings", JsonText(c.tie_word_embeddings)},
+      {"num_attention_heads", JsonText(c.num_attention_heads)},
+      {"num_key_value_heads", JsonText(c.num_key_value_heads)},
+      {"q_lora_rank", JsonText(c.q_lora_rank)},
+      {"kv_lora_rank", JsonText(c.kv_lora_rank)},
+      {"qk_nope_head_dim", JsonText(c.qk_nope_head_dim)},
+      {"qk_rope_head_dim", JsonText(c.qk_rope_head_dim)},
+      {"v_head_dim", JsonText(c.v_head_dim)},
+      {"mla_use_nope", JsonText(c.mla_use_nope)},
+      {"mla_use_output_gate", JsonText(c.mla_use_output_gate)},
       {"linear_attn_config", Object(linear_attn, indent + 2)},
-      {"num_experts", absl::StrCat(c.num_experts)},
-      {"num_experts_per_token", absl::StrCat(c.num_experts_per_token)},
-      {"num_shared_experts", absl::StrCat(c.num_shared_experts)},
-      {"moe_intermediate_size", absl::StrCat(c.moe_intermediate_size)},
-      {"routed_expert_hidden_size", OptionalInt(c.routed_expert_hidden_size)},
-      {"latent_moe_use_norm", flag(c.latent_moe_use_norm)},
-      {"moe_router_activation_func", Quoted(c.moe_router_activation_func)},
-      {"moe_renormalize", flag(c.moe_renormalize)},
-      {"routed_scaling_factor", json::FormatFloat(c.routed_scaling_factor)},
-      {"use_grouped_topk", flag(c.use_grouped_topk)},
-      {"num_expert_group", absl::StrCat(c.num_expert_group)},
-      {"topk_group", absl::StrCat(c.topk_group)},
-      {"topk_method", Quoted(c.topk_method)},
-      {"first_k_dense_replace", absl::StrCat(c.first_k_dense_replace)},
-      {"moe_layer_freq", absl::StrCat(c.moe_layer_freq)},
-      {"attn_res_block_size", OptionalInt(c.attn_res_block_size)},
-      {"num_nextn_predict_layers", absl::StrCat(c.num_nextn_predict_layers)},
+      {"num_experts", JsonText(c.num_experts)},
+      {"num_experts_per_token", JsonText(c.num_experts_per_token)},
+      {"num_shared_experts", JsonText(c.num_shared_experts)},
+      {"moe_intermediate_size", JsonText(c.moe_intermediate_size)},
+      {"routed_expert_hidden_size", JsonText(c.routed_expert_hidden_size)},
+      {"latent_moe_use_norm", JsonText(c.latent_moe_use_norm)},
+      {"moe_router_activation_func", JsonText(c.moe_router_activation_func)},
+      {"moe_renormalize", JsonText(c.moe_renormalize)},
+      {"routed_scaling_factor", JsonText(c.routed_scaling_factor)},
+      {"use_grouped_topk", JsonText(c.use_grouped_topk)},
+      {"num_expert_group", JsonText(c.num_expert_group)},
+      {"topk_group", JsonText(c.topk_group)},
+      {"topk_method", JsonText(c.topk_method)},
+      {"first_k_dense_replace", JsonText(c.first_k_dense_replace)},
+      {"moe_layer_freq", JsonText(c.moe_layer_freq)},
+      {"attn_res_block_size", JsonText(c.attn_res_block_size)},
+      {"num_nextn_predict_layers", JsonText(c.num_nextn_predict_layers)},
       {"bos_token_id", TokenId(c.bos_token_id)},
       {"eos_token_id", TokenId(c.eos_token_id)},
       {"pad_token_id", TokenId(c.pad_token_id)},
@@ -669,7 +673,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     text.emplace_back("quantization_config", QuantizationConfigToJson(*c.quantization));
   }
   if (!c.nested_text_config) return Object(text, 0) + "\n";
-  return Object({{"model_type", Quoted(c.model_type)}, {"text_config", Object(text, 2)}}, 0) +
+  return Object({{"model_type", JsonText(c.model_type)}, {"text_config", Object(text, 2)}}, 0) +
          "\n";
 }
 
