@@ -426,4 +426,9 @@ int RunAttentionNode(const AttentionServerOptions& options) {
   return RunProcessNode<AttentionServer>("attention node", options);  // Shutdown drains first
 }
 
+Subcommand AddAttentionCommand(CLI::App* top) {
+  return AddSubcommand(top, "attention", "an attention worker: the public Generate API",
+                       AddAttentionFlags, RunAttentionNode);
+}
+
 }  // namespace k3

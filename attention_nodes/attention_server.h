@@ -73,6 +73,9 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options);
 // Serves until SIGINT/SIGTERM (draining first); the exit status (0 clean, 1 failed).
 int RunAttentionNode(const AttentionServerOptions& options);
 
+// `k3serve attention`: AddAttentionFlags and RunAttentionNode as a subcommand of `top`.
+Subcommand AddAttentionCommand(CLI::App* top);
+
 class AttentionServer {
  public:
   // The cluster node described above: loads the weights, creates the transport, starts serving

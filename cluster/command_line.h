@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -109,6 +110,24 @@ absl::StatusOr<Options> ParseFlags(const std::function<void(CLI::App*, Options*)
   add(&app, &options);
   K3_RETURN_IF_ERROR(ParseArgs(&app, args));
   return options;
+}
+
+// One subcommand of the k3serve binary, once added to the top-level app: its CLI11 app and what
+// runs it with the options its flags filled.
+struct Subcommand {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+// Adds subcommand `name` (`help`) to `top`, its flags added by `add_flags` to options it owns;
+// `run(options)` runs it.
+template <typename Options, typename Run>
+Subcommand AddSubcommand(CLI::App* top, const std::string& name, const std::string& help,
+                         void (*add_flags)(CLI::App*, Options*), Run run) {
+  auto options = std::make_shared<Options>();
+  CLI::App* app = top->add_subcommand(name, help);
+  add_flags(app, options.get());
+  return {app, [options, run] { return run(*options); }};
 }
 
 // For a standalone tool's main (the benchmarks): ParseArgs of `args` (argv without the program

@@ -83,6 +83,16 @@ int RunProcessNode(const std::string& name, const Options& options,
   return RunNode(name, std::make_unique<Hooks>(options, std::move(started)));
 }
 
+// The k3serve subcommand of a role whose RoleHooks are a `Role` built from the options its flags
+// (`add_flags`) fill: RunNode runs it, its log lines prefixed "`name` node".
+template <typename Role, typename Options>
+Subcommand AddNodeSubcommand(CLI::App* top, const std::string& name, const std::string& help,
+                             void (*add_flags)(CLI::App*, Options*)) {
+  return AddSubcommand(top, name, help, add_flags, [name](const Options& options) {
+    return RunNode(name + " node", std::make_unique<Role>(options));
+  });
+}
+
 struct NodeEndpointsOptions {
   NodeFlags flags;
   // The role registered with the coordinator; ROLE_UNSPECIFIED for a node outside any cluster

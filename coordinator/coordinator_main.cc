@@ -207,4 +207,9 @@ int RunCoordinator(const CoordinatorMainOptions& options) {
   return RunProcessNode<CoordinatorProcess>("coordinator", options);
 }
 
+Subcommand AddCoordinatorCommand(CLI::App* top) {
+  return AddSubcommand(top, "coordinator", "the coordinator: membership, placement, balancing",
+                       AddCoordinatorFlags, RunCoordinator);
+}
+
 }  // namespace k3

@@ -94,6 +94,9 @@ class CoordinatorProcess {
 // (0 after a clean shutdown, 1 when it could not start).
 int RunCoordinator(const CoordinatorMainOptions& options);
 
+// `k3serve coordinator`: AddCoordinatorFlags and RunCoordinator as a subcommand of `top`.
+Subcommand AddCoordinatorCommand(CLI::App* top);
+
 }  // namespace k3
 
 #endif  // K3SERVE_COORDINATOR_COORDINATOR_MAIN_H_

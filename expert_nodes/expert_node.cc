@@ -648,8 +648,9 @@ void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options) {
                 "that GPU; docs/GPU.md)");
 }
 
-int RunExpertNode(const ExpertNodeOptions& options) {
-  return RunNode("expert node", std::make_unique<ExpertNode>(options));
+Subcommand AddExpertNodeCommand(CLI::App* top) {
+  return AddNodeSubcommand<ExpertNode>(
+      top, "expert", "an expert worker: a slice of the routed experts", AddExpertNodeFlags);
 }
 
 }  // namespace k3

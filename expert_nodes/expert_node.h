@@ -60,8 +60,9 @@ struct ExpertNodeOptions {
 // Declares the expert node's flags on `app`; parsing fills `options`.
 void AddExpertNodeFlags(CLI::App* app, ExpertNodeOptions* options);
 
-// Runs the expert node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
-int RunExpertNode(const ExpertNodeOptions& options);
+// `k3serve expert`: with those flags, runs the expert node until SIGINT/SIGTERM; the exit status
+// (0 clean, 1 failed).
+Subcommand AddExpertNodeCommand(CLI::App* top);
 
 }  // namespace k3
 

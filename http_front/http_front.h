@@ -92,6 +92,9 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options);
 // Serves until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
 int RunHttpFront(const HttpFrontOptions& options);
 
+// `k3serve http`: AddHttpFrontFlags and RunHttpFront as a subcommand of `top`.
+Subcommand AddHttpFrontCommand(CLI::App* top);
+
 class HttpFront {
  public:
   // Loads the tokenizer and the API key, binds and starts serving. FAILED_PRECONDITION without a

@@ -1,4 +1,4 @@
-// The HTTP front as a node role (cluster/node_runtime.h): RunHttpFront.
+// The HTTP front as a node role (cluster/node_runtime.h): RunHttpFront, and `k3serve http`.
 #include <iostream>
 
 #include "cluster/node_runtime.h"
@@ -11,6 +11,11 @@ int RunHttpFront(const HttpFrontOptions& options) {
     // Launchers and people read the address from this line.
     std::cout << "http address: " << options.host << ":" << front.port() << std::endl;
   });
+}
+
+Subcommand AddHttpFrontCommand(CLI::App* top) {
+  return AddSubcommand(top, "http", "the OpenAI-compatible HTTP front of the attention workers",
+                       AddHttpFrontFlags, RunHttpFront);
 }
 
 }  // namespace k3

@@ -261,4 +261,9 @@ int LocalClusterCommand(LocalCommandOptions options) {
   return exit_status;
 }
 
+Subcommand AddLocalCommand(CLI::App* top) {
+  return AddSubcommand(top, "local", "a local cluster of processes on this host", AddLocalFlags,
+                       LocalClusterCommand);
+}
+
 }  // namespace k3

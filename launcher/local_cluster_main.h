@@ -53,6 +53,9 @@ void AddLocalFlags(CLI::App* app, LocalCommandOptions* options);
 // in a row, 130 when interrupted during startup).
 int LocalClusterCommand(LocalCommandOptions options);
 
+// `k3serve local`: AddLocalFlags and LocalClusterCommand as a subcommand of `top`.
+Subcommand AddLocalCommand(CLI::App* top);
+
 }  // namespace k3
 
 #endif  // K3SERVE_LAUNCHER_LOCAL_CLUSTER_MAIN_H_

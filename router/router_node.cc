@@ -217,8 +217,9 @@ void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options) {
                 "export k3_router_expert_routed_tokens_total{expert} (one series per expert id)");
 }
 
-int RunRouterNode(const RouterNodeOptions& options) {
-  return RunNode("router node", std::make_unique<RouterNode>(options));
+Subcommand AddRouterNodeCommand(CLI::App* top) {
+  return AddNodeSubcommand<RouterNode>(
+      top, "router", "a router: gate, dispatch and combine of MoE layers", AddRouterNodeFlags);
 }
 
 }  // namespace k3

@@ -42,8 +42,9 @@ struct RouterNodeOptions {
 // Declares the router's flags on `app`; parsing fills `options`.
 void AddRouterNodeFlags(CLI::App* app, RouterNodeOptions* options);
 
-// Runs the router node until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
-int RunRouterNode(const RouterNodeOptions& options);
+// `k3serve router`: with those flags, runs the router node until SIGINT/SIGTERM; the exit status
+// (0 clean, 1 failed).
+Subcommand AddRouterNodeCommand(CLI::App* top);
 
 }  // namespace k3
 

@@ -164,4 +164,9 @@ int ChatCommand(const ChatCommandOptions& options) {
   return 0;
 }
 
+Subcommand AddChatCommand(CLI::App* top) {
+  return AddSubcommand(top, "chat", "an interactive chat in process or through a server",
+                       AddChatFlags, ChatCommand);
+}
+
 }  // namespace k3

@@ -33,6 +33,8 @@ struct ChatCommandOptions {
 
 void AddChatFlags(CLI::App* app, ChatCommandOptions* options);
 int ChatCommand(const ChatCommandOptions& options);
+// `k3serve chat`: AddChatFlags and ChatCommand as a subcommand of `top`.
+Subcommand AddChatCommand(CLI::App* top);
 
 }  // namespace k3
 

@@ -160,6 +160,11 @@ int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options) {
   return 0;
 }
 
+Subcommand AddRandomCheckpointCommand(CLI::App* top) {
+  return AddSubcommand(top, "random-checkpoint", "write a random-weight checkpoint",
+                       AddRandomCheckpointFlags, RandomCheckpointCommand);
+}
+
 constexpr char kModelDeviceHelp[] =
     "where the model runs: cpu (default), cuda or cuda:N (the whole model on that GPU)";
 
@@ -183,6 +188,11 @@ int LogitsCommand(const LogitsOptions& options) {
   file.close();
   if (!file) return Fail(absl::InternalError(absl::StrCat("cannot write ", options.out)));
   return 0;
+}
+
+Subcommand AddLogitsCommand(CLI::App* top) {
+  return AddSubcommand(top, "logits", "raw logits of a prompt, in process", AddLogitsFlags,
+                       LogitsCommand);
 }
 
 void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
@@ -264,6 +274,11 @@ int GenerateCommand(const GenerateCommandOptions& options) {
   return 0;
 }
 
+Subcommand AddGenerateCommand(CLI::App* top) {
+  return AddSubcommand(top, "generate", "generate tokens in process or through a server",
+                       AddGenerateFlags, GenerateCommand);
+}
+
 void AddPlanFlags(CLI::App* app, PlanCommandOptions* options) {
   app->add_option("--model", options->model, "checkpoint folder (headers are enough)")->required();
   AddBoundedInt(app, "--attention", &options->topology.attention, 1, 1 << 16, "attention workers");
@@ -276,6 +291,12 @@ int PlanCommand(const PlanCommandOptions& options) {
   if (!plan.ok()) return Fail(plan.status());
   std::cout << FormatMemoryPlan(*plan);
   return 0;
+}
+
+Subcommand AddPlanCommand(CLI::App* top) {
+  return AddSubcommand(top, "plan",
+                       "bytes each process of a topology maps and each tier reads per token",
+                       AddPlanFlags, PlanCommand);
 }
 
 void AddQbFlags(CLI::App* app, QbToolOptions* options) {
@@ -292,6 +313,11 @@ void AddQbFlags(CLI::App* app, QbToolOptions* options) {
 int QbCommand(const QbToolOptions& options) {
   if (absl::Status s = RunQbTool(options, std::cout); !s.ok()) return Fail(s);
   return 0;
+}
+
+Subcommand AddQbCommand(CLI::App* top) {
+  return AddSubcommand(top, "qb", "offline QB (quantile balancing) statistics", AddQbFlags,
+                       QbCommand);
 }
 
 }  // namespace k3

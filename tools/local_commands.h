@@ -27,6 +27,8 @@ struct RandomCheckpointCommandOptions {
 };
 void AddRandomCheckpointFlags(CLI::App* app, RandomCheckpointCommandOptions* options);
 int RandomCheckpointCommand(const RandomCheckpointCommandOptions& options);
+// `k3serve random-checkpoint`: these flags and RandomCheckpointCommand as a subcommand of `top`.
+Subcommand AddRandomCheckpointCommand(CLI::App* top);
 
 struct LogitsOptions {
   std::string model;
@@ -37,6 +39,8 @@ struct LogitsOptions {
 };
 void AddLogitsFlags(CLI::App* app, LogitsOptions* options);
 int LogitsCommand(const LogitsOptions& options);
+// `k3serve logits`: AddLogitsFlags and LogitsCommand as a subcommand of `top`.
+Subcommand AddLogitsCommand(CLI::App* top);
 
 struct GenerateCommandOptions {
   std::string model;   // in process
@@ -58,6 +62,8 @@ struct GenerateCommandOptions {
 };
 void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options);
 int GenerateCommand(const GenerateCommandOptions& options);
+// `k3serve generate`: AddGenerateFlags and GenerateCommand as a subcommand of `top`.
+Subcommand AddGenerateCommand(CLI::App* top);
 
 // `plan`: what each process of a topology maps and each tier reads per token.
 struct PlanCommandOptions {
@@ -66,9 +72,13 @@ struct PlanCommandOptions {
 };
 void AddPlanFlags(CLI::App* app, PlanCommandOptions* options);
 int PlanCommand(const PlanCommandOptions& options);
+// `k3serve plan`: AddPlanFlags and PlanCommand as a subcommand of `top`.
+Subcommand AddPlanCommand(CLI::App* top);
 
 void AddQbFlags(CLI::App* app, QbToolOptions* options);
 int QbCommand(const QbToolOptions& options);
+// `k3serve qb`: AddQbFlags and QbCommand as a subcommand of `top`.
+Subcommand AddQbCommand(CLI::App* top);
 
 }  // namespace k3
 
