@@ -180,29 +180,23 @@ template <int T, int R, int P>
 K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
                        float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
-  __m256 acc[R][T];
-  x86::ZeroAccumulators(acc);
-  const uint8_t* codes[R];
-  const uint8_t* scales[R];
-  x86::Mxfp4RowStarts(*w, cols, row, codes, scales);
   const uint8_t* tables = Bf16ByteTables();
   const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   const __m256i low_nibble = _mm256_set1_epi8(0x0f);
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
-    if (k % 128 == 0) {
-      for (int r = 0; r < R; ++r) x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
-    }
+  __m256 acc[R][T];
+  x86::ZeroAccumulators(acc);
+  x86::ForEachMxfp4Group<
+      R>(*w, cols, row, [&](int64_t k, const auto& codes, const auto& scales) K3_AVX2 {
     for (int r = 0; r < R; ++r) {
       const uint8_t* table = tables + 32 * scales[r][k / kMxfp4Group];
-      const __m256i low_bytes = _mm256_broadcastsi128_si256(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(table)));
-      const __m256i high_bytes = _mm256_broadcastsi128_si256(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(table + 16)));
+      const __m256i low_bytes =
+          _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table)));
+      const __m256i high_bytes =
+          _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table + 16)));
       const __m256i bytes = _mm256_broadcastsi128_si256(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
-      const __m256i group =
-          _mm256_and_si256(_mm256_srlv_epi32(bytes, nibble_shift), low_nibble);
+      const __m256i group = _mm256_and_si256(_mm256_srlv_epi32(bytes, nibble_shift), low_nibble);
       const __m256i low = _mm256_shuffle_epi8(low_bytes, group);
       const __m256i high = _mm256_shuffle_epi8(high_bytes, group);
       const __m256i words[2] = {_mm256_unpacklo_epi8(low, high), _mm256_unpackhi_epi8(low, high)};
@@ -215,7 +209,7 @@ K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const
         }
       }
     }
-  }
+  });
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 

@@ -118,9 +118,9 @@ K3_AVX512 void RowsBlock(const uint16_t* w, int64_t cols, const float* const* xp
 template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const float* w, int64_t cols, const float* const* xp, float* const* yt,
                          bool accumulate, int64_t row) {
+  const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
   __m512 acc[R * P][T];
   x86::ZeroAccumulators(acc);
-  const __mmask16 tail = static_cast<__mmask16>((1u << (cols % 16)) - 1);
   x86::ForEachRowStep<16, R, P>(
       w, cols, row, cols, [&](int p, int64_t k, const auto& streams) K3_AVX512 {
         const __mmask16 mask = k + 16 <= cols ? ~__mmask16{0} : tail;
@@ -154,38 +154,31 @@ template <int T, int R, int P>
 K3_AVX512 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const* xp,
                          float* const* yt, bool accumulate, int64_t row) {
   static_assert(P == 1, "MXFP4 rows are read one per stream");
+  const float* scaled_tables = ScaledE2m1Tables();
   __m512 acc[R][T];
   x86::ZeroAccumulators(acc);
-  const uint8_t* codes[R];
-  const uint8_t* scales[R];
-  x86::Mxfp4RowStarts(*w, cols, row, codes, scales);
-  const float* scaled_tables = ScaledE2m1Tables();
-  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
-    if (k % 128 == 0) {  // a new 64-byte line of codes every 4 groups
-      for (int r = 0; r < R; ++r) {
-        x86::PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
-      }
-      if (k == 0) {  // the next block's scales, R * cols / 32 bytes
-        for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(scales[0] + R * cols / kMxfp4Group) + b,
-                       _MM_HINT_T0);
+  x86::ForEachMxfp4Group<R>(
+      *w, cols, row, [&](int64_t k, const auto& codes, const auto& scales) K3_AVX512 {
+        if (k == 0) {  // the next block's scales, R * cols / 32 bytes
+          for (int64_t b = 0; b < R * cols / kMxfp4Group; b += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(scales[0] + R * cols / kMxfp4Group) + b,
+                         _MM_HINT_T0);
+          }
         }
-      }
-    }
-    __m512 even[T], odd[T];
-    LoadPackedInputs(xp, k, even, odd);
-    for (int r = 0; r < R; ++r) {
-      const __m512i v =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
-      const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[r][k / kMxfp4Group]);
-      const __m512 we = _mm512_permutexvar_ps(v, scaled);
-      const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
-      for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
-      }
-    }
-  }
+        __m512 even[T], odd[T];
+        LoadPackedInputs(xp, k, even, odd);
+        for (int r = 0; r < R; ++r) {
+          const __m512i v = _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + k / 2)));
+          const __m512 scaled = _mm512_load_ps(scaled_tables + 16 * scales[r][k / kMxfp4Group]);
+          const __m512 we = _mm512_permutexvar_ps(v, scaled);
+          const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), scaled);
+          for (int t = 0; t < T; ++t) {
+            acc[r][t] = _mm512_fmadd_ps(we, even[t], acc[r][t]);
+            acc[r][t] = _mm512_fmadd_ps(wo, odd[t], acc[r][t]);
+          }
+        }
+      });
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 

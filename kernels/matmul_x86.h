@@ -39,9 +39,13 @@ constexpr int64_t kPrefetchBytes = 1024;
 // Prefetches the line kPrefetchBytes ahead of byte `offset` of a row of `row_bytes` in a block of
 // R consecutive rows. Past the row's end it continues in the same row of the next block, which
 // this thread reads next: the model's rows are often only 1-2 KB long, and without the wrap the
-// next block would start with every row's first lines missing.
+// next block would start with every row's first lines missing. Always inlined: GCC counts a
+// function whose only effect is a prefetch as free of side effects and deletes the calls to one
+// it did not inline (a build whose inliner gave up on it had no prefetch in any BF16 or F32 row
+// block).
 template <int R>
-inline void PrefetchRowAhead(const void* row, int64_t offset, int64_t row_bytes) {
+inline __attribute__((always_inline)) void PrefetchRowAhead(const void* row, int64_t offset,
+                                                            int64_t row_bytes) {
   int64_t ahead = offset + kPrefetchBytes;
   if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
   _mm_prefetch(static_cast<const char*>(row) + ahead, _MM_HINT_T0);
@@ -119,14 +123,25 @@ inline __attribute__((always_inline)) void ForEachRowStep(const WT* w, int64_t c
   }
 }
 
-// The starts of the codes and scales of MXFP4 rows [row, row + R).
-template <int R>
-inline __attribute__((always_inline)) void Mxfp4RowStarts(const Mxfp4Rows& w, int64_t cols,
-                                                          int64_t row, const uint8_t* (&codes)[R],
-                                                          const uint8_t* (&scales)[R]) {
+// The loop of an MXFP4 row block, written once for both families: R streams of one row each,
+// rows [row, row + R); for each group of kMxfp4Group inputs k < cols, prefetches every stream's
+// codes ahead (once per 64-byte line: every 4 groups) and calls step(k, codes, scales), which
+// reads stream r's group at codes[r] + k / 2 with the scale byte scales[r][k / kMxfp4Group]. As
+// for ForEachRowStep, `step` carries the family's target attribute.
+template <int R, typename Step>
+inline __attribute__((always_inline)) void ForEachMxfp4Group(const Mxfp4Rows& w, int64_t cols,
+                                                             int64_t row, Step&& step) {
+  const uint8_t* codes[R];
+  const uint8_t* scales[R];
   for (int r = 0; r < R; ++r) {
     codes[r] = w.codes + (row + r) * cols / 2;
     scales[r] = w.scales + (row + r) * cols / kMxfp4Group;
+  }
+  for (int64_t k = 0; k < cols; k += kMxfp4Group) {
+    if (k % 128 == 0) {
+      for (int r = 0; r < R; ++r) PrefetchRowAhead<R>(codes[r], k / 2, cols / 2);
+    }
+    step(k, codes, scales);
   }
 }
 
