@@ -226,11 +226,8 @@ int LocalClusterCommand(LocalCommandOptions options) {
 
   int exit_status = 0;
   if (!options.prompt.empty()) {
-    k3serve::v1::GenerateRequest request;
-    request.set_request_id("k3serve-local-prompt");
-    request.mutable_prompt_token_ids()->Add(options.prompt.begin(), options.prompt.end());
-    request.mutable_sampling()->set_temperature(0.0f);
-    request.mutable_sampling()->set_max_new_tokens(options.max_new_tokens);
+    const k3serve::v1::GenerateRequest request =
+        GreedyRequest("k3serve-local-prompt", options.prompt, options.max_new_tokens);
     GenerateClientOptions client;
     absl::StatusOr<ClientTls> tls = LoadClientTls(c.tls);
     absl::StatusOr<std::string> token = c.auth_token_file.empty()
