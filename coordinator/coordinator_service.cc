@@ -1,5 +1,6 @@
 #include "coordinator/coordinator_service.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,7 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const pb::RegisterRequest* request,
                                      pb::RegisterResponse* response) override {
-    return service_.OnActor(context, "Register", [this, request, response] {
+    return OnActor(context, "Register", [this, request, response] {
       K3_ASSIGN_OR_RETURN(pb::RegisterResponse result,
                           service_.state_.Register(*request, absl::Now()));
       *response = std::move(result);
@@ -33,7 +34,7 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const pb::HeartbeatRequest* request,
                                       pb::HeartbeatResponse* response) override {
-    return service_.OnActor(context, "Heartbeat", [this, request, response] {
+    return OnActor(context, "Heartbeat", [this, request, response] {
       const HeartbeatReply reply =
           service_.state_.Heartbeat(request->node_id(), request->incarnation(), request->load(),
                                     absl::Now(), request->applied_placement_version(),
@@ -50,7 +51,7 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
 
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const pb::LeaveRequest* request, pb::LeaveResponse*) override {
-    return service_.OnActor(context, "Leave", [this, request] {
+    return OnActor(context, "Leave", [this, request] {
       return service_.state_.Leave(request->node_id(), request->incarnation(), absl::Now());
     });
   }
@@ -58,7 +59,7 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetClusterState(grpc::CallbackServerContext* context,
                                             const pb::GetClusterStateRequest*,
                                             pb::ClusterState* response) override {
-    return service_.OnActor(context, "GetClusterState", [this, response] {
+    return OnActor(context, "GetClusterState", [this, response] {
       *response = service_.state_.State();
       return absl::OkStatus();
     });
@@ -66,7 +67,7 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
 
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const pb::DrainRequest* request, pb::DrainResponse*) override {
-    return service_.OnActor(context, "Drain", [this, request] {
+    return OnActor(context, "Drain", [this, request] {
       return service_.state_.Drain(request->node_id(), absl::Now());
     });
   }
@@ -88,6 +89,18 @@ class CoordinatorService::Rpcs final : public pb::Coordinator::CallbackService {
   }
 
  private:
+  // Runs fn on the service's actor (RunOnActor: no gRPC thread waits), counts the call in
+  // k3_coordinator_rpcs_total and finishes it with fn's status.
+  grpc::ServerUnaryReactor* OnActor(grpc::CallbackServerContext* context, const char* method,
+                                    std::function<absl::Status()> fn) {
+    return RunOnActor(service_.actor_, context, [this, method, fn = std::move(fn)] {
+      const absl::Status status = fn();
+      service_.rpcs_.WithLabels({method, absl::StatusCodeToString(status.code())})->Increment();
+      service_.PublishMetrics();
+      return status;
+    });
+  }
+
   // An RPC the LoadBalancer answers: FAILED_PRECONDITION for a model without routed experts;
   // otherwise start(done) hands the balancer `done`, which fills `response` with its outcome,
   // counts the call in k3_coordinator_rpcs_total and finishes it.
@@ -180,17 +193,6 @@ void CoordinatorService::ResizeFailed(int64_t base_version, const absl::Status& 
   actor_.Post([this, base_version, status] {
     state_.ResizeFailed(base_version, status, absl::Now());
     PublishMetrics();
-  });
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::OnActor(grpc::CallbackServerContext* context,
-                                                      const char* method,
-                                                      std::function<absl::Status()> fn) {
-  return RunOnActor(actor_, context, [this, method, fn = std::move(fn)] {
-    const absl::Status status = fn();
-    rpcs_.WithLabels({method, absl::StatusCodeToString(status.code())})->Increment();
-    PublishMetrics();
-    return status;
   });
 }
 

@@ -16,7 +16,6 @@
 #ifndef K3SERVE_COORDINATOR_COORDINATOR_SERVICE_H_
 #define K3SERVE_COORDINATOR_COORDINATOR_SERVICE_H_
 
-#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -59,10 +58,6 @@ class CoordinatorService final : public PlacementControl {
  private:
   class Rpcs;  // the gRPC handlers (coordinator_service.cc)
 
-  // Runs fn on the actor (RunOnActor: no gRPC thread waits), counts the call in
-  // k3_coordinator_rpcs_total and finishes it with fn's status.
-  grpc::ServerUnaryReactor* OnActor(grpc::CallbackServerContext* context, const char* method,
-                                    std::function<absl::Status()> fn);
   void ScheduleTick();
   void PublishMetrics();  // on the actor
 
