@@ -376,10 +376,8 @@ std::string JsonText(int value) { return absl::StrCat(value); }
 std::string JsonText(int64_t value) { return absl::StrCat(value); }
 std::string JsonText(bool value) { return value ? "true" : "false"; }
 std::string JsonText(float value) { return json::FormatFloat(value); }
-std::string JsonText(const std::optional<int>& value) {
-  return value ? JsonText(*value) : "null";
-}
-std::string JsonText(const std::optional<float>& value) {
+template <typename T>
+std::string JsonText(const std::optional<T>& value) {
   return value ? JsonText(*value) : "null";
 }
 std::string JsonText(const std::vector<int>& values) {
