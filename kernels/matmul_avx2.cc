@@ -186,8 +186,7 @@ K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   __m256 acc[R][T];
   x86::ZeroAccumulators(acc);
-  x86::ForEachMxfp4Group<
-      R>(*w, cols, row, [&](int64_t k, const auto& codes, const auto& scales) K3_AVX2 {
+  const auto step = [&](int64_t k, const auto& codes, const auto& scales) K3_AVX2 {
     for (int r = 0; r < R; ++r) {
       const uint8_t* table = tables + 32 * scales[r][k / kMxfp4Group];
       const __m256i low_bytes =
@@ -209,7 +208,8 @@ K3_AVX2 void RowsBlock(const x86::Mxfp4Rows* w, int64_t cols, const float* const
         }
       }
     }
-  });
+  };
+  x86::ForEachMxfp4Group<R>(*w, cols, row, step);
   StoreSums<T, R>(acc, yt, row, accumulate);
 }
 
