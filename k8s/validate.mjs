@@ -33,6 +33,7 @@ import yaml from "js-yaml";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, "..");
+const k3serve = process.env.K3SERVE ?? path.join(repo, "bazel-bin/k3serve");
 
 // What each role's health reports (see the role headers). Readiness is each pod's own state, so
 // a failure in one tier does not empty another tier's Services: the attention nodes' and the
@@ -54,15 +55,27 @@ const sizing = {
   "gpu-h200-rdma": { config: path.join(here, "sizing/k3.json"), args: ["--mxfp4", "--shards=96"], gpu: "NVIDIA-H200" },
 };
 
-// The flags a role's header documents in its comments.
+// The flags a role accepts: what `k3serve ROLE --help` lists when the binary is built, else what
+// the role's header documents in its comments. `where` names the source for messages.
 const flagCache = new Map();
-function documentedFlags(header) {
-  if (!flagCache.has(header)) {
-    const text = fs.readFileSync(path.join(repo, header), "utf8");
-    const comment = text.split("\n").filter((l) => l.trimStart().startsWith("//")).join("\n");
-    flagCache.set(header, new Set([...comment.matchAll(/--([a-z][a-z0-9-]*)/g)].map((m) => m[1])));
+function acceptedFlags(role) {
+  if (!flagCache.has(role)) {
+    let flags;
+    let where;
+    const help = fs.existsSync(k3serve) ? spawnSync(k3serve, [role, "--help"], { encoding: "utf8" }) : null;
+    if (help?.status === 0) {
+      flags = new Set([...help.stdout.matchAll(/^ +(?:-[a-z],)?--([a-z][a-z0-9-]*)/gm)].map((m) => m[1]));
+      where = `\`k3serve ${role} --help\``;
+    } else {
+      const header = roles[role].header;
+      const text = fs.readFileSync(path.join(repo, header), "utf8");
+      const comment = text.split("\n").filter((l) => l.trimStart().startsWith("//")).join("\n");
+      flags = new Set([...comment.matchAll(/--([a-z][a-z0-9-]*)/g)].map((m) => m[1]));
+      where = header;
+    }
+    flagCache.set(role, { flags, where });
   }
-  return flagCache.get(header);
+  return flagCache.get(role);
 }
 
 // The HPA metric names the Prometheus Adapter rules serve.
@@ -99,7 +112,6 @@ const gib = (b) => `${(b / 2 ** 30).toFixed(1)} GiB`;
 
 // `k3serve plan`'s numbers for a model and topology, parsed from its table; null without the
 // binary (the caller says so).
-const k3serve = process.env.K3SERVE ?? path.join(repo, "bazel-bin/k3serve");
 const checkpoints = new Map();
 const plans = new Map();
 function plan(model, topology) {
@@ -206,6 +218,7 @@ async function check(name, docs, notes) {
   const expand = (text, c) => text.replace(/\$\(([A-Z0-9_]+)\)/g, (all, v) =>
     (c.env ?? []).some((e) => e.name === v) ? all : settings[v] ?? all);
 
+  const tlsEverywhere = workloads.some((w) => Boolean(flagsArg(w.spec.template.spec.containers[0].args ?? [], "tls-cert")));
   for (const w of workloads) {
     const spec = w.spec;
     const pod = spec.template.spec;
@@ -324,10 +337,14 @@ async function check(name, docs, notes) {
         errors.push(`${cname}: first argument ${args[0]} is not a k3serve role`);
         continue;
       }
-      const allowed = documentedFlags(r.header);
+      const accepted = acceptedFlags(args[0]);
       for (const a of args.slice(1)) {
         const flag = a.match(/^--([a-z0-9-]+)(=|$)/)?.[1];
-        if (!flag || !allowed.has(flag)) errors.push(`${cname}: ${a} is not a flag ${r.header} documents`);
+        if (!flag || !accepted.flags.has(flag)) errors.push(`${cname}: ${a} is not a flag of ${accepted.where}`);
+      }
+      // TLS on one process means TLS on all (every gRPC connection of the cluster uses it).
+      if (Boolean(flagsArg(args, "tls-cert")) !== tlsEverywhere) {
+        errors.push(`${cname}: TLS flags differ from the other processes'`);
       }
       // Variables the args expand.
       const defined = new Set((c.env ?? []).map((e) => e.name));
@@ -381,6 +398,9 @@ async function check(name, docs, notes) {
         }
         if (probe.grpc && tls) errors.push(`${cname}: ${kind} is a gRPC probe, which cannot speak TLS`);
         if (!probe.grpc && !tls) errors.push(`${cname}: ${kind} is not a gRPC probe`);
+        if (tls && kind !== "readinessProbe" && portNumber(probe.tcpSocket?.port) !== grpcPort) {
+          errors.push(`${cname}: under TLS, ${kind} must open a TCP connection to the gRPC port`);
+        }
         const port = portNumber(probePort(probe));
         if (![...ports.values()].includes(port)) errors.push(`${cname}: ${kind} probes port ${probePort(probe)}, which it does not open`);
         if (probe.grpc && kind !== "readinessProbe" && (probe.grpc.service ?? "") !== "") {
@@ -397,6 +417,10 @@ async function check(name, docs, notes) {
         errors.push(`${cname}: an HTTP readiness probe must GET /healthz on the metrics port`);
       } else if (ready?.httpGet && (r.readiness === "")) {
         errors.push(`${cname}: /healthz reports whether the cluster behind ${args[0]} serves: its readiness would cascade`);
+      } else if (ready?.tcpSocket && (r.readiness !== "" || portNumber(ready.tcpSocket.port) !== grpcPort)) {
+        errors.push(`${cname}: a TCP readiness probe says only that ${args[0]}'s gRPC port is open, not "${r.readiness}"`);
+      } else if (tls && ready?.httpGet === undefined && ready?.tcpSocket === undefined) {
+        errors.push(`${cname}: under TLS, readiness must be GET /healthz or the gRPC port`);
       }
       const preStop = c.lifecycle?.preStop;
       const preStopSeconds = Number(preStop?.sleep?.seconds ??
@@ -605,9 +629,12 @@ const rule0Ok = (p) => (p.spec.ingress ?? []).every((r) => r.from || r.ports);
 const find = (docs, kind, n) => docs.find((d) => d.kind === kind && d.metadata.name === n);
 const container = (docs, kind, n) => find(docs, kind, n).spec.template.spec.containers[0];
 const breakages = {
-  "wrong readiness port": (d) => { container(d, "Deployment", "k3serve-router").readinessProbe.grpc.port = 50052; },
+  "wrong readiness port": (d) => {
+    const p = container(d, "Deployment", "k3serve-router").readinessProbe;
+    (p.grpc ?? p.httpGet ?? p.tcpSocket).port = 50052;
+  },
   "cascading attention readiness": (d) => {
-    container(d, "Deployment", "k3serve-attention").readinessProbe.grpc.service = "k3serve.v1.K3Serve";
+    container(d, "Deployment", "k3serve-attention").readinessProbe = { grpc: { port: 50051, service: "k3serve.v1.K3Serve" } };
   },
   "undocumented flag": (d) => { container(d, "Deployment", "k3serve-router").args.push("--no-such-flag=1"); },
   "undefined variable": (d) => { delete find(d, "ConfigMap", "k3serve-config").data.K3_MODEL_DIR; },
@@ -669,6 +696,13 @@ const gpuBreakages = {
     c.volumeMounts = c.volumeMounts.filter((m) => m.mountPath !== "/dev/shm");
   },
   "slots above what a GPU holds": (d) => { find(d, "ConfigMap", "k3serve-config").data.K3_EXPERT_SLOTS = "100"; },
+  "gRPC probe under TLS": (d) => {
+    container(d, "StatefulSet", "k3serve-expert").livenessProbe = { grpc: { port: 50051 } };
+  },
+  "TLS on some processes only": (d) => {
+    const c = container(d, "Deployment", "k3serve-router");
+    c.args = c.args.filter((a) => !a.startsWith("--tls-"));
+  },
   "one expert node too few": (d) => {
     find(d, "ConfigMap", "k3serve-config").data.K3_EXPECTED_EXPERTS = "10";
     find(d, "StatefulSet", "k3serve-expert").spec.replicas = 10;
