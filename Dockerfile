@@ -43,7 +43,7 @@ FROM build-base AS build-cuda
 # The toolkit (nvcc, headers, cudart, cuBLAS) and NCCL, laid out the way cuda_configure looks for
 # them: everything under /usr/local/cuda, NCCL's header and libraries included.
 COPY --from=cuda-devel /usr/local/cuda/ /usr/local/cuda/
-COPY --from=cuda-devel /usr/include/nccl.h /usr/include/nccl_device* /usr/local/cuda/include/
+COPY --from=cuda-devel /usr/include/nccl.h /usr/local/cuda/include/
 COPY --from=cuda-devel /usr/lib/x86_64-linux-gnu/libnccl.so* /usr/local/cuda/lib64/
 COPY . .
 # Fails unless the GPU code was compiled in (CUDA_AVAILABLE): an image without it would crash-loop

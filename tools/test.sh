@@ -32,8 +32,10 @@ summary=$(tools/test_summary.sh "$log")
 # The package layering (docs/ARCHITECTURE.md), checked on the dependency graph.
 tools/check_layering.sh || status=1
 
-# The Kubernetes manifests, validated offline against the API schemas (needs Node.js and the npm
-# registry; skipped with a message where either is missing).
+# The Kubernetes manifests: every overlay rendered with kubectl's kustomize, validated offline
+# against the API schemas and sized with the k3serve binary built above (needs Node.js and the npm
+# registry, skipped with a message where either is missing; validate.mjs itself says so and
+# skips where kubectl is missing).
 if command -v node >/dev/null && command -v npm >/dev/null; then
   if npm_ci k8s; then
     (cd k8s && node validate.mjs) || status=1
