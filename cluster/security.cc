@@ -56,11 +56,13 @@ absl::Status CheckPair(const TlsFlags& flags) {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> ClientTls::Connect(const std::string& address,
-                                                  grpc::ChannelArguments arguments) const {
+                                                  grpc::ChannelArguments arguments,
+                                                  const std::string& default_server_name) const {
   if (credentials_ == nullptr) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
   }
-  if (!server_name_.empty()) arguments.SetSslTargetNameOverride(server_name_);
+  const std::string& name = server_name_.empty() ? default_server_name : server_name_;
+  if (!name.empty()) arguments.SetSslTargetNameOverride(name);
   return grpc::CreateCustomChannel(address, credentials_, arguments);
 }
 

@@ -36,9 +36,11 @@ class ClientTls {
  public:
   ClientTls() = default;
 
-  // A channel to `address` with `arguments` (plus the expected server name, if set).
+  // A channel to `address` with `arguments` (plus the expected server name, if set; else
+  // `default_server_name` when not empty, for an address found by resolving that name).
   std::shared_ptr<grpc::Channel> Connect(const std::string& address,
-                                         grpc::ChannelArguments arguments = {}) const;
+                                         grpc::ChannelArguments arguments = {},
+                                         const std::string& default_server_name = "") const;
 
   bool secure() const { return credentials_ != nullptr; }
 

@@ -208,7 +208,9 @@ grpc::ServerUnaryReactor* K3ServeProxy::ForwardToAnyWorker(
     grpc::CallbackServerContext* context, const Request* request, Response* response,
     void (Async::*method)(grpc::ClientContext*, const Request*, Response*, Done)) {
   if (absl::Status s = Authorize(*context); !s.ok()) return Finished(context, s);
-  return Forward(context, pool_->LeastLoaded(),
+  const int worker = pool_->LeastLoaded();
+  if (worker < 0) return Finished(context, absl::UnavailableError("no attention worker"));
+  return Forward(context, worker,
                  [&](Async* async, grpc::ClientContext* client, Done done) {
                    (async->*method)(client, request, response, std::move(done));
                  });

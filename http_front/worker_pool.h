@@ -4,16 +4,29 @@
 // before (a conversation's next turn: same leading blocks of tokens, PrefixAffinity) goes to the
 // worker that served it, where its prefix is cached, unless that worker is down or has
 // kAffinitySlack more calls in flight than the least-loaded one.
+//
+// Workers behind one name: an address `dns:///NAME:PORT` (a headless Service, whose name resolves
+// to every ready pod) is resolved here into one worker per address, each with its own load,
+// prefix affinity and down state, so a draining pod's UNAVAILABLE sends the call to another pod
+// and not to the same name again. The name is resolved again every
+// WorkerPoolResolver::interval: pods that appear (a scale-up) get calls within one interval, pods
+// that vanish get none (their calls in flight finish). A worker's index never changes and never
+// goes away, so GenerateCall::worker and stub(index) stay valid.
 #ifndef K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 #define K3SERVE_HTTP_FRONT_WORKER_POOL_H_
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cluster/security.h"
@@ -54,19 +67,36 @@ class GenerateCall {
   k3serve::v1::GenerateResponse first_;  // read by Start, handed out by the first Next
 };
 
+// How WorkerPool turns `dns:///HOST:PORT` into worker addresses.
+struct WorkerPoolResolver {
+  // HOST and PORT to gRPC addresses ("10.0.0.7:50051", "[fd00::7]:50051"); the default asks the
+  // system resolver (getaddrinfo) for HOST's IPv4 and IPv6 addresses. An error, or no address,
+  // leaves the workers as they were (a DNS hiccup must not empty the pool).
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host, int port)>
+      resolve;
+  absl::Duration interval = absl::Seconds(5);
+};
+
+// The system resolver's addresses of `host` with `port`, deduplicated, sorted.
+absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host, int port);
+
 // Thread-safe; the channels connect lazily and reconnect on their own.
 class WorkerPool {
  public:
-  // `addresses`: gRPC targets of the attention workers (host:port, or dns:///name:port for a name
-  // that resolves to several, whose calls go round-robin over them); at least one.
-  // `tls`: how to dial them; `auth_token`: the bearer token sent with every call (empty: none).
+  // `addresses`: gRPC targets of the attention workers: host:port (one worker), or
+  // dns:///HOST:PORT (one worker per address HOST resolves to, now and every resolver.interval);
+  // at least one. `tls`: how to dial them (a worker found through HOST is dialled by address and
+  // expects HOST in its certificate unless --tls-server-name says otherwise); `auth_token`: the
+  // bearer token sent with every call (empty: none).
   explicit WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls = ClientTls(),
-                      std::string auth_token = "");
+                      std::string auth_token = "", WorkerPoolResolver resolver = {});
+  ~WorkerPool();  // stops re-resolving
 
   // Starts Generate on the least-loaded worker and waits for its first message, so that a
   // rejected request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
   // UNAVAILABLE before answering (down, draining) is skipped for the next least-loaded one and
-  // tried last for the next kDownFor; when all are, UNAVAILABLE naming the last error.
+  // tried last for the next kDownFor; when all are, UNAVAILABLE naming the last error (also when
+  // no name has resolved to any worker).
   // A non-empty `traceparent` (the client's W3C trace context) goes with the call as metadata.
   // `affinity_prompt`: the prompt's token ids for the prefix hint when the request gives its
   // prompt as text or messages (empty: the request's prompt_token_ids).
@@ -77,9 +107,10 @@ class WorkerPool {
   // Worker `index`'s stub, for calls that go to a chosen worker (Abort to the one serving the
   // request) or to any (ModelInfo); the bearer token is the caller's to add (AddAuth).
   // REQUIRES: 0 <= index < size().
-  k3serve::v1::K3Serve::Stub* stub(int index) const { return workers_[index]->stub.get(); }
-  // The worker a call with no prefix to follow would go to now (least loaded, up first).
-  int LeastLoaded() { return static_cast<int>(Order({}).front()); }
+  k3serve::v1::K3Serve::Stub* stub(int index) const;
+  // The worker a call with no prefix to follow would go to now (least loaded, up first); -1 when
+  // there is none.
+  int LeastLoaded();
   // Adds this pool's bearer token to `context`.
   void AddAuth(grpc::ClientContext* context) const;
 
@@ -88,9 +119,12 @@ class WorkerPool {
   // with the last worker's reason. Backs the front's /healthz.
   absl::Status Ping(absl::Duration timeout);
 
-  size_t size() const { return workers_.size(); }
-  // This front's calls in flight on each worker, in address order (for tests and metrics).
+  // Workers ever known, the ones a name no longer resolves to included (their indices stay).
+  size_t size() const;
+  // This front's calls in flight on each worker, by index (for tests and metrics).
   std::vector<int> Loads() const;
+  // Each worker's address, by index; "" for one its name no longer resolves to.
+  std::vector<std::string> Addresses() const;
 
   static constexpr absl::Duration kDownFor = absl::Seconds(2);
   // How much busier than the least-loaded worker a prefix's worker may be and still get the call.
@@ -107,13 +141,35 @@ class WorkerPool {
     std::unique_ptr<k3serve::v1::K3Serve::Stub> stub;
     std::shared_ptr<std::atomic<int>> load = std::make_shared<std::atomic<int>>(0);
     std::atomic<int64_t> down_until_ns{0};  // absl::ToUnixNanos; skipped before then
+    std::atomic<bool> gone{false};          // its name no longer resolves to it: no new calls
+  };
+  // A dns:/// address and the workers it resolved to (address -> index).
+  struct Name {
+    std::string target, host;
+    int port = 0;
+    std::map<std::string, size_t> workers;
   };
   // Worker indices, best first: up before down, then fewest calls, ties from a rotating start;
-  // the worker holding `prompt`'s prefix first when it is up and within kAffinitySlack.
+  // the worker holding `prompt`'s prefix first when it is up and within kAffinitySlack. Workers
+  // that are gone are left out.
   std::vector<size_t> Order(absl::Span<const int32_t> prompt);
+  Worker* worker(size_t index) const;
+  // Adds a worker for `address` (a new index) and returns it.
+  Worker* Add(const std::string& address, const std::string& expected_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves `name` again and updates its workers.
+  void Refresh(Name& name);
+  void RefreshLoop();
 
-  std::vector<std::unique_ptr<Worker>> workers_;
+  const ClientTls tls_;
   const std::string auth_token_;
+  const WorkerPoolResolver resolver_;
+  mutable absl::Mutex mu_;
+  // Never shrinks; a Worker is never destroyed before the pool (calls hold its stub).
+  std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Name> names_;  // only the refresh thread touches them after construction
+  absl::Notification stop_;
+  std::thread refresher_;
   std::atomic<size_t> next_{0};
   PrefixAffinity affinity_{kAffinityBlockTokens, kAffinityCapacity};
 };

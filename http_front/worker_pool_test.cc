@@ -3,10 +3,13 @@
 #include "http_front/worker_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cluster/grpc_server.h"
 #include "gtest/gtest.h"
@@ -173,6 +176,144 @@ TEST(WorkerPoolTest, AnUnreachableWorkerIsSkippedAndHealthSaysWhetherAnyCanServe
   calls.clear();
   b->server->Shutdown(absl::ZeroDuration());
   EXPECT_TRUE(absl::IsUnavailable(pool.Start(Request()).status()));
+}
+
+// A fake worker that is draining: every Generate gets UNAVAILABLE before any message.
+class DrainingWorker final : public v1::K3Serve::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>*) override {
+    calls.fetch_add(1);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+  }
+  std::atomic<int> calls{0};
+};
+
+// What a test's resolver answers, changed while the pool runs.
+class FakeDns {
+ public:
+  void Set(std::vector<std::string> addresses) {
+    absl::MutexLock lock(&mu_);
+    addresses_ = std::move(addresses);
+  }
+  WorkerPoolResolver Resolver() {
+    WorkerPoolResolver resolver;
+    resolver.interval = absl::Milliseconds(50);
+    resolver.resolve = [this](const std::string& host,
+                              int port) -> absl::StatusOr<std::vector<std::string>> {
+      absl::MutexLock lock(&mu_);
+      asked_ = absl::StrCat(host, ":", port);
+      return addresses_;
+    };
+    return resolver;
+  }
+  std::string asked() {
+    absl::MutexLock lock(&mu_);
+    return asked_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> addresses_;
+  std::string asked_;
+};
+
+// Waits up to 5 s for the pool's addresses to be `expected`.
+bool AddressesBecome(const WorkerPool& pool, const std::vector<std::string>& expected) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (pool.Addresses() != expected) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(WorkerPoolTest, ADnsNameIsOneWorkerPerAddressAndIsResolvedAgain) {
+  std::unique_ptr<Fake> a = StartFake(), b = StartFake(), c = StartFake();
+  ASSERT_TRUE(a && b && c);
+  FakeDns dns;
+  dns.Set({a->address, b->address});
+  WorkerPool pool({"dns:///k3serve-attention-pods.k3serve.svc:50051"}, ClientTls(), "",
+                  dns.Resolver());
+  EXPECT_EQ(dns.asked(), "k3serve-attention-pods.k3serve.svc:50051");
+  ASSERT_EQ(pool.Addresses(), (std::vector<std::string>{a->address, b->address}));
+  // Balanced per pod, not per name.
+  std::vector<std::unique_ptr<GenerateCall>> calls;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();
+    calls.push_back(*std::move(call));
+  }
+  EXPECT_EQ(pool.Loads(), (std::vector<int>{2, 2}));
+  // A scale-up and a pod leaving: c is seen within a few intervals, a gets no new call (its calls
+  // in flight go on) and keeps its index.
+  dns.Set({b->address, c->address});
+  ASSERT_TRUE(AddressesBecome(pool, {"", b->address, c->address}));
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();
+    EXPECT_NE(call->get()->worker(), 0);
+    calls.push_back(*std::move(call));
+  }
+  EXPECT_EQ(pool.Loads(), (std::vector<int>{2, 3, 3}));
+  EXPECT_NE(pool.LeastLoaded(), 0);  // never a pod that is gone
+  // A resolver failure or an empty answer keeps the workers (a DNS hiccup must not empty them).
+  dns.Set({});
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(pool.Addresses(), (std::vector<std::string>{"", b->address, c->address}));
+  // a comes back under its old index.
+  dns.Set({a->address, b->address, c->address});
+  ASSERT_TRUE(AddressesBecome(pool, {a->address, b->address, c->address}));
+  for (Fake* fake : {a.get(), b.get(), c.get()}) fake->service.Release();
+}
+
+TEST(WorkerPoolTest, ADrainingPodsUnavailableSendsTheCallToAnotherPod) {
+  DrainingWorker draining;
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(options, {&draining});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string draining_address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::unique_ptr<Fake> live = StartFake();
+  ASSERT_TRUE(live);
+  FakeDns dns;
+  dns.Set({draining_address, live->address});
+  WorkerPool pool({"dns:///pods:50051"}, ClientTls(), "", dns.Resolver());
+  std::vector<std::unique_ptr<GenerateCall>> calls;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+    ASSERT_TRUE(call.ok()) << call.status();  // never the draining pod's UNAVAILABLE
+    EXPECT_EQ(call->get()->worker(), 1);
+    calls.push_back(*std::move(call));
+  }
+  // It was asked (the first call's turn could not know it drains) and then skipped as down.
+  EXPECT_GE(draining.calls.load(), 1);
+  EXPECT_LE(draining.calls.load(), 2);
+  EXPECT_EQ(pool.Loads(), (std::vector<int>{0, 4}));
+  live->service.Release();
+}
+
+TEST(WorkerPoolTest, ANameThatResolvesToNothingYetIsUnavailableUntilItDoes) {
+  std::unique_ptr<Fake> a = StartFake();
+  ASSERT_TRUE(a);
+  FakeDns dns;
+  WorkerPool pool({"dns:///pods:50051"}, ClientTls(), "", dns.Resolver());
+  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
+  ASSERT_TRUE(absl::IsUnavailable(call.status())) << call.status();
+  EXPECT_NE(call.status().message().find("dns:///pods:50051"), std::string::npos);
+  EXPECT_EQ(pool.LeastLoaded(), -1);
+  dns.Set({a->address});
+  ASSERT_TRUE(AddressesBecome(pool, {a->address}));
+  call = pool.Start(Request());
+  EXPECT_TRUE(call.ok()) << call.status();
+  a->service.Release();
+}
+
+TEST(WorkerPoolTest, TheSystemResolverFindsLocalhost) {
+  absl::StatusOr<std::vector<std::string>> found = ResolveHost("localhost", 50051);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_NE(std::find(found->begin(), found->end(), "127.0.0.1:50051"), found->end());
+  EXPECT_FALSE(ResolveHost("no-such-host.invalid", 1).ok());
 }
 
 }  // namespace
