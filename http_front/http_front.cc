@@ -644,7 +644,8 @@ void HttpFront::Shutdown() {
 
 void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
   app->add_option("--server", options->servers,
-                  "attention workers' gRPC addresses, HOST:PORT[,HOST:PORT...]")
+                  "attention workers' gRPC addresses, HOST:PORT[,HOST:PORT...]; dns:///NAME:PORT "
+                  "is every address NAME resolves to (a headless Service), resolved every 5 s")
       ->required()
       ->delimiter(',');
   app->add_option("--model", options->model, "model folder with tiktoken.model")->required();

@@ -11,8 +11,9 @@
 //
 // A separate role in front of the attention workers (docs/ARCHITECTURE.md): it holds no model
 // state, only the model folder's tokenizer, and calls k3serve.v1.K3Serve on the workers
-// round-robin with token ids, so the workers' API stays the ground truth and fronts scale on
-// their own. It does not register with the coordinator.
+// (WorkerPool: least loaded, prefix-aware; --server dns:///NAME:PORT is every pod of a headless
+// Service, resolved again every 5 s) with token ids, so the workers' API stays the ground truth
+// and fronts scale on their own. It does not register with the coordinator.
 //
 // Connections (cpp-httplib; connection_queue.h): a listen backlog of --listen-backlog (httplib's
 // own is 5), a thread per connection (so a stream never waits for a pool's thread), up to
