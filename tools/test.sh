@@ -39,6 +39,8 @@ tools/check_layering.sh || status=1
 if command -v node >/dev/null && command -v npm >/dev/null; then
   if npm_ci k8s; then
     (cd k8s && node validate.mjs) || status=1
+    # The cpu overlay's pods as local processes, serving a chat request (skips without kubectl).
+    (cd k8s && node simulate.mjs) || status=1
   else
     echo "k8s: skipped manifest validation (npm ci failed: no registry?)" >&2
   fi
