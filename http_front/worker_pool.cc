@@ -50,13 +50,21 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
   // over all of them, not only the first.
   grpc::ChannelArguments arguments;
   arguments.SetLoadBalancingPolicyName("round_robin");
-  for (const std::string& address : addresses) {
-    auto worker = std::make_unique<Worker>();
-    worker->address = address;
-    worker->channel = tls.Connect(address, arguments);
-    worker->stub = v1::K3Serve::NewStub(worker->channel);
-    workers_.push_back(std::move(worker));
-  }
+  for (const std::string& address : addresses) AddWorker(address, tls.Connect(address, arguments));
+}
+
+WorkerPool::WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel,
+                       std::string auth_token)
+    : auth_token_(std::move(auth_token)) {
+  AddWorker(std::move(name), std::move(channel));
+}
+
+void WorkerPool::AddWorker(std::string address, std::shared_ptr<grpc::Channel> channel) {
+  auto worker = std::make_unique<Worker>();
+  worker->address = std::move(address);
+  worker->channel = std::move(channel);
+  worker->stub = v1::K3Serve::NewStub(worker->channel);
+  workers_.push_back(std::move(worker));
 }
 
 std::vector<size_t> WorkerPool::Order(absl::Span<const int32_t> prompt) {

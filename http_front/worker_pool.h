@@ -62,6 +62,9 @@ class WorkerPool {
   // `tls`: how to dial them; `auth_token`: the bearer token sent with every call (empty: none).
   explicit WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls = ClientTls(),
                       std::string auth_token = "");
+  // One worker reached through `channel` (e.g. the in-process channel of a server in this
+  // process: `k3serve serve`), called `name` in errors.
+  WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel, std::string auth_token);
 
   // Starts Generate on the least-loaded worker and waits for its first message, so that a
   // rejected request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
@@ -111,6 +114,7 @@ class WorkerPool {
   // Worker indices, best first: up before down, then fewest calls, ties from a rotating start;
   // the worker holding `prompt`'s prefix first when it is up and within kAffinitySlack.
   std::vector<size_t> Order(absl::Span<const int32_t> prompt);
+  void AddWorker(std::string address, std::shared_ptr<grpc::Channel> channel);
 
   std::vector<std::unique_ptr<Worker>> workers_;
   const std::string auth_token_;
