@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "attention_nodes/cuda/gpu_step_runner.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_device.h"
 #include "model/checkpoint.h"
@@ -36,6 +37,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
   K3_RETURN_IF_ERROR(UseCudaDevice(device));
   K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
   std::unique_ptr<GpuEngine> engine(new GpuEngine);
+  engine->device_ = device;
   K3_ASSIGN_OR_RETURN(engine->weights_,
                       LoadWeights(std::shared_ptr<const Checkpoint>(std::move(checkpoint)),
                                   WeightSelection::All(), progress));
@@ -106,30 +108,8 @@ absl::StatusOr<std::vector<float>> GpuEngine::Logits(const std::vector<int32_t>&
   return logits;
 }
 
-absl::StatusOr<std::vector<int32_t>> GpuEngine::Generate(const std::vector<int32_t>& prompt,
-                                                         const GenerateOptions& options) {
-  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  K3_RETURN_IF_ERROR(ValidateSamplingOptions(options.sampling));
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuSequence> sequence, runner_->NewSequence());
-  Sampler sampler(options.sampling);
-  // Every token fed or to feed: the prompt, then each generated token but the last.
-  std::vector<int32_t> tokens = prompt;
-  size_t fed = 0;
-  std::vector<int32_t> generated;
-  absl::Status status;
-  while (static_cast<int>(generated.size()) < options.max_new_tokens) {
-    std::vector<float> logits;
-    status = StepInto(sequence.get(), absl::MakeConstSpan(tokens).subspan(fed), false, &logits);
-    if (!status.ok()) break;
-    fed = tokens.size();
-    absl::StatusOr<bool> ended = TakeNextToken(config(), options, logits, sampler, &generated);
-    if (!ended.ok()) status = ended.status();
-    if (!ended.ok() || *ended) break;
-    tokens.push_back(generated.back());
-  }
-  runner_->Release(sequence.get());
-  if (!status.ok()) return status;
-  return generated;
+std::unique_ptr<StepRunner> GpuEngine::NewStepRunner() {
+  return GpuStepRunner::Over(runner_, device_);
 }
 
 }  // namespace k3

@@ -11,6 +11,7 @@
 // within 2e-2 of it (a near tie that the roundings may flip). Without a GPU the cases report
 // themselves skipped ("no GPU").
 #include "engine/gpu_engine.h"
+#include "engine/process_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -92,11 +93,14 @@ void ExpectMatchesCpu(bool mxfp4, GpuRouting routing = GpuRouting::kDevice) {
     ExpectLogitsClose(*gpu_logits, *cpu_logits, vocab);
   }
 
-  GenerateOptions options;
-  options.max_new_tokens = 8;
-  options.ignore_eos = true;
+  // Generation: the scheduler over the GPU engine's runner, as `generate --device` runs it.
+  GenerationScheduler scheduler((*gpu)->NewStepRunner(), SchedulerOptions(), nullptr);
+  GenerationRequest request;
+  request.max_new_tokens = 8;
+  request.ignore_eos = true;
   const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 16);
-  auto generated = (*gpu)->Generate(prompt, options);
+  request.prompt = prompt;
+  auto generated = GenerateAndWait(scheduler, request);
   ASSERT_TRUE(generated.ok()) << generated.status();
   ASSERT_EQ(generated->size(), 8u);
   std::vector<int32_t> fed = prompt;

@@ -36,14 +36,15 @@ constexpr int kMaxNewTokens = 12;
 std::vector<std::vector<int32_t>> SingleProcessTokens(
     const std::string& model, const std::vector<std::vector<int32_t>>& prompts) {
   std::vector<std::vector<int32_t>> expected;
-  auto engine = OpenProcessEngine(model, ComputeDevice{0});
+  auto engine = ProcessEngine::Open(model, ComputeDevice{0});
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return expected;
-  GenerateOptions options;
-  options.sampling.temperature = 0.0f;
-  options.max_new_tokens = kMaxNewTokens;
+  GenerationRequest request;
+  request.sampling.temperature = 0.0f;
+  request.max_new_tokens = kMaxNewTokens;
   for (const std::vector<int32_t>& prompt : prompts) {
-    auto tokens = (*engine)->Generate(prompt, options);
+    request.prompt = prompt;
+    auto tokens = (*engine)->Generate(request);
     EXPECT_TRUE(tokens.ok()) << tokens.status();
     expected.push_back(tokens.ok() ? *std::move(tokens) : std::vector<int32_t>());
   }

@@ -1,5 +1,5 @@
 // `k3serve serve` as a real process: concurrent requests over its gRPC API and its OpenAI HTTP
-// API (curl) must give, for every prompt, the greedy tokens that `k3serve generate --model`
+// API (curl) must give, for every one of 20 prompts, the greedy tokens that `k3serve generate --model`
 // prints for it (a separate process: the single-process path), and the same as the test's own
 // single-process engine; health, metrics and a clean exit on SIGTERM.
 #include <stdio.h>
@@ -32,7 +32,7 @@ namespace {
 using nlohmann::json;
 
 constexpr int kMaxNewTokens = 10;
-constexpr int kPrompts = 6;
+constexpr int kPrompts = 20;
 
 // Runs a shell command; its stdout (stderr goes to the test's log).
 std::string Output(const std::string& command) {
@@ -113,10 +113,11 @@ TEST(ServeTest, ConcurrentGrpcAndHttpRequestsGiveTheSingleProcessGreedyTokens) {
     const std::vector<int32_t>& want = expected[i % kPrompts];
     EXPECT_EQ(grpc_errors[i], "");
     EXPECT_EQ(grpc_tokens[i], want) << "gRPC request " << i;
-    // The HTTP API ends at eos (not part of the text) and leaves special tokens out.
-    std::vector<int32_t> answer(want.begin(), std::find_first_of(want.begin(), want.end(),
-                                                                 eos.begin(), eos.end()));
-    const size_t completion_tokens = answer.size();
+    // The HTTP API ends at eos (counted in the usage, not part of the text) and leaves special
+    // tokens out.
+    const auto end = std::find_first_of(want.begin(), want.end(), eos.begin(), eos.end());
+    const size_t completion_tokens = end - want.begin() + (end != want.end() ? 1 : 0);
+    std::vector<int32_t> answer(want.begin(), end);
     std::erase_if(answer, [&](int32_t id) { return tokenizer->IsSpecial(id); });
     const json reply = json::parse(http_bodies[i], nullptr, /*allow_exceptions=*/false);
     ASSERT_TRUE(reply.contains("choices")) << http_bodies[i];
@@ -132,7 +133,9 @@ TEST(ServeTest, ConcurrentGrpcAndHttpRequestsGiveTheSingleProcessGreedyTokens) {
   ASSERT_TRUE(serving.ok()) << serving.status();
   EXPECT_TRUE(*serving);
   const std::string metrics = Output(absl::StrCat("curl -sS http://", serve.metrics_address(), "/metrics"));
-  EXPECT_NE(metrics.find("k3_http_responses_total{status=\"200\"} 12"), std::string::npos)
+  EXPECT_NE(metrics.find(absl::StrCat("k3_http_responses_total{status=\"200\"} ",
+                                      kRounds * kPrompts)),
+            std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("k3_attention_step_seconds"), std::string::npos) << metrics;
   EXPECT_EQ(Output(absl::StrCat("curl -sS -o /dev/null -w '%{http_code}' http://",
