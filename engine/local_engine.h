@@ -40,6 +40,12 @@ class LocalEngine {
   // Null unless enabled.
   const PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
 
+  // The routed experts' routing hook (LocalRoutedMoe::set_routing_hook), for tests that hold
+  // another engine's routing.
+  void SetRoutingHook(LocalRoutedMoe::RoutingHook hook) {
+    moe_->set_routing_hook(std::move(hook));
+  }
+
   // New tokens after `prompt`; stops at max_new_tokens or after emitting a stop token or (unless
   // ignore_eos) the model's eos_token_id.
   absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
