@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include <cuda_runtime.h>
+
 #include "attention_nodes/cuda/gpu_step_runner.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_device.h"
 #include "model/checkpoint.h"
 #include "model/glu_params.h"
@@ -58,10 +61,21 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
       return (*experts)[layer]->Run(z, rows, width, assignments, out);
     };
     if (routing == GpuRouting::kDevice) {
-      on_device = [experts = &engine->experts_](
-                      int layer, const float* z, int64_t rows, int64_t width, const int32_t* ids,
-                      const float* weights, int32_t top_k, float* out, void* stream) {
-        return (*experts)[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out, stream);
+      on_device = [self = engine.get()](int layer, const float* z, int64_t rows, int64_t width,
+                                        const int32_t* ids, const float* weights, int32_t top_k,
+                                        float* out, void* stream) -> absl::Status {
+        if (self->observer_) {
+          self->observed_.resize(static_cast<size_t>(rows * top_k));
+          K3_RETURN_IF_CUDA_ERROR(
+              cudaMemcpyAsync(self->observed_.data(), ids, sizeof(int32_t) * rows * top_k,
+                              cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync(observed expert ids)");
+          K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                                  "cudaStreamSynchronize(observed expert ids)");
+          self->observer_(layer, self->observed_, top_k);
+        }
+        return self->experts_[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out,
+                                                  stream);
       };
     }
   }
@@ -74,7 +88,22 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
   return engine;
 }
 
+void GpuEngine::SetRoutingObserver(RoutingObserver observer) {
+  observer_ = std::move(observer);
+  if (moe_ == nullptr) return;  // device routing: on_device calls observer_
+  if (!observer_) {
+    moe_->set_routing_hook(nullptr);
+    return;
+  }
+  moe_->set_routing_hook([this](int layer, Routing* routing) {
+    observer_(layer, routing->experts, routing->top_k);
+  });
+}
+
 absl::Status GpuEngine::EnableCudaGraphs() {
+  if (observer_) {
+    return absl::FailedPreconditionError("CUDA graphs with a routing observer (it synchronizes)");
+  }
   if (absl::Status s = runner_->SetCudaGraphs(true); !s.ok()) {
     return absl::FailedPreconditionError(s.message());
   }

@@ -44,6 +44,14 @@ class GpuEngine {
   // Decode steps that ran as a graph so far.
   int64_t graph_launches() const { return runner_->graph_launches(); }
 
+  // For tests that hold a CPU engine's routing to this one's (LocalEngine::SetRoutingHook): sees
+  // each MoE layer's chosen experts, [rows, top_k] in choice order, as the experts are run: on
+  // the host router's Routing, or (device routing) copied from the gate's output, which
+  // synchronizes the step (so not with CUDA graphs: EnableCudaGraphs then fails). Null: none.
+  using RoutingObserver =
+      std::function<void(int layer, const std::vector<int32_t>& experts, int top_k)>;
+  void SetRoutingObserver(RoutingObserver observer);
+
   // LocalEngine::Logits: [tokens, vocab], one prefill or (decode) one token per step.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
 
@@ -63,6 +71,8 @@ class GpuEngine {
   std::unique_ptr<LocalRoutedMoe> moe_;
   int device_ = 0;
   std::shared_ptr<GpuModelRunner> runner_;
+  RoutingObserver observer_;
+  std::vector<int32_t> observed_;  // device routing's ids, copied for observer_
 };
 
 }  // namespace k3

@@ -32,6 +32,12 @@ class LocalEngine {
   // the caches.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& tokens, bool decode);
 
+  // The routed experts' routing hook (LocalRoutedMoe::set_routing_hook), for tests that hold
+  // another engine's routing.
+  void SetRoutingHook(LocalRoutedMoe::RoutingHook hook) {
+    moe_->set_routing_hook(std::move(hook));
+  }
+
  private:
   LocalEngine() = default;
   // In dependency order (members are destroyed in reverse).
