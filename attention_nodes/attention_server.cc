@@ -82,6 +82,10 @@ int AttentionServer::port() const { return parts_->endpoints->port(); }
 
 int AttentionServer::metrics_port() const { return parts_->endpoints->metrics_port(); }
 
+std::shared_ptr<grpc::Channel> AttentionServer::InProcessChannel() {
+  return parts_->endpoints->InProcessChannel();
+}
+
 absl::Status AttentionServer::StartServing(const ModelWeights* weights, RoutedMoe* routed_moe,
                                           pb::Role role) {
   Parts& p = *parts_;
@@ -361,6 +365,18 @@ void AttentionServer::Shutdown() {
 
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   AddNodeFlags(app, &options->node);
+  AddGenerateServingFlags(app, options);
+  constexpr int64_t kMaxMs = 24 * 3600 * 1000;
+  AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
+                  "how long a MoE layer waits for its router");
+  AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,
+                  "the least a MoE layer waits for a router before it goes to another one");
+  AddBoundedInt(app, "--moe-retry-p99-factor", &options->moe_retry_p99_factor, 1, 1000,
+                "a MoE layer goes to another router after this many times the p99 round trip "
+                "(or the floor)");
+}
+
+void AddGenerateServingFlags(CLI::App* app, AttentionServerOptions* options) {
   SchedulerOptions& s = options->scheduler;
   constexpr int64_t kMaxMs = 24 * 3600 * 1000;
   AddBoundedInt(app, "--max-batch-tokens", &s.max_batch_tokens, 1, 1 << 20,
@@ -397,13 +413,6 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
               {"auto", PingPong::kMeasured}, {"on", PingPong::kAlways}, {"off", PingPong::kOff}},
           CLI::ignore_case))
       ->default_str("auto");
-  AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
-                  "how long a MoE layer waits for its router");
-  AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,
-                  "the least a MoE layer waits for a router before it goes to another one");
-  AddBoundedInt(app, "--moe-retry-p99-factor", &options->moe_retry_p99_factor, 1, 1000,
-                "a MoE layer goes to another router after this many times the p99 round trip "
-                "(or the floor)");
   AddMilliseconds(app, "--drain-timeout-ms", &options->drain_timeout, 0, kMaxMs,
                   "at shutdown, how long requests in flight may finish");
   app->add_option("--auth-token-file", options->auth_token_file,

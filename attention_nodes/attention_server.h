@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 #include "attention_nodes/generation_scheduler.h"
 #include "base/compute_device.h"
 #include "cluster/command_line.h"
@@ -69,6 +70,10 @@ struct AttentionServerOptions {
 
 // Declares the attention node's flags on `app`; parsing fills `options`.
 void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options);
+// The part of them that is about serving Generate, not about the cluster (no node flags, no MoE
+// timeouts): the scheduler, the limits, drain, bearer token, --device. `k3serve serve` (which
+// holds every tier) declares these too.
+void AddGenerateServingFlags(CLI::App* app, AttentionServerOptions* options);
 
 // Serves until SIGINT/SIGTERM (draining first); the exit status (0 clean, 1 failed).
 int RunAttentionNode(const AttentionServerOptions& options);
@@ -97,6 +102,9 @@ class AttentionServer {
 
   int port() const;
   int metrics_port() const;  // -1 without a metrics endpoint
+  // A channel to this server's gRPC services from inside the process (no socket; the bearer
+  // token is still required): a front in the same process (`k3serve serve`) calls Generate on it.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Stops admitting (readiness NOT_SERVING); once the requests in flight end, or at `deadline`
   // after cancelling what is left with UNAVAILABLE, calls `done` with how many were left. Returns

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -227,6 +228,32 @@ SchedulerInfo GenerationScheduler::Info() const {
   return info;
 }
 
+PrefixCacheStats GenerationScheduler::prefix_cache_stats() const {
+  absl::MutexLock lock(&mu_);
+  return prefix_stats_;
+}
+
+absl::Status GenerationScheduler::WithRunner(
+    const std::function<absl::Status(StepRunner&)>& work) {
+  absl::Notification done;
+  absl::Status status;
+  if (!actor_.Post([&] {
+        status = work(*runner_);
+        done.Notify();
+      })) {
+    return absl::UnavailableError("the scheduler is shut down");
+  }
+  done.WaitForNotification();
+  return status;
+}
+
+void GenerationScheduler::UpdatePrefixStats() {
+  const PrefixCacheStats stats = prefix_cache_->stats();
+  if (prefix_metrics_) prefix_metrics_->Update(stats);
+  absl::MutexLock lock(&mu_);
+  prefix_stats_ = stats;
+}
+
 void GenerationScheduler::StopAdmitting() {
   absl::MutexLock lock(&mu_);
   admitting_ = false;
@@ -408,7 +435,7 @@ void GenerationScheduler::AdmitWaiting() {
       const int64_t restored =
           prefix_cache_->Restore(sequence.request.prompt, sequence.state.get());
       sequence.consumed = static_cast<size_t>(restored);
-      if (prefix_metrics_) prefix_metrics_->Update(prefix_cache_->stats());
+      UpdatePrefixStats();
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -496,7 +523,7 @@ void GenerationScheduler::ExecuteStep(const StepPack& pack) {
     if (!members[i]->decoding()) members[i]->consumed += batch[i].tokens.size();
     if (prefix_cache_) RecordPrefix(*members[i]);
   }
-  if (prefix_metrics_) prefix_metrics_->Update(prefix_cache_->stats());
+  if (prefix_cache_) UpdatePrefixStats();
   DeliverTokens(members, samples);
 }
 

@@ -218,6 +218,14 @@ class GenerationScheduler {
   bool Abort(const std::string& id, const std::string& message);
 
   SchedulerInfo Info() const;
+  // The prefix cache's counts after the last step that used it (zeros when it is off).
+  PrefixCacheStats prefix_cache_stats() const;
+
+  // Runs `work` with the runner on the scheduler thread between two steps and returns its status;
+  // requests in flight wait meanwhile. For tools that step a sequence of their own (`k3serve
+  // logits`); `work` must let its states go before it returns. Blocks the caller: not for the
+  // scheduler thread, actors or gRPC handlers. UNAVAILABLE after Shutdown.
+  absl::Status WithRunner(const std::function<absl::Status(StepRunner&)>& work);
 
   // Stops admitting: later Submits get UNAVAILABLE; requests in flight continue.
   void StopAdmitting();
@@ -262,6 +270,8 @@ class GenerationScheduler {
   void NotifyIdleWaiters(bool idle);
   void RemoveFinished();
   void UpdateCounts();
+  // Publishes the prefix cache's counts (metrics and prefix_cache_stats()).
+  void UpdatePrefixStats();
 
   const SchedulerOptions options_;
   std::unique_ptr<SchedulerMetrics> metrics_;
@@ -269,6 +279,7 @@ class GenerationScheduler {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<RequestHandle>> in_flight_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  PrefixCacheStats prefix_stats_ ABSL_GUARDED_BY(mu_);
   bool admitting_ ABSL_GUARDED_BY(mu_) = true;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -6,9 +6,8 @@
 //    step must move (fp32 state and conv caches read and written, the token's inputs and output)
 //    per second, as a fraction of the copy rate;
 //  - MLA decode (one K3 MLA layer: 96 heads, bf16 cache rows of 512 + 64) at contexts 2k, 8k, 32k
-//    and batch 1 and 8, on the fp32 CUDA cores ("mla") and on the tensor cores ("mla-tc"): cache
-//    bytes read per second as a fraction of the copy rate, and the FLOP rate (2 x 96 x
-//    (576 + 512) per key).
+//    and batch 1 and 8 (the fp32 kernel on the CUDA cores): cache bytes read per second as a
+//    fraction of the copy rate, and the FLOP rate (2 x 96 x (576 + 512) per key).
 // Each call uses a different set of states or caches, cycling over at least 256 MB, so that the
 // 50 MB L2 cache does not serve a call from the previous one's bytes. Rounds interleave the cases;
 // each round times 10 calls with CUDA events; the table gives the median call and the range over
@@ -139,7 +138,7 @@ Case KdaCase(int batch, cudaStream_t stream) {
 }
 
 // One K3 MLA layer's absorbed decode for `batch` sequences of `context` cached tokens.
-Case MlaCase(int batch, int context, bool tensor_cores, cudaStream_t stream) {
+Case MlaCase(int batch, int context, cudaStream_t stream) {
   constexpr int kWidth = kLatent + kRope;
   const int pages_per_sequence = (context + kPageSize - 1) / kPageSize;
   const double cache_bytes = 2.0 * kWidth * context * batch;
@@ -173,17 +172,15 @@ Case MlaCase(int batch, int context, bool tensor_cores, cudaStream_t stream) {
   l.out = Alloc<float>(int64_t{batch} * kHeads * kLatent);
 
   Case c;
-  c.kind = tensor_cores ? "mla-tc" : "mla";
+  c.kind = "mla";
   c.batch = batch;
   c.context = context;
   c.bytes = cache_bytes + 4.0 * batch * kHeads * (kWidth + kLatent);
   c.flops = 2.0 * kHeads * (kWidth + kLatent) * context * batch;
-  c.run = [l, table_dev, sets, batch, pages_per_sequence, tensor_cores, stream,
-           call = 0]() mutable {
+  c.run = [l, table_dev, sets, batch, pages_per_sequence, stream, call = 0]() mutable {
     MlaDecodeLaunch launch = l;
     launch.block_table = table_dev + int64_t{call++ % sets} * batch * pages_per_sequence;
-    CHECK_CUDA(static_cast<cudaError_t>(tensor_cores ? LaunchMlaDecodeTensorCores(launch, stream)
-                                                     : LaunchMlaDecode(launch, stream)));
+    CHECK_CUDA(static_cast<cudaError_t>(LaunchMlaDecode(launch, stream)));
   };
   return c;
 }
@@ -199,6 +196,7 @@ void PrintCase(const Case& c, double copy_rate) {
 }
 
 int Main(int rounds) {
+  if (NoGpu()) return 0;
   PrintDevice();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -211,12 +209,8 @@ int Main(int rounds) {
 
   std::vector<Case> cases;
   for (int batch : {1, 8, 32}) cases.push_back(KdaCase(batch, stream));
-  for (bool tensor_cores : {false, true}) {
-    for (int batch : {1, 8}) {
-      for (int context : {2048, 8192, 32768}) {
-        cases.push_back(MlaCase(batch, context, tensor_cores, stream));
-      }
-    }
+  for (int batch : {1, 8}) {
+    for (int context : {2048, 8192, 32768}) cases.push_back(MlaCase(batch, context, stream));
   }
   CHECK_CUDA(cudaDeviceSynchronize());
   for (const Case& c : cases) TimeOnStream(c.run, 3, stream);  // warm-up

@@ -8,7 +8,7 @@
 // For each config it writes a random checkpoint, then measures greedy decode tokens/s of one
 // stream: (N - 1) / (T(N) - T(1)), where T(n) is the best wall time of a request for n new tokens
 // after the same prompt, so prefill and per-request overhead cancel out. The single-process side
-// is LocalEngine::Generate; the cluster side is Generate over gRPC against `k3serve local`'s
+// is the single-process engine (ProcessEngine); the cluster side is Generate over gRPC against `k3serve local`'s
 // processes (LocalCluster). It prints both and their ratio, plus the cluster's aggregate tokens/s
 // with --streams concurrent streams (the attention node batches them) against the same streams
 // through the attention worker's batching scheduler over in-process experts. At the end of each config it
@@ -36,7 +36,7 @@
 #include "attention_nodes/generation_scheduler.h"
 #include "base/status_macros.h"
 #include "cluster/process_tuning.h"
-#include "engine/local_engine.h"
+#include "engine/process_engine.h"
 #include "engine/local_routed_moe.h"
 #include "model/weights.h"
 #include "launcher/local_cluster.h"
@@ -133,11 +133,13 @@ absl::Status BenchConfig(const BenchOptions& o, const std::string& name) {
 
   double single = 0;
   {
-    K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Open(dir));
+    K3_ASSIGN_OR_RETURN(std::unique_ptr<ProcessEngine> engine,
+                        ProcessEngine::Open(dir, ComputeDevice()));
     absl::StatusOr<double> rate = DecodeTokensPerSecond(o, [&](int n) -> absl::Status {
-      GenerateOptions options;
-      options.max_new_tokens = n;
-      return (engine)->Generate(kPrompt, options).status();
+      GenerationRequest request;
+      request.prompt = kPrompt;
+      request.max_new_tokens = n;
+      return engine->Generate(request).status();
     });
     if (!rate.ok()) return rate.status();
     single = *rate;

@@ -114,8 +114,8 @@ void PrintTable(const std::vector<Shape>& shapes, const GpuExpertCompute& gpu, i
 
 int Main(int rounds) {
   if (absl::StatusOr<int> devices = CudaDeviceCount(); !devices.ok()) {
-    fprintf(stderr, "gpu_expert_bench: %s\n", devices.status().ToString().c_str());
-    return 1;
+    printf("skipped: no GPU (%s)\n", devices.status().ToString().c_str());
+    return 0;
   }
   std::mt19937 rng(1);
   const std::vector<Matrix> matrices = RandomExpertMatrices(rng);

@@ -263,6 +263,7 @@ void Report(const ModelConfig& config, const std::vector<DecodeCase>& cases, dou
 }
 
 int Main(int rounds) {
+  if (NoGpu()) return 0;
   PrintDevice();
   const ModelConfig config = CheckOk(NamedConfig("k3-slice"), "k3-slice");
   SyntheticModel synthetic;

@@ -3,10 +3,9 @@
 //
 //   bazel run //bench:prefix_cache_bench -- [--prompt-tokens 8192] [--added-tokens 64]
 //                                                   [--answer-tokens 16] [--rounds 5]
-//                                                   [--scheduler 1]
 //
-// --scheduler 1 runs the turns through an attention worker's GenerationScheduler (over the
-// in-process routed experts), the serving path, instead of the single-process engine.
+// The turns run through a GenerationScheduler over the in-process routed experts (the one
+// generation loop: the attention worker's, `k3serve serve`'s and the CLI's).
 //
 // Each round is a new conversation (random tokens, so nothing is shared across rounds): turn 1 is
 // the prompt, answered with --answer-tokens tokens; turn 2 is turn 1, its answer and
@@ -32,7 +31,6 @@
 #include "attention_nodes/generation_scheduler.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
-#include "engine/local_engine.h"
 #include "engine/local_routed_moe.h"
 #include "model/weights.h"
 #include "model/config.h"
@@ -46,7 +44,6 @@ struct Options {
   int added_tokens = 64;
   int answer_tokens = 16;
   int rounds = 5;
-  int scheduler = 0;  // 1: through GenerationScheduler
 };
 
 // Parses the command line into `options`; the exit status when the bench should not run.
@@ -59,8 +56,6 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* options) {
   AddBoundedInt(&app, "--answer-tokens", &options->answer_tokens, 0, kMost,
                 "tokens of turn 1's answer");
   AddBoundedInt(&app, "--rounds", &options->rounds, 1, kMost, "conversations timed");
-  AddBoundedInt(&app, "--scheduler", &options->scheduler, 0, 1,
-                "1: through GenerationScheduler instead of the single-process engine");
   return ParseToolArgs(&app, {argv + 1, argv + argc});
 }
 
@@ -68,26 +63,6 @@ struct Timed {
   double first_token_seconds = 0;
   std::vector<int32_t> answer;
 };
-
-Timed TimeTurn(LocalEngine& engine, const std::vector<int32_t>& prompt, int answer_tokens) {
-  Timed timed;
-  GenerateOptions options;
-  options.max_new_tokens = answer_tokens;
-  options.ignore_eos = true;
-  const absl::Time start = absl::Now();
-  options.on_token = [&](int32_t) {
-    if (timed.first_token_seconds == 0) {
-      timed.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    }
-  };
-  absl::StatusOr<std::vector<int32_t>> answer = engine.Generate(prompt, options);
-  if (!answer.ok()) {
-    std::fprintf(stderr, "generate: %s\n", answer.status().ToString().c_str());
-    std::exit(1);
-  }
-  timed.answer = *answer;
-  return timed;
-}
 
 // The first token's time and the tokens of one request through a scheduler.
 class TimingSink : public GenerationSink {
@@ -163,24 +138,18 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<LocalEngine>> cached = LocalEngine::Open(dir);
-  absl::StatusOr<std::unique_ptr<LocalEngine>> plain = LocalEngine::Open(dir);
-  if (!cached.ok() || !plain.ok() || !(*cached)->EnablePrefixCache(PrefixCacheOptions()).ok()) {
-    std::fprintf(stderr, "cannot open the engines\n");
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
+  if (!weights.ok()) {
+    std::fprintf(stderr, "%s\n", weights.status().ToString().c_str());
     return 1;
   }
-  // The scheduler's weights: the engine's are its own.
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadWeights(dir, WeightSelection::All());
-  if (!weights.ok()) return 1;
   ScheduledWorker cached_worker(weights->get(), SchedulerOptions().prefix_cache_bytes);
   ScheduledWorker plain_worker(weights->get(), 0);
   TurnRunner with_cache = [&](const std::vector<int32_t>& prompt, int answer) {
-    return options.scheduler ? TimeScheduled(cached_worker.scheduler, prompt, answer)
-                             : TimeTurn(**cached, prompt, answer);
+    return TimeScheduled(cached_worker.scheduler, prompt, answer);
   };
   TurnRunner without_cache = [&](const std::vector<int32_t>& prompt, int answer) {
-    return options.scheduler ? TimeScheduled(plain_worker.scheduler, prompt, answer)
-                             : TimeTurn(**plain, prompt, answer);
+    return TimeScheduled(plain_worker.scheduler, prompt, answer);
   };
   std::mt19937 rng(11);
   auto random_tokens = [&](int n) {
@@ -206,16 +175,16 @@ int Main(int argc, char** argv) {
                 turn1.first_token_seconds, turn2.first_token_seconds,
                 turn2_cold.first_token_seconds, ratio.back());
   }
-  std::printf("k3-tiny, %s, %d-token first turn, +%d answer +%d new tokens, %d rounds\n",
-              options.scheduler ? "GenerationScheduler" : "LocalEngine", options.prompt_tokens,
+  std::printf("k3-tiny, %d-token first turn, +%d answer +%d new tokens, %d rounds\n",
+              options.prompt_tokens,
               options.answer_tokens, options.added_tokens, options.rounds);
   Report("turn 1 first token (s)", first);
   Report("turn 2 first token, prefix cache (s)", second);
   Report("turn 2 first token, no cache (s)", cold);
   Report("turn 1 / turn 2 with the cache (x)", ratio);
   Report("turn 2 no cache / with the cache (x)", cold_ratio);
-  if (!options.scheduler) {
-    const PrefixCacheStats stats = (*cached)->prefix_cache()->stats();
+  {
+    const PrefixCacheStats stats = cached_worker.scheduler.prefix_cache_stats();
     std::printf("cache: %lld/%lld hits, %lld of %lld tokens restored, %lld bytes held\n",
                 static_cast<long long>(stats.hits), static_cast<long long>(stats.lookups),
                 static_cast<long long>(stats.hit_tokens),

@@ -9,6 +9,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "proto/health.grpc.pb.h"
 
 namespace k3 {
@@ -58,6 +59,10 @@ void GrpcServer::SetServing(const std::string& service, bool serving) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return;
   server_->GetHealthCheckService()->SetServingStatus(service, serving);
+}
+
+std::shared_ptr<grpc::Channel> GrpcServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
 }
 
 void GrpcServer::Shutdown(absl::Duration grace) {

@@ -53,6 +53,11 @@ class GrpcServer {
 
   int port() const { return port_; }
 
+  // A channel to this server inside the process (gRPC's in-process transport: no socket, no TLS,
+  // the same services and limits), for a front served by the same process (`k3serve serve`).
+  // Calls on it fail UNAVAILABLE after Shutdown.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
   // Sets the health of `service` ("" for overall). Names outside the options' list become known
   // to the health service from then on. No effect after Shutdown.
   void SetServing(const std::string& service, bool serving);

@@ -75,20 +75,11 @@ absl::StatusOr<std::string> NcclTransport::NewUniqueId() {
 NcclTransport::NcclTransport(int rank, int ranks, int device, const Options& options)
     : rank_(rank), ranks_(ranks), device_(device), options_(options) {}
 
-absl::Status NcclTransport::AllocateResources() {
+absl::Status NcclTransport::CreateStream() {
   cudaError_t error = cudaSetDevice(device_);
   if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-  if (error == cudaSuccess) {
-    error = cudaMalloc(reinterpret_cast<void**>(&send_counts_device_), ranks_ * sizeof(int64_t));
-  }
-  if (error == cudaSuccess) {
-    error = cudaMalloc(reinterpret_cast<void**>(&recv_counts_device_), ranks_ * sizeof(int64_t));
-  }
-  if (error == cudaSuccess) {
-    error = cudaMallocHost(reinterpret_cast<void**>(&counts_host_), 2 * ranks_ * sizeof(int64_t));
-  }
   if (error != cudaSuccess) {
-    return CudaError(absl::StrCat("allocating on device ", device_).c_str(), error);
+    return CudaError(absl::StrCat("a stream on device ", device_).c_str(), error);
   }
   return absl::OkStatus();
 }
@@ -110,7 +101,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::
         absl::StrCat("CUDA device ", device, " (", devices, " present)"));
   }
   std::unique_ptr<NcclTransport> transport(new NcclTransport(rank, ranks, device, options));
-  absl::Status status = transport->AllocateResources();
+  absl::Status status = transport->CreateStream();
   if (!status.ok()) return status;
   ncclUniqueId id;
   memcpy(id.internal, unique_id.data(), sizeof(id.internal));
@@ -124,56 +115,6 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(const std::
                      "joining the NCCL communicator", options.cancel);
   if (!status.ok()) return transport->Fail(status);
   return transport;
-}
-
-absl::StatusOr<std::vector<std::unique_ptr<NcclTransport>>> NcclTransport::CreateLocal(
-    const std::vector<int>& devices, const Options& options) {
-  if (devices.empty()) return absl::InvalidArgumentError("no devices");
-  K3_ASSIGN_OR_RETURN(int count, DeviceCount());
-  for (size_t i = 0; i < devices.size(); ++i) {
-    if (devices[i] < 0 || devices[i] >= count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CUDA device ", devices[i], " (", count, " present)"));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (devices[i] == devices[j]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("device ", devices[i], " listed twice: NCCL needs one GPU per rank"));
-      }
-    }
-  }
-  K3_ASSIGN_OR_RETURN(std::string unique_id, NewUniqueId());
-  ncclUniqueId id;
-  memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-  const int ranks = static_cast<int>(devices.size());
-  std::vector<std::unique_ptr<NcclTransport>> transports;
-  for (int rank = 0; rank < ranks; ++rank) {
-    transports.emplace_back(new NcclTransport(rank, ranks, devices[rank], options));
-    K3_RETURN_IF_ERROR(transports.back()->AllocateResources());
-  }
-  // One thread joins every rank: the inits must form one NCCL group.
-  ncclResult_t result = ncclGroupStart();
-  for (int rank = 0; rank < ranks && result == ncclSuccess; ++rank) {
-    cudaSetDevice(devices[rank]);
-    ncclConfig_t config = NonBlockingConfig();
-    result = ncclCommInitRankConfig(&transports[rank]->comm_, ranks, id, rank, &config);
-    if (result == ncclInProgress) result = ncclSuccess;
-  }
-  ncclResult_t end = ncclGroupEnd();
-  if (result == ncclSuccess && end != ncclInProgress) result = end;
-  if (result != ncclSuccess) {
-    for (auto& transport : transports) transport->Abort();
-    return NcclError("grouped ncclCommInitRankConfig", result);
-  }
-  const absl::Time deadline = absl::Now() + options.init_timeout;
-  for (auto& transport : transports) {
-    absl::Status status = AwaitComm(transport->comm_, deadline, "creating the NCCL communicator");
-    if (!status.ok()) {
-      for (auto& other : transports) other->Abort();
-      return status;
-    }
-  }
-  return transports;
 }
 
 NcclTransport::~NcclTransport() {
@@ -193,9 +134,6 @@ NcclTransport::~NcclTransport() {
   }
   if (comm_ != nullptr) Abort();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  if (send_counts_device_ != nullptr) cudaFree(send_counts_device_);
-  if (recv_counts_device_ != nullptr) cudaFree(recv_counts_device_);
-  if (counts_host_ != nullptr) cudaFreeHost(counts_host_);
 }
 
 void NcclTransport::Abort() {
@@ -234,80 +172,6 @@ absl::Status NcclTransport::Wait(absl::Time deadline, const char* what) {
     }
     absl::SleepFor(kPollInterval);
   }
-}
-
-absl::StatusOr<std::vector<size_t>> NcclTransport::AllToAllV(const void* send,
-                                                             const std::vector<size_t>& send_bytes,
-                                                             void* recv, size_t recv_capacity) {
-  if (aborted_) return absl::FailedPreconditionError("NCCL communicator was aborted");
-  if (static_cast<int>(send_bytes.size()) != ranks_) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("AllToAllV with ", send_bytes.size(), " send sizes for ", ranks_, " ranks")));
-  }
-  const absl::Time deadline = absl::Now() + options_.op_timeout;
-  cudaSetDevice(device_);
-
-  // 1. Counts: one int64 to and from every rank.
-  for (int r = 0; r < ranks_; ++r) counts_host_[r] = static_cast<int64_t>(send_bytes[r]);
-  cudaError_t error = cudaMemcpyAsync(send_counts_device_, counts_host_, ranks_ * sizeof(int64_t),
-                                      cudaMemcpyHostToDevice, stream_);
-  if (error != cudaSuccess) return Fail(CudaError("copying counts", error));
-  ncclResult_t result = ncclGroupStart();
-  for (int r = 0; r < ranks_ && result == ncclSuccess; ++r) {
-    result = ncclSend(send_counts_device_ + r, 1, ncclInt64, r, comm_, stream_);
-    if (result == ncclSuccess || result == ncclInProgress) {
-      result = ncclRecv(recv_counts_device_ + r, 1, ncclInt64, r, comm_, stream_);
-    }
-    if (result == ncclInProgress) result = ncclSuccess;
-  }
-  ncclResult_t end = ncclGroupEnd();
-  if (result == ncclSuccess && end != ncclInProgress) result = end;
-  if (result != ncclSuccess) return Fail(NcclError("count exchange", result));
-  absl::Status status = Wait(deadline, "count exchange");
-  if (!status.ok()) return Fail(status);
-  int64_t* recv_counts_host = counts_host_ + ranks_;
-  error = cudaMemcpyAsync(recv_counts_host, recv_counts_device_, ranks_ * sizeof(int64_t),
-                          cudaMemcpyDeviceToHost, stream_);
-  if (error != cudaSuccess) return Fail(CudaError("copying counts back", error));
-  status = Wait(deadline, "count copy");
-  if (!status.ok()) return Fail(status);
-
-  std::vector<size_t> recv_bytes(ranks_);
-  size_t total = 0;
-  for (int r = 0; r < ranks_; ++r) {
-    if (recv_counts_host[r] < 0) {
-      return Fail(absl::DataLossError(absl::StrCat("rank ", r, " announced a negative size")));
-    }
-    recv_bytes[r] = static_cast<size_t>(recv_counts_host[r]);
-    total += recv_bytes[r];
-  }
-  if (total > recv_capacity) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, " receives ", total, " bytes into a buffer of ", recv_capacity)));
-  }
-
-  // 2. Data: one grouped send and receive per rank with a non-empty block.
-  const auto* send_base = static_cast<const char*>(send);
-  auto* recv_base = static_cast<char*>(recv);
-  size_t send_offset = 0, recv_offset = 0;
-  result = ncclGroupStart();
-  for (int r = 0; r < ranks_ && result == ncclSuccess; ++r) {
-    if (send_bytes[r] > 0) {
-      result = ncclSend(send_base + send_offset, send_bytes[r], ncclUint8, r, comm_, stream_);
-    }
-    if ((result == ncclSuccess || result == ncclInProgress) && recv_bytes[r] > 0) {
-      result = ncclRecv(recv_base + recv_offset, recv_bytes[r], ncclUint8, r, comm_, stream_);
-    }
-    if (result == ncclInProgress) result = ncclSuccess;
-    send_offset += send_bytes[r];
-    recv_offset += recv_bytes[r];
-  }
-  end = ncclGroupEnd();
-  if (result == ncclSuccess && end != ncclInProgress) result = end;
-  if (result != ncclSuccess) return Fail(NcclError("all-to-all", result));
-  status = Wait(deadline, "all-to-all");
-  if (!status.ok()) return Fail(status);
-  return recv_bytes;
 }
 
 absl::Status NcclTransport::Send(const void* data, size_t bytes, int peer) {

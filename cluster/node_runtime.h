@@ -135,6 +135,8 @@ class NodeEndpoints {
   int port() const { return server_->port(); }
   int metrics_port() const { return http_ ? http_->port() : -1; }
   const std::string& grpc_address() const { return grpc_address_; }  // advertised host:port
+  // GrpcServer::InProcessChannel: the node's own services, called from inside the process.
+  std::shared_ptr<grpc::Channel> InProcessChannel() { return server_->InProcessChannel(); }
   // Null before Register.
   CoordinatorClient* client() const { return client_.get(); }
   // How this node dials other nodes of the cluster (the TLS flags as client credentials).

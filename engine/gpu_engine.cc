@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include <cuda_runtime.h>
+
+#include "attention_nodes/cuda/gpu_step_runner.h"
 #include "base/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_device.h"
 #include "model/checkpoint.h"
 #include "model/glu_params.h"
@@ -36,6 +40,7 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
   K3_RETURN_IF_ERROR(UseCudaDevice(device));
   K3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
   std::unique_ptr<GpuEngine> engine(new GpuEngine);
+  engine->device_ = device;
   K3_ASSIGN_OR_RETURN(engine->weights_,
                       LoadWeights(std::shared_ptr<const Checkpoint>(std::move(checkpoint)),
                                   WeightSelection::All(), progress));
@@ -56,10 +61,21 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
       return (*experts)[layer]->Run(z, rows, width, assignments, out);
     };
     if (routing == GpuRouting::kDevice) {
-      on_device = [experts = &engine->experts_](
-                      int layer, const float* z, int64_t rows, int64_t width, const int32_t* ids,
-                      const float* weights, int32_t top_k, float* out, void* stream) {
-        return (*experts)[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out, stream);
+      on_device = [self = engine.get()](int layer, const float* z, int64_t rows, int64_t width,
+                                        const int32_t* ids, const float* weights, int32_t top_k,
+                                        float* out, void* stream) -> absl::Status {
+        if (self->observer_) {
+          self->observed_.resize(static_cast<size_t>(rows * top_k));
+          K3_RETURN_IF_CUDA_ERROR(
+              cudaMemcpyAsync(self->observed_.data(), ids, sizeof(int32_t) * rows * top_k,
+                              cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync(observed expert ids)");
+          K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                                  "cudaStreamSynchronize(observed expert ids)");
+          self->observer_(layer, self->observed_, top_k);
+        }
+        return self->experts_[layer]->RunOnDevice(z, rows, width, ids, weights, top_k, out,
+                                                  stream);
       };
     }
   }
@@ -72,7 +88,22 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> GpuEngine::Open(
   return engine;
 }
 
+void GpuEngine::SetRoutingObserver(RoutingObserver observer) {
+  observer_ = std::move(observer);
+  if (moe_ == nullptr) return;  // device routing: on_device calls observer_
+  if (!observer_) {
+    moe_->set_routing_hook(nullptr);
+    return;
+  }
+  moe_->set_routing_hook([this](int layer, Routing* routing) {
+    observer_(layer, routing->experts, routing->top_k);
+  });
+}
+
 absl::Status GpuEngine::EnableCudaGraphs() {
+  if (observer_) {
+    return absl::FailedPreconditionError("CUDA graphs with a routing observer (it synchronizes)");
+  }
   if (absl::Status s = runner_->SetCudaGraphs(true); !s.ok()) {
     return absl::FailedPreconditionError(s.message());
   }
@@ -106,30 +137,8 @@ absl::StatusOr<std::vector<float>> GpuEngine::Logits(const std::vector<int32_t>&
   return logits;
 }
 
-absl::StatusOr<std::vector<int32_t>> GpuEngine::Generate(const std::vector<int32_t>& prompt,
-                                                         const GenerateOptions& options) {
-  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  K3_RETURN_IF_ERROR(ValidateSamplingOptions(options.sampling));
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<GpuSequence> sequence, runner_->NewSequence());
-  Sampler sampler(options.sampling);
-  // Every token fed or to feed: the prompt, then each generated token but the last.
-  std::vector<int32_t> tokens = prompt;
-  size_t fed = 0;
-  std::vector<int32_t> generated;
-  absl::Status status;
-  while (static_cast<int>(generated.size()) < options.max_new_tokens) {
-    std::vector<float> logits;
-    status = StepInto(sequence.get(), absl::MakeConstSpan(tokens).subspan(fed), false, &logits);
-    if (!status.ok()) break;
-    fed = tokens.size();
-    absl::StatusOr<bool> ended = TakeNextToken(config(), options, logits, sampler, &generated);
-    if (!ended.ok()) status = ended.status();
-    if (!ended.ok() || *ended) break;
-    tokens.push_back(generated.back());
-  }
-  runner_->Release(sequence.get());
-  if (!status.ok()) return status;
-  return generated;
+std::unique_ptr<StepRunner> GpuEngine::NewStepRunner() {
+  return GpuStepRunner::Over(runner_, device_);
 }
 
 }  // namespace k3

@@ -36,40 +36,4 @@ absl::StatusOr<std::vector<float>> LocalEngine::Logits(const std::vector<int32_t
   return all;
 }
 
-absl::Status LocalEngine::EnablePrefixCache(const PrefixCacheOptions& options) {
-  K3_RETURN_IF_ERROR(options.Validate());
-  prefix_cache_ = std::make_unique<PrefixCache>(config(), options);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<int32_t>> LocalEngine::Generate(const std::vector<int32_t>& prompt,
-                                                           const GenerateOptions& options) {
-  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  K3_RETURN_IF_ERROR(ValidateSamplingOptions(options.sampling));
-  std::unique_ptr<SequenceState> state = runner_->NewSequence();
-  Sampler sampler(options.sampling);
-  // Every token fed or to feed: the prompt, then each generated token but the last.
-  std::vector<int32_t> tokens = prompt;
-  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
-  int64_t fed = prefix_cache_ ? prefix_cache_->Restore(prompt, state.get()) : 0;
-  std::vector<int32_t> generated;
-  std::vector<float> logits;
-  while (static_cast<int>(generated.size()) < options.max_new_tokens) {
-    const int64_t end = fed < prompt_size && prefix_cache_
-                            ? prefix_cache_->PrefillCut(fed, prompt_size)
-                            : static_cast<int64_t>(tokens.size());
-    BatchEntry entry{state.get(), absl::MakeConstSpan(tokens).subspan(fed, end - fed), false};
-    K3_RETURN_IF_ERROR(runner_->Step({entry}, &logits));
-    fed = end;
-    if (prefix_cache_) {
-      K3_RETURN_IF_ERROR(prefix_cache_->Record(tokens, *state));
-    }
-    if (fed < prompt_size) continue;  // the prompt's first piece, up to its last block boundary
-    K3_ASSIGN_OR_RETURN(bool ended, TakeNextToken(config(), options, logits, sampler, &generated));
-    if (ended) break;
-    tokens.push_back(generated.back());
-  }
-  return generated;
-}
-
 }  // namespace k3

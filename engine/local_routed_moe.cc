@@ -1,8 +1,12 @@
 #include "engine/local_routed_moe.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "router/dispatch_plan.h"
+#include "router/gate.h"
 
 namespace k3 {
 
@@ -16,8 +20,12 @@ absl::Status LocalRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   }
   layer_ = layer;
   const MoeWeights& moe = weights_->layers[layer].moe;
-  PrepareRouterStep(
-      moe.router, config, x, tokens, /*num_workers=*/1, [](int32_t, int64_t) { return 0; }, &step_);
+  const WorkerForExpert one_worker = [](int32_t, int64_t) { return 0; };
+  PrepareRouterStep(moe.router, config, x, tokens, /*num_workers=*/1, one_worker, &step_);
+  if (hook_) {
+    K3_RETURN_IF_ERROR(ApplyHook(layer));
+    BuildDispatchPlan(step_.routing, /*num_workers=*/1, one_worker, &step_.plan);
+  }
   const int64_t rows = static_cast<int64_t>(step_.plan.workers[0].tokens.size());
   rows_.resize(static_cast<size_t>(rows * step_.width));
   GatherWorkerRows(step_, x, /*worker=*/0, rows_.data());
@@ -28,6 +36,31 @@ absl::Status LocalRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
                 : RunExperts(moe.experts, glu_, rows_.data(), rows, step_.width, assignments,
                              partial_.data(), &scratch_);
   return status_;
+}
+
+absl::Status LocalRoutedMoe::ApplyHook(int layer) {
+  Routing& routing = step_.routing;
+  const std::vector<int32_t> chosen = routing.experts;
+  hook_(layer, &routing);
+  if (routing.experts == chosen) return absl::OkStatus();
+  if (routing.experts.size() != chosen.size()) {
+    return absl::InvalidArgumentError("the routing hook changed the number of assignments");
+  }
+  const ModelConfig& config = weights_->config;
+  for (int64_t t = 0; t < routing.tokens; ++t) {
+    const int32_t* ids = routing.experts.data() + t * routing.top_k;
+    for (int s = 0; s < routing.top_k; ++s) {
+      if (ids[s] < 0 || ids[s] >= routing.num_experts ||
+          std::find(ids, ids + s, ids[s]) != ids + s) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the routing hook gave token ", t, " expert ", ids[s], " twice or out of range"));
+      }
+    }
+    WeighExperts(routing.scores.data() + t * routing.num_experts, ids, routing.top_k,
+                 config.moe_renormalize, config.routed_scaling_factor,
+                 routing.weights.data() + t * routing.top_k);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalRoutedMoe::Wait(float* out) {

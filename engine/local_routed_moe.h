@@ -33,9 +33,22 @@ class LocalRoutedMoe : public RoutedMoe {
   // The routing of the last step (for tests and statistics).
   const Routing& last_routing() const { return step_.routing; }
 
+  // For tests that compare two engines' numerics with their routing held equal: called in each
+  // Begin after the gate chose, before the experts run, with the layer and the step's routing
+  // ([tokens, top_k] experts in choice order, weights, scores). It may only read it, or replace
+  // `experts` (same size; each token's ids distinct and in range, else Begin fails with
+  // InvalidArgument), in which case the weights are recomputed from the token's scores as the
+  // gate weighs its own choice (WeighExperts). Null (the default): no hook.
+  using RoutingHook = std::function<void(int layer, Routing* routing)>;
+  void set_routing_hook(RoutingHook hook) { hook_ = std::move(hook); }
+
  private:
+  // Calls hook_ on step_.routing and reweighs what it replaced.
+  absl::Status ApplyHook(int layer);
+
   const ModelWeights* weights_;
   ExpertRunner experts_;
+  RoutingHook hook_;
   GluParams glu_;
   int layer_ = -1;
   absl::Status status_;

@@ -137,6 +137,11 @@ absl::Status GpuExpertCompute::Upload(const std::vector<GatedMlpWeights>& expert
 absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
   if (bytes <= buffer.bytes) return absl::OkStatus();
   DeviceAllocationEpoch().fetch_add(1);  // CUDA graphs holding the old address are stale
+  if (buffer.data != nullptr) {
+    // No queued work on any stream may still use the old memory; cudaFree's own waiting is not
+    // a documented guarantee for non-blocking streams.
+    K3_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize before cudaFree");
+  }
   K3_RETURN_IF_CUDA_ERROR(cudaFree(buffer.data), "cudaFree");
   buffer = DeviceBuffer{};
   K3_RETURN_IF_CUDA_ERROR(cudaMalloc(&buffer.data, bytes), "cudaMalloc");
@@ -144,7 +149,7 @@ absl::Status GpuExpertCompute::Reserve(DeviceBuffer& buffer, size_t bytes) {
   return absl::OkStatus();
 }
 
-int32_t GpuExpertCompute::Stage(const float* z, bool z_on_device,
+int32_t GpuExpertCompute::Stage(const float* z, bool z_on_device, int64_t rows,
                                 const std::vector<ExpertAssignment>& assignments) {
   // Slots in RunExperts' order: by expert, stable.
   std::vector<int32_t> experts(assignments.size());
@@ -162,6 +167,17 @@ int32_t GpuExpertCompute::Stage(const float* z, bool z_on_device,
     }
     slot_row_host_[slot] = a.row;
     slot_weight_host_[slot] = a.weight;
+  }
+  // Each row's slots in slot order: the combine's fixed summation order.
+  std::vector<int32_t> per_row(static_cast<size_t>(rows), 0);
+  for (const ExpertAssignment& a : assignments) ++per_row[a.row];
+  row_slots_per_row_ = 0;
+  for (int32_t count : per_row) row_slots_per_row_ = std::max(row_slots_per_row_, count);
+  row_slots_host_.assign(static_cast<size_t>(rows * row_slots_per_row_), -1);
+  std::fill(per_row.begin(), per_row.end(), 0);
+  for (size_t slot = 0; slot < slots; ++slot) {
+    const int64_t row = slot_row_host_[slot];
+    row_slots_host_[row * row_slots_per_row_ + per_row[row]++] = static_cast<int32_t>(slot);
   }
   chunks_host_ = std::move(grouped.chunks);
   return grouped.chunk_tokens;
@@ -198,7 +214,8 @@ absl::Status GpuExpertCompute::CheckAssignments(
   return absl::OkStatus();
 }
 
-MoeMxfp4Launch GpuExpertCompute::StagedLaunch(int32_t chunk_tokens, float* out) const {
+MoeMxfp4Launch GpuExpertCompute::StagedLaunch(int32_t chunk_tokens, int64_t rows,
+                                              float* out) const {
   MoeMxfp4Launch launch;
   launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
   launch.chunks = static_cast<const MoeChunk*>(chunks_.data);
@@ -208,8 +225,11 @@ MoeMxfp4Launch GpuExpertCompute::StagedLaunch(int32_t chunk_tokens, float* out) 
   launch.hidden = static_cast<int32_t>(hidden_);
   launch.x = static_cast<const uint16_t*>(x_.data);
   launch.h = static_cast<uint16_t*>(h_.data);
-  launch.slot_row = static_cast<const int32_t*>(slot_row_.data);
   launch.slot_weight = static_cast<const float*>(slot_weight_.data);
+  launch.slot_out = static_cast<float*>(slot_out_.data);
+  launch.row_slots = static_cast<const int32_t*>(row_slots_.data);
+  launch.rows = static_cast<int32_t>(rows);
+  launch.per_row = row_slots_per_row_;
   launch.out = out;
   launch.glu = glu_;
   return launch;
@@ -232,13 +252,15 @@ absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_
     K3_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "cudaMemsetAsync (at synchronize)");
     return absl::OkStatus();
   }
-  const int32_t chunk_tokens = Stage(z, on_device, assignments);
+  const int32_t chunk_tokens = Stage(z, on_device, rows, assignments);
   const size_t slots = assignments.size();
   K3_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
   for (absl::Status s :
        {Reserve(x_, sizeof(uint16_t) * slots * width_),
         Reserve(h_, sizeof(uint16_t) * slots * hidden_),
         Reserve(slot_row_, sizeof(int32_t) * slots), Reserve(slot_weight_, sizeof(float) * slots),
+        Reserve(slot_out_, sizeof(float) * slots * width_),
+        Reserve(row_slots_, sizeof(int32_t) * row_slots_host_.size()),
         Reserve(chunks_, sizeof(MoeChunk) * chunks_host_.size()),
         Reserve(out_, on_device ? 0 : out_bytes)}) {
     if (!s.ok()) return s;
@@ -250,6 +272,7 @@ absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_
   } copies[] = {{&x_, x_host_.data(), sizeof(uint16_t) * x_host_.size()},
                 {&slot_row_, slot_row_host_.data(), sizeof(int32_t) * slots},
                 {&slot_weight_, slot_weight_host_.data(), sizeof(float) * slots},
+                {&row_slots_, row_slots_host_.data(), sizeof(int32_t) * row_slots_host_.size()},
                 {&chunks_, chunks_host_.data(), sizeof(MoeChunk) * chunks_host_.size()}};
   for (const auto& copy : copies) {
     if (copy.bytes == 0) continue;  // x when the rows are already on the device
@@ -265,10 +288,10 @@ absl::Status GpuExpertCompute::RunGrouped(const float* z, bool on_device, int64_
             static_cast<int32_t>(slots), static_cast<uint16_t*>(x_.data), stream)),
         "LaunchMoeGatherRows");
   }
+  // The combine overwrites every row of the answer (rows without slots with zeros).
   float* answer = on_device ? out : static_cast<float*>(out_.data);
-  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(answer, 0, out_bytes, stream), "cudaMemsetAsync");
   K3_RETURN_IF_CUDA_ERROR(
-      static_cast<cudaError_t>(LaunchMoeMxfp4(StagedLaunch(chunk_tokens, answer), stream)),
+      static_cast<cudaError_t>(LaunchMoeMxfp4(StagedLaunch(chunk_tokens, rows, answer), stream)),
       "expert kernels");
   if (!on_device) {
     K3_RETURN_IF_CUDA_ERROR(
@@ -301,6 +324,8 @@ absl::Status GpuExpertCompute::RunOnDevice(const float* z, int64_t rows, int64_t
        {Reserve(x_, sizeof(uint16_t) * slots * width_),
         Reserve(h_, sizeof(uint16_t) * slots * hidden_),
         Reserve(slot_row_, sizeof(int32_t) * slots), Reserve(slot_weight_, sizeof(float) * slots),
+        Reserve(slot_out_, sizeof(float) * slots * width_),
+        Reserve(row_slots_, sizeof(int32_t) * slots),
         Reserve(chunks_, sizeof(MoeChunk) * max_chunks)}) {
     if (!s.ok()) return s;
   }
@@ -315,6 +340,7 @@ absl::Status GpuExpertCompute::RunOnDevice(const float* z, int64_t rows, int64_t
   group.max_chunks = max_chunks;
   group.slot_row = static_cast<int32_t*>(slot_row_.data);
   group.slot_weight = static_cast<float*>(slot_weight_.data);
+  group.row_slots = static_cast<int32_t*>(row_slots_.data);
   group.chunks = static_cast<MoeChunk*>(chunks_.data);
   K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeGroup(group, stream)),
                           "LaunchMoeGroup");
@@ -322,9 +348,6 @@ absl::Status GpuExpertCompute::RunOnDevice(const float* z, int64_t rows, int64_t
       static_cast<cudaError_t>(LaunchMoeGatherRows(z, static_cast<int32_t>(width_), group.slot_row,
                                                    slots, static_cast<uint16_t*>(x_.data), stream)),
       "LaunchMoeGatherRows");
-  K3_RETURN_IF_CUDA_ERROR(
-      cudaMemsetAsync(out, 0, sizeof(float) * rows * width_, static_cast<cudaStream_t>(stream)),
-      "cudaMemsetAsync(expert output)");
   MoeMxfp4Launch launch;
   launch.experts = static_cast<const Mxfp4DeviceExpert*>(table_.data);
   launch.chunks = group.chunks;
@@ -334,9 +357,12 @@ absl::Status GpuExpertCompute::RunOnDevice(const float* z, int64_t rows, int64_t
   launch.hidden = static_cast<int32_t>(hidden_);
   launch.x = static_cast<const uint16_t*>(x_.data);
   launch.h = static_cast<uint16_t*>(h_.data);
-  launch.slot_row = group.slot_row;
   launch.slot_weight = group.slot_weight;
-  launch.out = out;
+  launch.slot_out = static_cast<float*>(slot_out_.data);
+  launch.row_slots = group.row_slots;
+  launch.rows = static_cast<int32_t>(rows);
+  launch.per_row = top_k;
+  launch.out = out;  // overwritten by the combine
   launch.glu = glu_;
   K3_RETURN_IF_CUDA_ERROR(static_cast<cudaError_t>(LaunchMoeMxfp4(launch, stream)),
                           "expert kernels");

@@ -72,14 +72,16 @@ class GpuExpertCompute {
   GpuExpertCompute() = default;
   absl::Status Upload(const std::vector<GatedMlpWeights>& experts);
   absl::Status Reserve(DeviceBuffer& buffer, size_t bytes);
-  // Fills the host staging vectors from the call (x_host_ only when z is on the host); returns
-  // the chunk size (8, 16 or 32 tokens).
-  int32_t Stage(const float* z, bool z_on_device, const std::vector<ExpertAssignment>& assignments);
+  // Fills the host staging vectors from the call of `rows` rows (x_host_ only when z is on the
+  // host); returns the chunk size (8, 16 or 32 tokens).
+  int32_t Stage(const float* z, bool z_on_device, int64_t rows,
+                const std::vector<ExpertAssignment>& assignments);
   // The call's rows and experts against this worker's width and table.
   absl::Status CheckAssignments(int64_t rows, int64_t width,
                                 const std::vector<ExpertAssignment>& assignments) const;
-  // The grouped kernels' arguments over the staged buffers, writing into out (on the device).
-  MoeMxfp4Launch StagedLaunch(int32_t chunk_tokens, float* out) const;
+  // The grouped kernels' arguments over the staged buffers, writing `rows` rows of out (on the
+  // device).
+  MoeMxfp4Launch StagedLaunch(int32_t chunk_tokens, int64_t rows, float* out) const;
   // Run and RunDeviceRows: z and out on the host or on the device.
   absl::Status RunGrouped(const float* z, bool on_device, int64_t rows, int64_t width,
                           const std::vector<ExpertAssignment>& assignments, float* out);
@@ -90,13 +92,15 @@ class GpuExpertCompute {
   GpuGluParams glu_;
   std::vector<int32_t> table_index_;  // global expert id -> index into table_, -1 if not hosted
   void* weights_ = nullptr;           // every hosted expert's packed bytes, one allocation
-  DeviceBuffer table_, x_, h_, slot_row_, slot_weight_, chunks_, out_;
+  DeviceBuffer table_, x_, h_, slot_row_, slot_weight_, slot_out_, row_slots_, chunks_, out_;
   DeviceBuffer table_index_device_;  // table_index_ on the device (RunOnDevice)
   bool hosts_all_ = false;           // every expert id has weights here
   // Host staging for a call.
   std::vector<uint16_t> x_host_;
   std::vector<int32_t> slot_row_host_;
   std::vector<float> slot_weight_host_;
+  std::vector<int32_t> row_slots_host_;  // [rows, row_slots_per_row_], -1 padded
+  int32_t row_slots_per_row_ = 0;
   std::vector<MoeChunk> chunks_host_;
 };
 

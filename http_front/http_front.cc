@@ -554,7 +554,9 @@ HttpFront::~HttpFront() { Shutdown(); }
 int HttpFront::port() const { return impl_->port; }
 
 absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptions& options) {
-  if (options.servers.empty()) return absl::InvalidArgumentError("--server is required");
+  if (options.servers.empty() && options.backend == nullptr) {
+    return absl::InvalidArgumentError("--server is required");
+  }
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port ", options.port, " out of range"));
   }
@@ -580,7 +582,6 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
     worker_token = std::move(token);
     if (f.api_key.empty()) f.api_key = worker_token;  // the clients send the same token
   }
-  K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.tls));
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.model);
   if (!tokenizer.ok()) {
     return absl::FailedPreconditionError(
@@ -592,7 +593,12 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
   if (absl::StatusOr<int32_t> turn_end = TurnEndId(*f.tokenizer); turn_end.ok()) {
     f.turn_end_id = *turn_end;
   }
-  f.pool = std::make_unique<WorkerPool>(options.servers, tls, std::move(worker_token));
+  if (options.backend != nullptr) {
+    f.pool = std::make_unique<WorkerPool>("in-process", options.backend, std::move(worker_token));
+  } else {
+    K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.tls));
+    f.pool = std::make_unique<WorkerPool>(options.servers, tls, std::move(worker_token));
+  }
 
   MetricFamily<Counter>& responses = DefaultMetrics().AddCounter(
       "k3_http_responses_total", "HTTP responses of the OpenAI front, by status.", {"status"});
@@ -613,6 +619,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
       "Completions from the request's body to the first generated token, by endpoint.", buckets,
       {"endpoint"});
   K3_RETURN_IF_ERROR(f.Serve());
+  if (options.backend != nullptr) return std::unique_ptr<HttpFront>(new HttpFront(std::move(impl)));
 
   f.proxy = std::make_unique<K3ServeProxy>(f.pool.get(), &*f.tokenizer, f.api_key);
   NodeEndpointsOptions endpoint_options;
@@ -656,14 +663,18 @@ void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options) {
   AddBoundedInt(app, "--grpc-port", &options->grpc_port, 0, 65535,
                 "gRPC port: k3serve.v1.K3Serve forwarded to the workers, and health (0 picks a "
                 "free one)");
-  app->add_option("--api-key-file", options->api_key_file,
-                  "file holding the API key clients must send as a bearer token");
-  app->add_option("--served-model-name", options->served_model_name,
-                  "the model's name in the API (default: the model folder's name)");
   app->add_option("--auth-token-file", options->auth_token_file,
                   "file holding the attention workers' bearer token: sent to them, and required "
                   "from this front's clients unless --api-key-file is given");
   AddTlsFlags(app, &options->tls);
+  AddOpenAiApiFlags(app, options);
+}
+
+void AddOpenAiApiFlags(CLI::App* app, HttpFrontOptions* options) {
+  app->add_option("--api-key-file", options->api_key_file,
+                  "file holding the API key clients must send as a bearer token");
+  app->add_option("--served-model-name", options->served_model_name,
+                  "the model's name in the API (default: the model folder's name)");
   AddBoundedInt(app, "--default-max-tokens", &options->default_max_tokens, 0, 1 << 24,
                 "max_tokens of requests that give none (0: as many as the workers allow, "
                 "OpenAI's default)");

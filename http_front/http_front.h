@@ -58,6 +58,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
 #include "cluster/command_line.h"
 
 namespace k3 {
@@ -86,9 +87,19 @@ struct HttpFrontOptions {
   int max_connections = 2048;
   // The workers' default --max-request-bytes: a larger prompt would not reach them.
   int64_t max_body_bytes = 4 << 20;
+  // The workers' API inside this process (`k3serve serve`: the attention server's in-process
+  // channel), instead of `servers`: then the front opens no gRPC port or metrics endpoint of its
+  // own (the process's gRPC port serves K3Serve itself, its metrics endpoint the same registry),
+  // and the TLS flags only make the HTTP API HTTPS.
+  std::shared_ptr<grpc::Channel> backend;
 };
 
+// Every flag of `k3serve http`.
 void AddHttpFrontFlags(CLI::App* app, HttpFrontOptions* options);
+// The ones about the OpenAI API itself, not where the workers are or what this process listens
+// on: the API key, the served name, request defaults and the connection limits. `k3serve serve`
+// declares these too.
+void AddOpenAiApiFlags(CLI::App* app, HttpFrontOptions* options);
 
 // Serves until SIGINT/SIGTERM; the exit status (0 clean, 1 failed).
 int RunHttpFront(const HttpFrontOptions& options);

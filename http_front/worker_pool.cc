@@ -82,6 +82,17 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
   if (!names_.empty()) refresher_ = std::thread([this] { RefreshLoop(); });
 }
 
+WorkerPool::WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel,
+                       std::string auth_token)
+    : auth_token_(std::move(auth_token)) {
+  auto worker = std::make_unique<Worker>();
+  worker->address = std::move(name);
+  worker->channel = std::move(channel);
+  worker->stub = v1::K3Serve::NewStub(worker->channel);
+  absl::MutexLock lock(&mu_);
+  workers_.push_back(std::move(worker));
+}
+
 WorkerPool::~WorkerPool() {
   stop_.Notify();
   if (refresher_.joinable()) refresher_.join();

@@ -91,6 +91,9 @@ class WorkerPool {
   explicit WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls = ClientTls(),
                       std::string auth_token = "", WorkerPoolResolver resolver = {});
   ~WorkerPool();  // stops re-resolving
+  // One worker reached through `channel` (e.g. the in-process channel of a server in this
+  // process: `k3serve serve`), called `name` in errors.
+  WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel, std::string auth_token);
 
   // Starts Generate on the least-loaded worker and waits for its first message, so that a
   // rejected request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is

@@ -22,6 +22,11 @@ void SelectExperts(const float* scores, const float* bias, int num_experts, int 
     return ca > cb || (ca == cb && a < b);
   });
   std::copy(order.begin(), order.begin() + top_k, ids);
+  WeighExperts(scores, ids, top_k, renormalize, scaling, weights);
+}
+
+void WeighExperts(const float* scores, const int32_t* ids, int top_k, bool renormalize,
+                  float scaling, float* weights) {
   float sum = 0.f;
   for (int s = 0; s < top_k; ++s) sum += scores[ids[s]];
   for (int s = 0; s < top_k; ++s) {

@@ -29,6 +29,11 @@ void RouteTokens(const RouterWeights& weights, const ModelConfig& config, const 
 void SelectExperts(const float* scores, const float* bias, int num_experts, int top_k,
                    bool renormalize, float scaling, int32_t* ids, float* weights);
 
+// The weights SelectExperts gives top_k chosen `ids` (in range, distinct) from the token's
+// scores: each id's score, over their sum when renormalizing (top_k > 1), times `scaling`.
+void WeighExperts(const float* scores, const int32_t* ids, int top_k, bool renormalize,
+                  float scaling, float* weights);
+
 }  // namespace k3
 
 #endif  // K3SERVE_ROUTER_GATE_H_

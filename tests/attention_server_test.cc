@@ -1,6 +1,6 @@
 // The attention server in process, over gRPC, with the routed experts computed in process
 // (LocalRoutedMoe behind a wrapper that can fail on demand, standing in for the router tier):
-// generations must equal LocalEngine::Generate, batching must not change them, bad input must be
+// generations must equal the plain one-sequence loop (OracleGenerate), batching must not change them, bad input must be
 // rejected, and cancellation, aborts and failed steps must end streams and free their state.
 #include "attention_nodes/attention_server.h"
 
@@ -22,6 +22,8 @@
 #include "attention_nodes/attention_service.h"
 #include "attention_nodes/generate_client.h"
 #include "engine/local_engine.h"
+#include "engine/oracle_generation.h"
+#include "engine/process_engine.h"
 #include "cluster/grpc_server.h"
 #include "cluster/metrics.h"
 #include "cluster/test_wait.h"
@@ -169,11 +171,12 @@ class AttentionServerTest : public ::testing::Test {
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new_tokens,
                                  const SamplingOptions& sampling = SamplingOptions(),
                                  std::vector<int32_t> stops = {}) {
-    GenerateOptions options;
-    options.max_new_tokens = max_new_tokens;
-    options.sampling = sampling;
-    options.stop_token_ids = std::move(stops);
-    absl::StatusOr<std::vector<int32_t>> tokens = engine_->Generate(prompt, options);
+    GenerationRequest request;
+    request.prompt = prompt;
+    request.max_new_tokens = max_new_tokens;
+    request.sampling = sampling;
+    request.stop_token_ids = std::move(stops);
+    absl::StatusOr<std::vector<int32_t>> tokens = OracleGenerate(*engine_, request);
     EXPECT_TRUE(tokens.ok()) << tokens.status();
     return tokens.ok() ? *tokens : std::vector<int32_t>();
   }
@@ -464,15 +467,17 @@ TEST_F(AttentionServerTest, EosTokenEndsTheStreamUnlessIgnored) {
   config->eos_token_id = eos;
   const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "attention_server_k3_tiny_eos";
   ASSERT_TRUE(WriteRandomModelFolder(*config, 11, dir.string()).ok());
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir.string());
+  absl::StatusOr<std::unique_ptr<ProcessEngine>> engine =
+      ProcessEngine::Open(dir.string(), ComputeDevice());
   ASSERT_TRUE(engine.ok()) << engine.status();
-  GenerateOptions options;
-  options.max_new_tokens = 12;
-  absl::StatusOr<std::vector<int32_t>> local = (*engine)->Generate(prompt, options);
+  GenerationRequest local_request;
+  local_request.prompt = prompt;
+  local_request.max_new_tokens = 12;
+  absl::StatusOr<std::vector<int32_t>> local = (*engine)->Generate(local_request);
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_EQ(*local, until_eos);
-  options.ignore_eos = true;
-  local = (*engine)->Generate(prompt, options);
+  local_request.ignore_eos = true;
+  local = (*engine)->Generate(local_request);
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_EQ(*local, free_run);
 

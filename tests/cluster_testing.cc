@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "engine/local_engine.h"
+#include "engine/oracle_generation.h"
 #include "model/config.h"
 #include "tools/random_model_folder.h"
 
@@ -138,12 +139,13 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
     int max_new_tokens) {
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(model);
   if (!engine.ok()) return engine.status();
-  GenerateOptions options;
-  options.sampling.temperature = 0.0f;
-  options.max_new_tokens = max_new_tokens;
+  GenerationRequest request;
+  request.sampling.temperature = 0.0f;
+  request.max_new_tokens = max_new_tokens;
   std::vector<std::vector<int32_t>> tokens;
   for (const std::vector<int32_t>& prompt : prompts) {
-    absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(prompt, options);
+    request.prompt = prompt;
+    absl::StatusOr<std::vector<int32_t>> generated = OracleGenerate(**engine, request);
     if (!generated.ok()) return generated.status();
     tokens.push_back(*std::move(generated));
   }

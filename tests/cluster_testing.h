@@ -26,7 +26,8 @@ std::string RandomCheckpointDir(const std::string& config, uint64_t seed, bool m
 LocalClusterOptions TestClusterOptions(const std::string& model, int attention, int routers,
                                        int experts, std::vector<int> expert_slots = {});
 
-// The tokens the single-process engine (LocalEngine) generates greedily for each prompt.
+// The greedy tokens for each prompt of the plain one-sequence loop on the CPU (OracleGenerate),
+// ending at eos or max_new_tokens.
 absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
     const std::string& model, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens);
 

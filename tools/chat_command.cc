@@ -1,5 +1,7 @@
 #include "tools/chat_command.h"
 
+#include <algorithm>
+#include <climits>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -11,7 +13,7 @@
 #include "cluster/command_line.h"
 #include "cluster/grpc_status.h"
 #include "cluster/security.h"
-#include "engine/local_engine.h"
+#include "engine/process_engine.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "proto/generate.grpc.pb.h"
@@ -32,38 +34,42 @@ absl::StatusOr<Answerer> InProcess(const ChatCommandOptions& o) {
   K3_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::Load(o.model));
   auto tokenizer = std::make_shared<const Tokenizer>(std::move(loaded));
   K3_ASSIGN_OR_RETURN(int32_t turn_end, TurnEndId(*tokenizer));
-  K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> opened, LocalEngine::Open(o.model));
-  std::shared_ptr<LocalEngine> engine = std::move(opened);
-  // Each turn's prompt is the conversation so far: the next turn prefills only what is new.
-  K3_RETURN_IF_ERROR(engine->EnablePrefixCache(PrefixCacheOptions()));
-  GenerateOptions generate;
-  generate.max_new_tokens = o.max_new_tokens;
-  generate.sampling.temperature = static_cast<float>(o.temperature);
-  generate.sampling.seed = o.seed;
-  generate.stop_token_ids.push_back(turn_end);
+  // The scheduler's prefix cache (on by default) holds the conversation so far: each turn
+  // prefills only what is new.
+  SchedulerOptions scheduler;
+  scheduler.max_new_tokens_limit = o.max_new_tokens;
+  scheduler.max_prompt_tokens = INT32_MAX;
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<ProcessEngine> opened,
+                      ProcessEngine::Open(o.model, ComputeDevice(), scheduler));
+  std::shared_ptr<ProcessEngine> engine = std::move(opened);
+  GenerationRequest base;
+  base.max_new_tokens = o.max_new_tokens;
+  base.sampling.temperature = static_cast<float>(o.temperature);
+  base.sampling.seed = o.seed;
+  base.stop_token_ids.push_back(turn_end);
   if (tokenizer->named_ids().eos.has_value()) {
-    generate.stop_token_ids.push_back(*tokenizer->named_ids().eos);
+    base.stop_token_ids.push_back(*tokenizer->named_ids().eos);
   }
   const bool thinking = o.thinking;
   return Answerer(
-      [tokenizer, engine, generate, thinking](
+      [tokenizer, engine, base, thinking](
           const std::vector<ChatMessage>& messages,
           const std::function<void(const std::string&)>& show) -> absl::StatusOr<std::string> {
-        K3_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+        GenerationRequest request = base;
+        K3_ASSIGN_OR_RETURN(request.prompt,
                             RenderChat(*tokenizer, messages, {.thinking = thinking}));
         StreamingDecoder decoder(*tokenizer);
         std::string answer;
-        GenerateOptions options = generate;
-        options.on_token = [&](int32_t id) {
-          for (int32_t stop : options.stop_token_ids) {
-            if (id == stop) return;
-          }
+        const std::vector<int32_t> stops = base.stop_token_ids;
+        // On the scheduler thread, while this one waits in Generate.
+        auto on_token = [&](int32_t id) {
+          if (std::find(stops.begin(), stops.end(), id) != stops.end()) return;
           absl::StatusOr<std::string> piece = decoder.Push(id);
           const std::string text = piece.ok() ? *piece : kReplacementCharacter;
           answer += text;
           show(text);
         };
-        K3_ASSIGN_OR_RETURN(std::vector<int32_t> generated, engine->Generate(prompt, options));
+        K3_RETURN_IF_ERROR(engine->Generate(std::move(request), on_token).status());
         const std::string tail = decoder.Finish();
         show(tail);
         return answer + tail;

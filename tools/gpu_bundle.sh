@@ -4,10 +4,11 @@
 # and Python but none of the project's Debian libraries: bin/ (the stripped binaries), lib/ (every
 # shared library `ldd` finds for them except the C/C++ runtime, which the GPU machine has, and
 # CUDA's own cudart/cuBLAS/NCCL, which it has in newer form) and gpu_check.sh, which runs them
-# there; then packs the folder as FOLDER.tar.xz (what travels to a GPU machine: unpack it there
-# with `tar -xJf`). Fails if the packed bundle exceeds 64 MiB.
+# there; then packs the folder as FOLDER.tar.gz (what travels to a GPU machine: unpack it there
+# with `tar -xzf`; gzip, since a bare machine may lack xz). Fails if the packed bundle exceeds
+# 64 MiB.
 #
-#   tools/gpu_bundle.sh [FOLDER]     # default .gpu_bundle (git-ignored, as is .gpu_bundle.tar.xz)
+#   tools/gpu_bundle.sh [FOLDER]     # default .gpu_bundle (git-ignored, as is .gpu_bundle.tar.gz)
 #
 # docs/GPU.md says how to run the result.
 set -euo pipefail
@@ -52,12 +53,13 @@ for target in "${targets[@]}"; do
 done
 carry "$bin_dir/k3serve" "$out"
 cp tools/gpu_check.sh "$out/"
-tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
-size=$(stat -c %s "$out.tar.xz")
+rm -f "$out.tar.gz"
+tar -C "$(dirname "$out")" -czf "$out.tar.gz" "$(basename "$out")"
+size=$(stat -c %s "$out.tar.gz")
 echo "gpu_bundle: ${#targets[@]} binaries and k3serve, $(ls "$out/lib" | wc -l) libraries," \
-  "$(($(du -sb "$out" | cut -f1) / 1024 / 1024)) MiB in $out, $((size / 1024 / 1024)) MiB packed in $out.tar.xz"
+  "$(($(du -sb "$out" | cut -f1) / 1024 / 1024)) MiB in $out, $((size / 1024 / 1024)) MiB packed in $out.tar.gz"
 ls "$out/bin"
 if [ "$size" -gt "$limit" ]; then
-  echo "gpu_bundle: $out.tar.xz is over 64 MiB" >&2
+  echo "gpu_bundle: $out.tar.gz is over 64 MiB" >&2
   exit 1
 fi

@@ -18,6 +18,7 @@
 #include "router/router_node.h"
 #include "tools/chat_command.h"
 #include "tools/local_commands.h"
+#include "tools/serve_command.h"
 
 int main(int argc, char** argv) {
   k3::TuneServingProcess();
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   for (Subcommand (*add)(CLI::App*) :
        {AddRandomCheckpointCommand, AddLogitsCommand, AddGenerateCommand, AddChatCommand,
         AddCoordinatorCommand, AddAttentionCommand, AddRouterNodeCommand, AddExpertNodeCommand,
-        AddHttpFrontCommand, AddLocalCommand, AddPlanCommand, AddQbCommand}) {
+        AddHttpFrontCommand, AddServeCommand, AddLocalCommand, AddPlanCommand, AddQbCommand}) {
     commands.push_back(add(&top));
   }
 

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <algorithm>
+#include <climits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -64,7 +66,7 @@ int RemoteGenerate(const GenerateCommandOptions& o) {
     request.set_prompt_text(o.prompt);
   }
   k3serve::v1::SamplingParams& sampling = *request.mutable_sampling();
-  const GenerateOptions& g = o.generate;
+  const GenerationRequest& g = o.generate;
   if (o.has_max_new_tokens) sampling.set_max_new_tokens(g.max_new_tokens);
   if (o.has_temperature) sampling.set_temperature(g.sampling.temperature);
   if (o.has_top_p) sampling.set_top_p(g.sampling.top_p);
@@ -178,7 +180,7 @@ void AddLogitsFlags(CLI::App* app, LogitsOptions* options) {
 
 int LogitsCommand(const LogitsOptions& options) {
   absl::StatusOr<std::unique_ptr<ProcessEngine>> engine =
-      OpenProcessEngine(options.model, options.device, ShowProgress);
+      ProcessEngine::Open(options.model, options.device, SchedulerOptions(), ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
   absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(options.tokens, options.decode);
   if (!logits.ok()) return Fail(logits.status());
@@ -196,7 +198,7 @@ Subcommand AddLogitsCommand(CLI::App* top) {
 }
 
 void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
-  GenerateOptions& g = options->generate;
+  GenerationRequest& g = options->generate;
   CLI::Option* model = app->add_option("--model", options->model, "checkpoint folder (in process)");
   CLI::Option* server = app->add_option("--server", options->server, "HOST:PORT of a cluster");
   model->excludes(server);
@@ -244,12 +246,19 @@ void AddGenerateFlags(CLI::App* app, GenerateCommandOptions* options) {
 
 int GenerateCommand(const GenerateCommandOptions& options) {
   if (!options.server.empty()) return RemoteGenerate(options);
+  // One request: the scheduler takes whatever the command line asks for, and has no earlier
+  // conversation to reuse (no prefix cache).
+  SchedulerOptions scheduler;
+  scheduler.max_new_tokens_limit = std::max(options.generate.max_new_tokens, 1);
+  scheduler.max_prompt_tokens = INT32_MAX;
+  scheduler.prefix_cache_bytes = 0;
   absl::StatusOr<std::unique_ptr<ProcessEngine>> engine =
-      OpenProcessEngine(options.model, options.device, ShowProgress);
+      ProcessEngine::Open(options.model, options.device, scheduler, ShowProgress);
   if (!engine.ok()) return Fail(engine.status());
+  GenerationRequest request = options.generate;
   if (options.prompt.empty()) {
-    absl::StatusOr<std::vector<int32_t>> generated =
-        (*engine)->Generate(options.tokens, options.generate);
+    request.prompt = options.tokens;
+    absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(std::move(request));
     if (!generated.ok()) return Fail(generated.status());
     std::cout << absl::StrJoin(*generated, " ") << "\n";
     return 0;
@@ -259,9 +268,9 @@ int GenerateCommand(const GenerateCommandOptions& options) {
   absl::StatusOr<EncodedPrompt> prompt =
       EncodePrompt(*tokenizer, options.prompt, {.chat = options.chat});
   if (!prompt.ok()) return Fail(prompt.status());
-  GenerateOptions generate = options.generate;
-  if (prompt->stop_id.has_value()) generate.stop_token_ids.push_back(*prompt->stop_id);
-  absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(prompt->ids, generate);
+  request.prompt = prompt->ids;
+  if (prompt->stop_id.has_value()) request.stop_token_ids.push_back(*prompt->stop_id);
+  absl::StatusOr<std::vector<int32_t>> generated = (*engine)->Generate(std::move(request));
   if (!generated.ok()) return Fail(generated.status());
   // The turn end is where the answer stops, not part of it.
   if (prompt->stop_id.has_value() && !generated->empty() &&

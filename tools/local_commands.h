@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cluster/command_line.h"
-#include "engine/local_engine.h"
+#include "attention_nodes/generation_scheduler.h"
 #include "expert_nodes/device_experts.h"
 #include "router/qb_tool.h"
 #include "tools/memory_plan.h"
@@ -51,7 +51,9 @@ struct GenerateCommandOptions {
   // user message of a chat with `chat`.
   std::string prompt;
   bool chat = false;
-  GenerateOptions generate;
+  // The request (its prompt from --tokens or --prompt): sampling, max_new_tokens, stop tokens,
+  // ignore_eos.
+  GenerationRequest generate;
   std::string request_id;  // with --server
   int64_t timeout_ms = 0;  // with --server; 0: none
   TlsFlags tls;                 // with --server: the server's TLS (README "Security")

@@ -64,9 +64,14 @@ absl::Status GpuKdaLayer::Upload(const KdaWeights& w, int32_t slots) {
   const size_t conv_floats = static_cast<size_t>(slots) * 3 * window_ * p_;
   K3_RETURN_IF_ERROR(state_.Reserve(state_floats));
   K3_RETURN_IF_ERROR(conv_cache_.Reserve(conv_floats > 0 ? conv_floats : 1));
-  K3_RETURN_IF_CUDA_ERROR(cudaMemset(state_.get(), 0, state_floats * sizeof(float)), "cudaMemset");
-  K3_RETURN_IF_CUDA_ERROR(cudaMemset(conv_cache_.get(), 0, conv_floats * sizeof(float)),
-                          "cudaMemset");
+  // On the products' stream (non-blocking: a legacy-stream cudaMemset would not be ordered
+  // before the first kernel there).
+  auto stream = static_cast<cudaStream_t>(products_->stream());
+  K3_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(state_.get(), 0, state_floats * sizeof(float), stream),
+                          "cudaMemsetAsync(state)");
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(conv_cache_.get(), 0, conv_floats * sizeof(float), stream),
+      "cudaMemsetAsync(conv cache)");
   return absl::OkStatus();
 }
 
@@ -87,17 +92,21 @@ absl::Status GpuKdaLayer::UploadState(int32_t slot, const KdaState& state) {
   if (slot < 0 || slot >= slots_ || state.s.size() != static_cast<size_t>(h_ * kd_ * kd_)) {
     return absl::InvalidArgumentError("GpuKdaLayer::UploadState: bad slot or state size");
   }
-  K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(state_.get() + slot * state.s.size(), state.s.data(),
-                                     state.s.size() * sizeof(float), cudaMemcpyHostToDevice),
-                          "cudaMemcpy(state)");
+  // On the products' stream, after whatever it has queued (a ResetSlot, a step that reads the
+  // slot), then waited for: the host vectors may go as soon as this returns.
+  auto stream = static_cast<cudaStream_t>(products_->stream());
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(state_.get() + slot * state.s.size(), state.s.data(),
+                      state.s.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync(state)");
   const std::vector<float>* conv[3] = {&state.conv_q, &state.conv_k, &state.conv_v};
   for (int m = 0; m < 3 && window_ > 0; ++m) {
     float* at = conv_cache_.get() + (slot * 3 + m) * window_ * p_;
-    K3_RETURN_IF_CUDA_ERROR(
-        cudaMemcpy(at, conv[m]->data(), window_ * p_ * sizeof(float), cudaMemcpyHostToDevice),
-        "cudaMemcpy(conv cache)");
+    K3_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(at, conv[m]->data(), window_ * p_ * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream),
+                            "cudaMemcpyAsync(conv cache)");
   }
-  return absl::OkStatus();
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize(UploadState)");
 }
 
 absl::Status GpuKdaLayer::DownloadState(int32_t slot, KdaState* state) const {
@@ -105,17 +114,20 @@ absl::Status GpuKdaLayer::DownloadState(int32_t slot, KdaState* state) const {
     return absl::InvalidArgumentError("GpuKdaLayer::DownloadState: bad slot");
   }
   *state = KdaState(config_);
-  K3_RETURN_IF_CUDA_ERROR(cudaMemcpy(state->s.data(), state_.get() + slot * state->s.size(),
-                                     state->s.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                          "cudaMemcpy(state)");
+  // After the steps queued on the products' stream that write the slot.
+  auto stream = static_cast<cudaStream_t>(products_->stream());
+  K3_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(state->s.data(), state_.get() + slot * state->s.size(),
+                      state->s.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync(state)");
   std::vector<float>* conv[3] = {&state->conv_q, &state->conv_k, &state->conv_v};
   for (int m = 0; m < 3 && window_ > 0; ++m) {
     const float* at = conv_cache_.get() + (slot * 3 + m) * window_ * p_;
-    K3_RETURN_IF_CUDA_ERROR(
-        cudaMemcpy(conv[m]->data(), at, window_ * p_ * sizeof(float), cudaMemcpyDeviceToHost),
-        "cudaMemcpy(conv cache)");
+    K3_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(conv[m]->data(), at, window_ * p_ * sizeof(float),
+                                            cudaMemcpyDeviceToHost, stream),
+                            "cudaMemcpyAsync(conv cache)");
   }
-  return absl::OkStatus();
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize(DownloadState)");
 }
 
 absl::Status GpuKdaLayer::RoundRows(const float* x, int32_t rows, int32_t width, uint16_t* out) {

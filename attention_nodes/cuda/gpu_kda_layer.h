@@ -37,7 +37,8 @@ class GpuKdaLayer {
   // Zeroes `slot`'s state and conv caches (a new sequence), enqueued on the products' stream.
   absl::Status ResetSlot(int32_t slot);
 
-  // A sequence's state and conv caches into or out of `slot` (synchronous copies).
+  // A sequence's state and conv caches into or out of `slot`: copies on the products' stream
+  // (ordered after its queued work, ResetSlot included), waited for before returning.
   absl::Status UploadState(int32_t slot, const KdaState& state);
   absl::Status DownloadState(int32_t slot, KdaState* state) const;
 

@@ -19,8 +19,9 @@ namespace k3 {
 namespace {
 
 absl::StatusOr<std::unique_ptr<GpuGatedMlp>> UploadMlp(const GatedMlpWeights& w,
-                                                       const GluParams& glu, void* stream) {
-  return GpuGatedMlp::Create(GatedMlpMatrices{w.gate, w.up, w.down}, glu, stream);
+                                                       const GluParams& glu,
+                                                       CublasProducts* products) {
+  return GpuGatedMlp::Create(GatedMlpMatrices{w.gate, w.up, w.down}, glu, products);
 }
 
 }  // namespace
@@ -92,9 +93,9 @@ absl::Status GpuModelRunner::Build(const GpuRunnerCapacity& capacity) {
                                                          capacity.page_size, products_.get()));
     }
     if (!lw.is_moe) {
-      K3_ASSIGN_OR_RETURN(layer.mlp, UploadMlp(lw.dense_mlp, glu, stream_));
+      K3_ASSIGN_OR_RETURN(layer.mlp, UploadMlp(lw.dense_mlp, glu, products_.get()));
     } else {
-      K3_ASSIGN_OR_RETURN(layer.mlp, UploadMlp(lw.moe.shared, glu, stream_));
+      K3_ASSIGN_OR_RETURN(layer.mlp, UploadMlp(lw.moe.shared, glu, products_.get()));
       if (config.IsLatentMoe()) {
         K3_RETURN_IF_ERROR(UploadBf16Matrix(lw.moe.latent_up, "latent_up", &layer.latent_up));
       }

@@ -34,6 +34,13 @@ absl::StatusOr<std::unique_ptr<GpuStepRunner>> GpuStepRunner::Create(
   return step_runner;
 }
 
+std::unique_ptr<GpuStepRunner> GpuStepRunner::Over(std::shared_ptr<GpuModelRunner> runner,
+                                                   int device) {
+  std::unique_ptr<GpuStepRunner> step_runner(new GpuStepRunner(device, nullptr));
+  step_runner->runner_ = std::move(runner);
+  return step_runner;
+}
+
 absl::Status GpuStepRunner::MakeCurrent() const {
   if (cudaError_t error = cudaSetDevice(device_); error != cudaSuccess) {
     return absl::InternalError(

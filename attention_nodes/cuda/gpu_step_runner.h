@@ -38,6 +38,11 @@ class GpuStepRunner final : public StepRunner {
       const ModelWeights* weights, RoutedMoe* routed_moe, int device,
       const GpuRunnerCapacity& capacity, RemoteDeviceExperts* remote_experts = nullptr);
 
+  // A step runner over `runner`, a model runner on CUDA device `device` that someone else made
+  // (GpuEngine: its routed experts on the same device); the runner's borrowed weights and
+  // experts must outlive this.
+  static std::unique_ptr<GpuStepRunner> Over(std::shared_ptr<GpuModelRunner> runner, int device);
+
   const ModelConfig& config() const override { return runner_->config(); }
   absl::StatusOr<std::unique_ptr<SequenceState>> NewState() override;
   absl::Status Step(absl::Span<const BatchEntry> batch, std::vector<float>* logits) override;

@@ -1,7 +1,6 @@
 // Launches the absorbed MLA decode kernels (mla_decode.h); they are in mla_decode_kernels.inc.
 #include "attention_nodes/cuda/mla_decode.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,32 +12,25 @@ namespace {
 
 using mla_kernels::kHeadsPerBlock;
 using mla_kernels::kKeyTile;
-using mla_kernels::kMmaHeads;
-using mla_kernels::kMmaWarps;
 using mla_kernels::kThreads;
 
 int32_t Splits(const MlaDecodeLaunch& p) {
   return (p.max_length + p.keys_per_split - 1) / p.keys_per_split;
 }
 
-bool Handles(const MlaDecodeLaunch& p, int heads_per_block) {
+bool Handles(const MlaDecodeLaunch& p) {
   const int width = p.kv_lora_rank + p.rope_dim;
   return p.batch >= 1 && p.batch <= 65535 && p.heads >= 1 && p.kv_lora_rank >= 2 &&
          p.kv_lora_rank <= kMlaDecodeMaxRank && p.rope_dim >= 0 && width <= kMlaDecodeMaxWidth &&
          width % 2 == 0 && p.page_size >= 1 && p.max_pages >= 1 && p.max_length >= 1 &&
          p.keys_per_split >= kKeyTile && p.keys_per_split % kKeyTile == 0 &&
-         (p.heads + heads_per_block - 1) / heads_per_block <= 65535;
+         (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock <= 65535;
 }
 
-int Launch(const MlaDecodeLaunch& p, cudaStream_t s, bool tensor_cores) {
+int Launch(const MlaDecodeLaunch& p, cudaStream_t s) {
   const int splits = Splits(p);
-  const int per_block = tensor_cores ? kMmaHeads : kHeadsPerBlock;
-  const dim3 grid(splits, (p.heads + per_block - 1) / per_block, p.batch);
-  if (tensor_cores) {
-    mla_kernels::MlaDecodeMmaKernel<<<grid, kThreads, 0, s>>>(p);
-  } else {
-    mla_kernels::MlaDecodeSplitKernel<<<grid, kThreads, 0, s>>>(p);
-  }
+  const dim3 grid(splits, (p.heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.batch);
+  mla_kernels::MlaDecodeSplitKernel<<<grid, kThreads, 0, s>>>(p);
   const cudaError_t split_error = cudaGetLastError();
   if (split_error != cudaSuccess) return static_cast<int>(split_error);
   mla_kernels::MlaDecodeCombineKernel<<<dim3(p.heads, p.batch), kThreads, 0, s>>>(p, splits);
@@ -48,7 +40,7 @@ int Launch(const MlaDecodeLaunch& p, cudaStream_t s, bool tensor_cores) {
 }  // namespace
 
 int32_t MlaKeysPerSplit(int32_t batch, int32_t heads, int32_t max_length) {
-  // Four 8-head blocks per SM of an H200 (two of the tensor-core kernel's 16-head blocks).
+  // Four 8-head blocks per SM of an H200.
   constexpr int64_t kTargetBlocks = 4 * 132;
   const int64_t groups =
       std::max<int64_t>(1, int64_t{batch} * ((heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
@@ -64,16 +56,8 @@ size_t MlaDecodeWorkspaceFloats(const MlaDecodeLaunch& p) {
 }
 
 int LaunchMlaDecode(const MlaDecodeLaunch& p, void* stream) {
-  if (!Handles(p, kHeadsPerBlock)) return static_cast<int>(cudaErrorInvalidValue);
-  return Launch(p, static_cast<cudaStream_t>(stream), false);
-}
-
-int LaunchMlaDecodeTensorCores(const MlaDecodeLaunch& p, void* stream) {
-  const int width = p.kv_lora_rank + p.rope_dim;
-  if (!Handles(p, kMmaHeads) || p.kv_lora_rank % (8 * kMmaWarps) != 0 || width % 16 != 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return Launch(p, static_cast<cudaStream_t>(stream), true);
+  if (!Handles(p)) return static_cast<int>(cudaErrorInvalidValue);
+  return Launch(p, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace k3

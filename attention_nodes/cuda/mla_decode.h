@@ -58,12 +58,6 @@ size_t MlaDecodeWorkspaceFloats(const MlaDecodeLaunch& launch);
 // cudaErrorInvalidValue (1) with nothing enqueued.
 int LaunchMlaDecode(const MlaDecodeLaunch& launch, void* stream);
 
-// The same on the tensor cores (mma.sync, 16 heads per block): the query and the softmax weights
-// are rounded to bf16 before their products (fp32 sums), so it agrees with LaunchMlaDecode to bf16
-// rounding (about 1e-2 relative), not fp32. Also needs c a multiple of 32 and c + r a multiple of
-// 16 (K3: 512 + 64); other shapes return cudaErrorInvalidValue (1).
-int LaunchMlaDecodeTensorCores(const MlaDecodeLaunch& launch, void* stream);
-
 }  // namespace k3
 
 #endif  // K3SERVE_ATTENTION_NODES_CUDA_MLA_DECODE_H_

@@ -6,6 +6,7 @@
 // GPU"); the shape checks need no GPU.
 #include "kernels/cuda/cublas_products.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -39,14 +40,17 @@ std::vector<float> Widen(const std::vector<uint16_t>& bits) {
   return out;
 }
 
-// max |a - b| / max |b|, per row of `width`.
+// max(a, b), NaN if either is: std::fmax would drop a NaN and pass a broken output.
+double Worse(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+// max |a - b| / max |b|, per row of `width`; a NaN fails.
 void ExpectRowsClose(const std::vector<float>& got, const std::vector<float>& want, int64_t width,
                      double bound) {
   for (size_t row = 0; row * width < want.size(); ++row) {
     double worst = 0, scale = 0;
     for (int64_t i = row * width; i < static_cast<int64_t>((row + 1) * width); ++i) {
-      worst = std::fmax(worst, std::fabs(got[i] - want[i]));
-      scale = std::fmax(scale, std::fabs(want[i]));
+      worst = Worse(worst, std::fabs(got[i] - want[i]));
+      scale = Worse(scale, std::fabs(want[i]));
     }
     EXPECT_LE(worst, bound * scale) << "row " << row;
   }

@@ -39,11 +39,17 @@ class DeviceBuffer {
     return *this;
   }
 
-  // At least `size` elements; contents are lost when it grows. The caller makes sure no queued
-  // work still uses the old memory (cudaFree waits for the device only on the legacy stream).
+  // At least `size` elements; contents are lost when it grows. Growing waits for the whole
+  // device first (cudaDeviceSynchronize), so no work queued on any stream, the GPU layers'
+  // non-blocking ones included, still uses the old memory when it is freed: cudaFree's own
+  // synchronization is not a documented guarantee. Growth is rare (capacities settle after the
+  // first steps), so the wait costs nothing in steady state.
   absl::Status Reserve(size_t size) {
     if (size <= size_) return absl::OkStatus();
     DeviceAllocationEpoch().fetch_add(1);
+    if (data_ != nullptr) {
+      K3_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize before cudaFree");
+    }
     cudaFree(data_);
     data_ = nullptr;
     size_ = 0;

@@ -23,7 +23,7 @@ void AppendRows(const WeightMatrix& m, std::vector<uint16_t>* out) {
 
 absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpMatrices& w,
                                                                  const GluParams& params,
-                                                                 void* stream) {
+                                                                 CublasProducts* products) {
   for (const WeightMatrix* m : {&w.gate, &w.up, &w.down}) {
     if (m->type != WeightType::kBf16 || m->empty()) {
       return absl::InvalidArgumentError("GpuGatedMlp: the gated MLP's weights must be BF16");
@@ -35,15 +35,13 @@ absl::StatusOr<std::unique_ptr<GpuGatedMlp>> GpuGatedMlp::Create(const GatedMlpM
         w.up.rows, ", ", w.up.cols, "], down [", w.down.rows, ", ", w.down.cols, "]"));
   }
   std::unique_ptr<GpuGatedMlp> mlp(new GpuGatedMlp());
-  mlp->stream_ = stream;
+  mlp->products_ = products;
+  mlp->stream_ = products->stream();
   mlp->params_ = params;
   mlp->d_ = w.gate.cols;
   mlp->f_ = w.gate.rows;
   mlp->d_out_ = w.down.rows;
 
-  absl::StatusOr<std::unique_ptr<CublasProducts>> products = CublasProducts::Create(stream);
-  if (!products.ok()) return products.status();
-  mlp->products_ = *std::move(products);
   std::vector<uint16_t> staged;
   staged.reserve(2 * mlp->f_ * mlp->d_);
   AppendRows(w.gate, &staged);

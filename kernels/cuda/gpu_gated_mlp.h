@@ -5,8 +5,10 @@
 // rows, fp32 hidden) by the bf16 rounding of the rows and of the hidden vector: about 2^-9
 // relative per element, ~1e-3 over a row.
 //
-// Owns its device copy of the weights, its scratch and a cuBLAS handle (CublasProducts) bound to
-// the caller's stream. Not thread-safe: one caller at a time, as with the CPU scratch vectors.
+// Owns its device copy of the weights and its scratch; borrows the caller's CublasProducts (its
+// cuBLAS handle, workspace and stream), which a model's ~90 MLPs (dense FFN, shared experts)
+// share: one handle per GPU runner, not one per layer. Not thread-safe: one caller at a time, as
+// with the CPU scratch vectors.
 #ifndef K3SERVE_KERNELS_CUDA_GPU_GATED_MLP_H_
 #define K3SERVE_KERNELS_CUDA_GPU_GATED_MLP_H_
 
@@ -23,11 +25,11 @@ namespace k3 {
 class GpuGatedMlp {
  public:
   // Copies `w` (BF16 gate and up [f, d], down [d_out, f]) to the current device; its launches go
-  // on `stream` (a cudaStream_t; nullptr for the legacy stream), which must outlive the object.
-  // InvalidArgument for another weight type or mismatched shapes; Internal for a CUDA or cuBLAS
-  // failure.
+  // on `products`' stream, and `products` must outlive the object. InvalidArgument for another
+  // weight type or mismatched shapes; Internal for a CUDA failure.
   static absl::StatusOr<std::unique_ptr<GpuGatedMlp>> Create(const GatedMlpMatrices& w,
-                                                             const GluParams& params, void* stream);
+                                                             const GluParams& params,
+                                                             CublasProducts* products);
   ~GpuGatedMlp();
   GpuGatedMlp(const GpuGatedMlp&) = delete;
   GpuGatedMlp& operator=(const GpuGatedMlp&) = delete;
@@ -46,8 +48,8 @@ class GpuGatedMlp {
  private:
   GpuGatedMlp() = default;
 
-  void* stream_ = nullptr;
-  std::unique_ptr<CublasProducts> products_;
+  void* stream_ = nullptr;           // products_'s
+  CublasProducts* products_ = nullptr;  // borrowed
   GluParams params_;
   int64_t d_ = 0, f_ = 0, d_out_ = 0;
   uint16_t* gate_up_ = nullptr;  // bf16 [2f, d]: gate's rows, then up's

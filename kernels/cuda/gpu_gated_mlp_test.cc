@@ -56,7 +56,9 @@ void ExpectMatchesCpu(int64_t d, int64_t f, int64_t tokens, const GluParams& par
   std::vector<float> expected(y0), scratch;
   GatedMlp(w, params, x.data(), tokens, expected.data(), accumulate, &scratch);
 
-  auto mlp = GpuGatedMlp::Create(w, params, nullptr);
+  auto products = CublasProducts::Create(nullptr);
+  ASSERT_TRUE(products.ok()) << products.status();
+  auto mlp = GpuGatedMlp::Create(w, params, products->get());
   ASSERT_TRUE(mlp.ok()) << mlp.status();
   DeviceArray<float> x_dev(x), y_dev(y0);
   ASSERT_TRUE((*mlp)->Run(x_dev.get(), tokens, y_dev.get(), accumulate).ok());
@@ -83,6 +85,7 @@ TEST(GpuGatedMlpTest, MatchesGatedMlp) {
 TEST(GpuGatedMlpTest, RefusesOtherWeightsAndShapes) {
   std::mt19937 rng(4);
   const Bf16Matrix a = RandomMatrix(8, 16, 1.0f, rng), b = RandomMatrix(8, 8, 1.0f, rng);
+  // Refused before the products are touched: none needed.
   EXPECT_FALSE(GpuGatedMlp::Create({a.view, b.view, b.view}, GluParams{}, nullptr).ok());
   WeightMatrix f32 = a.view;
   f32.type = WeightType::kF32;

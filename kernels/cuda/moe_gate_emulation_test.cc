@@ -124,5 +124,39 @@ TEST(MoeGateEmulationTest, TiesAndBias) {
   EXPECT_FLOAT_EQ(got.weights[2], high / sum);
 }
 
+// A NaN row (its logits NaN, as from a NaN hidden row) gets top_k distinct, in-range experts
+// (the lowest ids: every choice ranks as -inf) and NaN weights, so its output is NaN and its
+// request fails on its logits as on the CPU; the next row is untouched. One NaN logit in an
+// otherwise finite row only ranks that expert last.
+TEST(MoeGateEmulationTest, NaNRowsGetInRangeIdsAndNaNWeights) {
+  const GateCase c{3, 300, 4, true, true, 1.0f};
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(3 * 300), bias(300);
+  for (float& x : logits) x = normal(rng);
+  for (float& b : bias) b = 0.1f * normal(rng);
+  for (int e = 0; e < 300; ++e) logits[e] = NAN;  // row 0
+  logits[300 + 7] = NAN;                          // one logit of row 1
+  const GateResult got = RunEmulated(c, logits, 300, bias);
+  EXPECT_EQ(std::vector<int32_t>(got.ids.begin(), got.ids.begin() + 4),
+            (std::vector<int32_t>{0, 1, 2, 3}));
+  for (int s = 0; s < 4; ++s) EXPECT_TRUE(std::isnan(got.weights[s])) << "slot " << s;
+  for (int s = 4; s < 12; ++s) {
+    EXPECT_GE(got.ids[s], 0);
+    EXPECT_LT(got.ids[s], 300);
+    EXPECT_NE(got.ids[s], 7) << "the NaN expert of row 1 ranks last";
+    EXPECT_TRUE(std::isfinite(got.weights[s])) << "slot " << s;
+  }
+  // Row 2 is as the fp64 contract says.
+  GateCase last = c;
+  last.tokens = 1;
+  GateResult row2;
+  row2.scores.assign(got.scores.begin() + 600, got.scores.end());
+  row2.ids.assign(got.ids.begin() + 8, got.ids.end());
+  row2.weights.assign(got.weights.begin() + 8, got.weights.end());
+  ExpectMatchesReference(last, std::vector<float>(logits.begin() + 600, logits.end()), 300, bias,
+                         row2);
+}
+
 }  // namespace
 }  // namespace k3

@@ -2,7 +2,8 @@
 // GPU (kernels/cuda/moe_gate.h) feeds the expert launches (kernels/cuda/moe_mxfp4.h) without the
 // host: from the gate's ids and weights [rows, top_k], the slots (row, weight) in the order
 // GroupSlotsByExpert (kernels/cuda/moe_grouping.h) gives them for the same assignments in (row,
-// slot) order, the chunks of at most chunk_tokens slots of one expert, and the slots' rows as bf16.
+// slot) order, the chunks of at most chunk_tokens slots of one expert, each row's slots (the
+// combine's order), and the slots' rows as bf16.
 //
 // Sizes stay known on the host: the slots are rows x top_k (every row picks top_k experts), and
 // the chunks at most MoeGroupMaxChunks; the chunks past the ones used are written empty (tokens
@@ -21,7 +22,9 @@ namespace k3 {
 inline constexpr int kMoeGroupMaxExperts = 1024;
 
 struct MoeGroupArgs {
-  const int32_t* ids = nullptr;    // [rows, top_k] global expert ids; others are dropped
+  // [rows, top_k] global expert ids. Ids outside [0, num_experts) (none from the gate) are
+  // dropped: their slots come last, weight 0, in no chunk.
+  const int32_t* ids = nullptr;
   const float* weights = nullptr;  // [rows, top_k]
   int32_t rows = 0;
   int32_t top_k = 0;
@@ -31,6 +34,9 @@ struct MoeGroupArgs {
   int32_t max_chunks = 0;        // chunks has this many entries; MoeGroupMaxChunks or more
   int32_t* slot_row = nullptr;   // out [rows * top_k]
   float* slot_weight = nullptr;  // out [rows * top_k]
+  // out [rows * top_k]: assignment i's slot, or -1 where it is in no chunk (an id out of range, an
+  // expert with table_index -1): MoeMxfp4Launch::row_slots with per_row = top_k.
+  int32_t* row_slots = nullptr;
   MoeChunk* chunks = nullptr;    // out [max_chunks]
 };
 

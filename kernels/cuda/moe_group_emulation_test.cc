@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe_group.h"
+#include "kernels/cuda/moe_combine_kernel.inc"
 #include "kernels/cuda/moe_group_kernel.inc"
 
 #include <algorithm>
@@ -58,8 +59,10 @@ void ExpectGroupingMatchesHost(int rows, int top_k, int experts, int chunk_token
   const int max_chunks = MoeGroupMaxChunks(rows, top_k, experts, chunk_tokens);
   std::vector<int32_t> slot_row(slots, -1);
   std::vector<float> slot_weight(slots, NAN);
+  std::vector<int32_t> row_slots(slots, -9);
   std::vector<MoeChunk> chunks(max_chunks, MoeChunk{-5, -5, -5});
   MoeGroupArgs args;
+  args.row_slots = row_slots.data();
   args.ids = routing.ids.data();
   args.weights = routing.weights.data();
   args.rows = rows;
@@ -78,6 +81,7 @@ void ExpectGroupingMatchesHost(int rows, int top_k, int experts, int chunk_token
   for (int s = 0; s < slots; ++s) {
     EXPECT_EQ(slot_row[s], want.order[s] / top_k) << "slot " << s;
     EXPECT_EQ(slot_weight[s], routing.weights[want.order[s]]) << "slot " << s;
+    EXPECT_EQ(row_slots[want.order[s]], s) << "slot " << s;  // the inverse of the grouping
   }
   ASSERT_LE(want.chunks.size(), chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -125,6 +129,112 @@ TEST(MoeGroupEmulationTest, HostGroupingOnAHandCase) {
   EXPECT_EQ(MoeChunkTokensFor(9), 16);
   EXPECT_EQ(MoeChunkTokensFor(17), 32);
   EXPECT_EQ(MoeChunkTokensFor(500), 32);
+}
+
+// Ids out of range are dropped, yet every slot is written with an in-range row, so the gather
+// never reads an unwritten slot: the kept assignments as the host groups them, then the dropped
+// ones in assignment order with weight 0 and no chunk.
+TEST(MoeGroupEmulationTest, OutOfRangeIdsTakeTheLastSlotsWithNoChunk) {
+  const int rows = 3, top_k = 2, experts = 4, chunk_tokens = 8;
+  const std::vector<int32_t> ids = {2, -1, 1, 4, 2, 1};
+  const std::vector<float> weights = {0.5f, 0.25f, 0.125f, 2.0f, 4.0f, 8.0f};
+  const std::vector<int32_t> table_index = {0, 1, 2, 3};
+  const int max_chunks = MoeGroupMaxChunks(rows, top_k, experts, chunk_tokens);
+  std::vector<int32_t> slot_row(rows * top_k, -7);
+  std::vector<float> slot_weight(rows * top_k, NAN);
+  std::vector<int32_t> row_slots(rows * top_k, -9);
+  std::vector<MoeChunk> chunks(max_chunks, MoeChunk{-5, -5, -5});
+  MoeGroupArgs args;
+  args.row_slots = row_slots.data();
+  args.ids = ids.data();
+  args.weights = weights.data();
+  args.rows = rows;
+  args.top_k = top_k;
+  args.table_index = table_index.data();
+  args.num_experts = experts;
+  args.chunk_tokens = chunk_tokens;
+  args.max_chunks = max_chunks;
+  args.slot_row = slot_row.data();
+  args.slot_weight = slot_weight.data();
+  args.chunks = chunks.data();
+  simt::RunGrid({1, 1, 1}, {kMoeGroupThreads, 1, 1}, [&] { MoeGroupKernel(args); });
+  // Expert 1: assignments 2, 5 (rows 1, 2); expert 2: 0, 4 (rows 0, 2); dropped: 1, 3 (rows 0, 1).
+  EXPECT_EQ(slot_row, (std::vector<int32_t>{1, 2, 0, 2, 0, 1}));
+  EXPECT_EQ(slot_weight, (std::vector<float>{0.125f, 8.0f, 0.5f, 4.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(row_slots, (std::vector<int32_t>{2, -1, 0, -1, 3, 1}));  // dropped ones: none
+  EXPECT_EQ(chunks[0].expert, 1);
+  EXPECT_EQ(chunks[0].first_slot, 0);
+  EXPECT_EQ(chunks[0].tokens, 2);
+  EXPECT_EQ(chunks[1].expert, 2);
+  EXPECT_EQ(chunks[1].first_slot, 2);
+  EXPECT_EQ(chunks[1].tokens, 2);
+  for (int c = 2; c < max_chunks; ++c) EXPECT_EQ(chunks[c].tokens, 0) << "chunk " << c;
+}
+
+// Experts this node does not hold (table_index -1) keep their slots but get no work (an empty
+// chunk) and no place in their rows' sums.
+TEST(MoeGroupEmulationTest, ExpertsNotHeldAreLeftOutOfTheRowSums) {
+  const int rows = 2, top_k = 2, experts = 3, chunk_tokens = 8;
+  const std::vector<int32_t> ids = {0, 2, 2, 1};
+  const std::vector<float> weights = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<int32_t> table_index = {0, -1, 1};
+  const int max_chunks = MoeGroupMaxChunks(rows, top_k, experts, chunk_tokens);
+  std::vector<int32_t> slot_row(rows * top_k, -7), row_slots(rows * top_k, -9);
+  std::vector<float> slot_weight(rows * top_k, NAN);
+  std::vector<MoeChunk> chunks(max_chunks, MoeChunk{-5, -5, -5});
+  MoeGroupArgs args;
+  args.ids = ids.data();
+  args.weights = weights.data();
+  args.rows = rows;
+  args.top_k = top_k;
+  args.table_index = table_index.data();
+  args.num_experts = experts;
+  args.chunk_tokens = chunk_tokens;
+  args.max_chunks = max_chunks;
+  args.slot_row = slot_row.data();
+  args.slot_weight = slot_weight.data();
+  args.row_slots = row_slots.data();
+  args.chunks = chunks.data();
+  simt::RunGrid({1, 1, 1}, {kMoeGroupThreads, 1, 1}, [&] { MoeGroupKernel(args); });
+  // Slots: expert 0 (assignment 0), expert 1 (3, not held), expert 2 (1, 2).
+  EXPECT_EQ(slot_row, (std::vector<int32_t>{0, 1, 0, 1}));
+  EXPECT_EQ(row_slots, (std::vector<int32_t>{0, 2, 3, -1}));
+  EXPECT_EQ(chunks[1].tokens, 0);  // expert 1's
+  EXPECT_EQ(chunks[2].expert, 1);
+  EXPECT_EQ(chunks[2].first_slot, 2);
+  EXPECT_EQ(chunks[2].tokens, 2);
+}
+
+// A prefill-sized routing (2k rows of K3's top 16 of 896, so every warp places many rounds and
+// the counts cross warps) still gives the host's stable grouping.
+TEST(MoeGroupEmulationTest, PrefillSizedRoutingMatchesTheHostGrouping) {
+  ExpectGroupingMatchesHost(2048, 16, 896, 32, false);
+}
+
+// The combine sums each row's slots in row_slots order from 0, skipping -1: compared with the same
+// fp32 sums written out here, bit for bit, and rows with no slot are zeros.
+TEST(MoeGroupEmulationTest, CombineSumsEachRowsSlotsInItsOrder) {
+  const int rows = 5, per_row = 3, slots = 9, width = 300;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> slot_out(slots * width);
+  for (float& v : slot_out) v = normal(rng);
+  const std::vector<int32_t> row_slots = {4, 0, 8, -1, -1, -1, 2, -1, 7, 1, 3, 5, 6, -1, -1};
+  std::vector<float> out(rows * width, NAN);
+  simt::RunGrid({rows, 1, 1}, {kMoeCombineThreads, 1, 1}, [&] {
+    MoeCombineKernel(slot_out.data(), width, row_slots.data(), per_row, out.data());
+  });
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < width; ++c) {
+      float want = 0.0f;
+      for (int j = 0; j < per_row; ++j) {
+        const int32_t slot = row_slots[r * per_row + j];
+        if (slot >= 0) want += slot_out[slot * width + c];
+      }
+      ASSERT_EQ(out[r * width + c], want) << "row " << r << " column " << c;
+    }
+  }
+  EXPECT_EQ(out[1 * width + 17], 0.0f);
 }
 
 TEST(MoeGroupEmulationTest, TheChunkBoundHoldsForTheWorstRouting) {

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/moe_mxfp4.h"
+// After the header: the combine's device code (shared with the CPU emulation test).
+#include "kernels/cuda/moe_combine_kernel.inc"
 
 namespace k3 {
 namespace {
@@ -228,8 +230,7 @@ __global__ void __launch_bounds__(kThreads, 4) DownKernel(MoeMxfp4Launch p) {
       p.hidden, chunk.tokens, acc);
   ForEachOutput<kTiles>(chunk, w.mt, [&](int nt, int i, int token, int row) {
     const int slot = chunk.first_slot + token;
-    atomicAdd(p.out + static_cast<int64_t>(p.slot_row[slot]) * p.width + row,
-              p.slot_weight[slot] * acc[0][nt][i]);
+    p.slot_out[static_cast<int64_t>(slot) * p.width + row] = p.slot_weight[slot] * acc[0][nt][i];
   });
 }
 
@@ -253,6 +254,13 @@ int Launch(const MoeMxfp4Launch& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+int LaunchCombine(const MoeMxfp4Launch& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  MoeCombineKernel<<<p.rows, kMoeCombineThreads, 0, stream>>>(p.slot_out, p.width, p.row_slots,
+                                                               p.per_row, p.out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int LaunchMxfp4DequantProbe(const uint32_t* words, uint32_t* out, int n, void* stream) {
@@ -263,17 +271,19 @@ int LaunchMxfp4DequantProbe(const uint32_t* words, uint32_t* out, int n, void* s
 
 int LaunchMoeMxfp4(const MoeMxfp4Launch& launch, void* stream) {
   if (launch.width <= 0 || launch.hidden <= 0 || launch.width % kGpuTileInputs != 0 ||
-      launch.hidden % kGpuTileInputs != 0 || launch.chunk_count < 0) {
+      launch.hidden % kGpuTileInputs != 0 || launch.chunk_count < 0 || launch.rows < 0 ||
+      launch.per_row < 0 ||
+      (launch.chunk_tokens != 8 && launch.chunk_tokens != 16 && launch.chunk_tokens != 32)) {
     return cudaErrorInvalidValue;
   }
-  if (launch.chunk_count == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (launch.chunk_tokens) {
-    case 8: return Launch<1>(launch, s);
-    case 16: return Launch<2>(launch, s);
-    case 32: return Launch<4>(launch, s);
-    default: return cudaErrorInvalidValue;
+  if (launch.chunk_count > 0) {
+    const int status = launch.chunk_tokens == 8    ? Launch<1>(launch, s)
+                       : launch.chunk_tokens == 16 ? Launch<2>(launch, s)
+                                                   : Launch<4>(launch, s);
+    if (status != cudaSuccess) return status;
   }
+  return LaunchCombine(launch, s);
 }
 
 }  // namespace k3

@@ -2,7 +2,9 @@
 //   out[row] += Σ_{(row, e, w)} w · W2_e (act(W1_e x) ⊙ cap(W3_e x))
 // as two launches on one stream, each covering every expert of the call:
 //   1. gate/up: h[slot] = GLU(W1_e x[slot], W3_e x[slot]), bf16, the activation fused;
-//   2. down: out[row(slot)] += weight(slot) · W2_e h[slot], fp32 atomics, the weighted sum fused.
+//   2. down: slot_out[slot] = weight(slot) · W2_e h[slot], fp32, the routing weight fused;
+//   3. combine: out[row] = Σ slot_out over the row's slots, in the order row_slots gives them (a
+//      fixed order: the same call gives the same bits, in a CUDA graph or not).
 // Weights stay packed in device memory (kernels/cuda/mxfp4_gpu_layout.h) and are widened to bf16
 // in registers; tensor-core MMAs (mma.sync m16n8k16, fp32 accumulate) take the weights as the
 // 16-row side and up to 8 tokens per MMA as the narrow side ("swap AB"), so 1..16 tokens per
@@ -50,15 +52,21 @@ struct MoeMxfp4Launch {
   int32_t hidden = 0;        // f: gate/up outputs, down inputs; a multiple of 64
   const uint16_t* x = nullptr;          // bf16 [slots, width]
   uint16_t* h = nullptr;                // bf16 [slots, hidden], scratch written by launch 1
-  const int32_t* slot_row = nullptr;    // [slots]: the output row of each slot
   const float* slot_weight = nullptr;   // [slots]: its routing weight
-  float* out = nullptr;                 // fp32 [rows, width]; accumulated into, not cleared
+  float* slot_out = nullptr;            // fp32 [slots, width], scratch written by launch 2
+  // [rows, per_row]: each output row's slots, summed in this order; -1 entries are skipped (a
+  // row with fewer slots, an assignment dropped from the chunks).
+  const int32_t* row_slots = nullptr;
+  int32_t rows = 0;                     // 0: no launch 3, nothing written to out
+  int32_t per_row = 0;
+  float* out = nullptr;                 // fp32 [rows, width]; overwritten (launch 3)
   GpuGluParams glu;
 };
 
-// Enqueues both launches on `stream` (a cudaStream_t; nullptr for the legacy stream). Returns the
-// cudaError_t of the launches (0: enqueued). A bad shape (width or hidden not a multiple of 64,
-// chunk_tokens not 8, 16 or 32) returns cudaErrorInvalidValue before anything is enqueued.
+// Enqueues the three launches on `stream` (a cudaStream_t; nullptr for the legacy stream); with
+// no chunks, only the combine (out all zeros). Returns the cudaError_t of the launches (0:
+// enqueued). A bad shape (width or hidden not a multiple of 64, chunk_tokens not 8, 16 or 32,
+// negative rows or per_row) returns cudaErrorInvalidValue before anything is enqueued.
 int LaunchMoeMxfp4(const MoeMxfp4Launch& launch, void* stream);
 
 // For tests: out[4i + p] = fragment register p as the kernels widen codes word words[i] (bf16x2:

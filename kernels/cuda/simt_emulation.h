@@ -3,8 +3,10 @@
 // Include it before a kernel's .inc; it defines what that code uses of CUDA: __global__,
 // __device__, __shared__ (function statics: shared by a block's threads, so blocks run one after
 // another), threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __syncwarp, __shfl_xor_sync,
-// __float_as_uint, bf16 pairs, uint4, and EmulatedMma16816, mma.sync.m16n8k16 (bf16 in, fp32
-// accumulate) over the fragments as the PTX ISA lays them out.
+// __match_any_sync, __popc, atomicAdd on ints, isnan, __float_as_uint, bf16 pairs, uint4, and
+// EmulatedMma16816, mma.sync.m16n8k16 (bf16 in, fp32 accumulate) over the fragments as the PTX
+// ISA lays them out. Warp-wide calls (__syncwarp, the shuffles, __match_any_sync, the MMA) must be
+// reached by all 32 lanes of the warp, as the kernels here do.
 //
 // It checks logic, not timing or memory-model corner cases: every thread of a block runs truly
 // concurrently, so a missing __syncthreads can still go unnoticed. Not thread-safe: one RunGrid
@@ -13,11 +15,14 @@
 #define K3SERVE_KERNELS_CUDA_SIMT_EMULATION_H_
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <math.h>  // ::isnan, as device code calls it
 #include <memory>
 #include <thread>
 #include <vector>
@@ -41,6 +46,7 @@ inline SimtDim3 block_dim, grid_dim;
 inline std::unique_ptr<std::barrier<>> block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline std::vector<float> shuffle_slots;  // [warps, 32]
+inline std::vector<int> match_slots;      // [warps, 32]
 
 struct MmaFragments {
   uint32_t a[4], b[2];
@@ -53,6 +59,7 @@ inline void RunGrid(SimtDim3 grid, SimtDim3 block, const std::function<void()>& 
   block_dim = block;
   const int threads = block.x, warps = (threads + 31) / 32;
   shuffle_slots.assign(warps * 32, 0.0f);
+  match_slots.assign(warps * 32, 0);
   mma_slots.assign(warps * 32, MmaFragments{});
   for (int z = 0; z < grid.z; ++z) {
     for (int y = 0; y < grid.y; ++y) {
@@ -114,6 +121,21 @@ inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
   const float other = k3::simt::shuffle_slots[base + (lane ^ lane_mask)];
   k3::simt::WarpBarrier();
   return other;
+}
+
+// The lanes of the calling warp whose `value` equals this lane's.
+inline unsigned __match_any_sync(unsigned, int value) {
+  const int lane = threadIdx.x % 32, base = threadIdx.x - lane;
+  k3::simt::match_slots[threadIdx.x] = value;
+  k3::simt::WarpBarrier();
+  unsigned mask = 0;
+  for (int l = 0; l < 32; ++l) mask |= k3::simt::match_slots[base + l] == value ? 1u << l : 0u;
+  k3::simt::WarpBarrier();
+  return mask;
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int atomicAdd(int* address, int value) {
+  return std::atomic_ref<int>(*address).fetch_add(value);
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
