@@ -409,8 +409,9 @@ bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& 
   const bool chunked = request.has_header("Transfer-Encoding");
   const uint64_t length = request.get_header_value<uint64_t>("Content-Length");
   // A POST, PUT or PATCH says how long its body is, or httplib would read until the connection's
-  // read timeout (5 s) to find out; a length over the limit is refused before any of it is read
-  // (a false one would otherwise be waited for just as long). Both close the connection.
+  // read timeout (5 s) to find out: without a length it is answered at once, and the connection
+  // closed. (A length over the limit is read away before its 413, so that a client sending that
+  // much gets the answer rather than a reset; a false one waits for the read timeout.)
   const bool wants_body =
       request.method == "POST" || request.method == "PUT" || request.method == "PATCH";
   if (wants_body && !chunked && !request.has_header("Content-Length")) {
@@ -418,14 +419,6 @@ bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& 
                         request.method, " needs a body with a Content-Length (or chunked "
                         "Transfer-Encoding): the request body is missing")));
     response.status = 411;
-    response.set_header("Connection", "close");
-    return false;
-  }
-  if (!chunked && length > static_cast<uint64_t>(options.max_body_bytes)) {
-    Reply(response, absl::InvalidArgumentError(absl::StrCat(
-                        "the request body (Content-Length ", length, ") is larger than ",
-                        options.max_body_bytes, " bytes")));
-    response.status = 413;
     response.set_header("Connection", "close");
     return false;
   }

@@ -4,7 +4,7 @@
 // sent whole and streamed. Prints one JSON object for //tests:http_front_test, which checks each
 // answer with python3-jsonschema: {"results": [{case, thinking, seed, schema, whole, stream}]},
 // where whole and stream are {instance (the JSON text: content or the call's arguments), name
-// (the called function, or null), finish_reason, calls (how many)}.
+// (the called function, or null), finish_reason, calls (how many), reasoning}.
 //
 //   node structured.mjs BASE_URL API_KEY MODEL COUNT MAX_TOKENS
 import OpenAI from 'openai';
@@ -95,11 +95,13 @@ function requestOf(mode, thinking, seed) {
 
 function answerOf(message, finishReason) {
   const calls = message.tool_calls ?? [];
+  const reasoning = message.reasoning_content ?? '';
   if (calls.length > 0) {
     return { instance: calls[0].function.arguments, name: calls[0].function.name,
-             finish_reason: finishReason, calls: calls.length };
+             finish_reason: finishReason, calls: calls.length, reasoning };
   }
-  return { instance: message.content ?? '', name: null, finish_reason: finishReason, calls: 0 };
+  return { instance: message.content ?? '', name: null, finish_reason: finishReason, calls: 0,
+           reasoning };
 }
 
 async function whole(request) {
@@ -109,11 +111,12 @@ async function whole(request) {
 
 async function streamed(request) {
   const stream = await client.chat.completions.create({ ...request, stream: true });
-  const message = { content: '', tool_calls: [] };
+  const message = { content: '', reasoning_content: '', tool_calls: [] };
   let finishReason = null;
   for await (const chunk of stream) {
     for (const choice of chunk.choices) {
       message.content += choice.delta.content ?? '';
+      message.reasoning_content += choice.delta.reasoning_content ?? '';
       for (const call of choice.delta.tool_calls ?? []) {
         message.tool_calls[call.index] ??= { function: { name: '', arguments: '' } };
         const target = message.tool_calls[call.index];
