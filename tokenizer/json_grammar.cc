@@ -314,7 +314,7 @@ class JsonGrammarBuilder {
       n->max_length = IntOr(schema, "maxLength", -1);
       return n;
     }
-    if (type == "number" || type == "integer") return Number(schema, type == "integer", path);
+    if (type == "number" || type == "integer") return Number(schema, type == "integer");
     if (type == "boolean") {
       JsonNode* n = New(Kind::kUnion);
       n->options = {Literal(true), Literal(false)};
@@ -339,8 +339,8 @@ class JsonGrammarBuilder {
     return Bad(path, absl::StrCat("unknown type '", type, "'"));
   }
 
-  absl::StatusOr<const JsonNode*> Number(const ordered_json& schema, bool integer,
-                                         const std::string& path) {
+  // A schema no number satisfies is left to Finish (min_bytes -1).
+  const JsonNode* Number(const ordered_json& schema, bool integer) {
     JsonNode* n = New(Kind::kNumber);
     n->integer = integer;
     const Scaled unit = Pow10(kScaleDigits);
@@ -369,7 +369,6 @@ class JsonGrammarBuilder {
       n->bounded = true;
       n->multiple = static_cast<Scaled>(it->get<int64_t>()) * unit;
     }
-    (void)path;
     return n;
   }
 
@@ -617,8 +616,8 @@ int NumberNext(Frame& f, const JsonNode& n, uint8_t b) {
       [[fallthrough]];
     case kESign:
       return digit ? (f.count = 1, kExp) : -1;
-    case kExp:
-      return digit && ++f.count <= 3 ? kExp : -1;
+    case kExp:  // two digits: 1e308 and beyond overflow a double, and many parsers refuse them
+      return digit && ++f.count <= 2 ? kExp : -1;
   }
   return -1;
 }

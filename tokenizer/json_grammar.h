@@ -3,7 +3,8 @@
 // a value of the schema is generated. The text is compact JSON (no whitespace between tokens),
 // object members come in the schema's `properties` order (those not `required` may be left
 // out, members the schema does not name come after those it does), numbers have at most 16
-// digits per part and schema-less values nest at most 4 deep. Every string admitted is valid
+// digits per part and 2 in the exponent (so that every number is a finite double) and
+// schema-less values nest at most 4 deep. Every string admitted is valid
 // UTF-8 (no overlong form, no surrogate, nothing above U+10FFFF, no \u escape of a surrogate),
 // so its length in code points is what minLength / maxLength bound.
 //

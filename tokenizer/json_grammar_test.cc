@@ -265,6 +265,11 @@ TEST(JsonGrammarTest, IntegerBoundsAndMultiplesAreExact) {
                    R"({"type":"integer","minimum":1,"maximum":2,"multipleOf":5})"))
                    .ok());
   EXPECT_FALSE(JsonGrammar::FromSchema(ordered_json::parse(R"({"enum":[]})")).ok());
+  // Issue 38's 400-request run: 14E442 parses in JSON's grammar but overflows a double.
+  auto unbounded = Grammar(R"({"type":"number"})");
+  EXPECT_TRUE(Accepts(unbounded, "9999999999999999.9999999999999999e+99"));
+  EXPECT_FALSE(Accepts(unbounded, "14E442"));
+  EXPECT_FALSE(Accepts(unbounded, "1e308"));
 }
 
 TEST(JsonGrammarTest, StrictRefusesWhatItCannotEnforce) {

@@ -165,10 +165,12 @@ bool TokenConstraint::Allowed(std::vector<char>* allowed) const {
         }
         any = true;
       }
-      std::optional<Position> closed = After(p, piece->token);
-      if (piece->token >= 0 && piece->token < vocab && closed.has_value() && Fits(*closed)) {
-        (*allowed)[piece->token] = 1;
-        any = true;
+      if (piece->token >= 0 && piece->token < vocab) {
+        const std::optional<Position> closed = After(p, piece->token);
+        if (closed.has_value() && Fits(*closed)) {
+          (*allowed)[piece->token] = 1;
+          any = true;
+        }
       }
       continue;
     }
