@@ -1,6 +1,7 @@
 #include "attention_nodes/attention_service.h"
 
 #include <algorithm>
+#include <climits>
 #include <deque>
 #include <functional>
 #include <map>
@@ -146,7 +147,11 @@ absl::StatusOr<std::shared_ptr<const ConstraintShape>> ConstraintShapeFromProto(
           pieces.push_back({.kind = Kind::kToken, .token = piece.token_id()});
           break;
         case v1::ConstraintPiece::kFreeUntilTokenId:
-          pieces.push_back({.kind = Kind::kFreeUntil, .token = piece.free_until_token_id()});
+          pieces.push_back({.kind = Kind::kFreeUntil,
+                            .token = piece.free_until_token_id(),
+                            .max_free_tokens = piece.has_max_free_tokens()
+                                                   ? std::max(0, piece.max_free_tokens())
+                                                   : -1});
           break;
         case v1::ConstraintPiece::kText:
           if (!piece.text().empty()) pieces.push_back({.kind = Kind::kText, .text = piece.text()});
@@ -542,6 +547,15 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     }
     K3_ASSIGN_OR_RETURN(std::shared_ptr<const ConstraintShape> shape,
                         ConstraintShapeFromProto(sampling.constraint()));
+    int shortest = INT_MAX;
+    for (const std::vector<ConstraintPiece>& alternative : *shape) {
+      shortest = std::min(shortest, MinTokens(alternative));
+    }
+    if (shortest > generation->max_new_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_new_tokens ", generation->max_new_tokens,
+                       " cannot hold the constraint's shortest answer (", shortest, " tokens)"));
+    }
     absl::MutexLock lock(&mu_);
     if (vocabulary_ == nullptr) {
       vocabulary_ = std::make_shared<const TokenVocabulary>(*tokenizer_,
@@ -549,6 +563,7 @@ class K3ServeService final : public v1::K3Serve::CallbackService {
     }
     generation->sampling.vocabulary = vocabulary_;
     generation->sampling.constraint = std::move(shape);
+    generation->sampling.constraint_max_tokens = generation->max_new_tokens;
     return absl::OkStatus();
   }
 

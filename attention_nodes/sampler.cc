@@ -45,7 +45,9 @@ TokenLogprobs LogprobsOf(const float* logits, int64_t vocab, int32_t token, int 
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
-  if (options.constraint != nullptr) constraint_.emplace(options.vocabulary, options.constraint);
+  if (options.constraint != nullptr) {
+    constraint_.emplace(options.vocabulary, options.constraint, options.constraint_max_tokens);
+  }
 }
 
 int32_t Sampler::Next(const float* logits, int64_t vocab) {

@@ -25,6 +25,7 @@ struct SamplingOptions {
   // Both set or both null; shared read-only between the sequences that use them.
   std::shared_ptr<const TokenVocabulary> vocabulary;
   std::shared_ptr<const ConstraintShape> constraint;
+  int constraint_max_tokens = 0;  // the constraint's token limit (TokenConstraint); 0: none
 };
 
 // InvalidArgument for a negative temperature, top_p outside (0, 1] or a negative top_k.

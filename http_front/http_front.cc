@@ -42,6 +42,8 @@ namespace v1 = k3serve::v1;
 
 constexpr char kJson[] = "application/json";
 constexpr absl::Duration kReadinessTimeout = absl::Seconds(1);
+// /readyz on the API port answers within 100 ms, a worker that takes longer counting as not ready.
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(80);
 // A connection's thread ends after this long without a connection to serve.
 constexpr absl::Duration kIdleThreadTimeout = absl::Seconds(10);
 // What a client shed past --max-connections is told to wait before it tries again.
@@ -85,6 +87,7 @@ struct HttpFront::Impl {
 
   absl::Mutex mu;
   absl::flat_hash_set<GenerateCall*> calls ABSL_GUARDED_BY(mu);  // in flight, for Stop
+  int max_tokens_limit ABSL_GUARDED_BY(mu) = 0;  // MaxTokensLimit's answer; 0: not known yet
 
   // Makes the server (HTTPS with --tls-cert), binds, listens and starts the accept loop.
   absl::Status Serve();
@@ -136,8 +139,13 @@ struct HttpFront::Impl {
   // Server-sent events; cancelled when a write fails.
   void Stream(const ResponseHead& head, std::vector<Generation> choices,
               const RequestShape& shape, const Timing& timing, httplib::Response& response);
-  absl::StatusOr<v1::GenerateRequest> ToGrpc(const CompletionRequest& request,
-                                             Endpoint endpoint) const;
+  // `max_tokens_limit`: the workers' limit (0: not known yet).
+  absl::StatusOr<v1::GenerateRequest> ToGrpc(const CompletionRequest& request, Endpoint endpoint,
+                                             int max_tokens_limit) const;
+  // The workers' max_new_tokens_limit (ModelInfo), asked once a worker answers; 0 until then.
+  // One limit for every path: the front checks max_tokens against it, naming the client's own
+  // parameter, before any worker would refuse the request in its own words.
+  int MaxTokensLimit();
   absl::StatusOr<std::unique_ptr<GenerateCall>> StartCall(const v1::GenerateRequest& request,
                                                           const std::string& traceparent);
   void EndCall(GenerateCall* call);
@@ -148,8 +156,24 @@ void HttpFront::Impl::Reply(httplib::Response& response, const absl::Status& err
   response.set_content(ErrorBody(error), kJson);
 }
 
+int HttpFront::Impl::MaxTokensLimit() {
+  {
+    absl::MutexLock lock(&mu);
+    if (max_tokens_limit > 0) return max_tokens_limit;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kReadinessTimeout));
+  pool->AddAuth(&context);
+  v1::ModelInfo info;
+  if (!pool->stub(0)->GetModelInfo(&context, {}, &info).ok()) return 0;
+  absl::MutexLock lock(&mu);
+  max_tokens_limit = info.max_new_tokens_limit();
+  return max_tokens_limit;
+}
+
 absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequest& request,
-                                                            Endpoint endpoint) const {
+                                                            Endpoint endpoint,
+                                                            int max_tokens_limit) const {
   if (!request.model.empty() && request.model != model_name) {
     return absl::NotFoundError(absl::StrCat(
         "model '", request.model, "' does not exist; this server serves '", model_name, "'"));
@@ -168,7 +192,14 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   v1::SamplingParams* sampling = grpc_request.mutable_sampling();
   // Unset fields take the server's defaults (OpenAI's unless flags say otherwise): max_new_tokens
   // 0 asks the worker for as many as it allows.
-  sampling->set_max_new_tokens(request.max_tokens.value_or(options.default_max_tokens));
+  const int max_tokens = request.max_tokens.value_or(options.default_max_tokens);
+  sampling->set_max_new_tokens(max_tokens);
+  if (max_tokens_limit > 0 && max_tokens > max_tokens_limit) {
+    return ParamError(request.max_tokens.has_value() ? request.max_tokens_param : "max_tokens",
+                      absl::StrCat("'", request.max_tokens_param, "' is ", max_tokens,
+                                   "; this server generates at most ", max_tokens_limit,
+                                   " tokens per request"));
+  }
   sampling->set_temperature(request.temperature.value_or(options.default_temperature));
   if (request.top_logprobs.has_value()) sampling->set_top_logprobs(*request.top_logprobs);
   if (request.top_p.has_value()) sampling->set_top_p(*request.top_p);
@@ -177,7 +208,8 @@ absl::StatusOr<v1::GenerateRequest> HttpFront::Impl::ToGrpc(const CompletionRequ
   if (endpoint == Endpoint::kChatCompletions && turn_end_id.has_value()) {
     sampling->add_stop_token_ids(*turn_end_id);
     K3_ASSIGN_OR_RETURN(std::optional<v1::OutputConstraint> constraint,
-                        OutputConstraintOf(request, *tokenizer));
+                        OutputConstraintOf(request, *tokenizer,
+                                           max_tokens > 0 ? max_tokens : max_tokens_limit));
     if (constraint.has_value()) *sampling->mutable_constraint() = *std::move(constraint);
   }
   return grpc_request;
@@ -244,7 +276,8 @@ void HttpFront::Impl::Complete(const httplib::Request& http_request, const std::
   const absl::Time start = absl::Now();
   absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(body, endpoint);
   if (!request.ok()) return Reply(response, request.status());
-  absl::StatusOr<v1::GenerateRequest> grpc_request = ToGrpc(*request, endpoint);
+  absl::StatusOr<v1::GenerateRequest> grpc_request =
+      ToGrpc(*request, endpoint, MaxTokensLimit());
   if (!grpc_request.ok()) return Reply(response, grpc_request.status());
   // A client's W3C trace context goes on to the attention worker (base/trace_context.h);
   // a malformed one starts no trace.
@@ -369,12 +402,30 @@ bool HttpFront::Impl::Shed(httplib::Response& response) {
 }
 
 bool HttpFront::Impl::Admit(const httplib::Request& request, httplib::Response& response) {
+  // Probes need no key (as on the metrics port).
+  if (request.method == "GET" && (request.path == "/healthz" || request.path == "/readyz")) {
+    return true;
+  }
+  const bool chunked = request.has_header("Transfer-Encoding");
+  const uint64_t length = request.get_header_value<uint64_t>("Content-Length");
+  // A POST, PUT or PATCH says how long its body is, or httplib would read until the connection's
+  // read timeout (5 s) to find out: without a length it is answered at once, and the connection
+  // closed. (A length over the limit is read away before its 413, so that a client sending that
+  // much gets the answer rather than a reset; a false one waits for the read timeout.)
+  const bool wants_body =
+      request.method == "POST" || request.method == "PUT" || request.method == "PATCH";
+  if (wants_body && !chunked && !request.has_header("Content-Length")) {
+    Reply(response, absl::InvalidArgumentError(absl::StrCat(
+                        request.method, " needs a body with a Content-Length (or chunked "
+                        "Transfer-Encoding): the request body is missing")));
+    response.status = 411;
+    response.set_header("Connection", "close");
+    return false;
+  }
   // A request with a body is shed and authenticated once its body is read (the POST handlers):
   // an answer that leaves the body unread breaks the connection (its bytes would be read as the
   // next request; closing instead would reset it before the client reads the answer).
-  const bool has_body = request.has_header("Transfer-Encoding") ||
-                        request.get_header_value<uint64_t>("Content-Length") > 0;
-  if (has_body) return true;
+  if (chunked || length > 0) return true;
   return !Shed(response) && Authorized(request, response);
 }
 
@@ -428,6 +479,17 @@ void HttpFront::Impl::Route() {
         return Admit(request, response) ? httplib::Server::HandlerResponse::Unhandled
                                         : httplib::Server::HandlerResponse::Handled;
       });
+  // The metrics port's probe on the API port too, as /healthz and /readyz (a load balancer may
+  // see only this port): 200 while some attention worker is ready, else 503 with why.
+  for (const char* probe : {"/healthz", "/readyz"}) {
+    http->Get(probe, [this](const httplib::Request&, httplib::Response& response) {
+      const absl::Status ready =
+          stopping ? absl::UnavailableError("shutting down") : pool->Ping(kProbeTimeout);
+      response.status = ready.ok() ? 200 : 503;
+      response.set_content(ready.ok() ? "ok\n" : absl::StrCat(ready.message(), "\n"),
+                           "text/plain");
+    });
+  }
   http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(ModelsBody(model_name), kJson);
   });

@@ -177,6 +177,57 @@ absl::Status ParseMessages(const json& body, CompletionRequest* request) {
     K3_RETURN_IF_ERROR(ParseAgentMessageFields(m, &message));
     request->messages.push_back(std::move(message));
   }
+  // A tool message answers a call the conversation made (OpenAI answers 400 otherwise): its
+  // result would otherwise be rendered against a call the model never saw.
+  std::vector<std::string> call_ids;
+  for (size_t i = 0; i < request->messages.size(); ++i) {
+    const ChatMessage& message = request->messages[i];
+    for (const ChatToolCall& call : message.tool_calls) call_ids.push_back(call.id);
+    if (message.role != "tool") continue;
+    if (message.tool_call_id.empty()) {
+      return BadParam("messages", absl::StrCat("messages[", i, "]: a tool message needs the "
+                                               "'tool_call_id' of the call it answers"));
+    }
+    if (absl::c_find(call_ids, message.tool_call_id) == call_ids.end()) {
+      return BadParam("messages",
+                      absl::StrCat("messages[", i, "]: 'tool_call_id' '", message.tool_call_id,
+                                   "' answers no tool call of an earlier assistant message"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Fields of OpenAI's API this server does not implement: a value that asks for their effect is
+// a 400 naming the field (ignoring it would answer another question than the one asked); their
+// neutral values pass. Ranges are OpenAI's.
+absl::Status RefuseUnimplemented(const json& body, Endpoint endpoint) {
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    K3_ASSIGN_OR_RETURN(std::optional<double> penalty, Number(body, name, -2, 2));
+    if (penalty.value_or(0) != 0) {
+      return BadParam(name, absl::StrCat("'", name, "' is not supported (only 0)"));
+    }
+  }
+  if (const json* bias = Field(body, "logit_bias")) {
+    if (!bias->is_object()) return BadParam("logit_bias", "'logit_bias' must be an object");
+    for (const auto& [token, value] : bias->items()) {
+      if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
+        return BadParam("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      }
+    }
+    if (!bias->empty()) return BadParam("logit_bias", "'logit_bias' is not supported");
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    K3_ASSIGN_OR_RETURN(bool echo, Bool(body, "echo"));
+    if (echo) return BadParam("echo", "'echo' is not supported (only false)");
+    if (const json* suffix = Field(body, "suffix")) {
+      if (!suffix->is_string()) return BadParam("suffix", "'suffix' must be a string");
+      if (!suffix->get<std::string>().empty()) {
+        return BadParam("suffix", "'suffix' is not supported (insertion is not implemented)");
+      }
+    }
+    K3_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, Integer(body, "best_of", 1, 20));
+    if (best_of.value_or(1) != 1) return BadParam("best_of", "'best_of' is not supported (only 1)");
+  }
   return absl::OkStatus();
 }
 
@@ -249,6 +300,9 @@ absl::Status ParseThinking(const json& body, CompletionRequest* request) {
       request->chat.thinking_effort = effort->get<std::string>();
     }
   }
+  K3_ASSIGN_OR_RETURN(std::optional<int64_t> budget,
+                      Integer(body, "thinking_budget", 0, INT32_MAX));
+  if (budget.has_value()) request->thinking_budget = static_cast<int>(*budget);
   const std::string& effort = request->chat.thinking_effort;
   if (request->chat.thinking && effort != "low" && effort != "medium" && effort != "high" &&
       effort != "max") {
@@ -318,6 +372,12 @@ absl::Status ParseResponseFormat(const json& body, CompletionRequest* request) {
       return BadParam("response_format", "'response_format.json_schema.schema' must be an object");
     }
     request->chat.response_schema = *schema;
+    if (const json* strict = Field(*wrapper, "strict")) {
+      if (!strict->is_boolean()) {
+        return BadParam("response_format", "'response_format.json_schema.strict' must be a boolean");
+      }
+      request->response_format_strict = strict->get<bool>();
+    }
   }
   return absl::OkStatus();
 }
@@ -332,10 +392,14 @@ absl::Status Parse(const json& body, Endpoint endpoint, CompletionRequest* reque
                                                                : ParsePrompt(body, request);
   if (!status.ok()) return status;
   if (status = ParseChoicesAndLogprobs(body, endpoint, request); !status.ok()) return status;
+  if (status = RefuseUnimplemented(body, endpoint); !status.ok()) return status;
   // Chat's newer name for max_tokens wins where both are given.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     K3_ASSIGN_OR_RETURN(std::optional<int64_t> max, Integer(body, name, 1, INT32_MAX));
-    if (max.has_value()) request->max_tokens = static_cast<int>(*max);
+    if (max.has_value()) {
+      request->max_tokens = static_cast<int>(*max);
+      request->max_tokens_param = name;
+    }
   }
   K3_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature", 0, 2));
   if (temperature.has_value()) request->temperature = static_cast<float>(*temperature);
@@ -460,6 +524,10 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     return BadParam("", absl::StrCat("malformed request: ", e.what()));
   }
   return request;
+}
+
+absl::Status ParamError(const std::string& param, const std::string& message) {
+  return BadParam(param, message);
 }
 
 std::string ParamOf(const absl::Status& status) {

@@ -35,7 +35,15 @@ struct CompletionRequest {
   // `tool_choice_function` names it.
   std::string tool_choice = "none";
   std::string tool_choice_function;
+  // response_format.json_schema.strict: a schema keyword constrained decoding cannot enforce is
+  // a 400 naming it (tools: each function's own `strict`).
+  bool response_format_strict = false;
+  // thinking_budget: the most tokens of thinking before a structured answer (tool_choice
+  // required / a function, response_format); nullopt: from the reasoning effort, within what
+  // max_tokens leaves (http_front/output_constraint.h).
+  std::optional<int> thinking_budget;
   std::optional<int> max_tokens;
+  std::string max_tokens_param = "max_tokens";  // the name the client gave it by
   std::optional<float> temperature;  // [0, 2]
   std::optional<float> top_p;        // (0, 1]
   std::optional<uint64_t> seed;
@@ -56,12 +64,17 @@ inline constexpr int kMaxChoices = 128;  // OpenAI's limit on n
 // names, and a named tool_choice must name one of them; `tools` keep the client's key order
 // (Kimi K2's template writes them as they came). INVALID_ARGUMENT naming the field (ParamOf gives it) for
 // malformed JSON, wrong types, values out of range and unsupported message contents. The
-// `developer` role is read as `system` (OpenAI's newer name for it).
-// Unknown fields are ignored, as OpenAI's clients send fields a server may not know.
+// `developer` role is read as `system` (OpenAI's newer name for it). A tool message must carry
+// the tool_call_id of a call of an earlier assistant message. Ranges are OpenAI's; fields whose
+// effect is not implemented (presence_penalty, frequency_penalty, logit_bias; completions' echo,
+// suffix, best_of) are a 400 naming them unless they have their neutral value.
+// Other unknown fields are ignored, as OpenAI's clients send fields a server may not know.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint);
 
 // The request field an error is about ("" if none).
 std::string ParamOf(const absl::Status& status);
+// INVALID_ARGUMENT with `message`, about the request field `param` (ParamOf gives it back).
+absl::Status ParamError(const std::string& param, const std::string& message);
 
 // The HTTP status for an error: 400 INVALID_ARGUMENT / OUT_OF_RANGE / FAILED_PRECONDITION /
 // UNIMPLEMENTED (the request asks for something not supported),

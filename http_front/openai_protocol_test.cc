@@ -169,6 +169,30 @@ TEST(OpenAiProtocolTest, BadInputIsInvalidArgumentNamingTheField) {
        "response_format"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
        "response_format"},
+      // Issue 38: ranges as OpenAI documents them, unimplemented effects refused, tool messages
+      // that answer no call, strict's flag and the thinking budget's type.
+      {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":5})", "presence_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5})",
+       "presence_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"frequency_penalty":-2.5})",
+       "frequency_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":101}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":1}})", "logit_bias"},
+      {R"({"prompt":"x","echo":true})", "echo", Endpoint::kCompletions},
+      {R"({"prompt":"x","suffix":"end"})", "suffix", Endpoint::kCompletions},
+      {R"({"prompt":"x","best_of":2})", "best_of", Endpoint::kCompletions},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})",
+       "max_completion_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"},{"role":"tool","content":"1"}]})",
+       "messages"},
+      {R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"a",
+           "type":"function","function":{"name":"f","arguments":"{}"}}]},
+           {"role":"tool","tool_call_id":"b","content":"1"}]})",
+       "messages"},
+      {R"({"messages":[{"role":"user","content":"x"}],"thinking_budget":-1})", "thinking_budget"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+           "json_schema":{"schema":{},"strict":"yes"}}})",
+       "response_format"},
       {R"({"prompt":["a","b"]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":[1,-2]})", "prompt", Endpoint::kCompletions},
       {R"({"prompt":""})", "prompt", Endpoint::kCompletions},
@@ -180,6 +204,23 @@ TEST(OpenAiProtocolTest, BadInputIsInvalidArgumentNamingTheField) {
     EXPECT_EQ(ParamOf(status), c.param) << c.body;
     EXPECT_EQ(HttpStatusOf(status), 400);
   }
+}
+
+TEST(OpenAiProtocolTest, NeutralValuesOfUnimplementedFieldsPass) {
+  EXPECT_TRUE(ParseCompletionRequest(
+                  R"({"prompt":"x","echo":false,"suffix":"","best_of":1,"presence_penalty":0,
+                      "frequency_penalty":0,"logit_bias":{}})",
+                  Endpoint::kCompletions)
+                  .ok());
+  absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(
+      R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":7,
+          "thinking_budget":0,"response_format":{"type":"json_schema",
+          "json_schema":{"schema":{"type":"object"},"strict":true}}})",
+      Endpoint::kChatCompletions);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->max_tokens_param, "max_completion_tokens");
+  EXPECT_EQ(request->thinking_budget, 0);
+  EXPECT_TRUE(request->response_format_strict);
 }
 
 TEST(OpenAiProtocolTest, ErrorBodyHasOpenAisShape) {

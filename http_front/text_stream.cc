@@ -72,6 +72,13 @@ bool TextStream::Next(GenerateCall& call, Choice* piece) {
     }
     Release(decoder_.Finish(), piece);
     piece->text.append(matcher_.Finish());
+    if (chat_.has_value()) {
+      // A call whose close tag did not come is closed; one cut mid-arguments stays a prefix,
+      // with finish_reason "length" or "stop" telling why.
+      ChatDelta closing;
+      chat_->Finish(&closing).IgnoreError();
+      AddDelta(closing, piece);
+    }
     finish_reason_ = complete.finish_reason() == v1::Complete::LENGTH ? "length" : "stop";
     if (finish_reason_ == "stop" && chat_.has_value() && chat_->tool_call_count() > 0) {
       finish_reason_ = "tool_calls";

@@ -45,6 +45,7 @@ namespace v1 = k3serve::v1;
 constexpr char kApiKey[] = "test-key-123";
 constexpr char kClientScript[] = "tests/openai_client/chat.mjs";
 constexpr char kAgentScript[] = "tests/openai_client/agent.mjs";
+constexpr char kStructuredScript[] = "tests/openai_client/structured.mjs";
 constexpr char kValidateScript[] = "tokenizer/testdata/validate_json_instances.py";
 constexpr char kQuestion[] = "Why is the sky blue?";
 constexpr int kMaxTokens = 12;
@@ -612,6 +613,162 @@ TEST_F(HttpFrontTest, OpenAiClientCallsToolsReasonsAndAnswersInJson) {
   EXPECT_EQ(result["json_schema"]["finish_reason"], "stop");
   ExpectValidates(result["json_schema"]["schema"],
                   result["json_schema"]["content"].get<std::string>());
+}
+
+// One request by curl: its HTTP status, seconds and body. `args` are curl's options for it.
+struct Timed {
+  int status = 0;
+  double seconds = 0;
+  std::string body;
+};
+Timed CurlTimed(const std::string& args) {
+  const std::string body_file = TmpDir() + "/timed-body";
+  std::remove(body_file.c_str());
+  const std::string out = Output(absl::StrCat("curl -sS -o ", body_file,
+                                              " -w '%{http_code} %{time_total}' ", args));
+  Timed timed;
+  std::vector<std::string> parts = absl::StrSplit(out, ' ');
+  if (parts.size() == 2) {
+    timed.status = std::atoi(parts[0].c_str());
+    timed.seconds = std::atof(parts[1].c_str());
+  }
+  std::ifstream file(body_file);
+  timed.body.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  return timed;
+}
+
+// Issue 38: each soft spot of the API is answered at once (within 100 ms), correctly, naming the
+// request's own parameter, and the server then serves the next request.
+TEST_F(HttpFrontTest, SoftSpotsAreAnsweredAtOnce) {
+  const std::string auth = absl::StrCat("-H 'Authorization: Bearer ", kApiKey, "' ");
+  const std::string chat = Quote(Url("/v1/chat/completions"));
+  const std::string user = R"("messages":[{"role":"user","content":"hi"}])";
+  struct Case {
+    std::string name;
+    std::string args;
+    int status;
+    std::string param;  // "-": the body is not an OpenAI error
+  };
+  const Case cases[] = {
+      {"POST without a body", auth + "-X POST " + chat, 411, ""},
+      {"PUT without a body", auth + "-X PUT " + chat, 411, ""},
+      {"max_tokens beyond the limit",
+       auth + "--data-binary " + Quote(absl::StrCat("{", user, R"(,"max_tokens":1000000000})")) +
+           " " + chat,
+       400, "max_tokens"},
+      {"max_completion_tokens beyond the limit",
+       auth + "--data-binary " +
+           Quote(absl::StrCat("{", user, R"(,"max_completion_tokens":1000000000})")) + " " + chat,
+       400, "max_completion_tokens"},
+      {"a tool message without tool_call_id",
+       auth + "--data-binary " +
+           Quote(R"({"messages":[{"role":"user","content":"x"},{"role":"tool","content":"1"}]})") +
+           " " + chat,
+       400, "messages"},
+      {"a tool message answering an unknown call",
+       auth + "--data-binary " +
+           Quote(R"({"messages":[{"role":"user","content":"x"},{"role":"tool",
+                 "tool_call_id":"call_nope","content":"1"}]})") +
+           " " + chat,
+       400, "messages"},
+      {"presence_penalty 5",
+       auth + "--data-binary " + Quote(absl::StrCat("{", user, R"(,"presence_penalty":5})")) +
+           " " + chat,
+       400, "presence_penalty"},
+      {"echo on completions",
+       auth + "--data-binary " + Quote(R"({"prompt":"hi","echo":true})") + " " +
+           Quote(Url("/v1/completions")),
+       400, "echo"},
+      {"suffix on completions",
+       auth + "--data-binary " + Quote(R"({"prompt":"hi","suffix":"x"})") + " " +
+           Quote(Url("/v1/completions")),
+       400, "suffix"},
+      {"a thinking budget max_tokens cannot hold",
+       auth + "--data-binary " +
+           Quote(absl::StrCat("{", user, R"(,"max_tokens":40,"thinking_budget":39,)",
+                              R"("response_format":{"type":"json_object"}})")) +
+           " " + chat,
+       400, "max_tokens"},
+      {"/healthz on the API port, no key", Quote(Url("/healthz")), 200, "-"},
+      {"/readyz on the API port, no key", Quote(Url("/readyz")), 200, "-"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Timed got = CurlTimed(c.args);
+    EXPECT_EQ(got.status, c.status) << got.body;
+    EXPECT_LT(got.seconds, 0.1);
+    if (c.param != "-") {
+      const json error = json::parse(got.body, nullptr, false);
+      ASSERT_FALSE(error.is_discarded()) << got.body;
+      EXPECT_EQ(error["error"]["param"], c.param.empty() ? json(nullptr) : json(c.param))
+          << got.body;
+      EXPECT_EQ(error["error"]["type"], "invalid_request_error") << got.body;
+    }
+    const std::string next = Curl("/v1/chat/completions", ChatBody(2, false));
+    EXPECT_TRUE(absl::StartsWith(next, "HTTP/1.1 200")) << next;
+  }
+}
+
+// Issue 38: structured output never comes back empty, unparseable or off its schema, with
+// thinking on (K3's default) or off, streamed or not, over seeds: K3_STRUCTURED_REQUESTS
+// requests (default 28, two per combination, as CI runs it; the issue's acceptance run is 400:
+// `--test_env=K3_STRUCTURED_REQUESTS=400`), each sent whole and streamed, checked here and by
+// python3-jsonschema (code points counted by Python).
+TEST_F(HttpFrontTest, StructuredOutputIsAlwaysWholeAndValid) {
+  SKIP_WITHOUT_OPENAI_CLIENT();
+  if (std::system("python3 -c 'import jsonschema' >/dev/null 2>&1") != 0) {
+    std::cout << "SKIPPED: python3-jsonschema is missing (tools/install_deps.sh installs it)\n";
+    GTEST_SKIP();
+  }
+  const char* count_env = std::getenv("K3_STRUCTURED_REQUESTS");
+  const int count = count_env != nullptr ? std::atoi(count_env) : 28;
+  const std::string out = Output(absl::StrCat(
+      "node ", kStructuredScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+      Quote(std::filesystem::path(*model_).filename().string()), " ", count, " 256"));
+  const json result = json::parse(out, nullptr, false);
+  ASSERT_FALSE(result.is_discarded()) << out;
+  const json& results = result["results"];
+  ASSERT_EQ(results.size(), static_cast<size_t>(count));
+  // Kept with the test's outputs (bazel-testlogs/.../outputs.zip) where Bazel gives a folder.
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  const std::string pairs = absl::StrCat(outputs != nullptr ? outputs : TmpDir(), "/structured.jsonl");
+  std::ofstream file(pairs);
+  int empty = 0, unparseable = 0, different = 0, thought = 0, reasoned = 0;
+  for (const json& r : results) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_FALSE(r.contains("error"));
+    const bool call = r["case"] == "required" || r["case"] == "named_function";
+    for (const char* mode : {"whole", "stream"}) {
+      const json& answer = r[mode];
+      const std::string instance = answer["instance"].get<std::string>();
+      empty += instance.empty();
+      unparseable += !instance.empty() && json::parse(instance, nullptr, false).is_discarded();
+      EXPECT_EQ(answer["finish_reason"], call ? "tool_calls" : "stop") << mode;
+      EXPECT_EQ(answer["calls"], call ? 1 : 0) << mode;
+      if (r.contains("expected_name")) {
+        EXPECT_EQ(answer["name"], r["expected_name"]) << mode;
+      }
+      file << json{{"schema", r["schema"]}, {"instance", instance}}.dump() << "\n";
+    }
+    different += r["whole"] != r["stream"];
+    thought += r["thinking"].get<bool>();
+    // Thinking on: reasoning, then the answer; off: no reasoning.
+    const bool reasoning = !r["whole"]["reasoning"].get<std::string>().empty();
+    if (!r["thinking"].get<bool>()) {
+      EXPECT_FALSE(reasoning);
+    }
+    reasoned += reasoning;
+  }
+  file.close();
+  EXPECT_EQ(empty, 0);
+  EXPECT_EQ(unparseable, 0);
+  EXPECT_EQ(different, 0);
+  EXPECT_GT(thought, 0);
+  EXPECT_GT(reasoned, 0);  // the think sections were not all closed at once
+  EXPECT_EQ(std::system(absl::StrCat("python3 ", kValidateScript, " ", pairs).c_str()), 0)
+      << "see the INVALID lines above";
+  std::cout << count << " structured requests (x2: whole and streamed) in "
+            << result["seconds"] << " s\n";
 }
 
 }  // namespace

@@ -142,6 +142,18 @@ void ChatOutputParser::K3Close(std::string_view tag, ChatDelta* delta) {
   }
 }
 
+absl::Status ChatOutputParser::Finish(ChatDelta* delta) {
+  if (mode_ == Mode::kCall && tag_ == Tag::kNone && format_ == ChatFormat::kK3) {
+    K3Close("call", delta);
+    return absl::OkStatus();
+  }
+  const bool in_call = mode_ == Mode::kCall || mode_ == Mode::kArgument || mode_ == Mode::kJson ||
+                       mode_ == Mode::kCallHeader;
+  if (!in_call) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the answer ended inside tool call ", calls_ - 1, ": its arguments are not whole"));
+}
+
 void ChatOutputParser::KimiSpecial(std::string_view name, ChatDelta* delta) {
   if (name == kKimiToolCallBegin) {
     header_.clear();

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "tokenizer/chat_template.h"
 
 namespace k3 {
@@ -51,6 +52,12 @@ class ChatOutputParser {
   // A special token's name (e.g. "<|sep|>"), and the text generated between special tokens.
   void Special(std::string_view name, ChatDelta* delta);
   void Text(std::string_view text, ChatDelta* delta);
+
+  // The generation ended here. A K3 call whose own close tag did not come but whose arguments
+  // did is closed (its arguments are then whole: no call is dropped for a missing end marker);
+  // an answer cut inside a call's arguments (or its header) is FAILED_PRECONDITION naming the
+  // call, whose arguments in the deltas are then a prefix. OK otherwise.
+  absl::Status Finish(ChatDelta* delta);
 
   // Whether the answer has ended (K3's </message> or end of turn, Kimi's <|im_end|>).
   bool done() const { return mode_ == Mode::kDone; }
