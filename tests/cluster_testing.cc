@@ -1,5 +1,6 @@
 #include "tests/cluster_testing.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -161,6 +162,17 @@ std::vector<std::vector<int32_t>> TestPrompts(int count, int vocab_size, uint64_
     prompts.push_back(prompt);
   }
   return prompts;
+}
+
+std::string CommandOutput(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
 }
 
 }  // namespace k3

@@ -34,6 +34,10 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> SingleProcessTokens(
 // Prompts of different lengths with token ids below `vocab_size`, a function of `seed`.
 std::vector<std::vector<int32_t>> TestPrompts(int count, int vocab_size, uint64_t seed);
 
+// Runs a shell command (a client of a process under test: curl, node, the k3serve binary) and
+// returns its stdout, whatever its exit status; its stderr goes to the test's log.
+std::string CommandOutput(const std::string& command);
+
 }  // namespace k3
 
 #endif  // K3SERVE_TESTS_CLUSTER_TESTING_H_

@@ -54,18 +54,6 @@ constexpr char kCancelledTraceId[] = "5ce0e9a56015fec5aadfa328ae398115";
 
 std::string TmpDir() { return std::getenv("TEST_TMPDIR"); }
 
-// Runs a shell command; its stdout (stderr goes to the test's log).
-std::string Output(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  pclose(pipe);
-  return out;
-}
-
 std::string Quote(const std::string& s) {
   std::string quoted = "'";
   for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -105,7 +93,7 @@ class HttpFrontTest : public ::testing::Test {
   // curl with the key; -i puts the status line and headers before the body.
   static std::string Curl(const std::string& path, const std::string& body,
                           const std::string& key = kApiKey) {
-    return Output(absl::StrCat(
+    return CommandOutput(absl::StrCat(
         "curl -sS -N -i ", key.empty() ? "" : absl::StrCat("-H 'Authorization: Bearer ", key, "' "),
         "-H 'Content-Type: application/json' ",
         body.empty() ? "" : absl::StrCat("--data-binary ", Quote(body), " "), Quote(Url(path))));
@@ -228,11 +216,11 @@ TEST_F(HttpFrontTest, ATraceparentHeaderTracesTheRequest) {
   const std::string trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   const std::string client_span = "00f067aa0ba902b7";
   const std::string body = R"({"prompt":[1,2,3],"max_tokens":2,"temperature":0})";
-  const std::string traced = Output(absl::StrCat(
+  const std::string traced = CommandOutput(absl::StrCat(
       "curl -sS -H 'Authorization: Bearer ", kApiKey, "' -H 'traceparent: 00-", trace_id, "-",
       client_span, "-01' --data-binary ", Quote(body), " ", Quote(Url("/v1/completions"))));
   ASSERT_TRUE(json::parse(traced).contains("choices")) << traced;
-  const std::string malformed = Output(absl::StrCat(
+  const std::string malformed = CommandOutput(absl::StrCat(
       "curl -sS -H 'Authorization: Bearer ", kApiKey, "' -H 'traceparent: 00-zz-", client_span,
       "-01' --data-binary ", Quote(body), " ", Quote(Url("/v1/completions"))));
   ASSERT_TRUE(json::parse(malformed).contains("choices")) << malformed;
@@ -509,9 +497,9 @@ void ExpectValidates(const json& schema, const std::string& instance) {
 TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
   SKIP_WITHOUT_OPENAI_CLIENT();
   const std::string out =
-      Output(absl::StrCat("node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
-                          Quote(std::filesystem::path(*model_).filename().string()), " ",
-                          Quote(kQuestion), " ", kMaxTokens));
+      CommandOutput(absl::StrCat("node ", kClientScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                                 Quote(std::filesystem::path(*model_).filename().string()), " ",
+                                 Quote(kQuestion), " ", kMaxTokens));
   const json result = json::parse(out, nullptr, false);
   ASSERT_FALSE(result.is_discarded()) << out;
   const std::string expected = ExpectedAnswer(kMaxTokens);
@@ -571,8 +559,8 @@ TEST_F(HttpFrontTest, OpenAiClientChatsStreamingAndNot) {
 TEST_F(HttpFrontTest, OpenAiClientCallsToolsReasonsAndAnswersInJson) {
   SKIP_WITHOUT_OPENAI_CLIENT();
   const std::string out =
-      Output(absl::StrCat("node ", kAgentScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
-                          Quote(std::filesystem::path(*model_).filename().string())));
+      CommandOutput(absl::StrCat("node ", kAgentScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                                 Quote(std::filesystem::path(*model_).filename().string())));
   const json result = json::parse(out, nullptr, false);
   ASSERT_FALSE(result.is_discarded()) << out;
   const json parameters = json::parse(R"({"type":"object","additionalProperties":false,
@@ -624,8 +612,8 @@ struct Timed {
 Timed CurlTimed(const std::string& args) {
   const std::string body_file = TmpDir() + "/timed-body";
   std::remove(body_file.c_str());
-  const std::string out = Output(absl::StrCat("curl -sS -o ", body_file,
-                                              " -w '%{http_code} %{time_total}' ", args));
+  const std::string out = CommandOutput(
+      absl::StrCat("curl -sS -o ", body_file, " -w '%{http_code} %{time_total}' ", args));
   Timed timed;
   std::vector<std::string> parts = absl::StrSplit(out, ' ');
   if (parts.size() == 2) {
@@ -722,9 +710,9 @@ TEST_F(HttpFrontTest, StructuredOutputIsAlwaysWholeAndValid) {
   }
   const char* count_env = std::getenv("K3_STRUCTURED_REQUESTS");
   const int count = count_env != nullptr ? std::atoi(count_env) : 28;
-  const std::string out = Output(absl::StrCat(
-      "node ", kStructuredScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
-      Quote(std::filesystem::path(*model_).filename().string()), " ", count, " 256"));
+  const std::string out = CommandOutput(
+      absl::StrCat("node ", kStructuredScript, " ", Quote(Url("/v1")), " ", kApiKey, " ",
+                   Quote(std::filesystem::path(*model_).filename().string()), " ", count, " 256"));
   const json result = json::parse(out, nullptr, false);
   ASSERT_FALSE(result.is_discarded()) << out;
   const json& results = result["results"];

@@ -34,18 +34,6 @@ using nlohmann::json;
 constexpr int kMaxNewTokens = 10;
 constexpr int kPrompts = 20;
 
-// Runs a shell command; its stdout (stderr goes to the test's log).
-std::string Output(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  pclose(pipe);
-  return out;
-}
-
 std::vector<int32_t> ParseIds(absl::string_view line) {
   std::vector<int32_t> ids;
   for (absl::string_view word :
@@ -68,9 +56,9 @@ TEST(ServeTest, ConcurrentGrpcAndHttpRequestsGiveTheSingleProcessGreedyTokens) {
   // What `k3serve generate --model` prints for each prompt, and the test's own engine's answer.
   std::vector<std::vector<int32_t>> expected;
   for (const std::vector<int32_t>& prompt : prompts) {
-    expected.push_back(ParseIds(Output(absl::StrCat(
-        binary, " generate --model ", model, " --tokens ", absl::StrJoin(prompt, ","),
-        " --max-new-tokens ", kMaxNewTokens, " --temperature 0"))));
+    expected.push_back(ParseIds(CommandOutput(
+        absl::StrCat(binary, " generate --model ", model, " --tokens ", absl::StrJoin(prompt, ","),
+                     " --max-new-tokens ", kMaxNewTokens, " --temperature 0"))));
     ASSERT_FALSE(expected.back().empty());
   }
   absl::StatusOr<std::vector<std::vector<int32_t>>> engine =
@@ -101,9 +89,9 @@ TEST(ServeTest, ConcurrentGrpcAndHttpRequestsGiveTheSingleProcessGreedyTokens) {
     });
     clients.emplace_back([&, i, prompt] {
       const json body = {{"prompt", prompt}, {"max_tokens", kMaxNewTokens}, {"temperature", 0}};
-      http_bodies[i] = Output(absl::StrCat("curl -sS -m 60 -H 'Content-Type: application/json' ",
-                                           "--data-binary '", body.dump(), "' http://",
-                                           serve.http_address(), "/v1/completions"));
+      http_bodies[i] = CommandOutput(
+          absl::StrCat("curl -sS -m 60 -H 'Content-Type: application/json' ", "--data-binary '",
+                       body.dump(), "' http://", serve.http_address(), "/v1/completions"));
     });
   }
   for (std::thread& client : clients) client.join();
@@ -132,14 +120,15 @@ TEST(ServeTest, ConcurrentGrpcAndHttpRequestsGiveTheSingleProcessGreedyTokens) {
                    "k3serve.v1.K3Serve", absl::Seconds(5));
   ASSERT_TRUE(serving.ok()) << serving.status();
   EXPECT_TRUE(*serving);
-  const std::string metrics = Output(absl::StrCat("curl -sS http://", serve.metrics_address(), "/metrics"));
+  const std::string metrics =
+      CommandOutput(absl::StrCat("curl -sS http://", serve.metrics_address(), "/metrics"));
   EXPECT_NE(metrics.find(absl::StrCat("k3_http_responses_total{status=\"200\"} ",
                                       kRounds * kPrompts)),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("k3_attention_step_seconds"), std::string::npos) << metrics;
-  EXPECT_EQ(Output(absl::StrCat("curl -sS -o /dev/null -w '%{http_code}' http://",
-                                serve.metrics_address(), "/healthz")),
+  EXPECT_EQ(CommandOutput(absl::StrCat("curl -sS -o /dev/null -w '%{http_code}' http://",
+                                       serve.metrics_address(), "/healthz")),
             "200");
 
   EXPECT_EQ(serve.Stop(), 0);
