@@ -4,10 +4,10 @@
 // the whole input width. Each lane reads its A fragments of 64 inputs with one 16-byte load per
 // stream (the repacked layout puts them there), kDepth such loads ahead in a register ring so
 // that enough bytes are in flight to cover the memory latency, and the activations (bf16, a few
-// rows, L1/L2-resident) as B fragments with 4-byte loads. Codes become bf16 by bit moves and one
-// exact bf16x2 multiply (Mxfp4PairBits); a group's E8M0 scale multiplies its two MMAs' fp32 sums
-// (exact: a power of two), so each product is code x bf16(x) accumulated in fp32 as on the CPU,
-// whose fp32 x values differ only by their rounding to bf16.
+// rows, L1/L2-resident) as B fragments with 4-byte loads. Codes become bf16 by a rotation and a
+// mask of their word and one exact bf16x2 multiply (Mxfp4PairBits); a group's E8M0 scale
+// multiplies its two MMAs' fp32 sums (exact: a power of two), so each product is code x bf16(x)
+// accumulated in fp32 as on the CPU, whose fp32 x values differ only by their rounding to bf16.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

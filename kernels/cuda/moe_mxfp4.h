@@ -70,7 +70,7 @@ struct MoeMxfp4Launch {
 int LaunchMoeMxfp4(const MoeMxfp4Launch& launch, void* stream);
 
 // For tests: out[4i + p] = fragment register p as the kernels widen codes word words[i] (bf16x2:
-// the values of the codes at nibble positions 3 - p and 7 - p), for i < n. Device pointers;
+// the values of the codes whose bits Mxfp4CodeBits(p, 0 or 1, code) places), for i < n. Device pointers;
 // returns the launch's cudaError_t.
 int LaunchMxfp4DequantProbe(const uint32_t* words, uint32_t* out, int n, void* stream);
 

@@ -1,5 +1,5 @@
 // The expert kernels' in-register widening of E2M1 codes on the GPU (LaunchMxfp4DequantProbe):
-// every code at every nibble position becomes its exact value (kernels/mxfp4.h), signed zero and
+// every code at every register and half of a word becomes its exact value (kernels/mxfp4.h), signed zero and
 // the subnormal code 0.5 included. A failure here names the code and position; the whole
 // computation is tested in expert_nodes/gpu_expert_compute_test.cc. Skipped without a GPU.
 #include "kernels/cuda/moe_mxfp4.h"
@@ -22,9 +22,13 @@ namespace {
 
 TEST(Mxfp4DequantTest, EveryCodeAtEveryPositionIsExact) {
   if (!have_gpu) GTEST_SKIP() << "no GPU";
-  // Word i holds code i in all eight nibbles.
-  std::vector<uint32_t> words(16);
-  for (uint32_t code = 0; code < 16; ++code) words[code] = code * 0x11111111u;
+  // Word i holds code i in all eight places (mxfp4_gpu_layout.h).
+  std::vector<uint32_t> words(16, 0);
+  for (uint32_t code = 0; code < 16; ++code) {
+    for (int p = 0; p < 4; ++p) {
+      for (int half = 0; half < 2; ++half) words[code] |= Mxfp4CodeBits(p, half, code);
+    }
+  }
   uint32_t *device_words = nullptr, *device_out = nullptr;
   ASSERT_EQ(cudaMalloc(&device_words, sizeof(uint32_t) * words.size()), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&device_out, sizeof(uint32_t) * 4 * words.size()), cudaSuccess);

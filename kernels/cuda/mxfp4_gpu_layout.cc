@@ -33,7 +33,7 @@ void RepackMxfp4ForGpu(const Mxfp4HostMatrix& m, uint8_t* codes_out, uint8_t* sc
             for (int half = 0; half < 2; ++half) {
               const int64_t row = mt * kGpuTileRows + FragmentRow(lane, p);
               const int64_t col = kc * kGpuTileInputs + j * 16 + FragmentInput(lane, p) + half;
-              word |= uint32_t{CodeAt(m, row, col)} << (4 * Mxfp4NibblePosition(p, half));
+              word |= Mxfp4CodeBits(p, half, CodeAt(m, row, col));
             }
           }
           // Little-endian, as the GPU reads it.

@@ -95,6 +95,30 @@ TEST(Mxfp4GpuLayoutTest, KernelReadsEveryElementOnceAndExactly) {
   ExpectKernelReadsTheMatrix(Random(48, 3584, 4));  // a slice of K3's w1/w3 rows
 }
 
+// The 32 code bits of a word's eight codes each have their own word bit, and each register's
+// rotation and mask take exactly its own codes' bits to bf16 bits 15, 8, 7, 6 of their half.
+TEST(Mxfp4GpuLayoutTest, CodeBitsArePermutedAndEachRegisterTakesOnlyItsOwn) {
+  uint32_t seen = 0;
+  for (int p = 0; p < 4; ++p) {
+    for (int half = 0; half < 2; ++half) {
+      for (int b = 0; b < 4; ++b) {
+        const int position = Mxfp4CodeBitPosition(p, half, b);
+        ASSERT_GE(position, 0);
+        ASSERT_LT(position, 32);
+        EXPECT_EQ((seen >> position) & 1u, 0u) << "register " << p << " half " << half;
+        seen |= 1u << position;
+        const uint32_t one_bit = 1u << position;
+        const int bf16_bit = 16 * half + (b == 3 ? 15 : 6 + b);
+        for (int q = 0; q < 4; ++q) {
+          EXPECT_EQ(Mxfp4PairBits(one_bit, q), q == p ? 1u << bf16_bit : 0u)
+              << "register " << p << " half " << half << " bit " << b << " read as " << q;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(seen, 0xffffffffu);
+}
+
 TEST(Mxfp4GpuLayoutTest, ShapesTheKernelsTake) {
   EXPECT_TRUE(GpuMxfp4ShapeOk(3072, 3584));
   EXPECT_TRUE(GpuMxfp4ShapeOk(3584, 3072));
