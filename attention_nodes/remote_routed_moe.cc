@@ -297,10 +297,11 @@ void RemoteRoutedMoe::OnErrorAnswer(InFlight& layer, PeerId from, const absl::St
   const absl::Duration back_off =
       untried ? absl::ZeroDuration()
               : std::min(kMaxBackOff, kFirstBackOff * (1 << std::min(layer.error_answers, 4)));
-  ++layer.error_answers;
-  LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer.layer
-                           << " now (every 20th logged): " << status.message()
-                           << "; sending it again in " << absl::FormatDuration(back_off);
+  if (layer.error_answers++ == 0) {  // once per layer: a lost node fails every layer's try
+    LOG(WARNING) << "router " << from << " cannot serve MoE layer " << layer.layer
+                 << " now: " << status.message() << "; sending it again until it can, for up to "
+                 << absl::FormatDuration(layer.deadline - absl::Now());
+  }
   layer.resend_at = absl::Now() + back_off;
   if (untried) MaybeRetry(layer, layer.resend_at);
 }

@@ -75,7 +75,12 @@ class K3ServeProxy::ProxiedGenerate final
     GenerateCall& call = **started;
     v1::GenerateResponse response;
     bool client_gone = false;
+    int worker = call.worker();
     while (!client_gone && call.Next(&response)) {
+      if (call.worker() != worker) {  // resumed on another worker: Abort goes there now
+        worker = call.worker();
+        proxy_->Track(request_.request_id(), worker);
+      }
       {
         absl::MutexLock lock(&mu_);
         writing_ = true;

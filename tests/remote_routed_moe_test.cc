@@ -579,7 +579,8 @@ TEST_F(RemoteRoutedMoeTest, AStoppedOnlyRouterIsWaitedForAndUsedAgain) {
     absl::SleepFor(absl::Milliseconds(300));
     remote.SetRouters({});  // declared DEAD
     absl::SleepFor(absl::Milliseconds(300));
-    remote.SetRouters({1});  // ALIVE again, then running
+    remote.SetRouters({1});  // ALIVE again: the rows go to it again; then it runs
+    ASSERT_TRUE(WaitFor([&] { return router.requests() == 2; }));
     router.Release();
   });
   const absl::Status status = remote.Wait(got.data());
