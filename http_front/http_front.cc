@@ -707,6 +707,7 @@ void HttpFront::Shutdown() {
     absl::MutexLock lock(&f.mu);
     for (GenerateCall* call : f.calls) call->Cancel();
   }
+  if (f.pool) f.pool->Stop();  // requests waiting for a worker end now
   if (f.http) f.http->stop();
   if (f.thread.joinable()) f.thread.join();
   if (f.endpoints) f.endpoints->Stop();

@@ -73,6 +73,11 @@ GenerateCall::~GenerateCall() {
   }
 }
 
+bool GenerateCall::cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
 void GenerateCall::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
@@ -137,10 +142,7 @@ bool GenerateCall::Next(v1::GenerateResponse* response) {
 absl::Status GenerateCall::Resume(const absl::Status& status) {
   const std::string address = pool_->worker(static_cast<size_t>(worker_.load()))->address;
   const std::string id = request_.request_id();
-  {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) return status;  // this side cancelled it
-  }
+  if (cancelled()) return status;  // this side cancelled it
   if (!absl::IsUnavailable(status) && !absl::IsCancelled(status)) return status;
   LOG(WARNING) << "request " << id << ": the stream from attention worker " << address
                << " broke after " << sent_.size() << " tokens: " << status;
@@ -183,7 +185,8 @@ absl::Status GenerateCall::Resume(const absl::Status& status) {
   if (sampling.has_max_new_tokens()) again.mutable_sampling()->set_max_new_tokens(left);
   const absl::Time deadline = absl::Now() + pool_->resume_timeout_;
   absl::StatusOr<std::unique_ptr<Stream>> opened =
-      pool_->OpenWaiting(again, traceparent_, prompt_, &first_, deadline);
+      pool_->OpenWaiting(again, traceparent_, prompt_, &first_, deadline, this);
+  if (!opened.ok() && cancelled()) return status;  // e.g. the front stops: the worker's reason
   if (!opened.ok()) {
     return absl::Status(opened.status().code(),
                         absl::StrCat(lost, "; it could not be resumed within ",
@@ -255,7 +258,7 @@ WorkerPool::WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel,
 }
 
 WorkerPool::~WorkerPool() {
-  stop_.Notify();
+  Stop();
   if (refresher_.joinable()) refresher_.join();
 }
 
@@ -441,15 +444,28 @@ absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> WorkerPool::Open(
 
 absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> WorkerPool::OpenWaiting(
     const v1::GenerateRequest& request, const std::string& traceparent,
-    absl::Span<const int32_t> prompt, v1::GenerateResponse* first, absl::Time deadline) {
+    absl::Span<const int32_t> prompt, v1::GenerateResponse* first, absl::Time deadline,
+    GenerateCall* call) {
   absl::Duration back_off = kFirstBackOff;
-  while (true) {
+  const absl::Time start = absl::Now();
+  for (int pass = 0;; ++pass) {
+    if (call != nullptr && call->cancelled()) {
+      return absl::CancelledError("the call was cancelled while it waited for a worker");
+    }
     absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> stream =
         Open(request, traceparent, prompt, first);
+    if (stream.ok() && pass > 0) {
+      LOG(WARNING) << "request " << request.request_id() << " started on attention worker "
+                   << worker((*stream)->worker)->address << " after waiting "
+                   << absl::FormatDuration(absl::Now() - start) << " for a worker";
+    }
     if (stream.ok() || !absl::IsUnavailable(stream.status())) return stream;
     const absl::Time now = absl::Now();
     if (now >= deadline) return stream.status();
-    absl::SleepFor(std::min(back_off, deadline - now));  // a back-off on the request's own thread
+    // A back-off on the request's own thread, cut short when the front stops.
+    if (stop_.WaitForNotificationWithTimeout(std::min(back_off, deadline - now))) {
+      return absl::UnavailableError("the front is shutting down");
+    }
     back_off = std::min(kMaxBackOff, 2 * back_off);
   }
 }
@@ -474,6 +490,11 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
   absl::MutexLock lock(&call->mu_);
   call->stream_ = std::move(stream);
   return call;
+}
+
+void WorkerPool::Stop() {
+  absl::MutexLock lock(&stop_mu_);
+  if (!stop_.HasBeenNotified()) stop_.Notify();
 }
 
 absl::Status WorkerPool::Ping(absl::Duration timeout) {

@@ -85,6 +85,7 @@ class GenerateCall {
   // The stream broke with `status` before its Complete: starts the request again (see the class
   // comment). OK with the new stream's first message in first_; else the call's final error.
   absl::Status Resume(const absl::Status& status);
+  bool cancelled();
   // Rewrites a resumed stream's message as the original stream's and records its tokens.
   void Account(k3serve::v1::GenerateResponse* response);
 
@@ -149,6 +150,10 @@ class WorkerPool {
       const k3serve::v1::GenerateRequest& request, const std::string& traceparent = "",
       absl::Span<const int32_t> affinity_prompt = {});
 
+  // Ends the waits for a worker (Start and resuming calls fail UNAVAILABLE "the front is shutting
+  // down") and the re-resolving; for the front's shutdown. Idempotent.
+  void Stop();
+
   // How long a request waits for a worker to take it, at its start and after its worker was lost
   // (default 30 s; the front's --resume-timeout-ms). Call before the first Start.
   void set_resume_timeout(absl::Duration timeout) { resume_timeout_ = timeout; }
@@ -212,10 +217,12 @@ class WorkerPool {
   absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> Open(
       const k3serve::v1::GenerateRequest& request, const std::string& traceparent,
       absl::Span<const int32_t> prompt, k3serve::v1::GenerateResponse* first);
-  // Open, again after a back-off while every worker is UNAVAILABLE, until `deadline`.
+  // Open, again after a back-off while every worker is UNAVAILABLE, until `deadline` or until
+  // `call` (if not null) is cancelled.
   absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> OpenWaiting(
       const k3serve::v1::GenerateRequest& request, const std::string& traceparent,
-      absl::Span<const int32_t> prompt, k3serve::v1::GenerateResponse* first, absl::Time deadline);
+      absl::Span<const int32_t> prompt, k3serve::v1::GenerateResponse* first, absl::Time deadline,
+      GenerateCall* call = nullptr);
   // Resolves `name` again and updates its workers.
   void Refresh(Name& name);
   void RefreshLoop();
@@ -229,6 +236,7 @@ class WorkerPool {
   // Never shrinks; a Worker is never destroyed before the pool (calls hold its stub).
   std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Name> names_;  // only the refresh thread touches them after construction
+  absl::Mutex stop_mu_;  // Stop against Stop
   absl::Notification stop_;
   std::thread refresher_;
   std::atomic<size_t> next_{0};

@@ -14,10 +14,14 @@
 // Printed per fault: requests completed and failed, the longest wait for a token.
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -87,21 +91,24 @@ class ClusterRecoveryTest : public testing::Test {
         *expected_, kClients, kMaxNewTokens, kRequestTimeout);
   }
 
-  // Lines of `node`'s log that contain `text`.
-  static int LogLines(const std::string& node, const std::string& text) {
+  // Lines of `node`'s log that contain one of `texts`.
+  static int LogLines(const std::string& node, const std::vector<std::string>& texts) {
     absl::StatusOr<const LocalCluster::Node*> n = cluster_->node(node);
     if (!n.ok()) return 0;
     std::ifstream in((*n)->log_path);
     int count = 0;
-    for (std::string line; std::getline(in, line);) count += absl::StrContains(line, text);
+    for (std::string line; std::getline(in, line);) {
+      count += std::any_of(texts.begin(), texts.end(),
+                           [&](const std::string& text) { return absl::StrContains(line, text); });
+    }
     return count;
   }
 
   // Kills `node` under load, starts it again as `k3serve local` would, and expects every request
   // to complete with the fault-free tokens, and the fault to have reached streams in flight (a
-  // line with `evidence` added to `witness`'s log).
+  // line with one of `evidence` added to `witness`'s log).
   void KillAndRestart(const std::string& node, const std::string& witness,
-                      const std::string& evidence, bool front = false) {
+                      const std::vector<std::string>& evidence, bool front = false) {
     const int before = LogLines(witness, evidence);
     std::unique_ptr<GreedyLoad> load = StartLoad(front);
     ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(60)))
@@ -123,7 +130,9 @@ class ClusterRecoveryTest : public testing::Test {
     load->Stop();
     Report(*load, node + " killed and restarted");
     EXPECT_GT(LogLines(witness, evidence), before)
-        << "no \"" << evidence << "\" in the log of " << witness << ": did the fault reach a stream?";
+        << "no \"" << absl::StrJoin(evidence, "\" or \"") << "\" in the log of " << witness
+        << ": did the fault reach a stream? Its end:\n"
+        << LocalCluster::LogTail((*cluster_->node(witness))->log_path, 40);
   }
 
   // Stops `node` under load past the coordinator's DEAD verdict, continues it, and expects every
@@ -167,19 +176,92 @@ std::vector<std::vector<int32_t>>* ClusterRecoveryTest::expected_ = nullptr;
 LocalCluster* ClusterRecoveryTest::cluster_ = nullptr;
 
 TEST_F(ClusterRecoveryTest, AKilledExpertWorkerCostsNoRequest) {
-  KillAndRestart("expert-0", "attention-0", "cannot serve MoE layer");
+  KillAndRestart("expert-0", "attention-0", {"cannot serve MoE layer"});
 }
 
 TEST_F(ClusterRecoveryTest, AKilledRouterCostsNoRequest) {
-  KillAndRestart("router-0", "attention-0", "failed during MoE layer");
+  KillAndRestart("router-0", "attention-0", {"failed during MoE layer"});
 }
 
 TEST_F(ClusterRecoveryTest, AStoppedRouterCostsNoRequest) { StopAndContinue("router-0"); }
 
 TEST_F(ClusterRecoveryTest, AStoppedExpertWorkerCostsNoRequest) { StopAndContinue("expert-0"); }
 
+// The texts and finish reason of a streamed completion's events (server-sent events of
+// /v1/completions), in order; "" when the stream did not end with [DONE].
+std::string StreamedText(const std::string& events) {
+  if (!absl::StrContains(events, "data: [DONE]")) return "";
+  static const std::regex kField(R"re("(text|finish_reason)":("(?:[^"\\]|\\.)*"|null))re");
+  std::string out;
+  for (auto it = std::sregex_iterator(events.begin(), events.end(), kField);
+       it != std::sregex_iterator(); ++it) {
+    if ((*it)[2] != "null") out += (*it)[0].str() + "\n";
+  }
+  return out;
+}
+
+// Streams of the OpenAI API (greedy completions of text prompts, with curl) one after the other
+// on `threads` threads until Stop; each compared with the fault-free stream of its prompt.
+class HttpLoad {
+ public:
+  HttpLoad(std::string address, int threads) : address_(std::move(address)) {
+    for (int p = 0; p < kPrompts; ++p) expected_.push_back(StreamedText(Complete(p)));
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back([this, t] {
+        for (int n = t; !stop_; n += 2) {
+          const std::string got = StreamedText(Complete(n % kPrompts));
+          if (got == expected_[n % kPrompts]) {
+            ++completed_;
+          } else {
+            std::cerr << "HTTP stream " << n << " differs: " << got << std::endl;
+            ++failed_;
+          }
+        }
+      });
+    }
+  }
+  ~HttpLoad() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  bool baseline_ok() const {
+    return std::all_of(expected_.begin(), expected_.end(),
+                       [](const std::string& e) { return absl::StrContains(e, "finish_reason"); });
+  }
+  int completed() const { return completed_; }
+  int failed() const { return failed_; }
+
+ private:
+  static constexpr int kPrompts = 3;
+  std::string Complete(int prompt) const {
+    return CommandOutput(absl::StrCat(
+        "curl -sS -N --max-time 60 -H 'Content-Type: application/json' --data-binary "
+        "'{\"prompt\":\"Once upon a time ",
+        prompt, "\",\"max_tokens\":16,\"temperature\":0,\"stream\":true}' http://", address_,
+        "/v1/completions"));
+  }
+  const std::string address_;
+  std::vector<std::string> expected_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> completed_{0};
+  std::atomic<int> failed_{0};
+  std::vector<std::thread> threads_;
+};
+
 TEST_F(ClusterRecoveryTest, AKilledAttentionWorkerCostsNoRequestThroughTheFront) {
-  KillAndRestart("attention-0", "http-0", "resumed on attention worker", /*front=*/true);
+  HttpLoad http(cluster_->http_address(), 2);
+  ASSERT_TRUE(http.baseline_ok()) << "the fault-free HTTP streams did not complete";
+  // A stream cut mid-way is resumed; one cut before its first token is started again.
+  KillAndRestart("attention-0", "http-0", {"resumed on attention worker", "after waiting"},
+                 /*front=*/true);
+  http.Stop();
+  std::cerr << "OpenAI API streams meanwhile: " << http.completed() << " completed, "
+            << http.failed() << " failed or differing" << std::endl;
+  EXPECT_GT(http.completed(), 0);
+  EXPECT_EQ(http.failed(), 0);
 }
 
 }  // namespace
