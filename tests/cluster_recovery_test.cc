@@ -2,7 +2,9 @@
 // worker, one router, one expert worker (k3-tiny over UCX, real processes), so there is no replica
 // and no other router to fail over to. Under a steady load of greedy streams, one node at a time is
 //  - killed with SIGKILL and started again with the same flags, as `k3serve local` restarts it;
-//  - stopped with SIGSTOP past the coordinator's DEAD verdict and continued with SIGCONT.
+//  - stopped with SIGSTOP past the coordinator's DEAD verdict and continued with SIGCONT;
+//  - (router, attention worker) stopped with SIGTERM and started again once it exited; the
+//    coordinator killed and restarted.
 // The attention worker keeps the sequences' state and sends each MoE layer step again until the
 // router (and its expert worker) can serve it (attention_nodes/remote_routed_moe.h), so every
 // request completes with the single-process engine's tokens, and requests sent right after the
@@ -107,15 +109,18 @@ class ClusterRecoveryTest : public testing::Test {
   // Kills `node` under load, starts it again as `k3serve local` would, and expects every request
   // to complete with the fault-free tokens, and the fault to have reached streams in flight (a
   // line with one of `evidence` added to `witness`'s log).
+  // With `signal` SIGTERM instead: `node` stops gracefully (it may take its drain's time) and
+  // is started again once it exited; no evidence is asked for.
   void KillAndRestart(const std::string& node, const std::string& witness,
-                      const std::vector<std::string>& evidence, bool front = false) {
+                      const std::vector<std::string>& evidence, bool front = false,
+                      int signal = SIGKILL) {
     const int before = LogLines(witness, evidence);
     std::unique_ptr<GreedyLoad> load = StartLoad(front);
     ASSERT_TRUE(load->WaitMore(kClients, absl::Seconds(60)))
         << absl::StrJoin(load->failures(), "\n");
     load->ResetLongestGap();
-    ASSERT_TRUE(cluster_->Signal(node, SIGKILL).ok());
-    absl::StatusOr<int> exit = cluster_->WaitExit(node, absl::Seconds(5));
+    ASSERT_TRUE(cluster_->Signal(node, signal).ok());
+    absl::StatusOr<int> exit = cluster_->WaitExit(node, absl::Seconds(30));
     ASSERT_TRUE(exit.ok()) << exit.status();
     absl::SleepFor(kRestartDelay);
     ASSERT_TRUE(cluster_->Restart(node).ok());
@@ -128,7 +133,9 @@ class ClusterRecoveryTest : public testing::Test {
     EXPECT_TRUE(load->WaitMore(2 * kClients, absl::Seconds(60)))
         << absl::StrJoin(load->failures(), "\n");
     load->Stop();
-    Report(*load, node + " killed and restarted");
+    Report(*load, node + (signal == SIGKILL ? " killed" : " stopped with SIGTERM") +
+                      " and restarted");
+    if (evidence.empty()) return;
     EXPECT_GT(LogLines(witness, evidence), before)
         << "no \"" << absl::StrJoin(evidence, "\" or \"") << "\" in the log of " << witness
         << ": did the fault reach a stream? Its end:\n"
@@ -186,6 +193,21 @@ TEST_F(ClusterRecoveryTest, AKilledRouterCostsNoRequest) {
 TEST_F(ClusterRecoveryTest, AStoppedRouterCostsNoRequest) { StopAndContinue("router-0"); }
 
 TEST_F(ClusterRecoveryTest, AStoppedExpertWorkerCostsNoRequest) { StopAndContinue("expert-0"); }
+
+TEST_F(ClusterRecoveryTest, ARouterStoppedWithSigtermCostsNoRequest) {
+  KillAndRestart("router-0", "", {}, /*front=*/false, SIGTERM);
+}
+
+// The attention worker drains (its streams finish) and exits; requests that arrive meanwhile
+// wait in the front for the restarted one.
+TEST_F(ClusterRecoveryTest, AnAttentionWorkerStoppedWithSigtermCostsNoRequestThroughTheFront) {
+  KillAndRestart("attention-0", "", {}, /*front=*/true, SIGTERM);
+}
+
+// The data plane serves without its coordinator, which relearns the cluster when it is back.
+TEST_F(ClusterRecoveryTest, AKilledCoordinatorCostsNoRequest) {
+  KillAndRestart("coordinator", "", {});
+}
 
 // The texts and finish reason of a streamed completion's events (server-sent events of
 // /v1/completions), in order; "" when the stream did not end with [DONE].
