@@ -1,5 +1,6 @@
 #include "attention_nodes/attention_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <map>
@@ -210,7 +211,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     info.set_gpu_uuid(setup.gpu_uuid);
     p.device_channels = std::make_unique<DeviceChannels>(std::move(setup.opener));
     RemoteDeviceExpertsOptions experts_options;
-    experts_options.timeout = options.moe_timeout;
+    // A device layer that fails falls back to the router tier, which waits out lost nodes.
+    experts_options.timeout = std::min(options.moe_timeout, absl::Seconds(10));
     RemoteRoutedMoe* remote_moe = p.remote_moe.get();
     experts_options.others = [remote_moe](Received event) { remote_moe->Deliver(std::move(event)); };
     p.remote_experts = std::make_unique<RemoteDeviceExperts>(
@@ -368,7 +370,9 @@ void AddAttentionFlags(CLI::App* app, AttentionServerOptions* options) {
   AddGenerateServingFlags(app, options);
   constexpr int64_t kMaxMs = 24 * 3600 * 1000;
   AddMilliseconds(app, "--moe-timeout-ms", &options->moe_timeout, 1, kMaxMs,
-                  "how long a MoE layer waits for its router");
+                  "how long a MoE layer may take, sent again to another router, or to the same "
+                  "one once it or its expert worker is back (restarted, resumed): how long a "
+                  "step's sequences wait out a lost node before they fail");
   AddMilliseconds(app, "--moe-retry-floor-ms", &options->moe_retry_floor, 1, kMaxMs,
                   "the least a MoE layer waits for a router before it goes to another one");
   AddBoundedInt(app, "--moe-retry-p99-factor", &options->moe_retry_p99_factor, 1, 1000,

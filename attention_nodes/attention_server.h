@@ -52,7 +52,7 @@ namespace k3 {
 struct AttentionServerOptions {
   NodeFlags node;  // coordinator and model are ignored by StartStandalone
   SchedulerOptions scheduler;
-  absl::Duration moe_timeout = absl::Seconds(10);    // RemoteRoutedMoeOptions::timeout
+  absl::Duration moe_timeout = absl::Seconds(30);    // RemoteRoutedMoeOptions::timeout
   // RemoteRoutedMoeOptions::retry_floor and retry_p99_factor: the step deadline after which a MoE
   // layer goes to another router.
   absl::Duration moe_retry_floor = absl::Milliseconds(500);

@@ -16,8 +16,18 @@ namespace {
 
 // Process-wide, so that two RemoteRoutedMoe objects (or a restarted one) never reuse an id a
 // router might still answer.
-// How often a waiting Wait looks whether its router is still listed.
+// How often a waiting Wait looks whether its router is still listed (or one is listed again).
 constexpr absl::Duration kRecheck = absl::Milliseconds(50);
+// The back-off before sending a layer again to a router that answered it with a passing error.
+constexpr absl::Duration kFirstBackOff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackOff = absl::Seconds(1);
+
+// Router answers worth sending the rows again for: the cluster may heal within the layer's
+// timeout (an expert worker restarted, a router connected).
+bool Passing(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsAborted(status) ||
+         absl::IsDeadlineExceeded(status);
+}
 
 uint64_t NextStepId() {
   static std::atomic<uint64_t> next{1};
@@ -49,6 +59,11 @@ void RemoteRoutedMoe::DropRouter(PeerId router) {
   routers_.erase(std::remove(routers_.begin(), routers_.end(), router), routers_.end());
 }
 
+bool RemoteRoutedMoe::HasLiveAttempt(const InFlight& layer) {
+  return std::any_of(layer.attempts.begin(), layer.attempts.end(),
+                     [](const Attempt& a) { return !a.orphaned; });
+}
+
 bool RemoteRoutedMoe::Usable(PeerId router) const {
   absl::MutexLock lock(&mu_);
   return std::find(routers_.begin(), routers_.end(), router) != routers_.end();
@@ -66,11 +81,14 @@ absl::Status RemoteRoutedMoe::Begin(int layer, const float* x, int64_t tokens) {
   begun.tokens = tokens;
   const absl::Time now = absl::Now();
   begun.deadline = now + options_.timeout;
-  if (absl::Status s = SendToNextRouter(begun); !s.ok()) {
-    in_flight_.clear();  // the step fails: nobody waits for the others
-    return s;
-  }
   begun.retry_at = now + step_deadline_.deadline();
+  if (absl::Status s = SendToNextRouter(begun); !s.ok()) {
+    // No router now: Wait sends the rows once one is listed (or fails at the deadline).
+    LOG_EVERY_N(WARNING, 100) << "MoE layer " << layer << " waits for a router (every 100th "
+                              << "logged): " << s.message();
+    begun.last_error = std::move(s);
+    begun.resend_at = now + kRecheck;
+  }
   return absl::OkStatus();
 }
 
@@ -85,20 +103,26 @@ absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
                           : absl::StrCat("no other router is usable (tried: router ",
                                          absl::StrJoin(layer.tried, ", router "), ")"));
   while (true) {
-    // Round-robin from next_router_: the first untried router that is not suspect, else the first
-    // untried one.
+    // Round-robin from next_router_, over routers without a live attempt of this layer: the
+    // first untried router that is not suspect, else an untried one, else a tried one that is not
+    // suspect, else any.
     PeerId router = 0;
     bool found = false;
     {
       absl::MutexLock lock(&mu_);
       const size_t n = routers_.size();
-      for (int pass = 0; pass < 2 && !found; ++pass) {
+      for (int pass = 0; pass < 4 && !found; ++pass) {
         for (size_t i = 0; i < n; ++i) {
           const PeerId candidate = routers_[(next_router_ + i) % n];
-          if (std::find(layer.tried.begin(), layer.tried.end(), candidate) != layer.tried.end()) {
+          if (std::any_of(layer.attempts.begin(), layer.attempts.end(), [&](const Attempt& a) {
+                return a.router == candidate && !a.orphaned;
+              })) {
             continue;
           }
-          if (pass == 0 && suspects_.count(candidate) > 0) continue;
+          const bool tried =
+              std::find(layer.tried.begin(), layer.tried.end(), candidate) != layer.tried.end();
+          if (tried != (pass >= 2)) continue;
+          if (pass % 2 == 0 && suspects_.count(candidate) > 0) continue;
           router = candidate;
           next_router_ += i + 1;
           found = true;
@@ -113,7 +137,7 @@ absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
                 sizeof(float) * layer.tokens * hidden_size_);
     absl::Status sent = transport_->Send(router, std::move(message));
     if (sent.ok()) {
-      layer.attempts.push_back(Attempt{request.step_id, router, absl::Now()});
+      layer.attempts.push_back(Attempt{request.step_id, router, absl::Now(), false});
       layer.tried.push_back(router);
       layer.last_superseded = false;
       return absl::OkStatus();
@@ -132,20 +156,42 @@ absl::Status RemoteRoutedMoe::SendToNextRouter(InFlight& layer) {
 }
 
 void RemoteRoutedMoe::MaybeRetry(InFlight& layer, absl::Time now) {
-  const PeerId last = layer.tried.back();
-  const bool gone = !layer.last_superseded && !Usable(last);
-  const bool late = now >= layer.retry_at;
-  if (!gone && !late) return;
+  // Attempts whose router is no longer listed stop counting as live (their answers still count).
+  bool orphaned_now = false;
+  for (Attempt& attempt : layer.attempts) {
+    if (!attempt.orphaned && !Usable(attempt.router)) {
+      attempt.orphaned = true;
+      orphaned_now = true;
+    }
+  }
+  if (!HasLiveAttempt(layer)) {
+    // Gone, failed or answered with an error: send the rows again as soon as a router takes
+    // them (after the back-off of an error answer).
+    if (now < layer.resend_at) return;
+    const absl::Status sent = SendToNextRouter(layer);
+    if (!sent.ok()) {
+      layer.resend_at = now + kRecheck;  // look again when the owner may list a router
+      if (layer.last_error.ok()) layer.last_error = sent;
+      return;
+    }
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    layer.retry_at = now + step_deadline_.deadline();
+    LOG_EVERY_N(WARNING, 20) << "MoE layer " << layer.layer << " (" << layer.tokens
+                             << " rows) sent again, to router " << layer.tried.back()
+                             << " (every 20th logged)"
+                             << (orphaned_now ? ": its router is no longer usable" : "");
+    return;
+  }
+  if (layer.last_superseded || now < layer.retry_at) return;
+  // The last attempt is late: another router may answer sooner.
+  const PeerId last = layer.attempts.back().router;
   layer.last_superseded = true;
-  const bool newly_suspect = late && !gone && suspects_.insert(last).second;
+  const bool newly_suspect = suspects_.insert(last).second;
   layer.retry_at = now + step_deadline_.deadline();
-  // With nobody else to ask now, keep waiting for what is in flight; look again later.
+  // With nobody else to ask now, keep waiting for what is in flight.
   if (!SendToNextRouter(layer).ok()) return;
   retries_.fetch_add(1, std::memory_order_relaxed);
-  if (gone) {
-    LOG(WARNING) << "router " << last << " is no longer usable; MoE layer " << layer.layer << " ("
-                 << layer.tokens << " rows) goes to router " << layer.tried.back();
-  } else if (newly_suspect) {
+  if (newly_suspect) {
     LOG(WARNING) << "router " << last << " did not answer MoE layer " << layer.layer << " ("
                  << layer.tokens << " rows) within the step deadline of "
                  << absl::FormatDuration(step_deadline_.deadline()) << "; sending it to router "
@@ -180,18 +226,26 @@ void RemoteRoutedMoe::AwaitOldest() {
   while (!oldest.done) {
     const absl::Time now = absl::Now();
     if (now >= oldest.deadline) {
-      Settle(oldest, absl::DeadlineExceededError(absl::StrCat(
-                         "router ", absl::StrJoin(oldest.tried, ", router "),
-                         " did not answer MoE layer ", oldest.layer, " (", oldest.tokens,
-                         " rows) within ", absl::FormatDuration(options_.timeout))));
+      const std::string within = absl::StrCat(" within ", absl::FormatDuration(options_.timeout),
+                                              " (--moe-timeout-ms)");
+      if (!oldest.last_error.ok()) {
+        Settle(oldest, absl::Status(oldest.last_error.code(),
+                                    absl::StrCat(oldest.last_error.message(), "; MoE layer ",
+                                                 oldest.layer, " got no answer", within)));
+      } else {
+        Settle(oldest, absl::DeadlineExceededError(absl::StrCat(
+                           "router ", absl::StrJoin(oldest.tried, ", router "),
+                           " did not answer MoE layer ", oldest.layer, " (", oldest.tokens,
+                           " rows)", within)));
+      }
       return;
     }
-    // Wakes at least every kRecheck to notice a router the owner no longer lists.
+    // Wakes at least every kRecheck to notice a router the owner no longer (or again) lists.
     absl::Time wake = std::min(oldest.deadline, now + kRecheck);
     for (InFlight& layer : in_flight_) {
       if (layer.done) continue;
       MaybeRetry(layer, now);
-      wake = std::min(wake, layer.retry_at);
+      wake = std::min(wake, HasLiveAttempt(layer) ? layer.retry_at : layer.resend_at);
     }
     absl::StatusOr<Received> received = transport_->Receive(wake);
     if (received.ok()) {
@@ -213,33 +267,43 @@ void RemoteRoutedMoe::OnRouterFailed(PeerId from, const absl::Status& error) {
     layer.attempts.erase(std::remove_if(layer.attempts.begin(), layer.attempts.end(),
                                         [from](const Attempt& a) { return a.router == from; }),
                          layer.attempts.end());
-    if (layer.attempts.size() == before || !layer.attempts.empty()) continue;
+    if (layer.attempts.size() == before || HasLiveAttempt(layer)) continue;
+    layer.last_error = absl::UnavailableError(absl::StrCat("router ", from, ": ", error.message()));
     LOG(WARNING) << "router " << from << " failed during MoE layer " << layer.layer
-                 << ", sending the rows to another router: " << error;
-    if (absl::Status s = SendToNextRouter(layer); !s.ok()) {
-      Settle(layer, absl::UnavailableError(absl::StrCat(error.message(), "; ", s.message())));
-      continue;
-    }
-    layer.retry_at = absl::Now() + step_deadline_.deadline();
+                 << ", sending the rows to another router (or the same once it is back): "
+                 << error;
+    layer.resend_at = absl::Now();
+    MaybeRetry(layer, layer.resend_at);
   }
 }
 
 void RemoteRoutedMoe::OnErrorAnswer(InFlight& layer, PeerId from, const absl::Status& status) {
-  // Another attempt may still answer; the error stands only when none is left.
-  if (!layer.attempts.empty()) return;
-  if (absl::IsAborted(status)) {
-    // The router cannot serve the layer for a reason of its own: another router may.
-    LOG_EVERY_N(WARNING, 20) << "router " << from << " cannot serve MoE layer " << layer.layer
-                             << " (every 20th logged): " << status.message()
-                             << "; trying another router";
-    if (SendToNextRouter(layer).ok()) {
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      layer.retry_at = absl::Now() + step_deadline_.deadline();
-      return;
-    }
+  layer.last_error =
+      absl::Status(status.code(), absl::StrCat("router ", from, ": ", status.message()));
+  if (!Passing(status)) {
+    Settle(layer, layer.last_error);
+    return;
   }
-  Settle(layer,
-         absl::Status(status.code(), absl::StrCat("router ", from, ": ", status.message())));
+  // Another attempt may still answer.
+  if (HasLiveAttempt(layer)) return;
+  // Another router may serve it now; the same one after a back-off (the cluster heals: an expert
+  // worker restarts and takes its experts again, a router connects).
+  const bool untried = [&] {
+    absl::MutexLock lock(&mu_);
+    return std::any_of(routers_.begin(), routers_.end(), [&](PeerId r) {
+      return std::find(layer.tried.begin(), layer.tried.end(), r) == layer.tried.end();
+    });
+  }();
+  const absl::Duration back_off =
+      untried ? absl::ZeroDuration()
+              : std::min(kMaxBackOff, kFirstBackOff * (1 << std::min(layer.error_answers, 4)));
+  if (layer.error_answers++ == 0) {  // once per layer: a lost node fails every layer's try
+    LOG(WARNING) << "router " << from << " cannot serve MoE layer " << layer.layer
+                 << " now: " << status.message() << "; sending it again until it can, for up to "
+                 << absl::FormatDuration(layer.deadline - absl::Now());
+  }
+  layer.resend_at = absl::Now() + back_off;
+  if (untried) MaybeRetry(layer, layer.resend_at);
 }
 
 void RemoteRoutedMoe::Deliver(Received received) {

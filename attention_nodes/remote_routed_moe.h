@@ -7,25 +7,29 @@
 // the owner last gave SetRouters (in practice: ALIVE routers of the cluster state whose transport
 // link is up), minus routers this object saw fail since.
 //
-// Failures:
-//  - the router answers with a non-OK status (e.g. UNAVAILABLE "expert worker node 5 (...) lost"):
-//    Wait returns that code with the router's message, prefixed with "router <id>: ". ABORTED
-//    means the router cannot serve the layer for a reason of its own (e.g. it has just started
-//    and is not yet connected to an expert worker): the rows go to the next untried router first,
-//    and the error stands only when none is left;
+// Failures: a layer step is a pure function of its rows, and the rows stay valid until its Wait,
+// so a layer outlives any one router or expert worker: it is sent again, under a new step id,
+// until some attempt answers or `timeout` (counted from Begin) passes.
+//  - the router answers with a non-OK status. UNAVAILABLE (e.g. "expert worker node 5 (...) lost"
+//    with no other host of its experts), ABORTED (the router cannot serve the layer for a reason
+//    of its own, e.g. it has just started) and DEADLINE_EXCEEDED are passing: the rows go to an
+//    untried router at once, else again to one that failed after a back-off (100 ms doubling to
+//    1 s), so a restarted expert worker or router takes the layer once it is back. Any other code
+//    fails the layer at once. At the timeout Wait returns the last error's code and message,
+//    prefixed with "router <id>: ";
 //  - the router fails (kPeerFailed) while it owes the answer: the rows are sent again to the next
-//    usable router (x is still valid then); with no router left Wait returns UNAVAILABLE with the
-//    transport's description of the failure;
-//  - the router hangs (a stopped or stuck process: no failure, no answer). A MoE layer step is a
-//    pure function of its rows, so once the step deadline passes without an answer (see
-//    RemoteRoutedMoeOptions: a multiple of the measured p99 round trip, with a floor) the rows are
-//    sent again, under a new step id, to another usable router, and the first answer of any
-//    attempt is taken. The late router is suspect: new layers go to the others until any answer
-//    of it arrives (its late answers of abandoned steps, once it runs again). The same happens at
-//    once when the owner's SetRouters no longer lists the router a step waits for (e.g. the
-//    coordinator's DEAD verdict);
-//  - no answer from any attempt within `timeout` of Begin: DEADLINE_EXCEEDED naming the routers
-//    and the layer.
+//    usable router, or, with none, to the first router the owner lists again (a restarted one);
+//  - the router hangs (a stopped or stuck process: no failure, no answer). Once the step deadline
+//    passes without an answer (see RemoteRoutedMoeOptions: a multiple of the measured p99 round
+//    trip, with a floor) the rows are sent again to another usable router, and the first answer
+//    of any attempt is taken. The late router is suspect: new layers go to the others until any
+//    answer of it arrives (its late answers of abandoned steps, once it runs again). The same
+//    happens at once when the owner's SetRouters no longer lists the router a step waits for (e.g.
+//    the coordinator's DEAD verdict); a router listed again (resumed, restarted) gets the rows
+//    again when no other attempt is live;
+//  - no router usable at all (at Begin or later): the layer waits for SetRouters to list one;
+//  - no answer from any attempt within `timeout` of Begin: the last router error as above, else
+//    DEADLINE_EXCEEDED naming the routers and the layer.
 // After a failed Wait the step is abandoned: answers that arrive later carry a step id nobody
 // waits for and are dropped. Step ids are unique in the process.
 //
@@ -63,9 +67,11 @@
 namespace k3 {
 
 struct RemoteRoutedMoeOptions {
-  // How long Wait waits for a layer's answer, counted from Begin. Longer than the router's own
-  // expert deadline, so that a lost expert worker is reported by the router with its name.
-  absl::Duration timeout = absl::Seconds(10);
+  // How long a layer may take, retries included, counted from Begin: how long the sequences of a
+  // step wait for a router or expert worker to come back (restarted, resumed) before the step
+  // fails. Longer than the router's own expert deadline, so that a lost expert worker is
+  // reported by the router with its name.
+  absl::Duration timeout = absl::Seconds(30);
   // The step deadline after which a layer is sent again to another router (see the file
   // comment): max(retry_floor, retry_p99_factor x the p99 round trip of the last answered
   // layers). The floor keeps noise on a loaded machine from causing retries; an early retry costs
@@ -119,6 +125,9 @@ class RemoteRoutedMoe final : public RoutedMoe {
     uint64_t step_id = 0;
     PeerId router = 0;
     absl::Time sent;
+    // Its router was seen unlisted since: its answer is still taken, but it no longer counts as
+    // live, so the rows may go to that router again once it is listed again.
+    bool orphaned = false;
   };
 
   // A layer begun and not yet waited for.
@@ -131,6 +140,10 @@ class RemoteRoutedMoe final : public RoutedMoe {
     bool last_superseded = false;   // the last attempt was already followed by a retry decision
     absl::Time deadline;            // Begin + timeout
     absl::Time retry_at;            // the last attempt's step deadline
+    // With no live attempt: when to send the rows again (a back-off after error answers).
+    absl::Time resend_at;
+    int error_answers = 0;
+    absl::Status last_error;  // the last router error or failure, reported at the timeout
     // Its outcome, once known: the MoeResponse message whose rows (at rows_offset) Wait reads in
     // place, or why there is none.
     bool done = false;
@@ -139,12 +152,12 @@ class RemoteRoutedMoe final : public RoutedMoe {
     size_t rows_offset = 0;
   };
 
-  // Sends the layer's rows, under a fresh step id, to the next usable router it has not tried,
-  // preferring routers that are not suspect; routers whose Send fails are dropped from the set.
-  // UNAVAILABLE when none takes them.
+  // Sends the layer's rows, under a fresh step id, to the next usable router without a live
+  // attempt of it, preferring untried routers, then routers that are not suspect; routers whose
+  // Send fails are dropped from the set. UNAVAILABLE when none takes them.
   absl::Status SendToNextRouter(InFlight& layer);
   // Sends the layer to another router when its last attempt's router is late or no longer
-  // usable (see the file comment).
+  // usable, or again when it has no live attempt and its back-off passed (see the file comment).
   void MaybeRetry(InFlight& layer, absl::Time now);
   // Receives until the oldest layer's outcome is known, settling later layers' on the way.
   void AwaitOldest();
@@ -155,6 +168,7 @@ class RemoteRoutedMoe final : public RoutedMoe {
   void Settle(InFlight& layer, absl::Status result);
   void DropRouter(PeerId router);
   bool Usable(PeerId router) const;
+  static bool HasLiveAttempt(const InFlight& layer);
 
   Transport* const transport_;
   const int hidden_size_;

@@ -172,12 +172,13 @@ void LoadBalancer::SchedulePeriodicWork() {
     }
   });
   SchedulePeriodic(options_.rebalance_interval, [this] {
-    absl::StatusOr<pb::RebalanceResponse> outcome = DoRebalance(/*force=*/false);
-    if (!outcome.ok()) {
-      LOG(WARNING) << "rebalancing: " << outcome.status();
-    } else if (!outcome->rolled_out()) {
-      VLOG(1) << "rebalancing: nothing rolled out: " << outcome->reason();
-    }
+    DoRebalance(/*force=*/false, [](absl::StatusOr<pb::RebalanceResponse> outcome) {
+      if (!outcome.ok()) {
+        LOG(WARNING) << "rebalancing: " << outcome.status();
+      } else if (!outcome->rolled_out()) {
+        VLOG(1) << "rebalancing: nothing rolled out: " << outcome->reason();
+      }
+    });
   });
   SchedulePeriodic(options_.online_bias_interval, [this] { PushBias(); });
   SchedulePeriodic(options_.resize_interval, [this] { Resize(); });
@@ -278,12 +279,49 @@ void LoadBalancer::Rebalance(bool force,
       (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
       return;
     }
-    (*shared_done)(DoRebalance(force));
+    DoRebalance(force, *shared_done);
   });
   if (!posted) (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
 }
 
-absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
+void LoadBalancer::DoRebalance(bool force, RebalanceDone done) {
+  if (rolling_out_) {
+    done(absl::AbortedError("another placement is being rolled out; try again"));
+    return;
+  }
+  Rollout rollout;
+  absl::StatusOr<pb::RebalanceResponse> planned = PlanRebalance(force, &rollout);
+  if (!planned.ok() || !rollout.next.placed()) {
+    done(std::move(planned));
+    return;
+  }
+  rolling_out_ = true;
+  const ClusterPlacement next = rollout.next;
+  rollout_.RollOut(
+      next, rollout.base_version, rollout.state, absl::StrCat("placement version ", next.version()),
+      [this, next, response = *std::move(planned), done = std::move(done)](
+          absl::Status rolled) mutable {
+        if (calls_.stopped()) {
+          done(absl::UnavailableError("the coordinator is stopping"));
+          return;
+        }
+        rolling_out_ = false;
+        if (!rolled.ok()) {
+          metrics_->rebalances.WithLabels({"failed"})->Increment();
+          done(rolled);
+          return;
+        }
+        ++rebalances_;
+        metrics_->rebalances.WithLabels({"rolled_out"})->Increment();
+        window_.Reset(absl::Now());
+        PublishReport(next, 0, 0);
+        response.set_rolled_out(true);
+        response.set_placement_version(next.version());
+        done(std::move(response));
+      });
+}
+
+absl::StatusOr<pb::RebalanceResponse> LoadBalancer::PlanRebalance(bool force, Rollout* rollout) {
   pb::ClusterState state;
   K3_RETURN_IF_ERROR(Gather(&state));
   K3_ASSIGN_OR_RETURN(ClusterPlacement current, ClusterPlacementFromProto(state.placement()));
@@ -345,23 +383,14 @@ absl::StatusOr<pb::RebalanceResponse> LoadBalancer::DoRebalance(bool force) {
             << response.worker_max_vio_after() << " (" << window_.total_tokens()
             << " tokens in the window); loading its experts";
 
-  if (absl::Status rolled = rollout_.RollOut(next, current.version(), state,
-                                             absl::StrCat("placement version ", *version));
-      !rolled.ok()) {
-    metrics_->rebalances.WithLabels({"failed"})->Increment();
-    return rolled;
-  }
-  ++rebalances_;
-  metrics_->rebalances.WithLabels({"rolled_out"})->Increment();
-  window_.Reset(absl::Now());
-  PublishReport(next, 0, 0);
-  response.set_rolled_out(true);
-  response.set_placement_version(*version);
+  rollout->next = std::move(next);
+  rollout->base_version = current.version();
+  rollout->state = std::move(state);
   return response;
 }
 
 void LoadBalancer::Resize() {
-  if (absl::Now() < resize_after_) return;
+  if (rolling_out_ || absl::Now() < resize_after_) return;
   absl::StatusOr<std::optional<CoordinatorState::Resize>> plan =
       control_->PlanResize(absl::Now() + options_.rpc_timeout);
   if (!plan.ok() || !plan->has_value()) return;
@@ -378,23 +407,29 @@ void LoadBalancer::Resize() {
   LOG(INFO) << "resizing the expert tier (" << resize.why << "): placement version " << *version
             << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",")
             << "; loading its experts";
-  absl::Status rolled = rollout_.RollOut(resize.placement, resize.base_version, *state,
-                                absl::StrCat("placement version ", *version));
-  if (!rolled.ok()) {
-    metrics_->resizes.WithLabels({"failed"})->Increment();
-    LOG(WARNING) << "resizing the expert tier (" << resize.why << "): " << rolled;
-    // ABORTED: the cluster moved meanwhile (a spare took over, a node died): plan again. Other
-    // errors are the nodes' own, and name the cause of experts that stay lost.
-    if (rolled.code() != absl::StatusCode::kAborted) {
-      control_->ResizeFailed(resize.base_version, rolled);
-      resize_after_ = absl::Now() + options_.resize_retry;
-    }
-    return;
-  }
-  metrics_->resizes.WithLabels({"rolled_out"})->Increment();
-  LOG(INFO) << "resized the expert tier (" << resize.why << ") in "
-            << absl::FormatDuration(absl::Now() - start) << ": placement version " << *version
-            << " on expert nodes " << absl::StrJoin(resize.placement.worker_nodes, ",");
+  rolling_out_ = true;
+  rollout_.RollOut(
+      resize.placement, resize.base_version, *state, absl::StrCat("placement version ", *version),
+      [this, resize, start, version = *version](absl::Status rolled) {
+        if (calls_.stopped()) return;
+        rolling_out_ = false;
+        if (!rolled.ok()) {
+          metrics_->resizes.WithLabels({"failed"})->Increment();
+          LOG(WARNING) << "resizing the expert tier (" << resize.why << "): " << rolled;
+          // ABORTED: the cluster moved meanwhile (a spare took over, a node died): plan again.
+          // Other errors are the nodes' own, and name the cause of experts that stay lost.
+          if (rolled.code() != absl::StatusCode::kAborted) {
+            control_->ResizeFailed(resize.base_version, rolled);
+            resize_after_ = absl::Now() + options_.resize_retry;
+          }
+          return;
+        }
+        metrics_->resizes.WithLabels({"rolled_out"})->Increment();
+        LOG(INFO) << "resized the expert tier (" << resize.why << ") in "
+                  << absl::FormatDuration(absl::Now() - start) << ": placement version "
+                  << version << " on expert nodes "
+                  << absl::StrJoin(resize.placement.worker_nodes, ",");
+      });
 }
 
 void LoadBalancer::PushBias() {

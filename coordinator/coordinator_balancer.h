@@ -119,7 +119,20 @@ class LoadBalancer {
   absl::Status Gather(k3serve::cluster::v1::ClusterState* state);
   void PublishReport(const ClusterPlacement& placement, int answered, int failed);
   k3serve::cluster::v1::LoadReport LastReport() const;
-  absl::StatusOr<k3serve::cluster::v1::RebalanceResponse> DoRebalance(bool force);
+  using RebalanceDone =
+      std::function<void(absl::StatusOr<k3serve::cluster::v1::RebalanceResponse>)>;
+  // A placement to roll out, as planned.
+  struct Rollout {
+    ClusterPlacement next;  // not placed(): nothing to roll out
+    int64_t base_version = 0;
+    k3serve::cluster::v1::ClusterState state;
+  };
+  // Plans and rolls out; `done` gets the outcome on the actor once the rollout committed or gave
+  // up (at once when there is nothing to roll out, or while another rollout runs: ABORTED).
+  void DoRebalance(bool force, RebalanceDone done);
+  // Gathers and plans; the placement to roll out, if any, goes to *rollout.
+  absl::StatusOr<k3serve::cluster::v1::RebalanceResponse> PlanRebalance(bool force,
+                                                                       Rollout* rollout);
   void PushBias();
 
   const LoadBalancerOptions options_;
@@ -132,6 +145,8 @@ class LoadBalancer {
   PlacementRollout rollout_;
   int64_t rebalances_ = 0;
   absl::Time resize_after_ = absl::InfinitePast();  // no resize before (after a failure)
+  // A rollout (rebalance or resize) runs: its LoadExperts are in flight. One at a time.
+  bool rolling_out_ = false;
 
   mutable absl::Mutex mu_;
   k3serve::cluster::v1::LoadReport report_ ABSL_GUARDED_BY(mu_);

@@ -581,6 +581,74 @@ TEST_F(BalancerTest, ShutdownDoesNotWaitForARolloutStuckOnAWorker) {
   EXPECT_FALSE(outcome.ok());
 }
 
+// A worker that hangs in LoadExperts holds up neither the balancer (its load report, a second
+// Rebalance) nor the coordinator (the cluster state its heartbeats answer from): the rollout's
+// calls end on gRPC's threads, not on an actor. Once the worker is gone from the cluster state
+// the rollout gives up at once, long before its load timeout.
+TEST_F(BalancerTest, AHungWorkerBlocksNeitherTheBalancerNorTheCoordinator) {
+  LoadBalancerOptions balancing = TestBalancing();
+  balancing.load_timeout = absl::Seconds(60);
+  ASSERT_NO_FATAL_FAILURE(Start(balancing));
+  routers_[0]->SetWindow(
+      LoadsWindow({{400, 300, 50, 50, 50, 50, 50, 50}, {400, 300, 50, 50, 50, 50, 50, 50}}));
+  workers_[0]->set_mode(FakeWorker::Mode::kHang);
+  absl::StatusOr<pb::RebalanceResponse> outcome;
+  absl::Time ended;
+  std::thread caller([&] {
+    outcome = Rebalance(false);
+    ended = absl::Now();
+  });
+  ASSERT_TRUE(WaitFor([&] { return !workers_[0]->calls().empty(); }));
+  absl::Duration slowest = absl::ZeroDuration();
+  for (int i = 0; i < 5; ++i) {
+    absl::Time start = absl::Now();
+    const absl::StatusOr<pb::LoadReport> report = Report(/*refresh=*/false);
+    EXPECT_TRUE(report.ok()) << report.status();
+    slowest = std::max(slowest, absl::Now() - start);
+    start = absl::Now();
+    EXPECT_EQ(Published().version(), 1);
+    slowest = std::max(slowest, absl::Now() - start);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_LT(slowest, absl::Seconds(1)) << "the balancer or the coordinator waited for the worker";
+  // One rollout at a time: a second Rebalance is told so at once.
+  const absl::Time second = absl::Now();
+  const absl::StatusOr<pb::RebalanceResponse> again = Rebalance(false);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAborted) << again.status();
+  EXPECT_LT(absl::Now() - second, absl::Seconds(1));
+
+  // The hung worker leaves the cluster: the rollout gives up within its next look (200 ms).
+  pb::ClusterState state;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    ASSERT_TRUE(stub_->GetClusterState(&context, {}, &state).ok());
+  }
+  const std::string hung = absl::StrCat("127.0.0.1:", servers_[0]->port());
+  pb::LeaveRequest leave;
+  for (const pb::Member& m : state.members()) {
+    if (m.node().grpc_address() == hung) {
+      leave.set_node_id(m.node().node_id());
+      leave.set_incarnation(m.node().incarnation());
+    }
+  }
+  ASSERT_NE(leave.node_id(), 0u);
+  const absl::Time left = absl::Now();
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+    pb::LeaveResponse response;
+    ASSERT_TRUE(stub_->Leave(&context, leave, &response).ok());
+  }
+  caller.join();
+  EXPECT_LT(ended - left, absl::Seconds(2)) << "the rollout waited for its load timeout";
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kAborted) << outcome.status();
+  EXPECT_NE(outcome.status().message().find(absl::StrCat("expert node ", leave.node_id())),
+            std::string::npos)
+      << outcome.status();
+  EXPECT_EQ(Published().version(), 1);
+}
+
 TEST(LoadBalancerOptionsTest, RejectsBadValues) {
   EXPECT_TRUE(LoadBalancerOptions().Validate().ok());
   LoadBalancerOptions o;

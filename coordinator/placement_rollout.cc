@@ -22,19 +22,30 @@ namespace {
 constexpr absl::Duration kSwitchPoll = absl::Milliseconds(20);
 constexpr int kRetireAttempts = 10;
 
-// LoadExperts(requests[i]) on workers[i], all at once.
-std::vector<absl::StatusOr<pb::LoadExpertsResponse>> LoadAll(
+// While a rollout loads, how often it looks whether a worker node it waits for died.
+constexpr absl::Duration kLoadingCheck = absl::Milliseconds(200);
+
+// LoadExperts(requests[i]) on workers[i], all at once; `done` gets the answers on a gRPC thread.
+// Returns the fan-out's canceller.
+std::function<void()> LoadAllThen(
     RpcFanOut& calls, const std::vector<std::string>& workers,
-    const std::vector<pb::LoadExpertsRequest>& requests, absl::Duration timeout) {
-  return calls.CallAll<pb::LoadExpertsResponse>(
+    std::vector<pb::LoadExpertsRequest> requests, absl::Duration timeout,
+    std::function<void(std::vector<absl::StatusOr<pb::LoadExpertsResponse>>)> done) {
+  // The requests live with the calls (in what `start` returns), not on a stack.
+  auto held = std::make_shared<std::vector<pb::LoadExpertsRequest>>(std::move(requests));
+  return calls.CallAllThen<pb::LoadExpertsResponse>(
       workers, timeout,
-      [&requests](const std::shared_ptr<grpc::Channel>& channel, size_t i,
-                  grpc::ClientContext* context, pb::LoadExpertsResponse* out,
-                  std::function<void(grpc::Status)> done) {
+      [held](const std::shared_ptr<grpc::Channel>& channel, size_t i,
+             grpc::ClientContext* context, pb::LoadExpertsResponse* out,
+             std::function<void(grpc::Status)> call_done) {
         std::shared_ptr<pb::ExpertWorker::Stub> stub = pb::ExpertWorker::NewStub(channel);
-        stub->async()->LoadExperts(context, &requests[i], out, std::move(done));
-        return std::shared_ptr<void>(stub);
-      });
+        stub->async()->LoadExperts(context, &(*held)[i], out, std::move(call_done));
+        return std::shared_ptr<void>(
+            std::make_shared<std::pair<std::shared_ptr<pb::ExpertWorker::Stub>,
+                                       std::shared_ptr<std::vector<pb::LoadExpertsRequest>>>>(
+                stub, held));
+      },
+      std::move(done));
 }
 
 }  // namespace
@@ -54,8 +65,9 @@ pb::LoadExpertsRequest LoadExpertsRequestFor(const ClusterPlacement& placement, 
   return request;
 }
 
-absl::Status PlacementRollout::RollOut(const ClusterPlacement& next, int64_t base_version,
-                                       const pb::ClusterState& state, const std::string& what) {
+void PlacementRollout::RollOut(const ClusterPlacement& next, int64_t base_version,
+                               const pb::ClusterState& state, const std::string& what,
+                               std::function<void(absl::Status)> done) {
   std::map<uint32_t, std::string> addresses;
   for (const pb::Member& m : state.members()) {
     addresses[m.node().node_id()] = m.node().grpc_address();
@@ -66,14 +78,60 @@ absl::Status PlacementRollout::RollOut(const ClusterPlacement& next, int64_t bas
   for (int w = 0; w < next.experts.num_workers; ++w) {
     auto it = addresses.find(next.worker_nodes[w]);
     if (it == addresses.end()) {
-      return absl::AbortedError(absl::StrCat("rollout of ", what, ": worker node ",
-                                             next.worker_nodes[w], " is not a member"));
+      done(absl::AbortedError(absl::StrCat("rollout of ", what, ": worker node ",
+                                           next.worker_nodes[w], " is not a member")));
+      return;
     }
     workers.push_back(it->second);
     requests.push_back(LoadExpertsRequestFor(next, w, 0, base_version));
   }
-  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded =
-      LoadAll(*calls_, workers, requests, timeouts_.load_timeout);
+  auto loading = std::make_shared<Loading>();
+  auto shared_done = std::make_shared<std::function<void(absl::Status)>>(std::move(done));
+  loading->cancel = LoadAllThen(
+      *calls_, workers, std::move(requests), timeouts_.load_timeout,
+      [this, loading, next, base_version, what, shared_done](
+          std::vector<absl::StatusOr<pb::LoadExpertsResponse>> loaded) {
+        const bool posted = actor_->Post([this, loading, next, base_version, what, shared_done,
+                                          loaded = std::move(loaded)] {
+          loading->finished = true;
+          (*shared_done)(Loaded(next, base_version, what, loaded, loading->died));
+        });
+        if (!posted) (*shared_done)(absl::UnavailableError("the coordinator is stopping"));
+      });
+  actor_->PostAfter(kLoadingCheck, [this, loading, nodes = next.worker_nodes] {
+    WatchLoading(loading, nodes);
+  });
+}
+
+void PlacementRollout::WatchLoading(const std::shared_ptr<Loading>& loading,
+                                    const std::vector<uint32_t>& nodes) {
+  if (loading->finished || calls_->stopped()) return;
+  absl::StatusOr<pb::ClusterState> state =
+      control_->ClusterStateSnapshot(absl::Now() + timeouts_.rpc_timeout);
+  if (state.ok()) {
+    for (uint32_t node : nodes) {
+      const auto member =
+          std::find_if(state->members().begin(), state->members().end(),
+                       [node](const pb::Member& m) { return m.node().node_id() == node; });
+      if (member == state->members().end() || member->state() != pb::ALIVE) {
+        // It will not answer (a hung node would hold the rollout for the whole load timeout):
+        // give up now, so that the balancer plans again without it.
+        loading->died = absl::StrCat("expert node ", node,
+                                     " is no longer alive (dead or left) while loading its experts");
+        loading->cancel();
+        return;
+      }
+    }
+  }
+  actor_->PostAfter(kLoadingCheck, [this, loading, nodes] { WatchLoading(loading, nodes); });
+}
+
+absl::Status PlacementRollout::Loaded(
+    const ClusterPlacement& next, int64_t base_version, const std::string& what,
+    const std::vector<absl::StatusOr<pb::LoadExpertsResponse>>& loaded, const std::string& died) {
+  if (!died.empty()) {
+    return absl::AbortedError(absl::StrCat("rollout of ", what, " abandoned: ", died));
+  }
   std::vector<std::string> failures;
   for (size_t w = 0; w < loaded.size(); ++w) {
     if (!loaded[w].ok()) {
@@ -154,14 +212,16 @@ void PlacementRollout::Retire(int attempts_left) {
     requests.push_back(
         LoadExpertsRequestFor(*placement, w, placement->version(), placement->version()));
   }
-  std::vector<absl::StatusOr<pb::LoadExpertsResponse>> retired =
-      LoadAll(*calls_, workers, requests, timeouts_.load_timeout);
-  for (const absl::StatusOr<pb::LoadExpertsResponse>& answer : retired) {
-    if (!answer.ok()) {
-      LOG(WARNING) << "retiring placements before version " << placement->version() << ": "
-                   << answer.status();
-    }
-  }
+  const int64_t version = placement->version();
+  LoadAllThen(*calls_, workers, std::move(requests), timeouts_.load_timeout,
+              [version](std::vector<absl::StatusOr<pb::LoadExpertsResponse>> retired) {
+                for (const absl::StatusOr<pb::LoadExpertsResponse>& answer : retired) {
+                  if (!answer.ok()) {
+                    LOG(WARNING) << "retiring placements before version " << version << ": "
+                                 << answer.status();
+                  }
+                }
+              });
 }
 
 }  // namespace k3

@@ -13,14 +13,18 @@
 //      retire_below_version lets the nodes drop experts only older versions needed (tried again
 //      every retire_delay, 10 times at most, while a router lags).
 //
-// Thread-safety: not thread-safe; RollOut runs on `actor` (the balancer's), which retirement is
-// scheduled on as well. `control`, `calls` and `actor` must outlive the rollout; stopping `calls`
+// Thread-safety: not thread-safe; RollOut runs on `actor` (the balancer's), which continues it
+// (its calls' answers are posted there) and schedules retirement on as well; nothing waits on
+// the actor for a node's answer. `control`, `calls` and `actor` must outlive the rollout; stopping `calls`
 // (RpcFanOut::Stop) ends waits and skips retirements.
 #ifndef K3SERVE_COORDINATOR_PLACEMENT_ROLLOUT_H_
 #define K3SERVE_COORDINATOR_PLACEMENT_ROLLOUT_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -53,12 +57,32 @@ class PlacementRollout {
       : timeouts_(timeouts), control_(control), calls_(calls), actor_(actor) {}
 
   // Steps 1-3 for `next` over `base_version` (its worker nodes' addresses from `state`), and
-  // schedules step 4; `what` names it in errors. Errors: ABORTED when a worker node is not a
-  // member of `state`, UNAVAILABLE naming the nodes whose LoadExperts failed, or the commit's.
-  absl::Status RollOut(const ClusterPlacement& next, int64_t base_version,
-                       const k3serve::cluster::v1::ClusterState& state, const std::string& what);
+  // schedules step 4; `what` names it in errors. Returns at once: the LoadExperts calls end on
+  // gRPC's threads and the rest runs on the actor, which then calls `done` with the outcome (OK
+  // once committed; on another thread with UNAVAILABLE if the actor has stopped). Errors:
+  // ABORTED when a worker node is not a member of `state` or stops being ALIVE (looked at every
+  // 200 ms) while it loads, UNAVAILABLE naming the nodes whose LoadExperts failed, or the
+  // commit's.
+  void RollOut(const ClusterPlacement& next, int64_t base_version,
+               const k3serve::cluster::v1::ClusterState& state, const std::string& what,
+               std::function<void(absl::Status)> done);
 
  private:
+  // A rollout's step 1 in flight. Actor only.
+  struct Loading {
+    bool finished = false;       // the answers are in
+    std::string died;            // why it was given up, if it was
+    std::function<void()> cancel;  // cancels the LoadExperts calls
+  };
+  // While `loading`, gives it up once one of `nodes` is not ALIVE (DEAD, LEFT or gone); looks
+  // again every 200 ms.
+  void WatchLoading(const std::shared_ptr<Loading>& loading, const std::vector<uint32_t>& nodes);
+  // Steps 2 and 3 once step 1's answers are in.
+  absl::Status Loaded(
+      const ClusterPlacement& next, int64_t base_version, const std::string& what,
+      const std::vector<absl::StatusOr<k3serve::cluster::v1::LoadExpertsResponse>>& loaded,
+      const std::string& died);
+
   // Step 3: looks every kSwitchPoll (on the actor's timers) until every live router reports
   // `version` or `deadline` passes, then schedules step 4.
   void WatchSwitch(int64_t version, absl::Time deadline);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "cluster/grpc_server.h"
 #include "cluster/test_wait.h"
 #include "grpcpp/grpcpp.h"
@@ -203,13 +204,24 @@ class RolloutTest : public testing::Test {
     return placement;
   }
 
+  // Starts the rollout on the actor and waits for its outcome.
   absl::Status RollOut(const ClusterPlacement& next) {
-    return actor_.Call(
-        [this, next] {
+    auto outcome = std::make_shared<std::pair<absl::Notification, absl::Status>>();
+    const absl::Status started = actor_.Call(
+        [this, next, outcome] {
           absl::StatusOr<pb::ClusterState> state = control_.ClusterStateSnapshot(absl::Now());
-          return rollout_.RollOut(next, 1, *state, "the test's placement");
+          rollout_.RollOut(next, 1, *state, "the test's placement", [outcome](absl::Status s) {
+            outcome->second = std::move(s);
+            outcome->first.Notify();
+          });
+          return absl::OkStatus();
         },
         absl::Now() + absl::Seconds(30));
+    if (!started.ok()) return started;
+    if (!outcome->first.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+      return absl::DeadlineExceededError("the rollout did not end within 30 s");
+    }
+    return outcome->second;
   }
 
   RolloutTimeouts timeouts_{.rpc_timeout = absl::Seconds(2),

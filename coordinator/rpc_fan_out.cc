@@ -26,6 +26,9 @@ void RpcFanOut::Stop() {
   absl::MutexLock lock(&mu_);
   stopped_ = true;
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  // Cancelled calls end soon; their callbacks use this object.
+  mu_.Await(absl::Condition(
+      +[](int* outstanding) { return *outstanding == 0; }, &outstanding_));
 }
 
 bool RpcFanOut::stopped() const {

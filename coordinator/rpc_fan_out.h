@@ -6,8 +6,9 @@
 // Channels are made on first use of an address (with the ClientTls given) and kept: routers and
 // expert nodes are called again every round.
 //
-// Thread-safety: CallAll from one thread at a time (the LoadBalancer's actor); Stop from any
-// thread. After Stop, calls in flight end CANCELLED and later CallAlls UNAVAILABLE at once.
+// Thread-safety: CallAll and CallAllThen from one thread at a time (the LoadBalancer's actor);
+// Stop from any thread. After Stop, calls in flight end CANCELLED and later CallAlls UNAVAILABLE
+// at once.
 #ifndef K3SERVE_COORDINATOR_RPC_FAN_OUT_H_
 #define K3SERVE_COORDINATOR_RPC_FAN_OUT_H_
 
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cluster/grpc_status.h"
 #include "cluster/security.h"
@@ -59,7 +61,19 @@ class RpcFanOut {
   std::vector<absl::StatusOr<Response>> CallAll(const std::vector<std::string>& addresses,
                                                 absl::Duration timeout, Start start);
 
-  // Cancels the calls in flight; every later CallAll answers UNAVAILABLE. Idempotent.
+  // CallAll without waiting: returns at once, and `done` gets the answers when every call ended,
+  // on the gRPC thread of the last one (at once on this thread when there is no address or after
+  // Stop), so it must be quick (e.g. post them to an actor). `start` is called before this
+  // returns; what the calls read (their requests) must live in what it returns. Returns a
+  // function that cancels the calls still in flight (they end CANCELLED), from any thread, any
+  // time, also after `done`.
+  template <typename Response, typename Start>
+  std::function<void()> CallAllThen(
+      const std::vector<std::string>& addresses, absl::Duration timeout, Start start,
+      std::function<void(std::vector<absl::StatusOr<Response>>)> done);
+
+  // Cancels the calls in flight and waits until every fan-out's `done` returned; every later
+  // CallAll answers UNAVAILABLE. Idempotent. Not from a `done`.
   void Stop();
   // Whether Stop was called: the coordinator is stopping.
   bool stopped() const;
@@ -73,37 +87,72 @@ class RpcFanOut {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);  // cancelled by Stop
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // fan-outs whose `done` has not returned
 };
 
 template <typename Response, typename Start>
-std::vector<absl::StatusOr<Response>> RpcFanOut::CallAll(const std::vector<std::string>& addresses,
-                                                         absl::Duration timeout, Start start) {
+std::function<void()> RpcFanOut::CallAllThen(
+    const std::vector<std::string>& addresses, absl::Duration timeout, Start start,
+    std::function<void(std::vector<absl::StatusOr<Response>>)> done) {
   struct Call {
     grpc::ClientContext context;
     Response response;
     absl::Status status;
     std::shared_ptr<void> keep;
   };
-  // Shared with the callbacks, which may still be returning when the last one woke us.
+  // Shared with the callbacks and the canceller.
   struct Shared {
     absl::Mutex mu;
     size_t remaining ABSL_GUARDED_BY(mu) = 0;
     std::vector<std::unique_ptr<Call>> calls;
+    std::vector<std::string> addresses;
+    std::function<void(std::vector<absl::StatusOr<Response>>)> done;
   };
   auto shared = std::make_shared<Shared>();
+  shared->addresses = addresses;
+  shared->done = std::move(done);
   const absl::Time deadline = absl::Now() + timeout;
   for (size_t i = 0; i < addresses.size(); ++i) {
     shared->calls.push_back(std::make_unique<Call>());
     shared->calls.back()->context.set_deadline(absl::ToChronoTime(deadline));
   }
-  std::vector<absl::StatusOr<Response>> results;
+  // Runs once, after the last call ended: the answers to `done`, then this fan-out is over.
+  auto finish = [this, shared] {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& call : shared->calls) in_flight_.erase(&call->context);
+    }
+    std::vector<absl::StatusOr<Response>> results;
+    for (size_t i = 0; i < shared->calls.size(); ++i) {
+      Call& call = *shared->calls[i];
+      if (call.status.ok()) {
+        results.push_back(std::move(call.response));
+      } else {
+        results.push_back(absl::Status(
+            call.status.code(), absl::StrCat(shared->addresses[i], ": ", call.status.message())));
+      }
+    }
+    shared->done(std::move(results));
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+  };
+  bool stopped;
   {
     absl::MutexLock lock(&mu_);
-    if (stopped_) {
-      results.assign(addresses.size(), absl::UnavailableError("the coordinator is stopping"));
-      return results;
+    stopped = stopped_;
+    if (!stopped) {
+      for (auto& call : shared->calls) in_flight_.insert(&call->context);
+      ++outstanding_;
     }
-    for (auto& call : shared->calls) in_flight_.insert(&call->context);
+  }
+  if (stopped) {
+    shared->done(std::vector<absl::StatusOr<Response>>(
+        addresses.size(), absl::UnavailableError("the coordinator is stopping")));
+    return [] {};
+  }
+  if (addresses.empty()) {
+    finish();
+    return [] {};
   }
   {
     absl::MutexLock lock(&shared->mu);
@@ -112,31 +161,31 @@ std::vector<absl::StatusOr<Response>> RpcFanOut::CallAll(const std::vector<std::
   for (size_t i = 0; i < addresses.size(); ++i) {
     Call* call = shared->calls[i].get();
     call->keep = start(ChannelTo(addresses[i]), i, &call->context, &call->response,
-                       [shared, call](grpc::Status status) {
+                       [shared, call, finish](grpc::Status status) {
                          call->status = FromGrpcStatus(status);
-                         absl::MutexLock lock(&shared->mu);
-                         --shared->remaining;
+                         {
+                           absl::MutexLock lock(&shared->mu);
+                           if (--shared->remaining != 0) return;
+                         }
+                         finish();
                        });
   }
-  {
-    absl::MutexLock lock(&shared->mu);
-    auto done = [&shared]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared->mu) { return shared->remaining == 0; };
-    shared->mu.Await(absl::Condition(&done));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& call : shared->calls) in_flight_.erase(&call->context);
-  }
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    Call& call = *shared->calls[i];
-    if (call.status.ok()) {
-      results.push_back(std::move(call.response));
-    } else {
-      results.push_back(absl::Status(call.status.code(),
-                                     absl::StrCat(addresses[i], ": ", call.status.message())));
-    }
-  }
+  return [shared] {
+    for (auto& call : shared->calls) call->context.TryCancel();
+  };
+}
+
+template <typename Response, typename Start>
+std::vector<absl::StatusOr<Response>> RpcFanOut::CallAll(const std::vector<std::string>& addresses,
+                                                         absl::Duration timeout, Start start) {
+  absl::Notification finished;
+  std::vector<absl::StatusOr<Response>> results;
+  CallAllThen<Response>(addresses, timeout, std::move(start),
+                        [&](std::vector<absl::StatusOr<Response>> answers) {
+                          results = std::move(answers);
+                          finished.Notify();
+                        });
+  finished.WaitForNotification();
   return results;
 }
 

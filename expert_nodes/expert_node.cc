@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "moe/cluster_placement.h"
@@ -138,6 +139,7 @@ class ExpertNode final : public RoleHooks {
   absl::Mutex failure_mu_;
   absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
   std::atomic<bool> drained_{false};  // set on the actor; RunNode then shuts the node down
+  absl::Notification drained_notice_;  // notified with drained_
 
   // Actor thread only.
   pb::ExpertStatusResponse status_;  // the Status RPC's answer
@@ -505,6 +507,7 @@ void ExpertNode::CheckDrained() {
             << absl::FormatDuration(now - unplaced_since_) << " ago and no request for "
             << absl::FormatDuration(kDrainQuiet);
   drained_ = true;
+  drained_notice_.Notify();  // wakes DrainFirst at once
 }
 
 // Why nobody would take this node's experts, or "" when the drain can go on: no live router
@@ -578,7 +581,9 @@ void ExpertNode::DrainFirst() {
       }
       next_look = absl::Now() + absl::Milliseconds(250);
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    // Woken at once when the actor finds the node drained; else looks again at next_look.
+    drained_notice_.WaitForNotificationWithTimeout(
+        std::min(next_look, deadline) - absl::Now());
   }
   if (!drained_) {
     LOG(WARNING) << "expert node: its experts did not move within "

@@ -1,5 +1,6 @@
 #include "http_front/grpc_proxy.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <thread>
@@ -75,7 +76,12 @@ class K3ServeProxy::ProxiedGenerate final
     GenerateCall& call = **started;
     v1::GenerateResponse response;
     bool client_gone = false;
+    int worker = call.worker();
     while (!client_gone && call.Next(&response)) {
+      if (call.worker() != worker) {  // resumed on another worker: Abort goes there now
+        worker = call.worker();
+        proxy_->Track(request_.request_id(), worker);
+      }
       {
         absl::MutexLock lock(&mu_);
         writing_ = true;
@@ -162,6 +168,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* K3ServeProxy::Generate(
   }
   v1::GenerateRequest forwarded = *request;
   if (forwarded.request_id().empty()) forwarded.set_request_id(NewRequestId());
+  if (forwarded.messages_size() > 0 && tokenizer_ != nullptr) {
+    // The worker ends a chat's answer at the turn's end by itself; said explicitly, the rule
+    // survives a resumption, which sends the rendered messages as token ids (GenerateCall).
+    if (absl::StatusOr<int32_t> turn_end = TurnEndId(*tokenizer_); turn_end.ok()) {
+      const auto& stops = forwarded.sampling().stop_token_ids();
+      if (std::find(stops.begin(), stops.end(), *turn_end) == stops.end()) {
+        forwarded.mutable_sampling()->add_stop_token_ids(*turn_end);
+      }
+    }
+  }
   return new ProxiedGenerate(this, std::move(forwarded), Metadata(*context, kTraceparentHeader));
 }
 

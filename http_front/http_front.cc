@@ -661,6 +661,7 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
     K3_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options.tls));
     f.pool = std::make_unique<WorkerPool>(options.servers, tls, std::move(worker_token));
   }
+  f.pool->set_resume_timeout(options.resume_timeout);
 
   MetricFamily<Counter>& responses = DefaultMetrics().AddCounter(
       "k3_http_responses_total", "HTTP responses of the OpenAI front, by status.", {"status"});
@@ -706,6 +707,7 @@ void HttpFront::Shutdown() {
     absl::MutexLock lock(&f.mu);
     for (GenerateCall* call : f.calls) call->Cancel();
   }
+  if (f.pool) f.pool->Stop();  // requests waiting for a worker end now
   if (f.http) f.http->stop();
   if (f.thread.joinable()) f.thread.join();
   if (f.endpoints) f.endpoints->Stop();
@@ -752,6 +754,10 @@ void AddOpenAiApiFlags(CLI::App* app, HttpFrontOptions* options) {
                 "Retry-After");
   AddBoundedInt(app, "--max-body-bytes", &options->max_body_bytes, 1024, int64_t{1} << 32,
                 "the largest request body (413 beyond)");
+  AddMilliseconds(app, "--resume-timeout-ms", &options->resume_timeout, 0, 24 * 3600 * 1000,
+                  "how long a request waits for an attention worker to take it: at its start "
+                  "while none is reachable, and after its worker was lost mid-stream (it is "
+                  "resumed as prompt + tokens sent)");
 }
 
 }  // namespace k3

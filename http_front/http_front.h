@@ -58,6 +58,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "cluster/command_line.h"
 
@@ -82,6 +83,8 @@ struct HttpFrontOptions {
   // What requests that do not say get (OpenAI's defaults): max_tokens (0: as many as the workers
   // allow) and temperature.
   int default_max_tokens = 0;
+  // How long a request waits for a worker (--resume-timeout-ms; WorkerPool::set_resume_timeout).
+  absl::Duration resume_timeout = absl::Seconds(30);
   float default_temperature = 1.f;
   int listen_backlog = 4096;
   int max_connections = 2048;

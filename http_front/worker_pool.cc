@@ -13,6 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "glog/logging.h"
 #include "cluster/grpc_server.h"
 #include "cluster/grpc_status.h"
@@ -24,32 +27,193 @@ namespace k3 {
 
 namespace v1 = k3serve::v1;
 
-bool GenerateCall::Next(v1::GenerateResponse* response) {
-  if (has_first_) {
-    has_first_ = false;
-    *response = std::move(first_);
-    return true;
-  }
-  return reader_->Read(response);
+namespace {
+
+// The back-off between passes over workers that are all UNAVAILABLE.
+constexpr absl::Duration kFirstBackOff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackOff = absl::Seconds(1);
+
+// The workers' channels: gRPC's default reconnect back-off grows to two minutes, and a request
+// that waits for its restarted worker (resume_timeout) must find it within a second.
+grpc::ChannelArguments WorkerChannelArguments() {
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return arguments;
+}
+
+// How a worker's broken stream reads in the project's words (gRPC's own text goes to the log).
+std::string Lost(const std::string& address) {
+  return absl::StrCat("attention worker ", address,
+                      " is unreachable or not serving (stopped, restarting or draining)");
+}
+
+}  // namespace
+
+GenerateCall::Stream::~Stream() {
+  if (load != nullptr) load->fetch_sub(1);
+  if (reader == nullptr || finished) return;
+  context.TryCancel();
+  reader->Finish();
+}
+
+absl::Status GenerateCall::Stream::Finish() {
+  finished = true;
+  if (load != nullptr) load->fetch_sub(1);
+  load = nullptr;
+  return FromGrpcStatus(reader->Finish());
 }
 
 GenerateCall::~GenerateCall() {
-  Release();
-  if (reader_ == nullptr || finished_) return;
-  context_.TryCancel();
-  reader_->Finish();
+  std::unique_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    stream = std::move(stream_);
+  }
+}
+
+bool GenerateCall::cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void GenerateCall::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (stream_ != nullptr) stream_->context.TryCancel();
+}
+
+void GenerateCall::Account(v1::GenerateResponse* response) {
+  if (response->has_chunk()) {
+    v1::TokenChunk& chunk = *response->mutable_chunk();
+    if (prompt_tokens_ < 0) prompt_tokens_ = chunk.prompt_tokens();
+    sent_.insert(sent_.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+    if (resumes_ > 0) {
+      chunk.set_prompt_tokens(prompt_tokens_);
+      chunk.set_generated_tokens(chunk.generated_tokens() + base_);
+    }
+  } else if (response->has_complete()) {
+    complete_ = true;
+    v1::Usage& usage = *response->mutable_complete()->mutable_usage();
+    if (resumes_ > 0) {
+      usage.set_prompt_tokens(prompt_tokens_ >= 0 ? prompt_tokens_ : usage.prompt_tokens());
+      usage.set_generated_tokens(usage.generated_tokens() + base_);
+    }
+  }
+}
+
+bool GenerateCall::Next(v1::GenerateResponse* response) {
+  while (true) {
+    if (has_first_) {
+      has_first_ = false;
+      *response = std::move(first_);
+      Account(response);
+      return true;
+    }
+    if (ended_) return false;
+    Stream* stream;
+    {
+      absl::MutexLock lock(&mu_);
+      stream = stream_.get();
+    }
+    if (stream == nullptr) {  // the Complete made up by Resume was handed out
+      ended_ = true;
+      return false;
+    }
+    if (stream->reader->Read(response)) {
+      Account(response);
+      return true;
+    }
+    const absl::Status status = stream->Finish();
+    if (status.ok() || complete_) {
+      final_ = status;
+      ended_ = true;
+      return false;
+    }
+    final_ = Resume(status);
+    if (!final_.ok()) {
+      ended_ = true;
+      return false;
+    }
+  }
+}
+
+absl::Status GenerateCall::Resume(const absl::Status& status) {
+  const std::string address = pool_->worker(static_cast<size_t>(worker_.load()))->address;
+  const std::string id = request_.request_id();
+  if (cancelled()) return status;  // this side cancelled it
+  if (!absl::IsUnavailable(status) && !absl::IsCancelled(status)) return status;
+  LOG(WARNING) << "request " << id << ": the stream from attention worker " << address
+               << " broke after " << sent_.size() << " tokens: " << status;
+  const std::string lost =
+      absl::StrCat("request ", id, ": ", Lost(address), " after ", sent_.size(), " tokens");
+  if (request_.sampling().constraint().alternatives_size() > 0) {
+    return absl::UnavailableError(absl::StrCat(
+        lost, "; a request with an output constraint cannot be resumed on another worker"));
+  }
+  if (prompt_.empty()) {
+    return absl::UnavailableError(absl::StrCat(lost, "; its prompt ids are unknown"));
+  }
+  const v1::SamplingParams& sampling = request_.sampling();
+  const int left = sampling.has_max_new_tokens()
+                       ? sampling.max_new_tokens() - static_cast<int>(sent_.size())
+                       : 1;
+  const bool stopped =
+      !sent_.empty() && std::find(sampling.stop_token_ids().begin(),
+                                  sampling.stop_token_ids().end(),
+                                  sent_.back()) != sampling.stop_token_ids().end();
+  if (left <= 0 || stopped) {
+    // Every token was handed out; only the Complete was lost.
+    v1::Complete& complete = *first_.mutable_complete();
+    first_.set_request_id(id);
+    complete.set_finish_reason(stopped ? v1::Complete::STOP : v1::Complete::LENGTH);
+    complete.mutable_usage()->set_prompt_tokens(std::max(prompt_tokens_, 0));
+    complete.mutable_usage()->set_generated_tokens(static_cast<int>(sent_.size()));
+    base_ = 0;  // the counts above are already the original stream's
+    has_first_ = true;
+    absl::MutexLock lock(&mu_);
+    stream_.reset();
+    return absl::OkStatus();
+  }
+  v1::GenerateRequest again = request_;
+  again.clear_prompt_text();
+  again.clear_messages();
+  again.clear_prompt_token_ids();
+  again.mutable_prompt_token_ids()->Add(prompt_.begin(), prompt_.end());
+  again.mutable_prompt_token_ids()->Add(sent_.begin(), sent_.end());
+  if (sampling.has_max_new_tokens()) again.mutable_sampling()->set_max_new_tokens(left);
+  const absl::Time deadline = absl::Now() + pool_->resume_timeout_;
+  absl::StatusOr<std::unique_ptr<Stream>> opened =
+      pool_->OpenWaiting(again, traceparent_, prompt_, &first_, deadline, this);
+  if (!opened.ok() && cancelled()) return status;  // e.g. the front stops: the worker's reason
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat(lost, "; it could not be resumed within ",
+                                     absl::FormatDuration(pool_->resume_timeout_), ": ",
+                                     opened.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) (*opened)->context.TryCancel();
+  stream_ = *std::move(opened);
+  worker_.store(stream_->worker);
+  base_ = static_cast<int>(sent_.size());
+  ++resumes_;
+  has_first_ = true;
+  LOG(WARNING) << "request " << id << " resumed on attention worker "
+               << pool_->worker(static_cast<size_t>(stream_->worker))->address << " after "
+               << base_ << " tokens";
+  return absl::OkStatus();
 }
 
 absl::Status GenerateCall::Finish() {
-  finished_ = true;
-  Release();
-  return FromGrpcStatus(reader_->Finish());
-}
-
-void GenerateCall::Release() {
-  if (load_ == nullptr) return;
-  load_->fetch_sub(1);
-  load_ = nullptr;
+  if (!ended_) {
+    // Next has not returned false (e.g. the client went away): end the stream as it is.
+    ended_ = true;
+    absl::MutexLock lock(&mu_);
+    if (stream_ != nullptr && !stream_->finished) final_ = stream_->Finish();
+  }
+  return final_;
 }
 
 WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTls& tls,
@@ -69,7 +233,7 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses, const ClientTl
       continue;
     }
     // Anything else is one worker; if its name resolves to several, gRPC spreads its calls.
-    grpc::ChannelArguments arguments;
+    grpc::ChannelArguments arguments = WorkerChannelArguments();
     arguments.SetLoadBalancingPolicyName("round_robin");
     absl::MutexLock lock(&mu_);
     auto worker = std::make_unique<Worker>();
@@ -94,7 +258,7 @@ WorkerPool::WorkerPool(std::string name, std::shared_ptr<grpc::Channel> channel,
 }
 
 WorkerPool::~WorkerPool() {
-  stop_.Notify();
+  Stop();
   if (refresher_.joinable()) refresher_.join();
 }
 
@@ -107,7 +271,7 @@ void WorkerPool::RefreshLoop() {
 WorkerPool::Worker* WorkerPool::Add(const std::string& address, const std::string& expected_name) {
   auto worker = std::make_unique<Worker>();
   worker->address = address;
-  worker->channel = tls_.Connect(address, grpc::ChannelArguments(), expected_name);
+  worker->channel = tls_.Connect(address, WorkerChannelArguments(), expected_name);
   worker->stub = v1::K3Serve::NewStub(worker->channel);
   workers_.push_back(std::move(worker));
   return workers_.back().get();
@@ -237,34 +401,30 @@ std::vector<std::string> WorkerPool::Addresses() const {
 
 void WorkerPool::AddAuth(grpc::ClientContext* context) const { AddBearer(auth_token_, context); }
 
-absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
+absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> WorkerPool::Open(
     const v1::GenerateRequest& request, const std::string& traceparent,
-    absl::Span<const int32_t> affinity_prompt) {
+    absl::Span<const int32_t> prompt, v1::GenerateResponse* first) {
   absl::Status last = absl::UnavailableError("no attention worker");
-  const absl::Span<const int32_t> prompt =
-      affinity_prompt.empty() ? absl::Span<const int32_t>(request.prompt_token_ids().data(),
-                                                          request.prompt_token_ids_size())
-                              : affinity_prompt;
   if (!names_.empty() && size() == 0) {
     last = absl::UnavailableError(absl::StrCat("no attention worker: ", names_.front().target,
                                                " has resolved to no address"));
   }
+  std::vector<std::string> down;
   for (size_t index : Order(prompt)) {
     Worker& worker = *this->worker(index);
-    std::unique_ptr<GenerateCall> call(new GenerateCall());
+    auto stream = std::make_unique<GenerateCall::Stream>();
     worker.load->fetch_add(1);
-    call->load_ = worker.load;
-    call->worker_ = static_cast<int>(index);
-    AddBearer(auth_token_, &call->context_);
-    if (!traceparent.empty()) call->context_.AddMetadata("traceparent", traceparent);
-    call->reader_ = worker.stub->Generate(&call->context_, request);
-    if (call->reader_->Read(&call->first_)) {
-      call->has_first_ = true;
+    stream->load = worker.load;
+    stream->worker = static_cast<int>(index);
+    AddBearer(auth_token_, &stream->context);
+    if (!traceparent.empty()) stream->context.AddMetadata("traceparent", traceparent);
+    stream->reader = worker.stub->Generate(&stream->context, request);
+    if (stream->reader->Read(first)) {
       worker.down_until_ns.store(0);
       affinity_.Record(prompt, static_cast<int>(index));
-      return call;
+      return stream;
     }
-    absl::Status status = call->Finish();
+    absl::Status status = stream->Finish();
     if (status.ok()) {
       return absl::InternalError(
           absl::StrCat("the Generate stream from ", worker.address, " ended without a message"));
@@ -272,10 +432,69 @@ absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
     if (!absl::IsUnavailable(status)) return status;
     worker.down_until_ns.store(absl::ToUnixNanos(absl::Now() + kDownFor));
     affinity_.Forget(static_cast<int>(index));  // a restarted worker's cache is empty
+    VLOG(1) << "attention worker " << worker.address << ": " << status;
+    down.push_back(worker.address);
     last = absl::UnavailableError(
-        absl::StrCat("attention worker ", worker.address, ": ", status.message()));
+        absl::StrCat(down.size() == 1 ? Lost(down[0])
+                                      : absl::StrCat("attention workers ", absl::StrJoin(down, ", "),
+                                                     " are unreachable or not serving")));
   }
   return last;
+}
+
+absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> WorkerPool::OpenWaiting(
+    const v1::GenerateRequest& request, const std::string& traceparent,
+    absl::Span<const int32_t> prompt, v1::GenerateResponse* first, absl::Time deadline,
+    GenerateCall* call) {
+  absl::Duration back_off = kFirstBackOff;
+  const absl::Time start = absl::Now();
+  for (int pass = 0;; ++pass) {
+    if (call != nullptr && call->cancelled()) {
+      return absl::CancelledError("the call was cancelled while it waited for a worker");
+    }
+    absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> stream =
+        Open(request, traceparent, prompt, first);
+    if (stream.ok() && pass > 0) {
+      LOG(WARNING) << "request " << request.request_id() << " started on attention worker "
+                   << worker((*stream)->worker)->address << " after waiting "
+                   << absl::FormatDuration(absl::Now() - start) << " for a worker";
+    }
+    if (stream.ok() || !absl::IsUnavailable(stream.status())) return stream;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return stream.status();
+    // A back-off on the request's own thread, cut short when the front stops.
+    if (stop_.WaitForNotificationWithTimeout(std::min(back_off, deadline - now))) {
+      return absl::UnavailableError("the front is shutting down");
+    }
+    back_off = std::min(kMaxBackOff, 2 * back_off);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GenerateCall>> WorkerPool::Start(
+    const v1::GenerateRequest& request, const std::string& traceparent,
+    absl::Span<const int32_t> affinity_prompt) {
+  const absl::Span<const int32_t> prompt =
+      affinity_prompt.empty() ? absl::Span<const int32_t>(request.prompt_token_ids().data(),
+                                                          request.prompt_token_ids_size())
+                              : affinity_prompt;
+  std::unique_ptr<GenerateCall> call(new GenerateCall());
+  K3_ASSIGN_OR_RETURN(std::unique_ptr<GenerateCall::Stream> stream,
+                      OpenWaiting(request, traceparent, prompt, &call->first_,
+                                  absl::Now() + resume_timeout_));
+  call->pool_ = this;
+  call->request_ = request;
+  call->traceparent_ = traceparent;
+  call->prompt_.assign(prompt.begin(), prompt.end());
+  call->worker_.store(stream->worker);
+  call->has_first_ = true;
+  absl::MutexLock lock(&call->mu_);
+  call->stream_ = std::move(stream);
+  return call;
+}
+
+void WorkerPool::Stop() {
+  absl::MutexLock lock(&stop_mu_);
+  if (!stop_.HasBeenNotified()) stop_.Notify();
 }
 
 absl::Status WorkerPool::Ping(absl::Duration timeout) {

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -36,9 +37,23 @@
 
 namespace k3 {
 
-// One Generate stream. Next and Finish from one thread; Cancel from any thread, any time.
-// Destroying an unfinished call cancels it (the worker frees the request's state) and waits for
-// gRPC to end it.
+class WorkerPool;
+
+// One Generate stream, which outlives its attention worker. Next and Finish from one thread;
+// Cancel from any thread, any time. Destroying an unfinished call cancels it (the worker frees the
+// request's state) and waits for gRPC to end it.
+//
+// Resuming: the call keeps the request's prompt ids and the tokens it handed out. When the worker's
+// stream breaks before its Complete (UNAVAILABLE or CANCELLED that this side did not ask for: the
+// worker died or restarted), the call starts the request again, on the pool's best worker (the
+// restarted one or another), as prompt + tokens handed out with max_new_tokens reduced by their
+// count, waiting up to WorkerPool's resume timeout for a worker to take it. The continuation's
+// messages are rewritten as the original stream's (prompt_tokens and generated_tokens counted as
+// if nothing happened), so the client sees one stream with no token missing or repeated (greedy:
+// the same tokens as without the fault). Not resumed (the stream fails, saying why): a request
+// with an output constraint (its grammar state is the worker's), or one whose prompt ids are
+// unknown. A resumed stream's text starts afresh at the cut (a character split across the cut is
+// lost as U+FFFD in rare cases).
 class GenerateCall {
  public:
   ~GenerateCall();
@@ -46,25 +61,51 @@ class GenerateCall {
   // The next message; false at the end of the stream (then Finish).
   bool Next(k3serve::v1::GenerateResponse* response);
   // Cancels the call: the worker cancels the request and frees its state.
-  void Cancel() { context_.TryCancel(); }
-  // The index (in WorkerPool's address order) of the worker serving the call.
-  int worker() const { return worker_; }
+  void Cancel();
+  // The index (in WorkerPool's address order) of the worker serving the call now.
+  int worker() const { return worker_.load(); }
+  // Times the request was started again on a worker after its worker was lost.
+  int resumes() const { return resumes_; }
   // The call's status once Next returned false (CANCELLED after Cancel).
   absl::Status Finish();
 
  private:
   friend class WorkerPool;
+  // One worker's Generate stream.
+  struct Stream {
+    ~Stream();  // cancels and ends it unless finished; ends its share of the worker's load
+    std::shared_ptr<std::atomic<int>> load;  // its worker's calls in flight
+    int worker = -1;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<k3serve::v1::GenerateResponse>> reader;
+    bool finished = false;
+    absl::Status Finish();  // once Read returned false
+  };
   GenerateCall() = default;
-  // Ends the call's share of its worker's load (once).
-  void Release();
+  // The stream broke with `status` before its Complete: starts the request again (see the class
+  // comment). OK with the new stream's first message in first_; else the call's final error.
+  absl::Status Resume(const absl::Status& status);
+  bool cancelled();
+  // Rewrites a resumed stream's message as the original stream's and records its tokens.
+  void Account(k3serve::v1::GenerateResponse* response);
 
-  std::shared_ptr<std::atomic<int>> load_;  // its worker's calls in flight; null once released
-  int worker_ = -1;
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReader<k3serve::v1::GenerateResponse>> reader_;
+  WorkerPool* pool_ = nullptr;
+  k3serve::v1::GenerateRequest request_;  // as first sent
+  std::string traceparent_;
+  std::vector<int32_t> prompt_;  // the request's prompt ids; empty: unknown (not resumable)
+  std::vector<int32_t> sent_;    // the tokens handed out by Next
+  int prompt_tokens_ = -1;       // the original stream's prompt_tokens
+  int base_ = 0;                 // tokens handed out before the current stream started
+  int resumes_ = 0;
+  bool complete_ = false;        // a Complete was handed out
+  bool ended_ = false;           // Next returned false, or Finish ended the stream
+  absl::Status final_;           // once Next returned false
+  std::atomic<int> worker_{-1};
+  absl::Mutex mu_;               // Cancel against the swap of stream_
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
   bool has_first_ = false;
-  bool finished_ = false;
-  k3serve::v1::GenerateResponse first_;  // read by Start, handed out by the first Next
+  k3serve::v1::GenerateResponse first_;  // read by Start (or Resume), handed out by Next
 };
 
 // How WorkerPool turns `dns:///HOST:PORT` into worker addresses.
@@ -98,14 +139,24 @@ class WorkerPool {
   // Starts Generate on the least-loaded worker and waits for its first message, so that a
   // rejected request fails here with the worker's status (INVALID_ARGUMENT, ...). A worker that is
   // UNAVAILABLE before answering (down, draining) is skipped for the next least-loaded one and
-  // tried last for the next kDownFor; when all are, UNAVAILABLE naming the last error (also when
-  // no name has resolved to any worker).
+  // tried last for the next kDownFor; when all are, they are tried again (back-off 100 ms doubling
+  // to 1 s) until the resume timeout (a restarting worker), then UNAVAILABLE naming the workers
+  // (also when no name has resolved to any worker). The call resumes the request on another
+  // worker when its worker is lost (GenerateCall).
   // A non-empty `traceparent` (the client's W3C trace context) goes with the call as metadata.
-  // `affinity_prompt`: the prompt's token ids for the prefix hint when the request gives its
-  // prompt as text or messages (empty: the request's prompt_token_ids).
+  // `affinity_prompt`: the prompt's token ids for the prefix hint (and for resuming) when the
+  // request gives its prompt as text or messages (empty: the request's prompt_token_ids).
   absl::StatusOr<std::unique_ptr<GenerateCall>> Start(
       const k3serve::v1::GenerateRequest& request, const std::string& traceparent = "",
       absl::Span<const int32_t> affinity_prompt = {});
+
+  // Ends the waits for a worker (Start and resuming calls fail UNAVAILABLE "the front is shutting
+  // down") and the re-resolving; for the front's shutdown. Idempotent.
+  void Stop();
+
+  // How long a request waits for a worker to take it, at its start and after its worker was lost
+  // (default 30 s; the front's --resume-timeout-ms). Call before the first Start.
+  void set_resume_timeout(absl::Duration timeout) { resume_timeout_ = timeout; }
 
   // Worker `index`'s stub, for calls that go to a chosen worker (Abort to the one serving the
   // request) or to any (ModelInfo); the bearer token is the caller's to add (AddAuth).
@@ -160,10 +211,24 @@ class WorkerPool {
   // Adds a worker for `address` (a new index) and returns it.
   Worker* Add(const std::string& address, const std::string& expected_name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One pass over the workers, best first: the first stream that answers with a message (read
+  // into `*first`), or the status that ends the request (not UNAVAILABLE), or UNAVAILABLE naming
+  // the workers that were.
+  absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> Open(
+      const k3serve::v1::GenerateRequest& request, const std::string& traceparent,
+      absl::Span<const int32_t> prompt, k3serve::v1::GenerateResponse* first);
+  // Open, again after a back-off while every worker is UNAVAILABLE, until `deadline` or until
+  // `call` (if not null) is cancelled.
+  absl::StatusOr<std::unique_ptr<GenerateCall::Stream>> OpenWaiting(
+      const k3serve::v1::GenerateRequest& request, const std::string& traceparent,
+      absl::Span<const int32_t> prompt, k3serve::v1::GenerateResponse* first, absl::Time deadline,
+      GenerateCall* call = nullptr);
   // Resolves `name` again and updates its workers.
   void Refresh(Name& name);
   void RefreshLoop();
 
+  friend class GenerateCall;
+  absl::Duration resume_timeout_ = absl::Seconds(30);
   const ClientTls tls_;
   const std::string auth_token_;
   const WorkerPoolResolver resolver_;
@@ -171,6 +236,7 @@ class WorkerPool {
   // Never shrinks; a Worker is never destroyed before the pool (calls hold its stub).
   std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<Name> names_;  // only the refresh thread touches them after construction
+  absl::Mutex stop_mu_;  // Stop against Stop
   absl::Notification stop_;
   std::thread refresher_;
   std::atomic<size_t> next_{0};

@@ -6,8 +6,10 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -175,7 +177,14 @@ TEST(WorkerPoolTest, AnUnreachableWorkerIsSkippedAndHealthSaysWhetherAnyCanServe
   b->service.Release();
   calls.clear();
   b->server->Shutdown(absl::ZeroDuration());
-  EXPECT_TRUE(absl::IsUnavailable(pool.Start(Request()).status()));
+  // With none up, a new call waits for one (resume timeout), then says so in the project's words.
+  pool.set_resume_timeout(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  const absl::Status none = pool.Start(Request()).status();
+  EXPECT_TRUE(absl::IsUnavailable(none)) << none;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::StrContains(none.message(), "unreachable or not serving")) << none;
+  EXPECT_FALSE(absl::StrContains(none.message(), "failed to connect")) << none;
 }
 
 // A fake worker that is draining: every Generate gets UNAVAILABLE before any message.
@@ -293,11 +302,142 @@ TEST(WorkerPoolTest, ADrainingPodsUnavailableSendsTheCallToAnotherPod) {
   live->service.Release();
 }
 
+// A fake worker that continues any prompt with last prompt token + 1, + 2, ... (a deterministic
+// "greedy" model), one chunk per token, and that dies (once, on `die_after` tokens) mid-stream:
+// it signals `dying` and holds the stream until its server is shut down.
+class CountingWorker final : public v1::K3Serve::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    requests.fetch_add(1);
+    const int prompt = request->prompt_token_ids_size();
+    const int32_t last = request->prompt_token_ids(prompt - 1);
+    const int n = request->sampling().max_new_tokens();
+    for (int i = 0; i < n; ++i) {
+      if (i == die_after.load() && !dying.HasBeenNotified()) {
+        dying.Notify();
+        while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "socket closed");
+      }
+      v1::GenerateResponse response;
+      response.set_request_id(request->request_id());
+      v1::TokenChunk& chunk = *response.mutable_chunk();
+      chunk.add_token_ids(last + 1 + i);
+      chunk.set_prompt_tokens(prompt);
+      chunk.set_generated_tokens(i + 1);
+      if (!writer->Write(response)) return grpc::Status::CANCELLED;
+    }
+    v1::GenerateResponse done;
+    done.set_request_id(request->request_id());
+    done.mutable_complete()->set_finish_reason(v1::Complete::LENGTH);
+    done.mutable_complete()->mutable_usage()->set_prompt_tokens(prompt);
+    done.mutable_complete()->mutable_usage()->set_generated_tokens(n);
+    writer->Write(done);
+    return grpc::Status::OK;
+  }
+
+  std::atomic<int> die_after{1 << 30};
+  std::atomic<int> requests{0};
+  absl::Notification dying;
+};
+
+std::unique_ptr<GrpcServer> StartServer(grpc::Service* service) {
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(options, {service});
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// A stream whose worker dies mid-way goes on, on the other worker, as prompt + tokens sent: the
+// client sees every token once, in order, with the original stream's counts.
+TEST(WorkerPoolTest, AStreamWhoseWorkerDiesIsResumedOnAnotherWorker) {
+  constexpr int kPrompt = 5, kTokens = 12, kDieAfter = 4;
+  CountingWorker services[2];
+  std::unique_ptr<GrpcServer> servers[2];
+  std::vector<std::string> addresses;
+  for (int w = 0; w < 2; ++w) {
+    services[w].die_after = kDieAfter;
+    servers[w] = StartServer(&services[w]);
+    ASSERT_NE(servers[w], nullptr);
+    addresses.push_back(absl::StrCat("127.0.0.1:", servers[w]->port()));
+  }
+  WorkerPool pool(addresses);
+  v1::GenerateRequest request = Prompt(kPrompt, 100);
+  request.set_request_id("r1");
+  request.mutable_sampling()->set_max_new_tokens(kTokens);
+  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(request);
+  ASSERT_TRUE(call.ok()) << call.status();
+  const int first = (*call)->worker();
+  services[1 - first].die_after = 1 << 30;  // the other one serves the rest
+  std::thread kill([&] {
+    services[first].dying.WaitForNotification();
+    servers[first]->Shutdown(absl::ZeroDuration());
+  });
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse response;
+  bool complete = false;
+  while ((*call)->Next(&response)) {
+    if (response.has_chunk()) {
+      tokens.insert(tokens.end(), response.chunk().token_ids().begin(),
+                    response.chunk().token_ids().end());
+      EXPECT_EQ(response.chunk().prompt_tokens(), kPrompt);
+      EXPECT_EQ(response.chunk().generated_tokens(), static_cast<int>(tokens.size()));
+    } else if (response.has_complete()) {
+      complete = true;
+      EXPECT_EQ(response.complete().finish_reason(), v1::Complete::LENGTH);
+      EXPECT_EQ(response.complete().usage().prompt_tokens(), kPrompt);
+      EXPECT_EQ(response.complete().usage().generated_tokens(), kTokens);
+    }
+  }
+  kill.join();
+  const absl::Status status = (*call)->Finish();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(complete);
+  std::vector<int32_t> want;  // the prompt is 100..104
+  for (int i = 0; i < kTokens; ++i) want.push_back(100 + kPrompt + i);
+  EXPECT_EQ(tokens, want);
+  EXPECT_EQ((*call)->resumes(), 1);
+  EXPECT_EQ((*call)->worker(), 1 - first);
+  EXPECT_EQ(services[1 - first].requests.load(), 1);
+}
+
+// A constrained request is not resumed (its grammar state was the worker's): the stream fails,
+// saying why in the project's words.
+TEST(WorkerPoolTest, AConstrainedStreamWhoseWorkerDiesFailsSayingWhy) {
+  CountingWorker service;
+  service.die_after = 2;
+  std::unique_ptr<GrpcServer> server = StartServer(&service);
+  ASSERT_NE(server, nullptr);
+  WorkerPool pool({absl::StrCat("127.0.0.1:", server->port())});
+  v1::GenerateRequest request = Prompt(3, 10);
+  request.mutable_sampling()->set_max_new_tokens(8);
+  request.mutable_sampling()->mutable_constraint()->add_alternatives()->add_pieces()->set_token_id(
+      7);
+  absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(request);
+  ASSERT_TRUE(call.ok()) << call.status();
+  std::thread kill([&] {
+    service.dying.WaitForNotification();
+    server->Shutdown(absl::ZeroDuration());
+  });
+  v1::GenerateResponse response;
+  int chunks = 0;
+  while ((*call)->Next(&response)) chunks += response.has_chunk();
+  kill.join();
+  EXPECT_EQ(chunks, 2);
+  const absl::Status status = (*call)->Finish();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "output constraint cannot be resumed")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "after 2 tokens")) << status;
+  EXPECT_EQ(service.requests.load(), 1);
+}
+
 TEST(WorkerPoolTest, ANameThatResolvesToNothingYetIsUnavailableUntilItDoes) {
   std::unique_ptr<Fake> a = StartFake();
   ASSERT_TRUE(a);
   FakeDns dns;
   WorkerPool pool({"dns:///pods:50051"}, ClientTls(), "", dns.Resolver());
+  pool.set_resume_timeout(absl::Milliseconds(300));
   absl::StatusOr<std::unique_ptr<GenerateCall>> call = pool.Start(Request());
   ASSERT_TRUE(absl::IsUnavailable(call.status())) << call.status();
   EXPECT_NE(call.status().message().find("dns:///pods:50051"), std::string::npos);

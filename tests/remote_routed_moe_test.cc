@@ -1,6 +1,7 @@
 // RemoteRoutedMoe over the in-process transport, against fake routers that compute with
-// LocalRoutedMoe: answers must equal LocalRoutedMoe called directly, bit for bit, and every failure
-// (router error, router death, silence) must end Wait with a clear status instead of a hang.
+// LocalRoutedMoe: answers must equal LocalRoutedMoe called directly, bit for bit; a layer outlives
+// a router's error, death or silence by sending its rows again until the layer's timeout, and
+// then ends Wait with a clear status instead of a hang.
 #include "attention_nodes/remote_routed_moe.h"
 
 #include <algorithm>
@@ -86,6 +87,8 @@ class FakeRouter {
     absl::MutexLock lock(&mu_);
     return traces_;
   }
+  // How it answers from now on (a router or its expert worker coming back).
+  void set_mode(Mode mode) { mode_ = mode; }
   // Simulated compute time before each answer.
   void set_delay(absl::Duration delay) {
     absl::MutexLock lock(&mu_);
@@ -116,7 +119,7 @@ class FakeRouter {
       }
       MoeResponse response;
       response.step_id = request.step_id;
-      switch (mode_) {
+      switch (mode_.load()) {
         case Mode::kSilent:
           continue;
         case Mode::kFail:
@@ -150,7 +153,7 @@ class FakeRouter {
   std::unique_ptr<InProcTransport> transport_;
   LocalRoutedMoe moe_;
   const ModelWeights* weights_;
-  const Mode mode_;
+  std::atomic<Mode> mode_;
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
   std::atomic<bool> held_{false};
@@ -271,7 +274,9 @@ TEST_F(RemoteRoutedMoeTest, TwoLayersInFlightAreAnsweredInTheOrderBegun) {
 TEST_F(RemoteRoutedMoeTest, AFailedLayerAbandonsTheOtherOneInFlight) {
   FakeRouter failing(&network_, weights_, FakeRouter::Mode::kFail);
   Link(failing, 1);
-  RemoteRoutedMoe remote(attention_.get(), config());
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(300);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
   remote.SetRouters({1});
   const std::vector<float> x = RandomRows(2, config().hidden_size, 23);
   std::vector<float> out(2 * config().ExpertWidth());
@@ -401,18 +406,51 @@ TEST_F(RemoteRoutedMoeTest, TraceContextsGoWithTheirMicroBatchsRows) {
   }
 }
 
-TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessage) {
+// A router that keeps answering UNAVAILABLE (its expert worker is lost and nobody else holds its
+// experts) gets the rows again with a back-off; at the layer's timeout its error stands.
+TEST_F(RemoteRoutedMoeTest, RouterErrorIsReturnedWithItsMessageAtTheTimeout) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kFail);
+  Link(router, 1);
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(500);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 1);
+  std::vector<float> out(2 * config().ExpertWidth());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
+  const absl::Status status = remote.Wait(out.data());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(status.message(), "expert worker node 5")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "--moe-timeout-ms")) << status;
+  EXPECT_GE(took, absl::Milliseconds(500));
+  EXPECT_LT(took, absl::Seconds(3));
+  // Sent again with a back-off of 100, 200 ms...: a few times, not in a busy loop.
+  EXPECT_GE(router.requests(), 2);
+  EXPECT_LE(router.requests(), 5);
+}
+
+// The same router serves the layer once its expert worker is back: the step does not fail.
+TEST_F(RemoteRoutedMoeTest, ALayerIsSentAgainUntilItsRouterCanServeIt) {
   FakeRouter router(&network_, weights_, FakeRouter::Mode::kFail);
   Link(router, 1);
   RemoteRoutedMoe remote(attention_.get(), config());
   remote.SetRouters({1});
-  const std::vector<float> x = RandomRows(2, config().hidden_size, 1);
-  std::vector<float> out(2 * config().ExpertWidth());
-  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 2).ok());
-  const absl::Status status = remote.Wait(out.data());
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(status.message(), "expert worker node 5")) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 31);
+  std::vector<float> got(2 * config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 2).ok());
+  std::thread heal([&] {
+    ASSERT_TRUE(WaitFor([&] { return router.requests() >= 2; }));
+    router.set_mode(FakeRouter::Mode::kAnswer);
+  });
+  const absl::Status status = remote.Wait(got.data());
+  heal.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 2));
+  EXPECT_GE(remote.retries(), 2u);
 }
 
 // A router that cannot serve (ABORTED: e.g. just started, not yet connected to every expert
@@ -433,7 +471,9 @@ TEST_F(RemoteRoutedMoeTest, AnAbortedLayerGoesToAnotherRouter) {
   EXPECT_EQ(starting.requests(), 1);
   EXPECT_EQ(healthy.requests(), 1);
 
-  RemoteRoutedMoe alone(attention_.get(), config());
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(300);
+  RemoteRoutedMoe alone(attention_.get(), config(), options);
   alone.SetRouters({1});
   ASSERT_TRUE(alone.Begin(layer, x.data(), 3).ok());
   const absl::Status status = alone.Wait(got.data());
@@ -472,27 +512,87 @@ TEST_F(RemoteRoutedMoeTest, SilentRouterHitsTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
-TEST_F(RemoteRoutedMoeTest, DeadRouterFailsTheStepWhenNoOtherIsLeft) {
-  FakeRouter router(&network_, weights_, FakeRouter::Mode::kSilent);
-  Link(router, 1);
+// A layer whose only router died waits for a router to be listed (its restart, under whatever
+// id) and goes there; with none listed within the timeout it fails naming the dead router.
+TEST_F(RemoteRoutedMoeTest, ALayerWhoseOnlyRouterDiedGoesToTheRestartedOne) {
+  FakeRouter doomed(&network_, weights_, FakeRouter::Mode::kSilent);
+  Link(doomed, 1);
   std::vector<PeerId> failed;
   RemoteRoutedMoeOptions options;
   options.on_router_failed = [&failed](PeerId peer, const absl::Status&) { failed.push_back(peer); };
   RemoteRoutedMoe remote(attention_.get(), config(), options);
   remote.SetRouters({1});
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 4);
+  std::vector<float> got(config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 1).ok());
+  ASSERT_TRUE(WaitFor([&] { return doomed.requests() == 1; }));
+  doomed.transport().Kill();
+  FakeRouter restarted(&network_, weights_, FakeRouter::Mode::kAnswer);
+  std::thread restart([&] {
+    ASSERT_TRUE(WaitFor([&] { return remote.usable_routers() == 0; }));
+    absl::SleepFor(absl::Milliseconds(200));
+    Link(restarted, 2);
+    remote.SetRouters({2});
+  });
+  const absl::Status status = remote.Wait(got.data());
+  restart.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 1));
+  EXPECT_EQ(failed, std::vector<PeerId>{1});
+  EXPECT_EQ(restarted.requests(), 1);
+}
+
+TEST_F(RemoteRoutedMoeTest, ADeadRouterFailsTheLayerWhenNoneComesBack) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kSilent);
+  Link(router, 1);
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(500);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
   const std::vector<float> x = RandomRows(1, config().hidden_size, 4);
   std::vector<float> out(config().ExpertWidth());
   ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
-  while (router.requests() == 0) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(WaitFor([&] { return router.requests() == 1; }));
   router.transport().Kill();
-  const absl::Time start = absl::Now();
   const absl::Status status = remote.Wait(out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
-  EXPECT_EQ(failed, std::vector<PeerId>{1});
+  EXPECT_TRUE(absl::StrContains(status.message(), "router 1")) << status;
   EXPECT_EQ(remote.usable_routers(), 0);
-  // Nothing left to send to: the next layer fails at once.
-  EXPECT_EQ(remote.Begin(FirstMoeLayer(), x.data(), 1).code(), absl::StatusCode::kUnavailable);
+}
+
+// A router stopped past the step deadline with no other router: the layer waits for it, through
+// the owner's DEAD verdict (unlisted) and its return (listed again), and takes its answer.
+TEST_F(RemoteRoutedMoeTest, AStoppedOnlyRouterIsWaitedForAndUsedAgain) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
+  RemoteRoutedMoeOptions options;
+  options.retry_floor = absl::Milliseconds(50);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  remote.SetRouters({1});
+  const int layer = FirstMoeLayer();
+  const std::vector<float> x = RandomRows(2, config().hidden_size, 12);
+  std::vector<float> got(2 * config().ExpertWidth());
+  router.Hold();
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 2).ok());
+  std::thread resume([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    remote.SetRouters({});  // declared DEAD
+    absl::SleepFor(absl::Milliseconds(300));
+    remote.SetRouters({1});  // ALIVE again: the rows go to it again; then it runs
+    ASSERT_TRUE(WaitFor([&] { return router.requests() == 2; }));
+    router.Release();
+  });
+  const absl::Status status = remote.Wait(got.data());
+  resume.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 2));
+  // Its first attempt and the one sent when it was listed again; the later answer is stale.
+  EXPECT_EQ(router.requests(), 2);
+  // New layers go to it as before.
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 2).ok());
+  ASSERT_TRUE(remote.Wait(got.data()).ok());
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 2));
 }
 
 TEST_F(RemoteRoutedMoeTest, RowsMoveToAnotherRouterWhenTheirRouterDies) {
@@ -633,13 +733,36 @@ TEST_F(RemoteRoutedMoeTest, LayersAlternateBetweenRouters) {
   EXPECT_EQ(second.requests(), 3);
 }
 
-TEST_F(RemoteRoutedMoeTest, NoRouterIsUnavailableAtBegin) {
+// With no router at Begin (e.g. right after a router resumed, before the cluster state lists it
+// again) the layer waits for one instead of failing the step.
+TEST_F(RemoteRoutedMoeTest, ALayerBegunWithoutARouterWaitsForOne) {
+  FakeRouter router(&network_, weights_, FakeRouter::Mode::kAnswer);
+  Link(router, 1);
   RemoteRoutedMoe remote(attention_.get(), config());
+  const int layer = FirstMoeLayer();
   const std::vector<float> x = RandomRows(1, config().hidden_size, 7);
-  const absl::Status status = remote.Begin(FirstMoeLayer(), x.data(), 1);
+  std::vector<float> got(config().ExpertWidth());
+  ASSERT_TRUE(remote.Begin(layer, x.data(), 1).ok());
+  std::thread listed([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    remote.SetRouters({1});
+  });
+  const absl::Status status = remote.Wait(got.data());
+  listed.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, InProcessAnswer(layer, x, 1));
+}
+
+TEST_F(RemoteRoutedMoeTest, NoRouterWithinTheTimeoutIsUnavailable) {
+  RemoteRoutedMoeOptions options;
+  options.timeout = absl::Milliseconds(200);
+  RemoteRoutedMoe remote(attention_.get(), config(), options);
+  const std::vector<float> x = RandomRows(1, config().hidden_size, 7);
+  ASSERT_TRUE(remote.Begin(FirstMoeLayer(), x.data(), 1).ok());
+  std::vector<float> out(config().ExpertWidth());
+  const absl::Status status = remote.Wait(out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(status.message(), "no router")) << status;
-  std::vector<float> out(config().ExpertWidth());
   EXPECT_EQ(remote.Wait(out.data()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
