@@ -10,8 +10,9 @@
 // are bitwise the same alone and in any batch, within one kernel family (kernels/kernel_isa.h:
 // AVX-512 and AVX2 sum in different orders). Off: the fastest kernel and form for each shape.
 //
-// One process-wide setting, read on every call; set it once at startup, before any step
-// (`--batch-invariant=false`). Thread-safe (an atomic).
+// One process-wide setting, read on every call: K3SERVE_BATCH_INVARIANT=0 in the environment
+// turns it off (every role, tool and bench; `k3serve local` children inherit it); tests may set it
+// before any step. Thread-safe (an atomic).
 #ifndef K3SERVE_BASE_BATCH_INVARIANCE_H_
 #define K3SERVE_BASE_BATCH_INVARIANCE_H_
 
