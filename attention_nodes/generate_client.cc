@@ -56,6 +56,8 @@ absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
                             response.chunk().token_ids().end());
       if (on_tokens) on_tokens(response.chunk().token_ids());
       outcome.text += response.chunk().text();
+      outcome.logprobs.insert(outcome.logprobs.end(), response.chunk().logprobs().begin(),
+                              response.chunk().logprobs().end());
     } else if (response.has_complete()) {
       outcome.complete = response.complete();
       outcome.text += response.complete().text();

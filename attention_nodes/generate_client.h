@@ -23,6 +23,8 @@ struct GenerateOutcome {
   // The chunks' and the Complete's text concatenated: the answer as text from a node with a
   // tokenizer (empty from one without).
   std::string text;
+  // With SamplingParams.top_logprobs: each token's log-probabilities, in order.
+  std::vector<k3serve::v1::TokenLogprobs> logprobs;
 };
 
 // A greedy request (temperature 0) for `max_new_tokens` tokens after `prompt`.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/batch_invariance.h"
 #include "glog/logging.h"
 
 namespace k3 {
@@ -461,6 +462,8 @@ StepPack GenerationScheduler::PlanStep() {
   limits.prompt_floor = std::min<int64_t>(options_.min_prefill_chunk, options_.max_batch_tokens);
   // Cut where the prefix cache can snapshot (its blocks are whole KDA chunks).
   limits.granule = prefix_cache_ ? prefix_cache_->block_tokens() : kKdaChunk;
+  // Batch invariant: KDA's chunks lie at fixed positions of the prompt, whatever the budget.
+  limits.chunk = BatchInvariant() ? kKdaChunk : 0;
   const int64_t decode_tokens =
       std::min<int64_t>(decoders, options_.max_batch_tokens - limits.prompt_floor);
   const absl::Duration wait = oldest_prompt == absl::InfiniteFuture()
@@ -540,6 +543,10 @@ void GenerationScheduler::RecordPrefix(const Sequence& sequence) {
   absl::Status recorded;
   if (state.length <= static_cast<int64_t>(prompt.size())) {
     recorded = prefix_cache_->Record(prompt, state);
+  } else if (BatchInvariant()) {
+    // A decoded token's KDA state comes from the recurrence, a prompt's from the chunked form: a
+    // later prompt through these tokens would continue from other bits than its cold prefill.
+    return;
   } else {  // decoding: the state has consumed the prompt and every generated token
     std::vector<int32_t> consumed = prompt;
     consumed.insert(consumed.end(), sequence.generated.begin(), sequence.generated.end());

@@ -19,8 +19,10 @@
 // enters the running set, in submission order, while fewer than `max_sequences` hold state.
 // A sequence whose prompt completes in a step samples its first token from that step's logits;
 // a decoding sequence samples one token per step. Each sequence samples with its own Sampler
-// (seeded per request), so its tokens do not depend on what it is batched with, up to the
-// rounding differences of batched matrix products.
+// (seeded per request, one draw per token), so its tokens do not depend on what it is batched
+// with: batch invariant (base/batch_invariance.h, the default), its logits are bitwise those it
+// gets alone (prompts are cut on KDA's chunk grid, PackLimits::chunk, and the prefix cache keeps
+// only prefill-made states).
 //
 // At most `max_sequences` requests hold state at once; later ones wait (unadmitted, stateless)
 // in submission order.

@@ -260,6 +260,16 @@ void ChunkedHead(const HeadInputs& in, int64_t tokens, int64_t kdim, float* s, f
 
   for (int64_t t0 = 0; t0 < tokens; t0 += c) {
     const int64_t len = std::min(c, tokens - t0);
+    if (len == 1) {
+      // A chunk of one token is the recurrence's step, bit for bit: a prompt whose last token
+      // starts a chunk gets the same state whether that token came alone (a one-token segment
+      // takes the recurrence) or at the end of a longer segment (batch invariance).
+      const HeadInputs one{in.q + t0 * in.stride, in.k + t0 * in.stride, in.v + t0 * in.stride,
+                           in.g + t0 * in.stride, in.beta + t0 * in.beta_stride, in.stride,
+                           in.beta_stride};
+      RecurrentHead(one, 1, kdim, s, o + t0 * in.stride, work);
+      continue;
+    }
     auto row = [&](const float* base, int64_t t) { return base + (t0 + t) * in.stride; };
 
     for (int64_t t = 0; t < len; ++t) {

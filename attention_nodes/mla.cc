@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/batch_invariance.h"
 #include "base/status_macros.h"
 #include "kernels/fp32_products.h"
 #include "kernels/matmul_transposed.h"
@@ -180,7 +181,14 @@ constexpr int64_t kMinKeysPerSplit = 128;
 // see `total_keys` keys in all: items of about total / (2 x threads) keys (at least
 // kMinKeysPerSplit), so that one long query among short ones (a prompt chunk at position 30k
 // beside decode steps) is spread over the threads instead of running on one.
+// Batch invariant (base/batch_invariance.h): splits of this many keys at fixed positions, so that
+// a query's partial softmaxes, and the order they merge in, depend on its own key count alone.
+constexpr int64_t kInvariantKeysPerSplit = 256;
+
 int64_t KeySplits(int64_t total_keys, int64_t keys) {
+  if (BatchInvariant()) {
+    return std::max<int64_t>(1, (keys + kInvariantKeysPerSplit - 1) / kInvariantKeysPerSplit);
+  }
   const int64_t threads = KernelThreadCount();
   const int64_t per_item = std::max(kMinKeysPerSplit, total_keys / (2 * threads));
   return std::max<int64_t>(1, (keys + per_item - 1) / per_item);
@@ -250,7 +258,10 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
     *i = (item - work.first_item[*s]) / splits;
     const int64_t split = (item - work.first_item[*s]) % splits;
     const int64_t keys = work.start[*s] + *i + 1;
-    const int64_t per_split = (keys + splits - 1) / splits;
+    // Batch invariant: the segment's splits are fixed runs of keys; a query's last ones may be
+    // empty (they weigh nothing in the merge).
+    const int64_t per_split =
+        BatchInvariant() ? kInvariantKeysPerSplit : (keys + splits - 1) / splits;
     *k_begin = std::min(keys, split * per_split);
     *k_end = std::min(keys, *k_begin + per_split);
   };
@@ -298,6 +309,9 @@ void AbsorbedAttention(const MlaDims& m, const AbsorbedWork& work, const float* 
 // past the first one.
 bool UsesExpandedForm(const MlaDims& m, MlaForm form, int64_t start, int64_t tokens) {
   const int64_t absorbed_extra = (m.width + m.c) - (m.qhd + m.vd);
+  // Batch invariant: one form for every token, the one decode needs (a prompt's tokens then get
+  // the same bits however the prompt was cut, and whatever the prefix cache held).
+  if (form == MlaForm::kAuto && BatchInvariant()) return false;
   return tokens > 0 &&
          (form == MlaForm::kExpanded ||
           (form == MlaForm::kAuto && ((start == 0 && tokens > 1) ||

@@ -16,12 +16,13 @@ namespace {
 class PromptGrants {
  public:
   PromptGrants(absl::Span<const PackInput> running, std::vector<size_t> prefilling,
-               int64_t budget, int64_t granule)
+               int64_t budget, int64_t granule, int64_t chunk)
       : running_(running),
         prefilling_(std::move(prefilling)),
         give_(prefilling_.size(), 0),
         budget_(budget),
-        granule_(granule) {}
+        granule_(granule),
+        chunk_(chunk) {}
 
   size_t size() const { return prefilling_.size(); }
   int64_t budget() const { return budget_; }
@@ -31,14 +32,20 @@ class PromptGrants {
   }
 
   // Gives prompt i up to `most` more tokens; a chunk that stops short of the prompt's end is cut
-  // back to a granule boundary into the prompt when that keeps at least one of its tokens.
+  // back to a granule boundary into the prompt when that keeps at least one of its tokens, else
+  // (with a `chunk`) back to a chunk boundary, else on to the next one.
   void Grant(size_t i, int64_t most) {
     int64_t tokens = std::min({budget_, left(i), most});
     if (tokens <= 0) return;
     if (tokens < left(i)) {
       const int64_t start = running_[prefilling_[i]].consumed + give_[i];
       const int64_t aligned = (start + tokens) / granule_ * granule_ - start;
-      if (aligned > 0) tokens = aligned;
+      if (aligned > 0) {
+        tokens = aligned;
+      } else if (chunk_ > 0) {
+        const int64_t down = (start + tokens) / chunk_ * chunk_ - start;
+        tokens = down > 0 ? down : std::min(left(i), (start / chunk_ + 1) * chunk_ - start);
+      }
     }
     give_[i] += tokens;
     budget_ -= tokens;
@@ -59,6 +66,7 @@ class PromptGrants {
   std::vector<int64_t> give_;
   int64_t budget_;
   const int64_t granule_;
+  const int64_t chunk_;
 };
 
 }  // namespace
@@ -84,7 +92,7 @@ StepPack StepPacker::Pack(absl::Span<const PackInput> running, const PackLimits&
   const int64_t budget =
       std::clamp<int64_t>(limits.prompt_budget, 0, max_tokens - pack.decode_tokens());
   PromptGrants grants(running, std::move(prefilling), budget,
-                      std::max<int64_t>(limits.granule, 1));
+                      std::max<int64_t>(limits.granule, 1), std::max<int64_t>(limits.chunk, 0));
   if (grants.size() == 0 || budget == 0) return pack;
   grants.Grant(0, std::max<int64_t>(1, budget / 2));
   std::vector<size_t> order;

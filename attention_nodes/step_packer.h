@@ -19,8 +19,8 @@
 //      c. what is left, in arrival order.
 //   A chunk that does not complete its prompt ends at a multiple of `granule` tokens into the
 //   prompt when it can (KDA's chunk: whole chunks are what the prefix cache can snapshot), so a
-//   prompt is cut at the same places whatever it is batched with. Where a prompt is cut does not
-//   change its tokens.
+//   prompt is cut at the same places whatever it is batched with; with `chunk` set, always at a
+//   multiple of that. Where a prompt is cut does not change its tokens.
 //
 // Not thread-safe (the scheduler thread owns it).
 #ifndef K3SERVE_ATTENTION_NODES_STEP_PACKER_H_
@@ -46,6 +46,11 @@ struct PackLimits {
   int64_t prompt_budget = 0;    // prompt tokens the step may take (StepBudget), >= 0
   int64_t prompt_floor = 1;     // kept for prompts when decode tokens alone would fill max_tokens
   int64_t granule = 16;         // partial chunks end at multiples of this into the prompt, >= 1
+  // > 0: partial chunks always end at a multiple of this (KDA's chunk grid, so that a prompt's
+  // KDA state does not depend on where it was cut: batch invariance), taking up to chunk - 1
+  // tokens past the budget where the budget would cut inside the first chunk; a divisor of
+  // granule. 0: only where they can.
+  int64_t chunk = 0;
 };
 
 struct PrefillChunk {

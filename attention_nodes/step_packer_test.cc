@@ -102,6 +102,28 @@ TEST(StepPackerTest, PartialChunksEndOnGranuleBoundaries) {
   EXPECT_TRUE(pack.prefill[0].completes);
 }
 
+// With a chunk (batch invariance: KDA's grid), partial chunks always end on it: back to a chunk
+// boundary when the granule's is out of reach, else on to the next one past the budget.
+TEST(StepPackerTest, WithAChunkPartialChunksAlwaysEndOnItsGrid) {
+  StepPacker packer;
+  const std::vector<PackInput> running = {Decoding(), Prompt(100, 16)};
+  PackLimits limits = Limits(2048, 40, 64);
+  limits.chunk = 16;
+  // Granule 64 cuts 48 tokens (16 + 48 = 64) where it can.
+  limits.prompt_budget = 60;
+  EXPECT_EQ(Chunks(packer.Pack(running, limits), 2), (std::vector<int64_t>{0, 48}));
+  // 40 cannot reach 64: back to 48 (32 tokens), a multiple of the chunk.
+  limits.prompt_budget = 40;
+  EXPECT_EQ(Chunks(packer.Pack(running, limits), 2), (std::vector<int64_t>{0, 32}));
+  // 7 cannot reach 32: on to it (16 tokens, 9 past the budget) rather than cutting at 23.
+  limits.prompt_budget = 7;
+  EXPECT_EQ(Chunks(packer.Pack(running, limits), 2), (std::vector<int64_t>{0, 16}));
+  // Never past the prompt's end.
+  const std::vector<PackInput> tail = {Decoding(), Prompt(100, 90)};
+  limits.prompt_budget = 3;
+  EXPECT_EQ(Chunks(packer.Pack(tail, limits), 2), (std::vector<int64_t>{0, 6}));
+}
+
 TEST(StepPackerTest, WithoutDecodersPromptsTakeTheWholeBudgetInArrivalOrder) {
   StepPacker packer;
   const std::vector<PackInput> running = {Prompt(300), Prompt(300)};

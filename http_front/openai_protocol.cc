@@ -1,5 +1,8 @@
 #include "http_front/openai_protocol.h"
 
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -451,6 +454,20 @@ json BytesJson(const std::string& token) {
   return bytes;
 }
 
+// A log-probability as a JSON number with the fewest digits that give back the float exactly (at
+// most 9 significant ones: std::to_chars' shortest form), so that a client reading it as a double
+// and rounding to float (Math.fround) has the very bits the sampler saw: two runs' logprobs compare
+// bit for bit (batch invariance, issue 39). Widening the float to a double instead would print 17
+// digits of the widened value. Non-finite values stay as they are (nlohmann writes null).
+json LogprobJson(float logprob) {
+  if (!std::isfinite(logprob)) return logprob;
+  char digits[32];
+  const std::to_chars_result end =
+      std::to_chars(digits, digits + sizeof(digits), logprob, std::chars_format::scientific);
+  *end.ptr = '\0';
+  return std::strtod(digits, nullptr);
+}
+
 // A choice's `logprobs`: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the
 // completions API's {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
 json LogprobsJson(Endpoint endpoint, const std::optional<std::vector<TokenLogprob>>& logprobs) {
@@ -460,10 +477,11 @@ json LogprobsJson(Endpoint endpoint, const std::optional<std::vector<TokenLogpro
     for (const TokenLogprob& t : *logprobs) {
       json top = json::array();
       for (const auto& [token, logprob] : t.top) {
-        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", BytesJson(token)}});
+        top.push_back(
+            {{"token", token}, {"logprob", LogprobJson(logprob)}, {"bytes", BytesJson(token)}});
       }
       content.push_back({{"token", t.token},
-                         {"logprob", t.logprob},
+                         {"logprob", LogprobJson(t.logprob)},
                          {"bytes", BytesJson(t.token)},
                          {"top_logprobs", std::move(top)}});
     }
@@ -474,9 +492,9 @@ json LogprobsJson(Endpoint endpoint, const std::optional<std::vector<TokenLogpro
   size_t offset = 0;
   for (const TokenLogprob& t : *logprobs) {
     tokens.push_back(t.token);
-    token_logprobs.push_back(t.logprob);
+    token_logprobs.push_back(LogprobJson(t.logprob));
     json top = json::object();
-    for (const auto& [token, logprob] : t.top) top[token] = logprob;
+    for (const auto& [token, logprob] : t.top) top[token] = LogprobJson(logprob);
     tops.push_back(std::move(top));
     offsets.push_back(offset);
     offset += t.token.size();

@@ -1,6 +1,14 @@
 #include "http_front/openai_protocol.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -318,6 +326,61 @@ TEST(OpenAiProtocolTest, LogprobsHaveEachApisShape) {
   EXPECT_EQ(lp["token_logprobs"], json({-0.5, -2.0}));
   EXPECT_EQ(lp["top_logprobs"][1]["?"], -1.0);
   EXPECT_EQ(lp["text_offset"], json({0, 3}));
+}
+
+// Logprobs read back as a double and rounded to float (Math.fround) are the sampler's float bit
+// for bit, in both APIs' shapes, over 20000 random negative floats of every exponent (checked
+// against the float itself, not a printed form); almost all print in a float's 9 digits or fewer.
+TEST(OpenAiProtocolTest, LogprobsRoundTripExactly) {
+  std::mt19937 rng(39);
+  std::vector<float> values = {-0.0f, -1e-30f, -0.1f, -1.0f / 3.0f, -16.635532f,
+                               -std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::min(), -87.33655f, -1e30f};
+  while (values.size() < 20000) {
+    const uint32_t bits = static_cast<uint32_t>(rng()) | 0x80000000u;  // negative, any exponent
+    float v;
+    std::memcpy(&v, &bits, sizeof(v));
+    if (std::isfinite(v)) values.push_back(v);
+  }
+  int numbers = 0, short_numbers = 0;
+  for (size_t i = 0; i < values.size(); i += 10) {
+    std::vector<TokenLogprob> logprobs;
+    for (size_t j = i; j < std::min(values.size(), i + 10); ++j) {
+      logprobs.push_back({"t", values[j], {{"a", values[j]}}});
+    }
+    for (Endpoint endpoint : {Endpoint::kChatCompletions, Endpoint::kCompletions}) {
+      const std::string body =
+          CompletionBody({"c", 1, "k3", endpoint}, {{.text = "t", .logprobs = logprobs}}, {1, 1});
+      const json lp = json::parse(body)["choices"][0]["logprobs"];
+      for (size_t j = 0; j < logprobs.size(); ++j) {
+        const json& number = endpoint == Endpoint::kChatCompletions
+                                 ? lp["content"][j]["logprob"]
+                                 : lp["token_logprobs"][j];
+        const json& top = endpoint == Endpoint::kChatCompletions
+                              ? lp["content"][j]["top_logprobs"][0]["logprob"]
+                              : lp["top_logprobs"][j]["a"];
+        for (const json* read : {&number, &top}) {
+          const float back = static_cast<float>(read->get<double>());
+          ASSERT_EQ(std::memcmp(&back, &logprobs[j].logprob, sizeof(float)), 0)
+              << read->dump() << " for " << logprobs[j].logprob;
+          // Significant digits: the mantissa's, without leading and trailing zeros.
+          const std::string printed = read->dump();
+          std::string digits;
+          for (char c : printed.substr(0, printed.find_first_of("eE"))) {
+            if (std::isdigit(static_cast<unsigned char>(c))) digits.push_back(c);
+          }
+          const size_t first = digits.find_first_not_of('0');
+          const size_t significant =
+              first == std::string::npos ? 0 : digits.find_last_not_of('0') - first + 1;
+          if (significant <= 9) ++short_numbers;
+          ++numbers;
+        }
+      }
+    }
+  }
+  // A float's shortest digits, as JSON's writer prints the double nearest to them (its Grisu2
+  // is not always shortest: a few come out with 17 digits, as exact).
+  EXPECT_GE(short_numbers, numbers * 95 / 100);
 }
 
 TEST(OpenAiProtocolTest, ModelBodyIsOneModelObject) {

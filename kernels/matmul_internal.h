@@ -6,7 +6,9 @@
 //   groups decoded through a 16-entry table times the group's scale.
 // - kAvx512Rows: dot products of a block of weight rows with groups of up to 4 tokens, reducing
 //   along the input dimension. Reads W once, straight from memory, as a few sequential streams;
-//   for decode (up to 12 tokens), where W streams from DRAM and the arithmetic is cheap.
+//   for decode (up to 12 tokens), where W streams from DRAM and the arithmetic is cheap. Each
+//   (row, token) sum runs in the same order whatever the block, group or token count, so batch
+//   invariance (base/batch_invariance.h, the default) takes it for every token count.
 // - kAvx512Tiles: blocked GEMM. A panel of 48 weight rows x 384 inputs (192 for F32 weights) is
 //   transposed into an L1-resident buffer, then multiplied with every 8-token tile by an
 //   outer-product micro-kernel (24 fp32 accumulators, broadcast activations); for prefill.

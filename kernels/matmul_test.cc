@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/batch_invariance.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "kernels/kernel_isa.h"
@@ -315,9 +316,11 @@ TEST_P(MatMulBatchTest, EqualsMatMulTaskByTask) {
       const Spec& s = specs[i];
       tasks.push_back(MatMulTask{&weights[i].matrix(), xs[i].data(), s.cols + s.x_pad,
                                  batch_ys[i].data(), s.rows + s.y_pad, s.accumulate});
-      // The batch's choice of kernel: rows up to 12 tokens (MXFP4: 32), else tiles.
+      // The batch's choice of kernel: rows up to 12 tokens (MXFP4: 32), else tiles; batch
+      // invariant (base/batch_invariance.h, the default), always rows.
       const int64_t rows_max = s.type == WeightType::kMxfp4 ? 32 : 12;
-      internal::MatMulWith(tokens <= rows_max ? rows_kernel : tiles_kernel, weights[i].matrix(),
+      const bool rows = BatchInvariant() || tokens <= rows_max;
+      internal::MatMulWith(rows ? rows_kernel : tiles_kernel, weights[i].matrix(),
                            xs[i].data(), s.cols + s.x_pad, tokens, single_ys[i].data(),
                            s.rows + s.y_pad, s.accumulate);
     }
@@ -327,6 +330,54 @@ TEST_P(MatMulBatchTest, EqualsMatMulTaskByTask) {
       ASSERT_EQ(batch_ys[i].size(), single_ys[i].size());
       EXPECT_EQ(0, std::memcmp(batch_ys[i].data(), single_ys[i].data(),
                                batch_ys[i].size() * sizeof(float)));
+    }
+  }
+}
+
+// Batch invariance (base/batch_invariance.h): each token's output row is bitwise the same
+// whatever else shares the call: MatMul and MatMulBatch over 1 to 70 tokens (one kernel call, row
+// blocks and token groups of every size, the tiled kernel's range when invariance is off) give
+// each token the row it gets alone, for every weight type and family, with and without
+// accumulation.
+TEST_P(MatMulBatchTest, EachTokensRowDoesNotDependOnTheOthers) {
+  ASSERT_TRUE(BatchInvariant());
+  const KernelIsa isa = GetParam();
+  if (!CpuSupports(isa)) GTEST_SKIP() << KernelIsaName(isa) << " not on this CPU";
+  const MatMulKernel kernel = isa == KernelIsa::kAvx512 ? MatMulKernel::kAvx512Rows
+                              : isa == KernelIsa::kAvx2 ? MatMulKernel::kAvx2Rows
+                                                        : MatMulKernel::kPortable;
+  uint32_t seed = 900;
+  for (WeightType type : {WeightType::kBf16, WeightType::kF32, WeightType::kMxfp4}) {
+    for (int64_t cols : {64, 200, 1024}) {
+      if (type == WeightType::kMxfp4 && cols % kMxfp4Group != 0) continue;
+      const int64_t rows = 77;
+      TestWeights weights(type, rows, cols, 0, seed++);
+      const int64_t tokens = 70;
+      const std::vector<float> x = RandomVector(tokens * cols, seed++);
+      const std::vector<float> y0 = RandomVector(tokens * rows, seed++);
+      for (bool accumulate : {false, true}) {
+        // Alone: one token per call.
+        std::vector<float> alone = y0;
+        for (int64_t t = 0; t < tokens; ++t) {
+          const MatMulTask task{&weights.matrix(), x.data() + t * cols, cols,
+                                alone.data() + t * rows, rows, accumulate};
+          internal::MatMulBatchOn(isa, &task, 1, 1);
+        }
+        for (int64_t n : {2, 3, 5, 8, 12, 13, 17, 33, 70}) {
+          SCOPED_TRACE(std::to_string(cols) + " inputs, " + std::to_string(n) + " tokens, type " +
+                       std::to_string(static_cast<int>(type)) + (accumulate ? ", +=" : ""));
+          std::vector<float> together = y0;
+          if (n % 2 == 0) {  // through MatMulBatch's choice, else the family's kernel
+            const MatMulTask task{&weights.matrix(), x.data(), cols, together.data(), rows,
+                                  accumulate};
+            internal::MatMulBatchOn(isa, &task, 1, n);
+          } else {
+            internal::MatMulWith(kernel, weights.matrix(), x.data(), cols, n, together.data(),
+                                 rows, accumulate);
+          }
+          EXPECT_EQ(0, std::memcmp(together.data(), alone.data(), n * rows * sizeof(float)));
+        }
+      }
     }
   }
 }
