@@ -90,6 +90,17 @@ struct RowKernel {
 const RowKernel& Avx512RowKernel();
 const RowKernel& Avx2RowKernel();
 
+// MXFP4 rows with 8-bit activations (Mxfp4Activations::kInt8; matmul_mxfp4_int8.cc), the AVX2
+// kernel both x86 families use: QuantizeMxfp4Inputs writes `tokens` rows of activations, each as
+// Mxfp4Int8Bytes(cols) bytes (a multiple of 128) at packed + t * Mxfp4Int8Bytes(cols) (64-byte
+// aligned); Mxfp4Int8Rows is RowKernel::rows for MXFP4 weights on them (xp[t]: token t's bytes).
+// REQUIRES: cols % kMxfp4Group == 0; Mxfp4Int8Rows: CpuSupports(KernelIsa::kAvx2).
+int64_t Mxfp4Int8Bytes(int64_t cols);
+void QuantizeMxfp4Inputs(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                         void* packed);
+void Mxfp4Int8Rows(const WeightMatrix& w, const float* const* xp, float* const* yt,
+                   int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end);
+
 // Rows handed to a thread at a time by RowsBatch: a multiple of every family's rows per block.
 constexpr int64_t kRowsAlign = 8;
 
