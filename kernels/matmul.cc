@@ -14,6 +14,7 @@
 #include "kernels/kernel_isa.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
+#include "kernels/step_profile.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {
@@ -73,11 +74,13 @@ WeightMatrix WeightMatrix::RowSlice(int64_t first, int64_t count) const {
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens, float* y,
             int64_t y_stride, bool accumulate) {
+  const ScopedStepPart profile(StepPart::kProducts);
   internal::MatMulWith(internal::MatMulKernel::kAuto, w, x, x_stride, tokens, y, y_stride,
                        accumulate);
 }
 
 void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens) {
+  const ScopedStepPart profile(StepPart::kProducts);
   internal::MatMulBatchOn(ActiveKernelIsa(), tasks, count, tokens);
 }
 
