@@ -16,6 +16,10 @@
 //   accumulators) over panels packed as 32-bit units (a bf16 pair, an f32, or an MXFP4 code byte
 //   decoded to a bf16 pair).
 //
+// MXFP4 weights with 8-bit activations (Mxfp4Activations::kInt8, opt-in): one AVX2 row kernel for
+// both x86 families (matmul_mxfp4_int8.cc), integer dot products of the codes looked up as small
+// integers with the rounded activations, one fp32 multiply-add per group; any token count.
+//
 // MXFP4 weights: the row kernel decodes each 32-input group in registers (AVX-512: 16 code bytes
 // widened to 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale; AVX2:
 // two vpshufb lookups of the 32 codes in tables of the scaled values' bf16 bytes), so decode reads
