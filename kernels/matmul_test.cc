@@ -167,6 +167,8 @@ class MatMulKernelTest : public ::testing::TestWithParam<MatMulKernel> {
   void SetUp() override {
     const KernelIsa isa = internal::IsaOf(GetParam());
     if (!CpuSupports(isa)) GTEST_SKIP() << "this CPU does not run " << KernelIsaName(isa);
+    // Exact activations whatever K3SERVE_MXFP4_ACTIVATIONS says (int8: MatMulMxfp4Int8Test).
+    SetMxfp4Activations(Mxfp4Activations::kFp32);
   }
 };
 
@@ -279,6 +281,7 @@ class MatMulBatchTest : public ::testing::TestWithParam<KernelIsa> {
     if (!CpuSupports(GetParam())) {
       GTEST_SKIP() << "this CPU does not run " << KernelIsaName(GetParam());
     }
+    SetMxfp4Activations(Mxfp4Activations::kFp32);
   }
 };
 
