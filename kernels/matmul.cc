@@ -310,8 +310,8 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
     if (w.type == WeightType::kMxfp4 && int8) return Mxfp4Int8Bytes(w.cols) / 4;
     return (w.cols + 31) / 32 * 32;
   };
-  // A task whose activations an earlier task packed the same way (the experts of a decode step
-  // read one x) takes that task's; -1 when none.
+  // The earlier task whose packed activations task i can share (same x, stride, width and type:
+  // a gated MLP's gate and up, a mixer's projections), or -1.
   auto same_packing = [&](int i) {
     for (int j = 0; j < i; ++j) {
       if (tasks[j].x == tasks[i].x && tasks[j].x_stride == tasks[i].x_stride &&
