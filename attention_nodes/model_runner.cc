@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "attention_nodes/attn_res.h"
@@ -10,6 +11,7 @@
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
 #include "kernels/rms_norm.h"
+#include "kernels/step_profile.h"
 #include "model/glu_params.h"
 
 namespace k3 {
@@ -50,6 +52,7 @@ std::unique_ptr<SequenceState> ModelRunner::NewSequence() const {
 
 void ModelRunner::DepthRead(MicroBatch& mb, const std::vector<float>& proj,
                             const std::vector<float>& norm, float* out) {
+  const ScopedStepPart profile(StepPart::kAttnRes);
   sources_.clear();
   for (const std::vector<float>& block : mb.blocks) sources_.push_back(block.data());
   sources_.push_back(mb.prefix.data());
@@ -202,6 +205,7 @@ absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
   // Projections run once over every row of the micro-batch; the conv, the delta rule and the
   // attention run per sequence over its own state.
   absl::Status mixed;
+  std::optional<ScopedStepPart> mixer_profile(std::in_place, StepPart::kMixers);
   if (lw.is_kda) {
     FillSegments(mb.entries, &SequenceState::kda, layer, &kda_segments_);
     mixed = KdaForwardBatch(config, lw.kda, mb.normed.data(), kda_segments_, mb.mixed.data(),
@@ -211,6 +215,7 @@ absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
     mixed = MlaForwardBatch(config, lw.mla, mb.normed.data(), mla_segments_, mb.mixed.data(),
                             &mixer_scratch_);
   }
+  mixer_profile.reset();
   if (!mixed.ok()) return mixed;
   if (prefix_empty) {
     mb.prefix.swap(mb.mixed);
@@ -237,7 +242,9 @@ absl::Status ModelRunner::StartLayer(MicroBatch& mb, int layer) {
     routed_moe_->SetTraces(std::move(traces));
   }
   const absl::Time begin = absl::Now();
+  std::optional<ScopedStepPart> moe_profile(std::in_place, StepPart::kMoe);
   const absl::Status begun = routed_moe_->Begin(layer, mb.normed.data(), rows);
+  moe_profile.reset();
   mb.moe_begin = absl::Now() - begin;
   if (!begun.ok()) {
     profile_.moe_wait += mb.moe_begin;
@@ -255,7 +262,9 @@ absl::Status ModelRunner::FinishLayer(MicroBatch& mb, int layer) {
   if (lw.is_moe) {
     mb.routed.resize(static_cast<size_t>(mb.rows * config.ExpertWidth()));
     const absl::Time wait = absl::Now();
+    std::optional<ScopedStepPart> moe_profile(std::in_place, StepPart::kMoe);
     const absl::Status answered = routed_moe_->Wait(mb.routed.data());
+    moe_profile.reset();
     const absl::Duration waited = mb.moe_begin + (absl::Now() - wait);
     profile_.moe_wait += waited;
     profile_.layer_moe_wait.push_back(waited);

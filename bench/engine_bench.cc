@@ -2,6 +2,9 @@
 // fractions of this machine's limits measured in the same run:
 //   decode:  tokens/s ÷ (read bandwidth / active weight bytes per token)       goal >= 0.7
 //   prefill: tokens/s ÷ (bf16 peak / (2 × active parameters per token))         goal >= 0.4
+// and where a decode step's time goes (kernels/step_profile.h: products, fork-join waits, norms,
+// Block AttnRes, the mixers' own work, MoE routing, gated-MLP activations, and the rest), from one
+// more decode run with the profile on.
 // Active weight bytes are the files' bytes a decoded token reads (tools/memory_plan.h), so MXFP4
 // experts count their codes and scales.
 //
@@ -23,6 +26,7 @@
 #include "engine/local_engine.h"
 #include "bench/machine_limits.h"
 #include "kernels/kernel_isa.h"
+#include "kernels/step_profile.h"
 #include "kernels/thread_pool.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -101,7 +105,50 @@ struct Measured {
   std::string model;
   double active_params = 0, active_bytes = 0;  // per decoded token
   double prefill_seconds = 0, decode_seconds = 0;
+  // One more decode of the same length with the step profile on: its seconds and the parts'.
+  double profiled_seconds = 0;
+  StepPartTotals parts;
 };
+
+// Decodes `decode_tokens` tokens after `prompt` with the step profile on.
+absl::Status ProfileDecode(LocalEngine& engine, const std::vector<int32_t>& prompt,
+                           int decode_tokens, Measured* m) {
+  ModelRunner& runner = engine.runner();
+  std::vector<float> logits;
+  std::unique_ptr<SequenceState> state = runner.NewSequence();
+  BatchEntry entry{state.get(), absl::MakeConstSpan(prompt), false};
+  K3_RETURN_IF_ERROR(runner.Step({entry}, &logits));
+  int32_t next = 1;
+  TakeStepProfile();
+  EnableStepProfile(true);
+  const double start = NowSeconds();
+  for (int t = 0; t < decode_tokens; ++t) {
+    BatchEntry step{state.get(), absl::MakeConstSpan(&next, 1), false};
+    if (absl::Status s = runner.Step({step}, &logits); !s.ok()) {
+      EnableStepProfile(false);
+      return s;
+    }
+    next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  m->profiled_seconds = NowSeconds() - start;
+  EnableStepProfile(false);
+  m->parts = TakeStepProfile();
+  return absl::OkStatus();
+}
+
+// The profiled decode's time per token by part, and what is left outside every part.
+void PrintBreakdown(const Measured& m, int decode_tokens) {
+  const double step = m.profiled_seconds / decode_tokens;
+  std::printf("  decode step breakdown (profiled run, %.2f ms/token):", 1e3 * step);
+  double parts = 0;
+  for (int i = 0; i < static_cast<int>(StepPart::kCount); ++i) {
+    const double s = m.parts.seconds[i] / decode_tokens;
+    parts += s;
+    std::printf(" %s %.3f ms (%.0f%%, %.0f calls);", StepPartName(static_cast<StepPart>(i)), 1e3 * s,
+                100 * s / step, static_cast<double>(m.parts.calls[i]) / decode_tokens);
+  }
+  std::printf(" rest %.3f ms (%.0f%%)\n", 1e3 * (step - parts), 100 * (step - parts) / step);
+}
 
 absl::StatusOr<Measured> Measure(const std::string& model, const Options& options) {
   K3_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Open(model));
@@ -119,6 +166,7 @@ absl::StatusOr<Measured> Measure(const std::string& model, const Options& option
       !s.ok()) {
     return s;
   }
+  K3_RETURN_IF_ERROR(ProfileDecode(*engine, prompt, options.decode_tokens, &m));
   return m;
 }
 
@@ -167,6 +215,7 @@ int Main(int argc, char** argv) {
         "  decode  (1 sequence, %d tokens): %7.1f tokens/s = %.2f of read bandwidth / "
         "active bytes (%.1f tokens/s; goal 0.7)\n",
         options.decode_tokens, decode_rate, decode_rate / decode_limit, decode_limit);
+    PrintBreakdown(m, options.decode_tokens);
     std::printf(
         "  prefill (%d tokens):             %7.1f tokens/s = %.2f of bf16 peak / (2 x "
         "active parameters) (%.0f tokens/s; goal 0.4)\n",

@@ -331,10 +331,11 @@ struct Mxfp4Row {
   const char* name;
   int64_t out, in, tokens;
   Stats mxfp4, bf16;
+  Stats int8;  // MXFP4 with 8-bit activations (K3SERVE_MXFP4_ACTIVATIONS=int8)
   // 1 token only: the same products on one thread (the pool's other threads idle), to tell a
   // product bound by instruction throughput (it scales with threads) from one bound by bandwidth.
   bool has_one_thread = false;
-  Stats mxfp4_one_thread, bf16_one_thread;
+  Stats mxfp4_one_thread, bf16_one_thread, int8_one_thread;
   double mxfp4_bytes, bf16_bytes;  // weight bytes per step
 };
 
@@ -369,7 +370,10 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
     for (int64_t m : {1, 4, 16}) {
       std::vector<float> x(m * shape.in), y(m * shape.out);
       for (float& v : x) v = dist(rng);
-      auto step = [&](WeightType type, int index) {
+      // The mode is set per call: the int8 rounds alternate with fp32 ones.
+      auto step = [&](WeightType type, int index,
+                      Mxfp4Activations mode = Mxfp4Activations::kFp32) {
+        SetMxfp4Activations(mode);
         for (int e = 0; e < kExperts; ++e) {
           const int64_t copy = (int64_t{index} * kExperts + e) %
                                (type == WeightType::kMxfp4 ? mx_copies : bf16_copies);
@@ -384,12 +388,19 @@ std::vector<Mxfp4Row> BenchMxfp4(uint32_t* weight_pool) {
       std::tie(row.mxfp4, row.bf16) = TimePair(
           1 << 30, [&](int i) { step(WeightType::kMxfp4, i); },
           [&](int i) { step(WeightType::kBf16, i); });
+      const auto int8 = [&](int i) { step(WeightType::kMxfp4, i, Mxfp4Activations::kInt8); };
+      row.int8 = TimePair(1 << 30, int8, [&](int i) { step(WeightType::kMxfp4, i); }).first;
       if (m == 1 && KernelThreadCount() > 1) {
         row.has_one_thread = true;
         std::tie(row.mxfp4_one_thread, row.bf16_one_thread) = TimePair(
             1 << 30, [&](int i) { OnOneThread([&] { step(WeightType::kMxfp4, i); }); },
             [&](int i) { OnOneThread([&] { step(WeightType::kBf16, i); }); });
+        row.int8_one_thread =
+            TimePair(1 << 30, [&](int i) { OnOneThread([&] { int8(i); }); },
+                     [&](int i) { OnOneThread([&] { step(WeightType::kMxfp4, i); }); })
+                .first;
       }
+      SetMxfp4Activations(Mxfp4Activations::kFp32);
       row.mxfp4_bytes = kExperts * (weights / 2.0 + weights / 32.0);
       row.bf16_bytes = kExperts * weights * 2.0;
       rows.push_back(row);
@@ -403,18 +414,22 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
   std::printf(
       "\nMXFP4 expert products at K3 shapes, 16 experts per step, weights cold (best = 10th\n"
       "percentile of steps); GB/s of weight bytes (MXFP4: codes + scales) as a fraction of\n"
-      "read bandwidth (goal for 1 token: >= 0.7), BF16 alongside:\n");
-  std::printf("  %-6s %11s %6s %11s %11s %7s %7s %11s %7s %7s %8s\n", "matrix", "out x in",
-              "tokens", "mx_best_us", "mx_med_us", "GB/s", "readBW", "bf16_us", "GB/s", "readBW",
-              "speedup");
+      "read bandwidth (goal for 1 token: >= 0.6 with fp32 activations, >= 0.8 with int8), BF16\n"
+      "and MXFP4 with 8-bit activations (int8) alongside:\n");
+  std::printf("  %-6s %11s %6s %11s %11s %7s %7s %11s %7s %7s %8s %10s %7s %7s\n", "matrix",
+              "out x in", "tokens", "mx_best_us", "mx_med_us", "GB/s", "readBW", "bf16_us", "GB/s",
+              "readBW", "speedup", "int8_us", "GB/s", "readBW");
   for (const Mxfp4Row& r : rows) {
     const double mx_gbs = r.mxfp4_bytes / r.mxfp4.best / 1e9;
     const double bf16_gbs = r.bf16_bytes / r.bf16.best / 1e9;
-    std::printf("  %-6s %5lld x %4lld %6lld %11.1f %11.1f %7.1f %7.2f %11.1f %7.1f %7.2f %7.2fx\n",
+    const double int8_gbs = r.mxfp4_bytes / r.int8.best / 1e9;
+    std::printf("  %-6s %5lld x %4lld %6lld %11.1f %11.1f %7.1f %7.2f %11.1f %7.1f %7.2f %7.2fx "
+                "%10.1f %7.1f %7.2f\n",
                 r.name, static_cast<long long>(r.out), static_cast<long long>(r.in),
                 static_cast<long long>(r.tokens), r.mxfp4.best * 1e6, r.mxfp4.median * 1e6, mx_gbs,
                 mx_gbs / limits.read_gbs, r.bf16.best * 1e6, bf16_gbs, bf16_gbs / limits.read_gbs,
-                r.bf16.best / r.mxfp4.best);
+                r.bf16.best / r.mxfp4.best, r.int8.best * 1e6, int8_gbs,
+                int8_gbs / limits.read_gbs);
   }
   std::printf(
       "\n1 token on one thread vs all %d (weights cold as above). BF16 on one thread shows what\n"
@@ -427,9 +442,12 @@ void PrintMxfp4(const std::vector<Mxfp4Row>& rows, const Limits& limits) {
     const double mxn = r.mxfp4_bytes / r.mxfp4.best / 1e9;
     const double bf1 = r.bf16_bytes / r.bf16_one_thread.best / 1e9;
     const double bfn = r.bf16_bytes / r.bf16.best / 1e9;
-    std::printf("  %-6s MXFP4 %5.1f -> %5.1f GB/s (%.2fx), BF16 %5.1f -> %5.1f GB/s (%.2fx); "
-                "read bandwidth %.1f GB/s\n",
-                r.name, mx1, mxn, mxn / mx1, bf1, bfn, bfn / bf1, limits.read_gbs);
+    const double i81 = r.mxfp4_bytes / r.int8_one_thread.best / 1e9;
+    const double i8n = r.mxfp4_bytes / r.int8.best / 1e9;
+    std::printf("  %-6s MXFP4 %5.1f -> %5.1f GB/s (%.2fx), int8 %5.1f -> %5.1f GB/s (%.2fx), "
+                "BF16 %5.1f -> %5.1f GB/s (%.2fx); read bandwidth %.1f GB/s\n",
+                r.name, mx1, mxn, mxn / mx1, i81, i8n, i8n / i81, bf1, bfn, bfn / bf1,
+                limits.read_gbs);
   }
 }
 

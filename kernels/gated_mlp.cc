@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/simd.h"
+#include "kernels/step_profile.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {
@@ -52,6 +53,7 @@ void GluCombineRow(const GluParams& p, float* gate, const float* up, int64_t n) 
 
 void GatedMlp(const GatedMlpMatrices& w, const GluParams& params, const float* x, int64_t tokens,
               float* y, bool accumulate, std::vector<float>* scratch) {
+  const ScopedStepPart profile(StepPart::kGatedMlp);
   const int64_t width = w.gate.rows;
   // gate and up side by side, [tokens, 2 * width], so one buffer serves both products.
   scratch->resize(static_cast<size_t>(tokens * 2 * width));

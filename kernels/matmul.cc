@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "base/batch_invariance.h"
@@ -12,6 +14,7 @@
 #include "kernels/kernel_isa.h"
 #include "kernels/matmul_internal.h"
 #include "kernels/mxfp4.h"
+#include "kernels/step_profile.h"
 #include "kernels/thread_pool.h"
 
 namespace k3 {
@@ -71,12 +74,50 @@ WeightMatrix WeightMatrix::RowSlice(int64_t first, int64_t count) const {
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t x_stride, int64_t tokens, float* y,
             int64_t y_stride, bool accumulate) {
+  const ScopedStepPart profile(StepPart::kProducts);
   internal::MatMulWith(internal::MatMulKernel::kAuto, w, x, x_stride, tokens, y, y_stride,
                        accumulate);
 }
 
 void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens) {
+  const ScopedStepPart profile(StepPart::kProducts);
   internal::MatMulBatchOn(ActiveKernelIsa(), tasks, count, tokens);
+}
+
+namespace {
+
+Mxfp4Activations Mxfp4ActivationsFromEnv() {
+  const char* env = std::getenv("K3SERVE_MXFP4_ACTIVATIONS");
+  Mxfp4Activations mode = Mxfp4Activations::kFp32;
+  if (env != nullptr && *env != '\0') {
+    if (std::string_view(env) == "int8") {
+      mode = Mxfp4Activations::kInt8;
+    } else if (std::string_view(env) != "fp32") {
+      LOG(ERROR) << "K3SERVE_MXFP4_ACTIVATIONS=" << env << " is not one of fp32, int8; ignored";
+    }
+  }
+  LOG(INFO) << "MXFP4 activations: " << (mode == Mxfp4Activations::kInt8 ? "int8" : "fp32");
+  return mode;
+}
+
+// -1 until the first ActiveMxfp4Activations or SetMxfp4Activations, then the mode.
+std::atomic<int> g_mxfp4_activations{-1};
+
+}  // namespace
+
+Mxfp4Activations ActiveMxfp4Activations() {
+  int mode = g_mxfp4_activations.load(std::memory_order_acquire);
+  if (mode < 0) {
+    static const Mxfp4Activations from_env = Mxfp4ActivationsFromEnv();
+    int expected = -1;
+    g_mxfp4_activations.compare_exchange_strong(expected, static_cast<int>(from_env));
+    mode = g_mxfp4_activations.load(std::memory_order_acquire);
+  }
+  return static_cast<Mxfp4Activations>(mode);
+}
+
+void SetMxfp4Activations(Mxfp4Activations mode) {
+  g_mxfp4_activations.store(static_cast<int>(mode), std::memory_order_release);
 }
 
 namespace internal {
@@ -86,9 +127,11 @@ namespace {
 // (base/batch_invariance.h): always, since its sum for each (row, token) does not depend on how
 // many tokens share the call, while the tiled kernel sums in another order. On this AVX2 host
 // (Zen 3, 2 threads, bf16 1024-7168 inputs, 16-256 tokens) the row kernel also measured faster.
+// MXFP4 with 8-bit activations: always too, since only the row kernel takes them.
 bool UsesRowKernel(WeightType type, int64_t tokens) {
-  return BatchInvariant() ||
-         tokens <= (type == WeightType::kMxfp4 ? kMxfp4RowsKernelMaxTokens : kRowsKernelMaxTokens);
+  if (BatchInvariant()) return true;
+  if (type != WeightType::kMxfp4) return tokens <= kRowsKernelMaxTokens;
+  return ActiveMxfp4Activations() == Mxfp4Activations::kInt8 || tokens <= kMxfp4RowsKernelMaxTokens;
 }
 
 // The kernel of family `isa` for `tokens` tokens through weights of `type`.
@@ -252,6 +295,7 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
     std::vector<float*> yt;
     int64_t blocks = 0;       // of kRowsAlign rows
     int64_t block_bytes = 0;  // weight bytes of one block (MXFP4 rounded down: codes + scales)
+    bool int8 = false;        // MXFP4 with 8-bit activations (Mxfp4Int8Rows)
   };
   // The caller's thread-local copies, captured by reference for the pool's threads (a lambda
   // naming a thread_local would read the running thread's own, empty one).
@@ -260,11 +304,27 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
   std::vector<Prepared>& prepared = t_prepared;
   ThreadBuffer& buffer = t_buffer;
   prepared.resize(count);
-  int64_t packed_floats = 0;
-  for (int i = 0; i < count; ++i) {
+  const bool int8 = ActiveMxfp4Activations() == Mxfp4Activations::kInt8;
+  // Floats of one token's packed activations for task i (0: read in place).
+  auto packed_width = [&](int i) -> int64_t {
     const WeightMatrix& w = *tasks[i].w;
-    if (w.type != WeightType::kF32) packed_floats += tokens * ((w.cols + 31) / 32 * 32);
-  }
+    if (w.type == WeightType::kF32) return 0;
+    if (w.type == WeightType::kMxfp4 && int8) return Mxfp4Int8Bytes(w.cols) / 4;
+    return (w.cols + 31) / 32 * 32;
+  };
+  // The earlier task whose packed activations task i can share (same x, stride, width and type:
+  // a gated MLP's gate and up, a mixer's projections), or -1.
+  auto same_packing = [&](int i) {
+    for (int j = 0; j < i; ++j) {
+      if (tasks[j].x == tasks[i].x && tasks[j].x_stride == tasks[i].x_stride &&
+          tasks[j].w->cols == tasks[i].w->cols && tasks[j].w->type == tasks[i].w->type) {
+        return j;
+      }
+    }
+    return -1;
+  };
+  int64_t packed_floats = 0;
+  for (int i = 0; i < count; ++i) packed_floats += tokens * packed_width(i);
   float* packed = buffer.Get(packed_floats);
   int64_t total_bytes = 0;
   for (int i = 0; i < count; ++i) {
@@ -273,9 +333,18 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
     Prepared& p = prepared[i];
     p.xp.resize(tokens);
     p.yt.resize(tokens);
+    p.int8 = w.type == WeightType::kMxfp4 && int8;
     for (int64_t t = 0; t < tokens; ++t) p.yt[t] = task.y + t * task.y_stride;
+    const int earlier = w.type == WeightType::kF32 ? -1 : same_packing(i);
     if (w.type == WeightType::kF32) {
       for (int64_t t = 0; t < tokens; ++t) p.xp[t] = task.x + t * task.x_stride;
+    } else if (earlier >= 0) {
+      p.xp = prepared[earlier].xp;
+    } else if (p.int8) {
+      QuantizeMxfp4Inputs(task.x, task.x_stride, tokens, w.cols, packed);
+      const int64_t width = packed_width(i);
+      for (int64_t t = 0; t < tokens; ++t) p.xp[t] = packed + t * width;
+      packed += tokens * width;
     } else {
       // BF16 and MXFP4 read 32-input blocks, permuted as the kernel reads them (MXFP4: cols % 32
       // == 0).
@@ -294,8 +363,9 @@ void RowsBatch(const RowKernel& kernel, const MatMulTask* tasks, int count, int6
     total_bytes += p.blocks * p.block_bytes;
   }
   auto run_rows = [&](int i, int64_t begin, int64_t end) {
-    kernel.rows(*tasks[i].w, prepared[i].xp.data(), prepared[i].yt.data(), tokens,
-                tasks[i].accumulate, begin, end);
+    (prepared[i].int8 ? Mxfp4Int8Rows : kernel.rows)(*tasks[i].w, prepared[i].xp.data(),
+                                                     prepared[i].yt.data(), tokens,
+                                                     tasks[i].accumulate, begin, end);
   };
   // One share of equal weight bytes per thread (whole blocks: block j of a task goes to the share
   // holding its first byte), at least kMinChunkBytes each, cut into units of about kUnitBytes.

@@ -55,6 +55,23 @@ struct MatMulTask {
 // REQUIRES: no task's y overlaps another task's x or y.
 void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens);
 
+// How MXFP4 products (up to any token count on x86 with AVX2; the portable kernel is always kFp32)
+// treat their activations:
+// - kFp32 (the default): as every other product, exactly; the codes are decoded to fp32 in
+//   registers. On AVX2 this is bound by the core's shuffles and shifts, not by memory.
+// - kInt8 (opt-in, K3SERVE_MXFP4_ACTIVATIONS=int8): each group of 32 inputs of a token is rounded
+//   to 8 bits with one fp32 step (its largest magnitude / 127, as llama.cpp's Q8 activations do)
+//   and multiplied with the codes by integer dot products, about half the instructions: the error
+//   of each input is at most a 254th of its group's largest magnitude. Every MXFP4 product then
+//   runs the row kernel, so a (row, token) sum does not depend on the call's token count.
+enum class Mxfp4Activations { kFp32, kInt8 };
+
+// The process's mode: K3SERVE_MXFP4_ACTIVATIONS=fp32|int8 read on first use (anything else is
+// logged as an error and ignored), unless SetMxfp4Activations chose one. Thread-safe.
+Mxfp4Activations ActiveMxfp4Activations();
+// Sets the mode for products started afterwards (tests and benchmarks compare the two).
+void SetMxfp4Activations(Mxfp4Activations mode);
+
 // Convenience for densely packed rows.
 inline void MatMul(const WeightMatrix& w, const float* x, int64_t tokens, float* y) {
   MatMul(w, x, w.cols, tokens, y, w.rows, false);

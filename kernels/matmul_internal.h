@@ -18,6 +18,10 @@
 //   accumulators) over panels packed as 32-bit units (a bf16 pair, an f32, or an MXFP4 code byte
 //   decoded to a bf16 pair).
 //
+// MXFP4 weights with 8-bit activations (Mxfp4Activations::kInt8, opt-in): one AVX2 row kernel for
+// both x86 families (matmul_mxfp4_int8.cc), integer dot products of the codes looked up as small
+// integers with the rounded activations, one fp32 multiply-add per group; any token count.
+//
 // MXFP4 weights: the row kernel decodes each 32-input group in registers (AVX-512: 16 code bytes
 // widened to 32-bit lanes, two vpermps lookups in the E2M1 table times the group's scale; AVX2:
 // two vpshufb lookups of the 32 codes in tables of the scaled values' bf16 bytes), so decode reads
@@ -91,6 +95,17 @@ struct RowKernel {
 };
 const RowKernel& Avx512RowKernel();
 const RowKernel& Avx2RowKernel();
+
+// MXFP4 rows with 8-bit activations (Mxfp4Activations::kInt8; matmul_mxfp4_int8.cc), the AVX2
+// kernel both x86 families use: QuantizeMxfp4Inputs writes `tokens` rows of activations, each as
+// Mxfp4Int8Bytes(cols) bytes (a multiple of 128) at packed + t * Mxfp4Int8Bytes(cols) (64-byte
+// aligned); Mxfp4Int8Rows is RowKernel::rows for MXFP4 weights on them (xp[t]: token t's bytes).
+// REQUIRES: cols % kMxfp4Group == 0; Mxfp4Int8Rows: CpuSupports(KernelIsa::kAvx2).
+int64_t Mxfp4Int8Bytes(int64_t cols);
+void QuantizeMxfp4Inputs(const float* x, int64_t x_stride, int64_t tokens, int64_t cols,
+                         void* packed);
+void Mxfp4Int8Rows(const WeightMatrix& w, const float* const* xp, float* const* yt,
+                   int64_t tokens, bool accumulate, int64_t row_begin, int64_t row_end);
 
 // Rows handed to a thread at a time by RowsBatch: a multiple of every family's rows per block.
 constexpr int64_t kRowsAlign = 8;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -167,6 +168,8 @@ class MatMulKernelTest : public ::testing::TestWithParam<MatMulKernel> {
   void SetUp() override {
     const KernelIsa isa = internal::IsaOf(GetParam());
     if (!CpuSupports(isa)) GTEST_SKIP() << "this CPU does not run " << KernelIsaName(isa);
+    // Exact activations whatever K3SERVE_MXFP4_ACTIVATIONS says (int8: MatMulMxfp4Int8Test).
+    SetMxfp4Activations(Mxfp4Activations::kFp32);
   }
 };
 
@@ -279,6 +282,7 @@ class MatMulBatchTest : public ::testing::TestWithParam<KernelIsa> {
     if (!CpuSupports(GetParam())) {
       GTEST_SKIP() << "this CPU does not run " << KernelIsaName(GetParam());
     }
+    SetMxfp4Activations(Mxfp4Activations::kFp32);
   }
 };
 
@@ -388,6 +392,105 @@ INSTANTIATE_TEST_SUITE_P(Families, MatMulBatchTest,
                          [](const ::testing::TestParamInfo<KernelIsa>& info) {
                            return std::string(KernelIsaName(info.param));
                          });
+
+// Sets the MXFP4 activation mode for one test and restores the default after it.
+class ScopedMxfp4Activations {
+ public:
+  explicit ScopedMxfp4Activations(Mxfp4Activations mode) { SetMxfp4Activations(mode); }
+  ~ScopedMxfp4Activations() { SetMxfp4Activations(Mxfp4Activations::kFp32); }
+};
+
+// 8-bit activations against the fp64 product of the unrounded ones, within the bound the rounding
+// allows: each input moves by at most a_g / 254 (a_g: its group's largest magnitude), so a row's
+// sum by at most sum_g (a_g / 254) sum_{i in g} |w_i|; the fp32 steps after the exact integer
+// group sums add a few ulps of sum_i |w_i| (|x_i| + a_g / 254). Every token count (past the 32
+// where fp32 activations change kernels), accumulation, odd group counts, and the batch entry.
+TEST(MatMulMxfp4Int8Test, WithinTheRoundingBound) {
+  if (!CpuSupports(KernelIsa::kAvx2)) GTEST_SKIP() << "the int8 kernel needs AVX2";
+  ScopedMxfp4Activations int8(Mxfp4Activations::kInt8);
+  struct Shape {
+    int64_t tokens, rows, cols;
+    bool accumulate;
+  };
+  uint32_t seed = 500;
+  double worst_ratio = 0;
+  for (const Shape& s : {Shape{1, 37, 32, false}, Shape{1, 97, 96, true}, Shape{2, 50, 64, false},
+                         Shape{3, 17, 160, true}, Shape{4, 8, 3584, false},
+                         Shape{5, 49, 288, false}, Shape{13, 300, 256, true},
+                         Shape{40, 33, 96, false}, Shape{1, 3072, 3584, false}}) {
+    SCOPED_TRACE("tokens=" + std::to_string(s.tokens) + " rows=" + std::to_string(s.rows) +
+                 " cols=" + std::to_string(s.cols));
+    TestWeights weights(WeightType::kMxfp4, s.rows, s.cols, 0, seed++);
+    const WeightMatrix& w = weights.matrix();
+    const std::vector<float> x = RandomVector(s.tokens * s.cols, seed++);
+    std::vector<float> y = RandomVector(s.tokens * s.rows, seed++);
+    const std::vector<float> y_before = y;
+    MatMul(w, x.data(), s.cols, s.tokens, y.data(), s.rows, s.accumulate);
+    int failures = 0;
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      for (int64_t r = 0; r < s.rows && failures < 5; ++r) {
+        double exact = s.accumulate ? y_before[t * s.rows + r] : 0.0;
+        double rounding = 0, magnitude = std::abs(exact);
+        for (int64_t g = 0; g < s.cols; g += kMxfp4Group) {
+          double amax = 0;
+          for (int64_t k = g; k < g + kMxfp4Group; ++k) {
+            amax = std::max(amax, std::abs(static_cast<double>(x[t * s.cols + k])));
+          }
+          for (int64_t k = g; k < g + kMxfp4Group; ++k) {
+            const double wk = w.At(r, k), xk = x[t * s.cols + k];
+            exact += wk * xk;
+            rounding += std::abs(wk) * amax / 254;
+            magnitude += std::abs(wk) * (std::abs(xk) + amax / 254);
+          }
+        }
+        const double error = std::abs(y[t * s.rows + r] - exact);
+        const double bound = rounding + 1e-5 * magnitude;
+        worst_ratio = std::max(worst_ratio, error / bound);
+        if (!(error <= bound)) {
+          ADD_FAILURE() << "token " << t << " row " << r << ": got " << y[t * s.rows + r]
+                        << ", exact " << exact << ", bound " << bound;
+          ++failures;
+        }
+      }
+    }
+  }
+  std::cerr << "int8 activations: worst error / bound " << worst_ratio << "\n";
+}
+
+// With 8-bit activations a token's sums do not depend on the other tokens of the call: each token
+// alone gives bit for bit what it gives among 40 (past the fp32 mode's switch to tiles at 32).
+TEST(MatMulMxfp4Int8Test, EachTokenIndependentOfTheCall) {
+  if (!CpuSupports(KernelIsa::kAvx2)) GTEST_SKIP() << "the int8 kernel needs AVX2";
+  ScopedMxfp4Activations int8(Mxfp4Activations::kInt8);
+  const int64_t tokens = 40, rows = 203, cols = 288;
+  TestWeights weights(WeightType::kMxfp4, rows, cols, 0, 77);
+  const std::vector<float> x = RandomVector(tokens * cols, 78);
+  std::vector<float> all(tokens * rows), one(rows);
+  MatMul(weights.matrix(), x.data(), cols, tokens, all.data(), rows, false);
+  for (int64_t t = 0; t < tokens; ++t) {
+    MatMul(weights.matrix(), x.data() + t * cols, cols, 1, one.data(), rows, false);
+    ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)))
+        << "token " << t;
+  }
+}
+
+// A non-finite activation makes its token's outputs NaN, as with fp32 activations, instead of a
+// quietly wrong number.
+TEST(MatMulMxfp4Int8Test, NonFiniteActivationGivesNaN) {
+  if (!CpuSupports(KernelIsa::kAvx2)) GTEST_SKIP() << "the int8 kernel needs AVX2";
+  ScopedMxfp4Activations int8(Mxfp4Activations::kInt8);
+  const int64_t rows = 16, cols = 96;
+  TestWeights weights(WeightType::kMxfp4, rows, cols, 0, 9);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = RandomVector(2 * cols, 10), y(2 * rows);
+    x[cols + 40] = bad;
+    MatMul(weights.matrix(), x.data(), cols, 2, y.data(), rows, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_TRUE(std::isfinite(y[r])) << r;
+      EXPECT_TRUE(std::isnan(y[rows + r])) << r;
+    }
+  }
+}
 
 TEST(WeightMatrixTest, AtReadsEitherType) {
   const uint16_t bf16[] = {FloatToBf16(1.0f), FloatToBf16(-2.5f), FloatToBf16(3.0f),

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/simd.h"
+#include "kernels/step_profile.h"
 
 namespace k3 {
 namespace {
@@ -50,6 +51,7 @@ double SumOfSquares(const float* x, int64_t n) {
 
 void RmsNormRows(const float* x, int64_t x_stride, int64_t rows, int64_t width, const float* gamma,
                  float eps, float* y, int64_t y_stride) {
+  const ScopedStepPart profile(StepPart::kNorms);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * x_stride;
     const double mean_square = SumOfSquares(xr, width) / static_cast<double>(width);

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "glog/logging.h"
+#include "kernels/step_profile.h"
 #include "kernels/thread_pool_internal.h"
 
 namespace k3 {
@@ -125,14 +127,17 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   unfinished_.store(chunks, std::memory_order_relaxed);
   claim_.store(uint64_t{generation} << 32 | static_cast<uint64_t>(chunks),
                std::memory_order_release);
+  std::optional<ScopedStepPart> waking(std::in_place, StepPart::kForkJoin);
   generation_.store(generation);
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(sleep_mu_);
     sleep_cv_.notify_all();
   }
+  waking.reset();
 
   t_in_job = true;
   RunChunks(generation);
+  const ScopedStepPart joining(StepPart::kForkJoin);
   for (int polls = 1; unfinished_.load(std::memory_order_acquire) != 0; ++polls) {
     if (polls < kCallerPollsBeforeYield) {
       CpuRelax();

@@ -20,6 +20,7 @@
 #include "engine/local_engine.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
+#include "kernels/matmul.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -135,6 +136,65 @@ INSTANTIATE_TEST_SUITE_P(TinyConfigs, EngineReferenceMxfp4Test,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// The opt-in 8-bit activations of the MXFP4 products (K3SERVE_MXFP4_ACTIVATIONS=int8) against the
+// fp64 reference: prints the top-1 agreement and the largest logit error, in prefill and decode.
+// Bound: each routed expert product moves by at most a 254th of its inputs' group maxima times its
+// weights' magnitudes (kernels/matmul_test.cc checks that bound product by product); through these
+// tiny models that is a relative error of about 1/254 ~ 4e-3 of the routed part of each layer, so
+// the logits (|logit| up to a few units) may move by about 1e-2 (measured: 0.0093-0.0096, against
+// 1e-6 with fp32 activations); 0.05 allows that with margin while still failing for a wrong scale,
+// sign or group (errors of the order of the logits themselves).
+// Top-1 must agree wherever the reference's two best logits are further apart than twice that.
+TEST(EngineReferenceMxfp4Int8Test, LogitsNearTheReferenceWithEightBitActivations) {
+  constexpr double kInt8Tolerance = 0.05;
+  SetMxfp4Activations(Mxfp4Activations::kInt8);
+  for (const char* name : {"k3-tiny", "k3-tiny-8"}) {
+    absl::StatusOr<ModelConfig> config = NamedConfig(name);
+    ASSERT_TRUE(config.ok()) << config.status();
+    const std::string dir = TempDir(absl::StrCat(name, "-mxfp4-int8"));
+    RandomCheckpointOptions options;
+    options.mxfp4 = true;
+    ASSERT_TRUE(WriteRandomModelFolder(*config, 19, dir, options).ok());
+    absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    const int64_t vocab = (*checkpoint)->config().vocab_size;
+    const std::vector<int32_t> tokens = Tokens(11, static_cast<int>(vocab), 5);
+    absl::StatusOr<std::vector<double>> ref = reference::ReferenceLogits(**checkpoint, tokens);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(dir);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    for (bool decode : {false, true}) {
+      absl::StatusOr<std::vector<float>> logits = (*engine)->Logits(tokens, decode);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      ASSERT_EQ(logits->size(), ref->size());
+      double worst = 0;
+      for (size_t i = 0; i < ref->size(); ++i) {
+        worst = std::max(worst, std::abs((*logits)[i] - (*ref)[i]));
+      }
+      const int64_t rows = static_cast<int64_t>(ref->size()) / vocab;
+      int agree = 0;
+      for (int64_t t = 0; t < rows; ++t) {
+        const double* r = ref->data() + t * vocab;
+        const int64_t best = Argmax(r, vocab);
+        double second = -1e300;
+        for (int64_t v = 0; v < vocab; ++v) {
+          if (v != best) second = std::max(second, r[v]);
+        }
+        const bool same = Argmax(logits->data() + t * vocab, vocab) == best;
+        agree += same;
+        if (r[best] - second > 2 * kInt8Tolerance) {
+          EXPECT_TRUE(same) << name << " position " << t << ": top-1 differs with a margin of "
+                            << r[best] - second;
+        }
+      }
+      std::cerr << name << (decode ? " decode" : " prefill") << ", int8 activations: top-1 "
+                << agree << "/" << rows << ", max abs logit error " << worst << "\n";
+      EXPECT_LT(worst, kInt8Tolerance) << name << (decode ? " decode" : " prefill");
+    }
+  }
+  SetMxfp4Activations(Mxfp4Activations::kFp32);
+}
 
 // 70 tokens cross the KDA chunk boundary (64) of the chunked prefill.
 TEST(EngineReferenceLongTest, PrefillAcrossKdaChunks) {
