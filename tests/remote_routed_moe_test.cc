@@ -1,7 +1,7 @@
 // RemoteRoutedMoe over the in-process transport, against fake routers that compute with
 // LocalRoutedMoe: answers must equal LocalRoutedMoe called directly, bit for bit, and every failure
 // (router error, router death, silence) must end Wait with a clear status instead of a hang.
-#include "attention_nodes/remote_routed_moe.h"
+#include "attention_nodes/moe_client/remote_routed_moe.h"
 
 #include <algorithm>
 #include <atomic>
@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/test_wait.h"
-#include "attention_nodes/model_runner.h"
+#include "attention_nodes/forward/model_runner.h"
 #include "cluster/inproc_transport.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"

@@ -11,9 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "attention_nodes/attn_res.h"
+#include "attention_nodes/forward/attn_res.h"
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 
 namespace k3 {

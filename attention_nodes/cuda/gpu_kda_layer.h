@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention_nodes/cuda/kda_decode.h"
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "kernels/cuda/cublas_products.h"
 #include "kernels/cuda/device_buffer.h"
 #include "model/config.h"

@@ -14,9 +14,9 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "attention_nodes/cuda/kda_test_inputs.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "model/config.h"

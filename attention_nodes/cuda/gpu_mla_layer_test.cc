@@ -15,8 +15,8 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_nodes/mla.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/mla.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "model/config.h"

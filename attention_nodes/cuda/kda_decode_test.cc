@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "attention_nodes/cuda/kda_test_inputs.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/matmul.h"
 #include "model/config.h"

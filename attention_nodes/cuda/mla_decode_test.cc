@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/mla.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/mla.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"
