@@ -1,45 +1,32 @@
 // StepRunner: what the GenerationScheduler needs of a forward pass (spec §4): fresh per-sequence
-// states and model steps over a batch of sequences, each appending a prefill chunk or one decode
-// token. ModelRunner (model_runner.h) runs it on the CPU; GpuStepRunner (cuda/gpu_step_runner.h)
-// on a CUDA device, with the states in device memory; MakeStepRunner (device_step_runner.h) picks
-// one for a --device.
+// states (sequence_state.h) and model steps over a batch of sequences (BatchEntry), each appending
+// a prefill chunk or one decode token, with a profile of where the step's time went
+// (step_profile.h). ModelRunner (model_runner.h) runs it on the CPU; GpuStepRunner
+// (attention_nodes/cuda/gpu_step_runner.h) on a CUDA device, with the states in device memory;
+// MakeStepRunner (attention_nodes/server/device_step_runner.h) picks one for a --device.
 //
 // Thread-safety: implementations are not thread-safe; one owner thread (the scheduler's actor)
 // calls NewState and Step and lets states go. config() is immutable and may be read from any
 // thread. States must not outlive their runner's owner's use of the runner (a GPU runner's handle
 // stays valid but inert after the runner is gone).
-#ifndef K3SERVE_ATTENTION_NODES_STEP_RUNNER_H_
-#define K3SERVE_ATTENTION_NODES_STEP_RUNNER_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_STEP_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_STEP_RUNNER_H_
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "attention_nodes/forward/kda.h"
-#include "attention_nodes/forward/mla.h"
+#include "attention_nodes/forward/sequence_state.h"
+#include "attention_nodes/forward/step_profile.h"
 #include "base/trace_context.h"
 #include "model/config.h"
 
 namespace k3 {
 
-// Everything a request carries between steps.
-struct SequenceState {
-  std::vector<KdaState> kda;  // per layer; unused entries for MLA layers stay empty
-  std::vector<MlaCache> mla;  // per layer; unused entries for KDA layers stay empty
-  int64_t length = 0;         // tokens consumed so far
-  // Where a runner keeps the state off the host (GpuStepRunner: the sequence's device slot and
-  // cache pages), kda and mla stay empty and this holds the runner's handle; the runner's share
-  // goes back to it when the last holder lets go.
-  std::shared_ptr<void> device;
-
-  size_t ByteSize() const;  // host bytes
-};
-
+// One sequence's part of a Step.
 struct BatchEntry {
   SequenceState* state = nullptr;
   absl::Span<const int32_t> tokens;  // tokens to append; at least one
@@ -49,19 +36,7 @@ struct BatchEntry {
   const TraceContext* trace = nullptr;
 };
 
-// Where one Step's time went. The MoE wait is the time spent inside RoutedMoe::Begin and
-// RoutedMoe::Wait (sending the rows, then waiting for the routed answer: the router tier across
-// the wire, or the routed experts themselves in process); the shared experts computed while the
-// answer is in flight count as compute.
-struct StepProfile {
-  absl::Duration total = absl::ZeroDuration();     // the whole Step
-  bool ping_pong = false;                          // ran as two micro-batches
-  absl::Duration moe_wait = absl::ZeroDuration();  // over every MoE layer
-  std::vector<absl::Duration> layer_moe_wait;      // one per MoE layer the step ran, in order
-  // Attention, Block AttnRes, the dense layer, shared experts, up projection and LM head.
-  absl::Duration compute() const { return total - moe_wait; }
-};
-
+// Whether a Step may cut its batch into two interleaved micro-batches (set_ping_pong).
 enum class PingPong {
   kOff,       // always one batch
   kAlways,    // two micro-batches whenever the step has two sequences (tests, benchmarks)
@@ -96,4 +71,4 @@ class StepRunner {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_STEP_RUNNER_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_STEP_RUNNER_H_

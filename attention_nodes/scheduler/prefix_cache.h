@@ -41,7 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "attention_nodes/forward/model_runner.h"
+#include "attention_nodes/forward/sequence_state.h"
 #include "model/config.h"
 
 namespace k3 {

@@ -1,4 +1,4 @@
-#include "attention_nodes/forward/step_runner.h"
+#include "attention_nodes/forward/sequence_state.h"
 
 namespace k3 {
 
