@@ -3,8 +3,8 @@
 // sources. fp32 throughout.
 //
 // Thread-safety: a pure function of its arguments; work is split across the kernel thread pool.
-#ifndef K3SERVE_ATTENTION_NODES_ATTN_RES_H_
-#define K3SERVE_ATTENTION_NODES_ATTN_RES_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_ATTN_RES_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_ATTN_RES_H_
 
 #include <cstdint>
 
@@ -23,4 +23,4 @@ void AttnResRead(absl::Span<const float* const> sources, int64_t rows, int64_t d
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_ATTN_RES_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_ATTN_RES_H_

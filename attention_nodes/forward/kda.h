@@ -13,8 +13,8 @@
 //
 // Thread-safety: a KdaState belongs to one sequence; calls that share a state or a Scratch must be
 // serialized. Weights are read-only. Work is split across the kernel thread pool.
-#ifndef K3SERVE_ATTENTION_NODES_KDA_H_
-#define K3SERVE_ATTENTION_NODES_KDA_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_KDA_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_KDA_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -78,4 +78,4 @@ absl::Status KdaForwardBatch(const ModelConfig& config, const KdaWeights& weight
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_KDA_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_KDA_H_

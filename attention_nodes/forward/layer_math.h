@@ -10,8 +10,8 @@
 //
 // Thread-safety: the free functions are pure (they touch only their arguments). Scratch is not
 // thread-safe: one per concurrent caller.
-#ifndef K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
-#define K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_LAYER_MATH_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_LAYER_MATH_H_
 
 #include <cmath>
 #include <cstddef>
@@ -110,4 +110,4 @@ void MulSigmoid(const float* gate, float* x, int64_t n);  // x *= σ(gate)
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_LAYER_MATH_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_LAYER_MATH_H_

@@ -9,8 +9,8 @@
 //
 // Thread-safety: an MlaCache belongs to one sequence; calls that share a cache or a Scratch must be
 // serialized. Weights are read-only. Work is split across the kernel thread pool.
-#ifndef K3SERVE_ATTENTION_NODES_MLA_H_
-#define K3SERVE_ATTENTION_NODES_MLA_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_MLA_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_MLA_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -75,4 +75,4 @@ absl::Status MlaForwardBatch(const ModelConfig& config, const MlaWeights& weight
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_MLA_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_MLA_H_

@@ -16,8 +16,8 @@
 //
 // Thread-safety: not thread-safe; one owner thread calls Step. The weights and the RoutedMoe are
 // borrowed and must outlive the runner; SequenceStates are owned by the caller.
-#ifndef K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
-#define K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_MODEL_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_MODEL_RUNNER_H_
 
 #include <cstdint>
 #include <memory>
@@ -106,4 +106,4 @@ class ModelRunner final : public StepRunner {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_MODEL_RUNNER_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_MODEL_RUNNER_H_

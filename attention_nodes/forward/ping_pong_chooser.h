@@ -10,8 +10,8 @@
 // host) is noticed. Means are exponential (weight kWeight for the newest step).
 //
 // Thread-safety: not thread-safe; the stepping thread owns it.
-#ifndef K3SERVE_ATTENTION_NODES_PING_PONG_CHOOSER_H_
-#define K3SERVE_ATTENTION_NODES_PING_PONG_CHOOSER_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_PING_PONG_CHOOSER_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_PING_PONG_CHOOSER_H_
 
 #include <cstdint>
 #include <map>
@@ -47,4 +47,4 @@ class PingPongChooser {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_PING_PONG_CHOOSER_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_PING_PONG_CHOOSER_H_

@@ -1,7 +1,7 @@
 // Test-only: random weights held in memory, as WeightMatrix views like the loader hands out, and
 // comparisons of float results against fp64 references.
-#ifndef K3SERVE_ATTENTION_NODES_TEST_WEIGHTS_H_
-#define K3SERVE_ATTENTION_NODES_TEST_WEIGHTS_H_
+#ifndef K3SERVE_ATTENTION_NODES_FORWARD_TEST_WEIGHTS_H_
+#define K3SERVE_ATTENTION_NODES_FORWARD_TEST_WEIGHTS_H_
 
 #include <algorithm>
 #include <cmath>
@@ -90,4 +90,4 @@ template <typename A, typename E>
 
 }  // namespace k3::mixer_test
 
-#endif  // K3SERVE_ATTENTION_NODES_TEST_WEIGHTS_H_
+#endif  // K3SERVE_ATTENTION_NODES_FORWARD_TEST_WEIGHTS_H_

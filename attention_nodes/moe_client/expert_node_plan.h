@@ -1,6 +1,6 @@
 // ExpertNodePlan: which expert node computes which (row, expert) pair of one MoE layer when a GPU
 // attention worker sends its rows to the expert nodes itself, over device channels (issue 21;
-// attention_nodes/cuda/remote_device_experts.h), instead of through the router tier.
+// attention_nodes/moe_client/remote_device_experts.h), instead of through the router tier.
 //
 // The rows are not gathered per node: every node involved receives all of the layer's rows and
 // answers a partial sum for each (zero where it had no pair), and the attention worker adds the
@@ -9,8 +9,8 @@
 // rows by row index (ExpertPlacement::WorkerForToken), the choice the routers make.
 //
 // A plain function of its inputs; thread-safe.
-#ifndef K3SERVE_ATTENTION_NODES_EXPERT_NODE_PLAN_H_
-#define K3SERVE_ATTENTION_NODES_EXPERT_NODE_PLAN_H_
+#ifndef K3SERVE_ATTENTION_NODES_MOE_CLIENT_EXPERT_NODE_PLAN_H_
+#define K3SERVE_ATTENTION_NODES_MOE_CLIENT_EXPERT_NODE_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -37,4 +37,4 @@ absl::StatusOr<std::vector<NodeAssignments>> PlanExpertNodes(const ClusterPlacem
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_EXPERT_NODE_PLAN_H_
+#endif  // K3SERVE_ATTENTION_NODES_MOE_CLIENT_EXPERT_NODE_PLAN_H_

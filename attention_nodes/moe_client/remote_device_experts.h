@@ -22,8 +22,8 @@
 // server: RemoteRoutedMoe::Deliver, which drops stale answers and acts on router failures).
 //
 // Thread-safety: Run from one thread at a time (the stepping thread); SetPlacement from any.
-#ifndef K3SERVE_ATTENTION_NODES_REMOTE_DEVICE_EXPERTS_H_
-#define K3SERVE_ATTENTION_NODES_REMOTE_DEVICE_EXPERTS_H_
+#ifndef K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_DEVICE_EXPERTS_H_
+#define K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_DEVICE_EXPERTS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -133,4 +133,4 @@ class RemoteDeviceExperts {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_REMOTE_DEVICE_EXPERTS_H_
+#endif  // K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_DEVICE_EXPERTS_H_

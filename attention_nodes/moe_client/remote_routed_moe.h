@@ -40,8 +40,8 @@
 //
 // Thread-safety: Begin and Wait from one thread at a time (RoutedMoe's contract); SetRouters and
 // usable_routers from any thread.
-#ifndef K3SERVE_ATTENTION_NODES_REMOTE_ROUTED_MOE_H_
-#define K3SERVE_ATTENTION_NODES_REMOTE_ROUTED_MOE_H_
+#ifndef K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_ROUTED_MOE_H_
+#define K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_ROUTED_MOE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -176,4 +176,4 @@ class RemoteRoutedMoe final : public RoutedMoe {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_REMOTE_ROUTED_MOE_H_
+#endif  // K3SERVE_ATTENTION_NODES_MOE_CLIENT_REMOTE_ROUTED_MOE_H_

@@ -42,8 +42,8 @@
 //
 // Thread-safety: all public methods may be called from any thread. Sinks are called on the
 // scheduler thread and must not block.
-#ifndef K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_
-#define K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_GENERATION_SCHEDULER_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_GENERATION_SCHEDULER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -305,4 +305,4 @@ class GenerationScheduler {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_GENERATION_SCHEDULER_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_GENERATION_SCHEDULER_H_

@@ -30,8 +30,8 @@
 // are evicted (a node left with neither children nor a snapshot goes with them).
 //
 // Thread-safety: not thread-safe; the scheduler thread (or the engine's caller) owns it.
-#ifndef K3SERVE_ATTENTION_NODES_PREFIX_CACHE_H_
-#define K3SERVE_ATTENTION_NODES_PREFIX_CACHE_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_H_
 
 #include <cstdint>
 #include <list>
@@ -124,4 +124,4 @@ class PrefixCache {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_PREFIX_CACHE_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_H_

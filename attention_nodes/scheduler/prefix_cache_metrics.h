@@ -4,8 +4,8 @@
 //
 // Thread-safety: Update from one thread (the scheduler's); the series are read by the metrics
 // endpoint's threads (atomic values).
-#ifndef K3SERVE_ATTENTION_NODES_PREFIX_CACHE_METRICS_H_
-#define K3SERVE_ATTENTION_NODES_PREFIX_CACHE_METRICS_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_METRICS_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_METRICS_H_
 
 #include "attention_nodes/scheduler/prefix_cache.h"
 #include "cluster/metrics.h"
@@ -33,4 +33,4 @@ class PrefixCacheMetrics {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_PREFIX_CACHE_METRICS_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_PREFIX_CACHE_METRICS_H_

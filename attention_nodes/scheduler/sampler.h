@@ -2,8 +2,8 @@
 // lower id). Otherwise: softmax(logits / temperature), restricted to the top_k most likely tokens
 // (0 = all), then to the smallest set whose mass reaches top_p (1 = all), sampled with a per-request
 // generator seeded from `seed`, so a request with a seed is reproducible whatever it is batched with.
-#ifndef K3SERVE_ATTENTION_NODES_SAMPLER_H_
-#define K3SERVE_ATTENTION_NODES_SAMPLER_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_SAMPLER_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_SAMPLER_H_
 
 #include <cstdint>
 #include <memory>
@@ -69,4 +69,4 @@ class Sampler {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_SAMPLER_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_SAMPLER_H_

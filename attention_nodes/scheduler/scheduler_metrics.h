@@ -25,8 +25,8 @@
 //
 // The series belong to the registry (it outlives this); the pointers here only name them.
 // Thread-safety: the series are atomic; the scheduler thread and any caller may update them.
-#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
-#define K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_SCHEDULER_METRICS_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_SCHEDULER_METRICS_H_
 
 #include "cluster/metrics.h"
 
@@ -68,4 +68,4 @@ struct SchedulerMetrics {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_METRICS_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_SCHEDULER_METRICS_H_

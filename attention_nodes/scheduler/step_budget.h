@@ -20,8 +20,8 @@
 //
 // Deterministic: it reads no clock; the caller passes measured durations and waits. Not
 // thread-safe (the scheduler thread owns it).
-#ifndef K3SERVE_ATTENTION_NODES_STEP_BUDGET_H_
-#define K3SERVE_ATTENTION_NODES_STEP_BUDGET_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_BUDGET_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_BUDGET_H_
 
 #include <cstdint>
 
@@ -74,4 +74,4 @@ class StepBudget {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_STEP_BUDGET_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_BUDGET_H_

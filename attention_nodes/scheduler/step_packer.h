@@ -23,8 +23,8 @@
 //   change its tokens.
 //
 // Not thread-safe (the scheduler thread owns it).
-#ifndef K3SERVE_ATTENTION_NODES_STEP_PACKER_H_
-#define K3SERVE_ATTENTION_NODES_STEP_PACKER_H_
+#ifndef K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_PACKER_H_
+#define K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_PACKER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -74,4 +74,4 @@ class StepPacker {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_STEP_PACKER_H_
+#endif  // K3SERVE_ATTENTION_NODES_SCHEDULER_STEP_PACKER_H_

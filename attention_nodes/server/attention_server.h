@@ -12,7 +12,7 @@
 //
 // It maps everything but the routed experts and the router tensors (WeightSelection::
 // AttentionOnly()), owns every request's KV/KDA state, and serves the public API,
-// k3serve.v1.K3Serve (attention_nodes/attention_service.h), plus AttentionControl.Drain and
+// k3serve.v1.K3Serve (attention_nodes/server/attention_service.h), plus AttentionControl.Drain and
 // grpc.health.v1 on one gRPC port. Requests are batched continuously by a GenerationScheduler;
 // each MoE layer's rows go over the UCX transport to a router (RemoteRoutedMoe: round-robin over
 // the connected routers).
@@ -30,8 +30,8 @@
 //
 // Thread-safety: the AttentionServer methods may be called from any thread; Shutdown and the
 // destructor from one.
-#ifndef K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_
-#define K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_
+#ifndef K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVER_H_
+#define K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVER_H_
 
 #include <memory>
 #include <string>
@@ -62,7 +62,7 @@ struct AttentionServerOptions {
   int max_request_bytes = 4 << 20;           // gRPC max receive message size
   int max_streams_per_client = 128;          // 0: no limit
   // Where the forward pass runs (--device): the CPU, or a CUDA device with the sequences' states
-  // in its memory (attention_nodes/device_step_runner.h).
+  // in its memory (attention_nodes/server/device_step_runner.h).
   ComputeDevice device;
   int64_t gpu_cache_pages = 0;  // MLA cache pages of 64 tokens on the GPU; 0: the most requests
                                 // could use (--max-sequences x their longest context)
@@ -134,4 +134,4 @@ class AttentionServer {
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_ATTENTION_SERVER_H_
+#endif  // K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVER_H_

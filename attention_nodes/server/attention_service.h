@@ -29,8 +29,8 @@
 // owner's drain function.
 //
 // The services borrow the scheduler, which must outlive the gRPC server that serves them.
-#ifndef K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_
-#define K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_
+#ifndef K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVICE_H_
+#define K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVICE_H_
 
 #include <functional>
 #include <memory>
@@ -74,4 +74,4 @@ std::unique_ptr<grpc::Service> NewAttentionControlService(AttentionDrain drain);
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_ATTENTION_SERVICE_H_
+#endif  // K3SERVE_ATTENTION_NODES_SERVER_ATTENTION_SERVICE_H_

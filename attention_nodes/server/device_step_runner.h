@@ -1,8 +1,8 @@
 // MakeStepRunner: the StepRunner an attention worker steps on for its `--device`: ModelRunner on
 // the CPU, or GpuStepRunner (cuda/gpu_step_runner.h) on CUDA device N where this build has the
 // CUDA Toolkit.
-#ifndef K3SERVE_ATTENTION_NODES_DEVICE_STEP_RUNNER_H_
-#define K3SERVE_ATTENTION_NODES_DEVICE_STEP_RUNNER_H_
+#ifndef K3SERVE_ATTENTION_NODES_SERVER_DEVICE_STEP_RUNNER_H_
+#define K3SERVE_ATTENTION_NODES_SERVER_DEVICE_STEP_RUNNER_H_
 
 #include <cstdint>
 #include <memory>
@@ -36,4 +36,4 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakeStepRunner(
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_DEVICE_STEP_RUNNER_H_
+#endif  // K3SERVE_ATTENTION_NODES_SERVER_DEVICE_STEP_RUNNER_H_

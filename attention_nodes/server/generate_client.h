@@ -1,7 +1,7 @@
 // The client side of k3serve.v1.K3Serve.Generate: sends one request to an attention node and
 // collects its streamed tokens. Used by `k3serve generate --server HOST:PORT` and by tests.
-#ifndef K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
-#define K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
+#ifndef K3SERVE_ATTENTION_NODES_SERVER_GENERATE_CLIENT_H_
+#define K3SERVE_ATTENTION_NODES_SERVER_GENERATE_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -56,4 +56,4 @@ absl::StatusOr<GenerateOutcome> GenerateOverGrpc(
 
 }  // namespace k3
 
-#endif  // K3SERVE_ATTENTION_NODES_GENERATE_CLIENT_H_
+#endif  // K3SERVE_ATTENTION_NODES_SERVER_GENERATE_CLIENT_H_
