@@ -27,7 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "attention_nodes/generation_scheduler.h"
+#include "attention_nodes/scheduler/generation_scheduler.h"
 #include "base/status_macros.h"
 #include "bench/random_weights.h"
 #include "cluster/command_line.h"

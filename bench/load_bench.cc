@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "base/status_macros.h"
 #include "bench/cluster_bench_setup.h"
 #include "bench/step_breakdown.h"

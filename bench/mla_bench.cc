@@ -19,7 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "attention_nodes/mla.h"
+#include "attention_nodes/forward/mla.h"
 #include "bench/machine_limits.h"
 #include "cluster/command_line.h"
 #include "kernels/thread_pool.h"

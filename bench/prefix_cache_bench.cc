@@ -28,7 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
-#include "attention_nodes/generation_scheduler.h"
+#include "attention_nodes/scheduler/generation_scheduler.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
 #include "engine/local_routed_moe.h"

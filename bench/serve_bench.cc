@@ -34,7 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "base/status_macros.h"
 #include "bench/work_dir.h"
 #include "cluster/command_line.h"

@@ -20,7 +20,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "attention_nodes/model_runner.h"
+#include "attention_nodes/forward/model_runner.h"
 #include "base/status_macros.h"
 #include "bench/random_weights.h"
 #include "cluster/command_line.h"

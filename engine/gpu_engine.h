@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "attention_nodes/cuda/gpu_model_runner.h"
-#include "attention_nodes/step_runner.h"
+#include "attention_nodes/forward/step_runner.h"
 #include "engine/local_routed_moe.h"
 #include "expert_nodes/gpu_expert_compute.h"
 #include "model/weights.h"

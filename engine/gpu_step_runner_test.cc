@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "attention_nodes/device_step_runner.h"
+#include "attention_nodes/server/device_step_runner.h"
 #include "engine/held_routing_testing.h"
 #include "engine/local_routed_moe.h"
 #include "gtest/gtest.h"

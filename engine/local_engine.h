@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "attention_nodes/model_runner.h"
+#include "attention_nodes/forward/model_runner.h"
 #include "model/weights.h"
 #include "engine/local_routed_moe.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "attention_nodes/generation_scheduler.h"
+#include "attention_nodes/scheduler/generation_scheduler.h"
 #include "engine/local_engine.h"
 
 namespace k3 {

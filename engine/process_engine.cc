@@ -5,7 +5,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
-#include "attention_nodes/model_runner.h"
+#include "attention_nodes/forward/model_runner.h"
 #include "engine/local_routed_moe.h"
 #include "model/weights.h"
 #ifdef K3SERVE_CUDA

@@ -1,11 +1,11 @@
-// ProcessEngine: the whole model in this process, generating through the one generation loop
-// there is: a GenerationScheduler (attention_nodes/generation_scheduler.h: continuous batching,
-// the prefix cache, the stop rule, sampling) stepping the forward pass of `--device` (the syntax
-// of `k3serve expert --device`: cpu, cuda or cuda:N). On the CPU the runner is a ModelRunner with
-// the router math and experts in process (LocalRoutedMoe); on a CUDA device, where the build has
-// the CUDA Toolkit, GpuEngine's GpuModelRunner behind a GpuStepRunner (engine/gpu_engine.h).
-// `k3serve generate --model`, `chat --model` and `logits` use it, and so do tests and benches
-// that need the single-process answer.
+// ProcessEngine: the whole model in this process, generating through the one generation loop there
+// is: a GenerationScheduler (attention_nodes/scheduler/generation_scheduler.h: continuous batching,
+// the prefix cache, the stop rule, sampling) stepping the forward pass of `--device` (the syntax of
+// `k3serve expert --device`: cpu, cuda or cuda:N). On the CPU the runner is a ModelRunner with the
+// router math and experts in process (LocalRoutedMoe); on a CUDA device, where the build has the
+// CUDA Toolkit, GpuEngine's GpuModelRunner behind a GpuStepRunner (engine/gpu_engine.h). `k3serve
+// generate --model`, `chat --model` and `logits` use it, and so do tests and benches that need the
+// single-process answer.
 //
 // Thread-safety: Generate and Logits may be called from any thread, at once (requests batch).
 #ifndef K3SERVE_ENGINE_PROCESS_ENGINE_H_
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "attention_nodes/generation_scheduler.h"
+#include "attention_nodes/scheduler/generation_scheduler.h"
 #include "base/compute_device.h"
 #include "model/config.h"
 

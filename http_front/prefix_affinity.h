@@ -1,5 +1,6 @@
 // PrefixAffinity: which attention worker last served a prompt sharing a prefix with this one, so
-// that a conversation's next turn goes where its prefix is cached (attention_nodes/prefix_cache.h).
+// that a conversation's next turn goes where its prefix is cached
+// (attention_nodes/scheduler/prefix_cache.h).
 //
 // A prompt is cut into blocks of `block_tokens` tokens; the hash of every block-aligned prefix is
 // chained (hash of block i covers blocks 0..i), so one hash names one whole prefix. Record maps

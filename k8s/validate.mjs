@@ -41,7 +41,7 @@ const k3serve = process.env.K3SERVE ?? path.join(repo, "bazel-bin/k3serve");
 // routers, expert workers and the coordinator report their own named service.
 const roles = {
   coordinator: { header: "coordinator/coordinator_main.h", readiness: "k3serve.cluster.v1.Coordinator" },
-  attention: { header: "attention_nodes/attention_server.h", readiness: "", preStop: true },
+  attention: { header: "attention_nodes/server/attention_server.h", readiness: "", preStop: true },
   router: { header: "router/router_node.h", readiness: "k3serve.cluster.v1.RouterControl" },
   expert: { header: "expert_nodes/expert_node.h", readiness: "k3serve.cluster.v1.ExpertWorker" },
   // The HTTP front: --port is its HTTP API (port "http"), --grpc-port its gRPC API and health.

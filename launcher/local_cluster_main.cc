@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "expert_nodes/device_experts.h"
 #include "cluster/security.h"
 #include "proto/generate.pb.h"

@@ -111,7 +111,8 @@ absl::Status RouterCore::NodeStatus(PeerId node) const {
     return absl::UnavailableError(absl::StrCat(WorkerName(node), " lost: ", link.message()));
   }
   // This router's own problem (a new router whose links are still coming up): ABORTED tells the
-  // attention worker to send the layer to another router (attention_nodes/remote_routed_moe.h).
+  // attention worker to send the layer to another router
+  // (attention_nodes/moe_client/remote_routed_moe.h).
   return absl::AbortedError(absl::StrCat(WorkerName(node),
                                          " is not connected to this router: ", link.message()));
 }

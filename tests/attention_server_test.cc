@@ -2,7 +2,7 @@
 // (LocalRoutedMoe behind a wrapper that can fail on demand, standing in for the router tier):
 // generations must equal the plain one-sequence loop (OracleGenerate), batching must not change them, bad input must be
 // rejected, and cancellation, aborts and failed steps must end streams and free their state.
-#include "attention_nodes/attention_server.h"
+#include "attention_nodes/server/attention_server.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,8 +19,8 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "attention_nodes/attention_service.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/attention_service.h"
+#include "attention_nodes/server/generate_client.h"
 #include "engine/local_engine.h"
 #include "engine/oracle_generation.h"
 #include "engine/process_engine.h"

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "launcher/local_cluster.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"

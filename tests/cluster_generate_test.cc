@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
 #include "model/config.h"

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "attention_nodes/generate_client.h"
-#include "attention_nodes/sampler.h"
+#include "attention_nodes/server/generate_client.h"
+#include "attention_nodes/scheduler/sampler.h"
 #include "engine/process_engine.h"
 #include "gtest/gtest.h"
 #include "launcher/local_cluster.h"

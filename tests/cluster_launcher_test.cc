@@ -31,7 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "cluster/grpc_server.h"
 #include "cluster/test_wait.h"
 #include "grpcpp/client_context.h"

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "launcher/local_cluster.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"

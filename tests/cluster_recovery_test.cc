@@ -6,7 +6,7 @@
 //  - (router, attention worker) stopped with SIGTERM and started again once it exited; the
 //    coordinator killed and restarted.
 // The attention worker keeps the sequences' state and sends each MoE layer step again until the
-// router (and its expert worker) can serve it (attention_nodes/remote_routed_moe.h), so every
+// router (and its expert worker) can serve it (attention_nodes/moe_client/remote_routed_moe.h), so every
 // request completes with the single-process engine's tokens, and requests sent right after the
 // node is back do not fail either. The attention worker killed under streams sent through the
 // HTTP front's gRPC port: the front resumes each stream on the restarted worker as prompt + tokens

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "attention_nodes/generate_client.h"  // GreedyRequest, for the tests
+#include "attention_nodes/server/generate_client.h"  // GreedyRequest, for the tests
 #include "launcher/local_cluster.h"
 #include "proto/generate.pb.h"
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "attention_nodes/remote_device_experts.h"
+#include "attention_nodes/moe_client/remote_device_experts.h"
 #include "cluster/device_channels.h"
 #include "cluster/inproc_device_channel.h"
 #include "cluster/inproc_transport.h"

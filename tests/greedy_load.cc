@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "cluster/test_wait.h"
 #include "tests/cluster_testing.h"
 

@@ -2,7 +2,7 @@
 // LocalRoutedMoe: answers must equal LocalRoutedMoe called directly, bit for bit; a layer outlives
 // a router's error, death or silence by sending its rows again until the layer's timeout, and
 // then ends Wait with a clear status instead of a hang.
-#include "attention_nodes/remote_routed_moe.h"
+#include "attention_nodes/moe_client/remote_routed_moe.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/test_wait.h"
-#include "attention_nodes/model_runner.h"
+#include "attention_nodes/forward/model_runner.h"
 #include "cluster/inproc_transport.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "attention_nodes/generate_client.h"
+#include "attention_nodes/server/generate_client.h"
 #include "cluster/grpc_server.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"

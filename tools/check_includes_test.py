@@ -28,13 +28,37 @@ PLANTED = [
     ("kernels/planted.h", "model/config.h"),
     ("cluster/planted.h", "moe/routed_moe.h"),
     ("tokenizer/planted.cc", "cluster/actor.h"),
-    ("attention_nodes/planted.cc", "router/router_core.h"),
+    ("attention_nodes/server/planted.cc", "router/router_core.h"),
     ("router/planted.cc", "expert_nodes/expert_worker.h"),
-    ("expert_nodes/planted.cc", "attention_nodes/kda.h"),
-    ("attention_nodes/planted.h", "engine/local_engine.h"),
+    ("expert_nodes/planted.cc", "attention_nodes/forward/kda.h"),
+    ("attention_nodes/forward/planted.h", "engine/local_engine.h"),
     ("http_front/planted.cc", "moe/routed_moe.h"),
     ("coordinator/planted.cc", "router/router_core.h"),
     ("engine/planted.cc", "launcher/local_cluster.h"),
+    # The rooms of attention_nodes/ (check_includes.ROOMS): a room up into its parent's folder,
+    # the parent's folder into a room, and each room into one it may not include.
+    ("attention_nodes/cuda/planted.h", "attention_nodes/forward/step_runner.h"),
+    ("attention_nodes/forward/planted.cc", "attention_nodes/planted.h"),
+    ("attention_nodes/cuda/planted.cc", "attention_nodes/scheduler/generation_scheduler.h"),
+    ("attention_nodes/cuda/planted2.cc", "attention_nodes/server/device_step_runner.h"),
+    ("attention_nodes/forward/planted2.h", "attention_nodes/cuda/gpu_step_runner.h"),
+    ("attention_nodes/forward/planted3.h", "attention_nodes/moe_client/remote_routed_moe.h"),
+    ("attention_nodes/forward/planted4.h", "attention_nodes/scheduler/prefix_cache.h"),
+    ("attention_nodes/moe_client/planted.cc", "attention_nodes/forward/step_runner.h"),
+    ("attention_nodes/scheduler/planted.cc", "attention_nodes/cuda/gpu_step_runner.h"),
+    ("attention_nodes/scheduler/planted2.h", "attention_nodes/moe_client/remote_routed_moe.h"),
+    ("attention_nodes/scheduler/planted3.h", "attention_nodes/server/attention_server.h"),
+]
+
+# (scratch file, include that the room table allows there)
+ALLOWED_IN_ROOMS = [
+    ("attention_nodes/cuda/planted.h", "attention_nodes/forward/step_runner.h"),
+    ("attention_nodes/cuda/planted.cc", "attention_nodes/moe_client/remote_device_experts.h"),
+    ("attention_nodes/scheduler/planted.h", "attention_nodes/forward/model_runner.h"),
+    ("attention_nodes/server/planted.cc", "attention_nodes/cuda/gpu_step_runner.h"),
+    ("attention_nodes/server/planted.h", "attention_nodes/scheduler/generation_scheduler.h"),
+    ("engine/planted.cc", "attention_nodes/cuda/gpu_model_runner.h"),
+    ("tools/planted.cc", "attention_nodes/forward/kda.h"),
 ]
 
 
@@ -54,8 +78,12 @@ class CheckIncludesTest(unittest.TestCase):
 
     def test_tree_as_it_is_passes(self):
         self.assertEqual(list(check_includes.violations(self.root)), [])
-        # Not vacuous: the copy holds the packages' sources.
+        self.assertEqual(list(check_includes.strays(self.root)), [])
+        # Not vacuous: the copy holds the packages' sources, each room's among them.
         self.assertTrue(os.path.exists(os.path.join(self.root, "moe", "routed_moe.h")))
+        for room in check_includes.ROOMS["attention_nodes"]:
+            folder = os.path.join(self.root, "attention_nodes", room)
+            self.assertTrue(any(n.endswith(".h") for n in os.listdir(folder)), room)
 
     def test_each_planted_include_fails(self):
         for scratch, header in PLANTED:
@@ -70,6 +98,33 @@ class CheckIncludesTest(unittest.TestCase):
                 finally:
                     os.remove(path)
 
+    def test_includes_the_room_table_allows_pass(self):
+        for scratch, header in ALLOWED_IN_ROOMS:
+            with self.subTest(scratch=scratch, header=header):
+                path = os.path.join(self.root, scratch)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(f'#include "{header}"\n')
+                try:
+                    self.assertEqual(list(check_includes.violations(self.root)), [])
+                finally:
+                    os.remove(path)
+
+    def test_a_source_outside_the_rooms_fails(self):
+        for scratch in ("attention_nodes/planted.cc", "attention_nodes/lobby/planted.h"):
+            with self.subTest(scratch=scratch):
+                path = os.path.join(self.root, scratch)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write('#include "absl/status/status.h"\n')
+                try:
+                    self.assertEqual([rel for rel, _ in check_includes.strays(self.root)],
+                                     [scratch])
+                    self.assertEqual(list(check_includes.violations(self.root)), [])
+                    self.assertEqual(check_includes.main(["check_includes", self.root]), 1)
+                finally:
+                    os.remove(path)
+
     def test_allowed_includes_pass(self):
         path = os.path.join(self.root, "moe", "planted.h")
         with open(path, "w") as f:
@@ -77,6 +132,17 @@ class CheckIncludesTest(unittest.TestCase):
                     '#include "base/trace_context.h"\n')
         self.assertEqual(list(check_includes.violations(self.root)), [])
         self.assertEqual(check_includes.main(["check_includes", self.root]), 0)
+
+
+class RoomTableTest(unittest.TestCase):
+    def test_rooms_include_only_rooms_of_their_package_without_a_cycle(self):
+        for package, rooms in check_includes.ROOMS.items():
+            self.assertIn(package, check_includes.ALLOWED)
+            done = set()
+            while len(done) < len(rooms):
+                ready = [r for r, may in rooms.items() if r not in done and may <= done]
+                self.assertTrue(ready, f"{package}: a cycle among {set(rooms) - done}")
+                done.update(ready)
 
 
 class BazelRulesTest(unittest.TestCase):
@@ -123,6 +189,19 @@ class BazelRulesTest(unittest.TestCase):
             name, packages, forbidden = line.split("|")
             self.assertIn(packages, self.rules)
             self.assertTrue(name.startswith(packages[2:-4] + "/ may depend only on"), name)
+
+    def test_a_room_may_depend_on_the_rooms_it_may_include_and_no_other(self):
+        cuda = self.rules["//attention_nodes/cuda/..."]
+        self.assertEqual(sorted(cuda), ["//attention_nodes/scheduler/...",
+                                        "//attention_nodes/server/..."])
+        forward = self.rules["//attention_nodes/forward/..."]
+        for room in ("cuda", "moe_client", "scheduler", "server"):
+            self.assertIn(f"//attention_nodes/{room}/...", forward)
+        scheduler = self.rules["//attention_nodes/scheduler/..."]
+        self.assertNotIn("//attention_nodes/forward/...", scheduler)
+        self.assertIn("//attention_nodes/cuda/...", scheduler)
+        # server/ may depend on every room, so it has no room rule.
+        self.assertNotIn("//attention_nodes/server/...", self.rules)
 
 
 if __name__ == "__main__":

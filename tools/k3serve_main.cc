@@ -8,7 +8,7 @@
 
 #include <glog/logging.h>
 
-#include "attention_nodes/attention_server.h"
+#include "attention_nodes/server/attention_server.h"
 #include "cluster/command_line.h"
 #include "cluster/process_tuning.h"
 #include "coordinator/coordinator_main.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cluster/command_line.h"
-#include "attention_nodes/generation_scheduler.h"
+#include "attention_nodes/scheduler/generation_scheduler.h"
 #include "expert_nodes/device_experts.h"
 #include "router/qb_tool.h"
 #include "tools/memory_plan.h"

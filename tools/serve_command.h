@@ -22,7 +22,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "attention_nodes/attention_server.h"
+#include "attention_nodes/server/attention_server.h"
 #include "cluster/command_line.h"
 #include "http_front/http_front.h"
 

@@ -1,4 +1,5 @@
-// Block AttnRes on a GPU (spec §4.1, the GPU twin of attention_nodes/attn_res.h): for each row t,
+// Block AttnRes on a GPU (spec §4.1, the GPU twin of attention_nodes/forward/attn_res.h): for each
+// row t,
 //   e_i    = Σ_k V_i[t,k] γ_k w_k / sqrt(mean_k(V_i[t,k]²) + eps)
 //   out[t] = Σ_i softmax_i(e)_i · V_i[t]
 // over n depth sources, fp32, one block per row. out may be one of the sources.

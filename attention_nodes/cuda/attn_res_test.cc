@@ -1,19 +1,19 @@
-// Block AttnRes on a GPU (attn_res.cu) against attention_nodes/attn_res.h's AttnResRead: 1, 3 and
-// 10 depth sources of random rows at k3-tiny's width (256) and K3's (7168), into a separate output
-// and in place over the last source. The projection is scaled so that the scores spread over
+// Block AttnRes on a GPU (attn_res.cu) against attention_nodes/forward/attn_res.h's AttnResRead: 1,
+// 3 and 10 depth sources of random rows at k3-tiny's width (256) and K3's (7168), into a separate
+// output and in place over the last source. The projection is scaled so that the scores spread over
 // several units (a peaked softmax: a wrong weight shows). Tolerance: both sides in fp32, summing
-// the 256-7168-term score sums in different orders (relative error ~1e-6 of each score, which
-// moves the weights by about that much): bound 1e-4 of max |cpu|. Without a GPU the GPU cases
-// report themselves skipped ("no GPU").
+// the 256-7168-term score sums in different orders (relative error ~1e-6 of each score, which moves
+// the weights by about that much): bound 1e-4 of max |cpu|. Without a GPU the GPU cases report
+// themselves skipped ("no GPU").
 #include "attention_nodes/cuda/attn_res.h"
 
 #include <cmath>
 #include <memory>
 #include <vector>
 
-#include "attention_nodes/attn_res.h"
+#include "attention_nodes/forward/attn_res.h"
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 
 namespace k3 {

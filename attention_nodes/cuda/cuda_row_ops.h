@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "attention_nodes/remote_device_experts.h"
+#include "attention_nodes/moe_client/remote_device_experts.h"
 #include "kernels/cuda/cublas_products.h"
 #include "kernels/cuda/device_buffer.h"
 

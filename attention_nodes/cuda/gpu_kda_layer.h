@@ -1,7 +1,7 @@
-// GpuKdaLayer: one KDA layer (attention_nodes/kda.h's KdaForwardBatch) on a GPU for BF16 weights:
-// the projections on cuBLAS (kernels/cuda/cublas_products.h, rows rounded to bf16), the fused
-// decode kernel (kda_decode.h) or the recurrent prefill (kda_prefill.h) on fp32 states kept in a
-// pool of slots in device memory, and o_proj. It agrees with the CPU layer within the bf16
+// GpuKdaLayer: one KDA layer (attention_nodes/forward/kda.h's KdaForwardBatch) on a GPU for BF16
+// weights: the projections on cuBLAS (kernels/cuda/cublas_products.h, rows rounded to bf16), the
+// fused decode kernel (kda_decode.h) or the recurrent prefill (kda_prefill.h) on fp32 states kept
+// in a pool of slots in device memory, and o_proj. It agrees with the CPU layer within the bf16
 // rounding of the rows that enter the products (about 1e-2 relative).
 //
 // Owns its device weights and the state pool; borrows the CublasProducts (and its stream), which
@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention_nodes/cuda/kda_decode.h"
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "kernels/cuda/cublas_products.h"
 #include "kernels/cuda/device_buffer.h"
 #include "model/config.h"

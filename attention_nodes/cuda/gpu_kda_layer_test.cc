@@ -1,6 +1,6 @@
 // GpuKdaLayer (gpu_kda_layer.cc: cuBLAS projections, the fused decode kernel, the recurrent
-// prefill, o_proj) against the CPU layer, attention_nodes/kda.cc, on random BF16 weights (spec
-// §12.3 style, as kda_decode_test.cc): a batch of sequences with warm states (histories of
+// prefill, o_proj) against the CPU layer, attention_nodes/forward/kda.cc, on random BF16 weights
+// (spec §12.3 style, as kda_decode_test.cc): a batch of sequences with warm states (histories of
 // different lengths) decoding two tokens, then one sequence prefilling a chunk, at k3-tiny's
 // widths, with Kimi Linear's gates, and at k3-slice's (96 heads of 128).
 //
@@ -14,9 +14,9 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "attention_nodes/cuda/kda_test_inputs.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "model/config.h"

@@ -10,7 +10,7 @@
 #include "attention_nodes/cuda/mla_cache.h"
 #include "attention_nodes/cuda/mla_decode.h"
 #include "attention_nodes/cuda/rms_norm.h"
-#include "attention_nodes/mla.h"
+#include "attention_nodes/forward/mla.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/glu.h"

@@ -1,11 +1,11 @@
-// GpuMlaLayer: one MLA layer (attention_nodes/mla.h's MlaForwardBatch) on a GPU for BF16 weights,
-// in the absorbed form for every token, prefill included: the projections and the per-head
+// GpuMlaLayer: one MLA layer (attention_nodes/forward/mla.h's MlaForwardBatch) on a GPU for BF16
+// weights, in the absorbed form for every token, prefill included: the projections and the per-head
 // absorption products on cuBLAS (kernels/cuda/cublas_products.h, rows rounded to bf16), the latent
 // norms (rms_norm.h), the new rows into the paged bf16 cache (mla_cache.h), the fp32 decode kernel
-// (mla_decode.h) with one query row per new token, the value expansion, the output gate and
-// o_proj. A prefill chunk is causal because each of its rows attends to its own length
-// (position + 1) of a cache its chunk has just been written into. It agrees with the CPU layer
-// within bf16 rounding (the cache rows, and the rows that enter the products): about 1e-2.
+// (mla_decode.h) with one query row per new token, the value expansion, the output gate and o_proj.
+// A prefill chunk is causal because each of its rows attends to its own length (position + 1) of a
+// cache its chunk has just been written into. It agrees with the CPU layer within bf16 rounding
+// (the cache rows, and the rows that enter the products): about 1e-2.
 //
 // Owns its device weights and the cache's page pool; the caller assigns pages to sequences (the
 // tables in GpuMlaRows). Borrows the CublasProducts (and its stream), which must outlive it. Not

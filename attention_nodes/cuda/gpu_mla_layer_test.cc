@@ -1,9 +1,9 @@
-// GpuMlaLayer (gpu_mla_layer.cc) against the CPU layer, attention_nodes/mla.cc, on random BF16
-// weights (as mla_decode_test.cc makes them): three sequences prefill histories of different
-// lengths in one call (rows of several sequences, crossing pages), then decode three tokens
-// each, at k3-tiny's widths (4 heads, c 64, r 16, pages of 16) and k3-slice's attention (96
-// heads, c 512, r 64, pages of 64; a small hidden size). The CPU uses its expanded form for the
-// prefill and the absorbed form for decode; the GPU the absorbed form throughout.
+// GpuMlaLayer (gpu_mla_layer.cc) against the CPU layer, attention_nodes/forward/mla.cc, on random
+// BF16 weights (as mla_decode_test.cc makes them): three sequences prefill histories of different
+// lengths in one call (rows of several sequences, crossing pages), then decode three tokens each,
+// at k3-tiny's widths (4 heads, c 64, r 16, pages of 16) and k3-slice's attention (96 heads, c 512,
+// r 64, pages of 64; a small hidden size). The CPU uses its expanded form for the prefill and the
+// absorbed form for decode; the GPU the absorbed form throughout.
 //
 // Tolerance: the GPU keeps the cache in bf16 and rounds the rows entering each product to bf16
 // (the CPU keeps fp32); each rounding is 2^-9 relative, and mla_decode_test.cc bounds the cache
@@ -15,8 +15,8 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_nodes/mla.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/mla.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "model/config.h"

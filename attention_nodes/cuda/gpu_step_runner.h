@@ -21,8 +21,8 @@
 #include "absl/types/span.h"
 #include "attention_nodes/cuda/cuda_row_ops.h"
 #include "attention_nodes/cuda/gpu_model_runner.h"
-#include "attention_nodes/remote_device_experts.h"
-#include "attention_nodes/step_runner.h"
+#include "attention_nodes/moe_client/remote_device_experts.h"
+#include "attention_nodes/forward/step_runner.h"
 #include "model/weights.h"
 #include "moe/routed_moe.h"
 

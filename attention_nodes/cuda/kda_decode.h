@@ -1,5 +1,5 @@
-// One KDA decode step on a GPU (spec §5, the recurrent form of attention_nodes/kda.cc): for each
-// sequence of a batch and each head, one fused launch does the short convolutions' decode step
+// One KDA decode step on a GPU (spec §5, the recurrent form of attention_nodes/forward/kda.cc): for
+// each sequence of a batch and each head, one fused launch does the short convolutions' decode step
 // (+ SiLU), the decay gate, the sigmoid beta, the L2 norms of q and k, the gated delta rule on the
 // fp32 state S [K, V] held in device memory, and the gated per-head RMSNorm of the output. The
 // projections before it (q/k/v/f/b/g) and o_proj after it are plain GEMMs, not part of this file.

@@ -1,6 +1,6 @@
-// The fused KDA decode step (kda_decode.cu) against the CPU layer (attention_nodes/kda.cc): a batch
-// of sequences, each with its own history (prompts of different lengths run through the CPU, so
-// states and conv caches are non-zero), decodes two tokens on both. The test computes the
+// The fused KDA decode step (kda_decode.cu) against the CPU layer (attention_nodes/forward/kda.cc):
+// a batch of sequences, each with its own history (prompts of different lengths run through the
+// CPU, so states and conv caches are non-zero), decodes two tokens on both. The test computes the
 // projections the kernel takes with kernels/matmul.h (as kda.cc does) and applies o_proj to its
 // output, then compares the layer outputs, the states and the conv caches.
 //
@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/kda.h"
+#include "attention_nodes/forward/kda.h"
 #include "attention_nodes/cuda/kda_test_inputs.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/matmul.h"
 #include "model/config.h"

@@ -1,8 +1,8 @@
 // KDA prefill on a GPU, in its per-chunk recurrent form (spec §5, the twin of
-// attention_nodes/kda.cc's chunked prefill): one sequence's chunk of T new tokens runs in one
-// launch of kda_decode.h's fused kernel (KdaDecodeLaunch::tokens = T), the tokens one after
-// another with the state held in registers, so the state is read and written once per chunk and
-// the conv caches advance token by token exactly as in decode. The tokens of a chunk are still
+// attention_nodes/forward/kda.cc's chunked prefill): one sequence's chunk of T new tokens runs in
+// one launch of kda_decode.h's fused kernel (KdaDecodeLaunch::tokens = T), the tokens one after
+// another with the state held in registers, so the state is read and written once per chunk and the
+// conv caches advance token by token exactly as in decode. The tokens of a chunk are still
 // sequential within a block (the chunked WY form, which turns a chunk into matrix products on the
 // tensor cores, is the next version).
 //

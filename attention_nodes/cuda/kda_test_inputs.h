@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "model/config.h"
 #include "model/weights.h"

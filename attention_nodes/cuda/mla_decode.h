@@ -1,9 +1,9 @@
 // MLA decode on a GPU in the absorbed form (spec §6.2, the absorbed path of
-// attention_nodes/mla.cc): for each sequence of a batch, one query token whose heads have already
-// been absorbed (q̃_h = [W_K[h]ᵀ q_nope_h, q_pe_h], pre-scaled by 1/sqrt(q_head_dim)) attends to
-// every row of its latent cache, [c (kv_lora_rank) | k_pe (rope_dim)] per token; the output per
-// head is the softmax-weighted sum of the rows' c parts, for W_V[h] to expand afterwards. The
-// projections on either side are plain GEMMs, not part of this file.
+// attention_nodes/forward/mla.cc): for each sequence of a batch, one query token whose heads have
+// already been absorbed (q̃_h = [W_K[h]ᵀ q_nope_h, q_pe_h], pre-scaled by 1/sqrt(q_head_dim))
+// attends to every row of its latent cache, [c (kv_lora_rank) | k_pe (rope_dim)] per token; the
+// output per head is the softmax-weighted sum of the rows' c parts, for W_V[h] to expand
+// afterwards. The projections on either side are plain GEMMs, not part of this file.
 //
 // The cache is bf16 in pages of `page_size` tokens: pages [pages, page_size, c + r] in one pool,
 // and a block table [batch, max_pages] listing each sequence's pages in order (token n of sequence

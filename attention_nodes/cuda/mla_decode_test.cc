@@ -1,7 +1,8 @@
-// Absorbed MLA decode on a GPU (mla_decode.cu) against the CPU layer (attention_nodes/mla.cc) and
-// against an fp64 softmax over the same bf16 cache. A batch of sequences with caches of different
-// lengths (1 token, across a page boundary, several pages; rows N(0,1) rounded to bf16, so the CPU
-// and the GPU's bf16 pool hold the same values) decodes one token each:
+// Absorbed MLA decode on a GPU (mla_decode.cu) against the CPU layer
+// (attention_nodes/forward/mla.cc) and against an fp64 softmax over the same bf16 cache. A batch of
+// sequences with caches of different lengths (1 token, across a page boundary, several pages; rows
+// N(0,1) rounded to bf16, so the CPU and the GPU's bf16 pool hold the same values) decodes one
+// token each:
 //  - the CPU runs MlaForwardBatch (absorbed form), which appends the token's latent row in fp32;
 //  - the test absorbs the query heads as mla.cc does, the GPU attends over the bf16 pages (the new
 //    row rounded to bf16: the one difference), and the test expands the latents with W_V, applies
@@ -27,8 +28,8 @@
 #include <vector>
 
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/mla.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/mla.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "kernels/matmul.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/gpu_test_util.h"
-#include "attention_nodes/test_weights.h"
+#include "attention_nodes/forward/test_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/rms_norm.h"
 

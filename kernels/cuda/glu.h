@@ -1,7 +1,7 @@
 // The elementwise steps around the GPU layers' cuBLAS products (the twins of kernels/bf16.h's
-// FloatToBf16, kernels/gated_mlp.h's GluCombine and attention_nodes/layer_math.h's MulSigmoid):
-// activations rounded to bf16 for the tensor cores, a gated MLP's hidden = act(gate) ⊙ cap(up)
-// written as bf16 for the down product, and a sigmoid output gate.
+// FloatToBf16, kernels/gated_mlp.h's GluCombine and attention_nodes/forward/layer_math.h's
+// MulSigmoid): activations rounded to bf16 for the tensor cores, a gated MLP's hidden = act(gate) ⊙
+// cap(up) written as bf16 for the down product, and a sigmoid output gate.
 //
 // Plain C++ (no CUDA headers). Every pointer is a device pointer; nothing is owned. Each function
 // enqueues one launch on `stream` (a cudaStream_t; nullptr for the legacy stream) and returns its
@@ -27,8 +27,8 @@ int LaunchGluCombine(const GluParams& params, const float* gate, const float* up
                      int32_t rows, int32_t width, uint16_t* hidden, int64_t hidden_stride,
                      void* stream);
 
-// x[i] *= σ(gate[i]) for i < n (the twin of attention_nodes/layer_math.h's MulSigmoid: MLA's
-// output gate). Both fp32, dense. n < 1 returns cudaErrorInvalidValue (1).
+// x[i] *= σ(gate[i]) for i < n (the twin of attention_nodes/forward/layer_math.h's MulSigmoid:
+// MLA's output gate). Both fp32, dense. n < 1 returns cudaErrorInvalidValue (1).
 int LaunchMulSigmoid(const float* gate, float* x, int64_t n, void* stream);
 
 }  // namespace k3
