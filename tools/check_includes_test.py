@@ -52,7 +52,7 @@ PLANTED = [
 
 # (scratch file, include that the room table allows there)
 ALLOWED_IN_ROOMS = [
-    ("attention_nodes/cuda/planted.h", "attention_nodes/step_runner.h"),
+    ("attention_nodes/cuda/planted.h", "attention_nodes/forward/step_runner.h"),
     ("attention_nodes/cuda/planted.cc", "attention_nodes/moe_client/remote_device_experts.h"),
     ("attention_nodes/scheduler/planted.h", "attention_nodes/forward/model_runner.h"),
     ("attention_nodes/server/planted.cc", "attention_nodes/cuda/gpu_step_runner.h"),
