@@ -70,6 +70,9 @@ class HttpFrontTest : public ::testing::Test {
     options.host = "127.0.0.1";
     options.port = 0;
     options.api_key_file = (dir / "key").string();
+    // The worker is never there: a request waits this long for it (--resume-timeout-ms), then
+    // gets its 503.
+    options.resume_timeout = absl::Milliseconds(200);
     if (change) change(options);
     absl::StatusOr<std::unique_ptr<HttpFront>> front = HttpFront::Start(options);
     ASSERT_TRUE(front.ok()) << front.status();
