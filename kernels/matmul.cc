@@ -100,24 +100,19 @@ Mxfp4Activations Mxfp4ActivationsFromEnv() {
   return mode;
 }
 
-// -1 until the first ActiveMxfp4Activations or SetMxfp4Activations, then the mode.
-std::atomic<int> g_mxfp4_activations{-1};
+std::atomic<Mxfp4Activations>& Mxfp4ActivationsMode() {
+  static std::atomic<Mxfp4Activations> mode{Mxfp4ActivationsFromEnv()};
+  return mode;
+}
 
 }  // namespace
 
 Mxfp4Activations ActiveMxfp4Activations() {
-  int mode = g_mxfp4_activations.load(std::memory_order_acquire);
-  if (mode < 0) {
-    static const Mxfp4Activations from_env = Mxfp4ActivationsFromEnv();
-    int expected = -1;
-    g_mxfp4_activations.compare_exchange_strong(expected, static_cast<int>(from_env));
-    mode = g_mxfp4_activations.load(std::memory_order_acquire);
-  }
-  return static_cast<Mxfp4Activations>(mode);
+  return Mxfp4ActivationsMode().load(std::memory_order_relaxed);
 }
 
 void SetMxfp4Activations(Mxfp4Activations mode) {
-  g_mxfp4_activations.store(static_cast<int>(mode), std::memory_order_release);
+  Mxfp4ActivationsMode().store(mode, std::memory_order_relaxed);
 }
 
 namespace internal {
@@ -131,7 +126,8 @@ namespace {
 bool UsesRowKernel(WeightType type, int64_t tokens) {
   if (BatchInvariant()) return true;
   if (type != WeightType::kMxfp4) return tokens <= kRowsKernelMaxTokens;
-  return ActiveMxfp4Activations() == Mxfp4Activations::kInt8 || tokens <= kMxfp4RowsKernelMaxTokens;
+  return ActiveMxfp4Activations() == Mxfp4Activations::kInt8 ||
+         tokens <= kMxfp4RowsKernelMaxTokens;
 }
 
 // The kernel of family `isa` for `tokens` tokens through weights of `type`.

@@ -66,8 +66,8 @@ void MatMulBatch(const MatMulTask* tasks, int count, int64_t tokens);
 //   runs the row kernel, so a (row, token) sum does not depend on the call's token count.
 enum class Mxfp4Activations { kFp32, kInt8 };
 
-// The process's mode: K3SERVE_MXFP4_ACTIVATIONS=fp32|int8 read on first use (anything else is
-// logged as an error and ignored), unless SetMxfp4Activations chose one. Thread-safe.
+// The process's mode: K3SERVE_MXFP4_ACTIVATIONS=fp32|int8 read on first use of either function
+// (anything else is logged as an error and ignored); SetMxfp4Activations overrides it. Thread-safe.
 Mxfp4Activations ActiveMxfp4Activations();
 // Sets the mode for products started afterwards (tests and benchmarks compare the two).
 void SetMxfp4Activations(Mxfp4Activations mode);
